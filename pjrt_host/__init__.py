@@ -1,0 +1,82 @@
+"""pjrt_host: bring any PJRT C API device to PyTorch through pip-installed plugins.
+
+The whole public surface is listed in ``__all__``.  Names are loaded lazily,
+so ``import pjrt_host`` imports neither torch nor jax nor any plugin; that
+happens only when a client or a tensor is needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "ClientCreationError",
+    "ClientOption",
+    "DevicePlugin",
+    "PjrtHostError",
+    "PluginLoadError",
+    "PluginNotFoundError",
+    "PluginRecord",
+    "SelectionError",
+    "Status",
+    "backend_name",
+    "client",
+    "devices",
+    "hookimpl",
+    "hookspec",
+    "plugin_manager",
+    "plugins",
+    "register_plugin",
+    "select",
+    "selected",
+]
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute)
+_LAZY = {
+    "ClientCreationError": ("._errors", "ClientCreationError"),
+    "ClientOption": ("._plugin", "ClientOption"),
+    "DevicePlugin": ("._plugin", "DevicePlugin"),
+    "PjrtHostError": ("._errors", "PjrtHostError"),
+    "PluginLoadError": ("._errors", "PluginLoadError"),
+    "PluginNotFoundError": ("._errors", "PluginNotFoundError"),
+    "PluginRecord": ("._discovery", "PluginRecord"),
+    "SelectionError": ("._errors", "SelectionError"),
+    "Status": ("._discovery", "Status"),
+    "backend_name": ("._runtime", "backend_name"),
+    "client": ("._runtime", "client"),
+    "devices": ("._runtime", "devices"),
+    "hookimpl": ("._hookspecs", "hookimpl"),
+    "hookspec": ("._hookspecs", "hookspec"),
+    "plugin_manager": ("._registry", "plugin_manager"),
+    "plugins": ("._registry", "plugins"),
+    "register_plugin": ("._registry", "register_plugin"),
+    "select": ("._registry", "select"),
+    "selected": ("._registry", "selected_record"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'pjrt_host' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module, __name__), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._discovery import PluginRecord, Status
+    from ._errors import ClientCreationError, PjrtHostError, PluginLoadError, PluginNotFoundError, SelectionError
+    from ._hookspecs import hookimpl, hookspec
+    from ._plugin import ClientOption, DevicePlugin
+    from ._registry import plugin_manager, plugins, register_plugin, select
+    from ._registry import selected_record as selected
+    from ._runtime import backend_name, client, devices

@@ -1,0 +1,3 @@
+from pjrt_host._cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,247 @@
+"""``python -m pjrt_host``: a thin layer over the library.
+
+``list`` and ``info`` read metadata and library files only (never torch or
+jax); ``--probe`` and ``doctor`` create clients in child processes with a
+timeout, so a plugin that crashes or hangs cannot take the CLI down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+from . import _env, _registry
+from ._discovery import PluginRecord
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pjrt_host", description="PJRT device plugins for PyTorch.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("list", help="list discovered plugins")
+    p.add_argument("--probe", action="store_true", help="create each plugin's client in a subprocess and show its devices")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per probe (default: PJRT_HOST_PROBE_TIMEOUT or 60)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("info", help="everything about one plugin")
+    p.add_argument("name")
+    p.add_argument("--probe", action="store_true", help="also create its client in a subprocess")
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("doctor", help="check versions and plugin libraries, and say what to do")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser("_probe", help=argparse.SUPPRESS)
+    p.add_argument("name")
+    p.set_defaults(func=_cmd_probe_child)
+
+    p = sub.add_parser("_capi_version", help=argparse.SUPPRESS)
+    p.add_argument("library")
+    p.set_defaults(func=_cmd_capi_version_child)
+    return parser
+
+
+# -- list ---------------------------------------------------------------------
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    records = _registry.plugins()
+    chosen = _registry.default_name()
+    rows = [_row(r, chosen) for r in records]
+    if args.probe:
+        timeout = args.timeout or _env.probe_timeout()
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(records)))) as pool:
+            results = list(pool.map(lambda r: _probe(r, timeout), records))
+        for row, result in zip(rows, results):
+            row["probe"] = result
+    if args.json:
+        print(json.dumps({"plugins": rows, "selected": chosen}, indent=2))
+        return 0
+    if not rows:
+        print("No PJRT plugins found. " + _registry.INSTALL_HINT)
+        return 0
+    headers = ["NAME", "DISTRIBUTION", "SOURCE", "LIBRARY", "SELECTED", "STATUS"]
+    table = [[
+        r["name"],
+        f"{r['distribution']} {r['version']}" if r["distribution"] else "-",
+        r["source"],
+        r["library"] or "(built into jaxlib)" if r["status"] == "ok" or r["library"] else r["library"] or "-",
+        "*" if r["selected"] else "",
+        _status_text(r),
+    ] for r in rows]
+    _print_table(headers, table)
+    if chosen is None:
+        print("\nNo plugin can be selected. " + _registry.INSTALL_HINT)
+    return 0
+
+
+def _row(record: PluginRecord, chosen: str | None) -> dict[str, Any]:
+    row = record.as_dict()
+    row["selected"] = record.name == chosen and record.ok
+    return row
+
+
+def _status_text(row: dict[str, Any]) -> str:
+    text = row["status"] if row["status"] != "ok" else "ok"
+    if row["reason"]:
+        text += f": {row['reason']}"
+    probe = row.get("probe")
+    if probe is not None:
+        if probe.get("devices") is not None:
+            text += f"; {probe['devices']} device(s) ({probe.get('device_kind')}, platform {probe.get('platform')})"
+        else:
+            text += f"; no devices: {probe.get('error')}"
+    return text
+
+
+def _print_table(headers: list[str], table: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(str(row[i])) for row in table)) for i, h in enumerate(headers)]
+    # The last column (status) is free text: do not pad it.
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
+    print(fmt.format(*headers))
+    for row in table:
+        print(fmt.format(*row))
+
+
+# -- probing, in a child process ---------------------------------------------
+
+
+def _probe(record: PluginRecord, timeout: float) -> dict[str, Any]:
+    if not record.ok:
+        return {"devices": None, "error": f"not probed: {record.status}"}
+    return _run_child(["_probe", record.name], timeout, env={"PJRT_DEVICE": record.name})
+
+
+def _run_child(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pjrt_host", *argv],
+            capture_output=True, text=True, timeout=timeout, env=child_env, stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return {"devices": None, "error": f"timed out after {timeout:g} s (the client hung; raise --timeout if it is just slow)"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if lines:
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            pass
+    tail = " ".join(proc.stderr.strip().splitlines()[-3:]) or f"exit code {proc.returncode}"
+    if proc.returncode < 0:
+        return {"devices": None, "error": f"the client crashed the process (signal {-proc.returncode}): {tail}"}
+    return {"devices": None, "error": f"exit code {proc.returncode}: {tail}"}
+
+
+def _cmd_probe_child(args: argparse.Namespace) -> int:
+    from . import _runtime
+
+    try:
+        _registry.select(args.name)
+        rt = _runtime.runtime()
+        devs = rt.devices
+        result = {
+            "devices": len(devs),
+            "platform": devs[0].platform,
+            "device_kind": devs[0].device_kind,
+            "backend": rt.backend,
+        }
+    except Exception as err:
+        result = {"devices": None, "error": str(err).replace("pjrt_host: ", "", 1)}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+# -- info ---------------------------------------------------------------------
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    name = args.name.lower()
+    records = [r for r in _registry.plugins() if r.name == name]
+    if not records:
+        try:
+            _registry._lookup(name, how=f"info {name}")
+        except Exception as err:
+            print(str(err), file=sys.stderr)
+        return 1
+    chosen = _registry.default_name()
+    infos = []
+    for record in records:
+        info = _row(record, chosen)
+        info.update(_plugin_members(record))
+        if args.probe:
+            info["probe"] = _probe(record, args.timeout or _env.probe_timeout())
+        infos.append(info)
+    if args.json:
+        print(json.dumps(infos if len(infos) > 1 else infos[0], indent=2, default=str))
+        return 0
+    for info in infos:
+        for key, value in info.items():
+            print(f"{key:>26}: {value if value not in (None, '') else '-'}")
+        print()
+    return 0
+
+
+def _plugin_members(record: PluginRecord) -> dict[str, Any]:
+    plugin = record.plugin
+    if plugin is None or not record.ok:
+        return {"cause": repr(record.error) if record.error else None}
+    members: dict[str, Any] = {
+        "class": f"{type(plugin).__module__}.{type(plugin).__qualname__}",
+        "jaxlib_backend": plugin.jaxlib_backend if record.library is None else None,
+        "dense_gather_factor": plugin.dense_gather_factor,
+        "unsupported_dtypes": dict(plugin.unsupported_dtypes),
+        "zero_copy_torch_devices": list(plugin.zero_copy_torch_devices),
+    }
+    for method in ("physical_chip_count", "requires_xla_coordinator", "host_index", "client_create_options"):
+        try:
+            value = getattr(plugin, method)()
+            members[method] = dict(value) if method == "client_create_options" else value
+        except Exception as err:
+            members[method] = f"raised {type(err).__name__}: {err}"
+    return members
+
+
+# -- doctor -------------------------------------------------------------------
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from . import _doctor
+
+    findings = _doctor.run(_registry.plugins(), capi_version=lambda lib: _run_child(["_capi_version", lib], 30))
+    if args.json:
+        print(json.dumps(findings, indent=2))
+    else:
+        for finding in findings:
+            print(f"[{finding['level']}] {finding['what']}")
+            if finding.get("fix"):
+                print(f"        fix: {finding['fix']}")
+    return 1 if any(f["level"] == "error" for f in findings) else 0
+
+
+def _cmd_capi_version_child(args: argparse.Namespace) -> int:
+    from . import _doctor
+
+    print(json.dumps(_doctor.read_capi_version(args.library)), flush=True)
+    return 0

@@ -1,0 +1,129 @@
+"""The one contract a device vendor implements: :class:`DevicePlugin`.
+
+A vendor ships a pip distribution whose entry point in the group
+``torch_xla.plugins`` names a subclass of :class:`DevicePlugin`::
+
+    [project.entry-points."torch_xla.plugins"]
+    mydevice = "my_vendor_plugin:MyDevicePlugin"
+
+Every member has a default that is right for the simplest device (one chip,
+one process, no special cases), so a minimal plugin overrides
+:meth:`DevicePlugin.library_path` and nothing else.
+
+Every device special case lives here, as a property of the plugin that the
+host reads through this contract; the host itself never branches on a device
+name.  This module imports nothing heavy: listing plugins must not import
+torch or jax, and neither should a plugin's module at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar, Union
+
+__all__ = ["ClientOption", "DevicePlugin"]
+
+#: The value types a PJRT client create option may take (they become
+#: ``PJRT_NamedValue`` entries on the C API side).
+ClientOption = Union[str, int, float, bool, "list[int]"]
+
+
+class DevicePlugin:
+    """Base class of every device plugin.
+
+    Subclasses are instantiated by the host with no arguments.  The
+    constructor and every method should be cheap and must not import torch or
+    jax: ``python -m pjrt_host list`` calls :meth:`library_path` and reads the
+    class attributes below for every installed plugin.
+    """
+
+    #: Human-readable name shown by ``python -m pjrt_host list``.
+    #: Default: the class name.
+    display_name: ClassVar[str | None] = None
+
+    #: Default-selection priority: with ``PJRT_DEVICE`` unset, the available
+    #: plugin with the highest priority is chosen.  Default 100; the
+    #: reference CPU plugin uses 0 so that any real device wins over it.
+    priority: ClassVar[int] = 100
+
+    #: jaxlib built-in backend used when :meth:`library_path` returns None.
+    #: Default ``"cpu"``, the backend every jaxlib has.
+    jaxlib_backend: ClassVar[str] = "cpu"
+
+    #: Gathers whose index count is at most ``dense_gather_factor`` times the
+    #: gathered dimension are lowered as a dense (one-hot matmul) gather,
+    #: which is faster on devices with weak scatter/gather units.  Default 0:
+    #: always use XLA's sparse gather.
+    dense_gather_factor: ClassVar[int] = 0
+
+    #: dtypes the device cannot hold, mapped to the dtype used instead, by
+    #: torch dtype name without the ``torch.`` prefix, e.g.
+    #: ``{"float64": "float32"}``.  The host maps such tensors and warns once
+    #: per mapping.  Default: every dtype is supported.
+    unsupported_dtypes: ClassVar[Mapping[str, str]] = {}
+
+    #: torch device types (``torch.device.type``) whose tensors the device can
+    #: use in place through DLPack, with no copy, in both directions.
+    #: Default: none; every transfer copies through host memory.
+    zero_copy_torch_devices: ClassVar[tuple[str, ...]] = ()
+
+    def library_path(self) -> str | None:
+        """Absolute path of the PJRT C API shared library (``GetPjrtApi``).
+
+        Return None for a backend built into jaxlib (see
+        :attr:`jaxlib_backend`).  Raise with a message naming the package to
+        install when the library cannot be found.  Default: None.
+        """
+        return None
+
+    def physical_chip_count(self) -> int:
+        """Number of chips attached to this host; 0 means none is present.
+
+        Must not initialise the device runtime in the calling process.
+        With ``PJRT_DEVICE`` unset, a plugin reporting 0 is never chosen.
+        Default: 1.
+        """
+        return 1
+
+    def client_create_options(self) -> Mapping[str, ClientOption]:
+        """Named options passed to ``PJRT_Client_Create``.
+
+        Called after :meth:`configure_single_process` or
+        :meth:`configure_multiprocess`, so it may read what they set.
+        Default: no options.
+        """
+        return {}
+
+    def requires_xla_coordinator(self) -> bool:
+        """Whether several processes need jax.distributed's coordination
+        service (key-value store) before the client is created.  Default:
+        False.
+        """
+        return False
+
+    def configure_single_process(self) -> None:
+        """Prepare the process to own every local device, before the client
+        exists (e.g. set topology environment variables).  Must not override
+        what the user already set.  Default: nothing to do.
+        """
+
+    def configure_multiprocess(self, local_rank: int, local_world_size: int) -> None:
+        """Prepare process ``local_rank`` of ``local_world_size`` processes on
+        this host to own its share of the local devices, before the client
+        exists.  Must not override what the user already set.  Default:
+        nothing to do.
+        """
+
+    def host_index(self) -> int | None:
+        """Index of this host among all hosts, if the device runtime knows it
+        (e.g. a worker id set by the cluster).  Default: None, and the host
+        derives it from the launcher's environment (node rank), else 0.
+        """
+        return None
+
+    # -- helpers for the host; not meant to be overridden -------------------
+
+    @classmethod
+    def describe(cls) -> str:
+        """The name shown to users: :attr:`display_name` or the class name."""
+        return cls.display_name or cls.__name__

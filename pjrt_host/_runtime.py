@@ -1,0 +1,192 @@
+"""The runtime: the selected plugin becomes a real PJRT client, through jaxlib.
+
+This is the only module that touches jaxlib's plugin API.  A plugin with a
+library is loaded with ``jax._src.xla_bridge.register_plugin`` (dlopen,
+``GetPjrtApi``, ``PJRT_Plugin_Initialize``) and its client created with the
+plugin's create options; a plugin without one uses a jaxlib built-in backend.
+jax is told to use that backend (``jax_platforms``), so ``jax.jit`` and
+friends run on the plugin's devices too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from . import _registry
+from ._discovery import PluginRecord
+from ._errors import ClientCreationError, PjrtHostError
+
+__all__ = ["Runtime", "backend_name", "client", "devices", "plugin", "runtime"]
+
+logger = logging.getLogger("pjrt_host")
+
+
+class Runtime:
+    """The process's one client: which plugin, the jax backend name it is
+    registered under, and its addressable devices."""
+
+    __slots__ = ("record", "backend", "client", "devices")
+
+    def __init__(self, record: PluginRecord, backend: str, client: Any, devices: list[Any]) -> None:
+        self.record = record  #: the selected plugin's record
+        self.backend = backend  #: jax backend / platform name to pass to jax APIs
+        self.client = client  #: the jaxlib client object
+        self.devices = devices  #: addressable devices, in jax order
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+_failure: ClientCreationError | None = None
+
+
+def runtime() -> Runtime:
+    """The process's runtime, creating the client on first use.  A failure is
+    remembered and raised again: a process gets one attempt."""
+    global _runtime, _failure
+    if _runtime is not None:
+        return _runtime
+    with _lock:
+        if _runtime is not None:
+            return _runtime
+        if _failure is not None:
+            raise _failure
+        record = _registry.selected_record()
+        try:
+            _runtime = _create(record)
+        except ClientCreationError as err:
+            _failure = err
+            raise
+        _registry.freeze(f"the PJRT client of plugin {record.name!r} already exists")
+        return _runtime
+
+
+def client() -> Any:
+    """The jaxlib client of the selected plugin."""
+    return runtime().client
+
+
+def devices() -> list[Any]:
+    """The selected plugin's addressable jax devices."""
+    return list(runtime().devices)
+
+
+def plugin() -> Any:
+    """The selected DevicePlugin instance (creates the client)."""
+    return runtime().record.plugin
+
+
+def backend_name() -> str:
+    """The jax backend name of the selected plugin (for ``jax.devices(...)``)."""
+    return runtime().backend
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+def _create(record: PluginRecord) -> Runtime:
+    from . import _process  # configures the process before the client exists
+
+    plugin = record.plugin
+    assert plugin is not None
+    pm = _registry.plugin_manager()
+    pm.hook.pjrt_host_plugin_selected(name=record.name, plugin=plugin)
+
+    try:
+        _process.configure(record)
+        options = dict(plugin.client_create_options())
+        options.update(_process.client_options(record))
+    except PjrtHostError:
+        raise
+    except Exception as err:
+        raise _error(record, "configuring the process for the plugin failed", err) from err
+    pm.hook.pjrt_host_before_client_create(name=record.name, plugin=plugin, options=options)
+
+    try:
+        import jax
+        from jax._src import xla_bridge
+    except Exception as err:  # pragma: no cover - broken jax install
+        raise _error(record, "jax could not be imported", err, fix="pip install the versions in constraints.txt") from err
+
+    if record.library is None:
+        backend = plugin.jaxlib_backend
+    else:
+        backend = _register_library(record, options, xla_bridge)
+    _use_backend(backend, xla_bridge, jax)
+
+    try:
+        devs = jax.local_devices(backend=backend)
+        client_obj = xla_bridge.get_backend(backend)
+    except Exception as err:
+        raise _error(record, "the PJRT client could not be created", err) from err
+    if not devs:
+        raise _error(record, "the PJRT client has no addressable devices", None)
+    logger.info("pjrt_host: plugin %r: %d device(s) on backend %r", record.name, len(devs), backend)
+    pm.hook.pjrt_host_client_created(name=record.name, plugin=plugin, devices=list(devs))
+    return Runtime(record, backend, client_obj, list(devs))
+
+
+def _register_library(record: PluginRecord, options: dict[str, Any], xla_bridge: Any) -> str:
+    # jax's own plugins (jax_plugins) may already use this name, e.g. a jax
+    # plugin and a pjrt_host plugin both shipping one library: keep both.
+    try:
+        xla_bridge._discover_and_register_pjrt_plugins()
+    except Exception as err:  # one broken jax plugin must not stop ours
+        logger.warning("pjrt_host: jax plugin discovery failed (%s); continuing", err)
+    backend = record.name
+    if backend in xla_bridge._backend_factories:
+        backend = f"pjrt_host_{record.name}"
+    try:
+        xla_bridge.register_plugin(backend, priority=1000, library_path=record.library, options=options)
+    except Exception as err:
+        raise _error(record, f"the PJRT library {record.library} could not be loaded and initialised", err) from err
+    if backend not in xla_bridge._backend_factories:
+        raise _error(record, f"jaxlib refused to register the PJRT library {record.library}", None)
+    return backend
+
+
+def _use_backend(backend: str, xla_bridge: Any, jax: Any) -> None:
+    """Make ``backend`` jax's default: before jax's backends exist, through
+    ``jax_platforms``; after, by initialising it alongside them."""
+    if not xla_bridge._backends:
+        platforms = backend if backend == "cpu" else f"{backend},cpu"
+        jax.config.update("jax_platforms", platforms)
+        return
+    if backend in xla_bridge._backends:
+        return
+    with xla_bridge._backend_lock:
+        xla_bridge._backends[backend] = xla_bridge._init_backend(backend)
+
+
+def _error(record: PluginRecord, what: str, err: BaseException | None, fix: str | None = None) -> ClientCreationError:
+    plugin = record.plugin
+    cause = _cause_text(err)
+    if fix is None:
+        try:
+            chips = plugin.physical_chip_count() if plugin is not None else None
+        except Exception:
+            chips = None
+        if chips == 0:
+            what = f"no {plugin.describe()} device was found on this machine ({what})"  # type: ignore[union-attr]
+            fix = ("Run on a machine with the device, check that it is visible to this "
+                   "process, or choose another plugin with PJRT_DEVICE=NAME "
+                   "(`python -m pjrt_host list` shows them).")
+        else:
+            fix = (f"Check the device and the plugin with `python -m pjrt_host info {record.name}` "
+                   "and `python -m pjrt_host doctor`, or choose another plugin with PJRT_DEVICE=NAME.")
+    library = f", library {record.library}" if record.library else ""
+    message = f"pjrt_host: plugin {record.name!r} (from {record.origin()}{library}): {what}"
+    if cause:
+        message += f": {cause}"
+    return ClientCreationError(record.name, record.distribution, f"{message}. {fix}")
+
+
+def _cause_text(err: BaseException | None) -> str:
+    if err is None:
+        return ""
+    text = " ".join(str(err).split())
+    if len(text) > 400:
+        text = text[:400] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

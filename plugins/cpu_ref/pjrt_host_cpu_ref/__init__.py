@@ -1,0 +1,56 @@
+"""cpu_ref: the reference pjrt_host device plugin.
+
+It runs on jaxlib's built-in CPU client, so it works on any machine, and it
+is the lowest-priority plugin: any real device wins the default selection.
+It is also the example vendors copy: a plugin shipping its own PJRT library
+returns that library's absolute path from ``library_path()`` instead of None.
+
+``PJRT_HOST_CPU_REF_DEVICES=N`` splits the CPU into N devices (default 1),
+which lets multi-device code run anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pjrt_host import DevicePlugin
+
+__all__ = ["CpuRefPlugin"]
+
+
+def _device_count() -> int:
+    """``PJRT_HOST_CPU_REF_DEVICES``: number of CPU devices, default 1."""
+    value = os.environ.get("PJRT_HOST_CPU_REF_DEVICES", "").strip()
+    try:
+        return max(1, int(value)) if value else 1
+    except ValueError:
+        raise ValueError(
+            f"PJRT_HOST_CPU_REF_DEVICES={value!r} is not a whole number of devices"
+        ) from None
+
+
+class CpuRefPlugin(DevicePlugin):
+    """jaxlib's CPU backend as a pjrt_host device."""
+
+    display_name = "CPU (reference)"
+    priority = 0  # lowest: never chosen over a real device
+    jaxlib_backend = "cpu"  # no library of its own: library_path() stays None
+    # torch CPU tensors and jax CPU arrays can share memory through DLPack.
+    zero_copy_torch_devices = ("cpu",)
+
+    def physical_chip_count(self) -> int:
+        return _device_count()
+
+    def configure_single_process(self) -> None:
+        self._set_device_count(_device_count())
+
+    def configure_multiprocess(self, local_rank: int, local_world_size: int) -> None:
+        self._set_device_count(_device_count())
+
+    @staticmethod
+    def _set_device_count(count: int) -> None:
+        # Called only when the client is about to be created, so importing
+        # jax here keeps `python -m pjrt_host list` free of it.
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", count)
