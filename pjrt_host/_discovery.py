@@ -228,6 +228,11 @@ class JaxPluginAdapter(DevicePlugin):
         self._library = library
         self.display_name = f"jax plugin {module}"  # type: ignore[misc]
 
+    def physical_chip_count(self) -> int:
+        # A jax plugin says nothing about its hardware without being
+        # imported (which imports jax): it is chosen only when asked for.
+        return 0
+
     def library_path(self) -> str | None:
         if self._library is None:
             raise FileNotFoundError(
@@ -308,13 +313,25 @@ def _fail(record: PluginRecord, status: str, err: BaseException | None, reason: 
 
 
 def _dist_name(ep: Any) -> str | None:
-    dist = getattr(ep, "dist", None)
-    return dist.metadata["Name"] if dist is not None else None
+    return _dist_name_version(ep)[0]
 
 
 def _dist_version(ep: Any) -> str | None:
+    return _dist_name_version(ep)[1]
+
+
+def _dist_name_version(ep: Any) -> tuple[str | None, str | None]:
+    """Name and version of the entry point's distribution.  Parsing METADATA
+    costs more than the rest of ``list`` together, so the ``name-version``
+    of a ``.dist-info`` folder is used when there is one."""
     dist = getattr(ep, "dist", None)
-    return dist.version if dist is not None else None
+    if dist is None:
+        return None, None
+    folder = getattr(getattr(dist, "_path", None), "name", "")
+    match = re.fullmatch(r"([^-]+)-([^-]+)\.dist-info", folder)
+    if match:
+        return match.group(1).replace("_", "-"), match.group(2)
+    return dist.metadata["Name"], dist.version
 
 
 def _qualname(obj: Any) -> str:

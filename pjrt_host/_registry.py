@@ -12,9 +12,9 @@ import logging
 import threading
 from typing import Any
 
-import pluggy
+from typing import TYPE_CHECKING
 
-from . import _env, _hookspecs
+from . import _env
 from ._discovery import SOURCE_CODE, PluginRecord, Status, discover, record_for_object
 from ._errors import PluginLoadError, PluginNotFoundError, SelectionError
 
@@ -43,6 +43,7 @@ class _Registry:
         self.chosen: str | None = None  # set by select()
         self.frozen_reason: str | None = None  # set once a client exists
         self.pm: pluggy.PluginManager | None = None
+        self.announced: list[PluginRecord] = []
 
     def all(self) -> dict[str, PluginRecord]:
         with self.lock:
@@ -65,14 +66,27 @@ class _Registry:
             return merged
 
     def plugin_manager(self) -> pluggy.PluginManager:
+        # pluggy is imported on first use: `list` never needs it.
         with self.lock:
             if self.pm is None:
+                import pluggy
+
+                from . import _hookspecs
+
                 self.pm = pluggy.PluginManager("pjrt_host")
                 self.pm.add_hookspecs(_hookspecs)
+                for record in self.announced:
+                    self._register_with(self.pm, record)
             return self.pm
 
     def _announce(self, record: PluginRecord) -> None:
-        pm = self.plugin_manager()
+        """Tell the hooks about a record; replayed when the plugin manager
+        is created later."""
+        self.announced.append(record)
+        if self.pm is not None:
+            self._register_with(self.pm, record)
+
+    def _register_with(self, pm: pluggy.PluginManager, record: PluginRecord) -> None:
         if record.plugin is not None and record.ok and not pm.is_registered(record.plugin):
             try:
                 pm.register(record.plugin, name=f"device-plugin:{record.name}")
@@ -83,6 +97,9 @@ class _Registry:
 
 
 _REGISTRY = _Registry()
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pluggy
 
 
 def plugin_manager() -> pluggy.PluginManager:

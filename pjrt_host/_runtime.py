@@ -110,6 +110,7 @@ def _create(record: PluginRecord) -> Runtime:
     except Exception as err:  # pragma: no cover - broken jax install
         raise _error(record, "jax could not be imported", err, fix="pip install the versions in constraints.txt") from err
 
+    _skip_jax_plugin_discovery(xla_bridge)
     if record.library is None:
         backend = plugin.jaxlib_backend
     else:
@@ -128,13 +129,23 @@ def _create(record: PluginRecord) -> Runtime:
     return Runtime(record, backend, client_obj, list(devs))
 
 
+def _skip_jax_plugin_discovery(xla_bridge: Any) -> None:
+    """The host has chosen the backend: stop jax from importing and
+    initialising every other installed jax plugin when its backends start
+    (a plugin for absent hardware would fail, log a traceback, or hang).
+    jax plugins stay usable by selecting them through pjrt_host."""
+    with xla_bridge._plugin_lock:
+        xla_bridge._plugins_registered = True
+
+
 def _register_library(record: PluginRecord, options: dict[str, Any], xla_bridge: Any) -> str:
-    # jax's own plugins (jax_plugins) may already use this name, e.g. a jax
-    # plugin and a pjrt_host plugin both shipping one library: keep both.
-    try:
-        xla_bridge._discover_and_register_pjrt_plugins()
-    except Exception as err:  # one broken jax plugin must not stop ours
-        logger.warning("pjrt_host: jax plugin discovery failed (%s); continuing", err)
+    problem = _api_problem(record.library)  # type: ignore[arg-type]
+    if problem:
+        raise _error(record, f"the PJRT library {record.library} is not usable: {problem}", None, fix=(
+            f"The library is broken or not a PJRT plugin: reinstall {record.distribution or 'the plugin'} "
+            "or ask its vendor; choose another plugin with PJRT_DEVICE=NAME meanwhile.")) from None
+    # jax may already know this name (e.g. jax plugins registered before the
+    # host was asked): register ours beside it rather than replace it.
     backend = record.name
     if backend in xla_bridge._backend_factories:
         backend = f"pjrt_host_{record.name}"
@@ -145,6 +156,21 @@ def _register_library(record: PluginRecord, options: dict[str, Any], xla_bridge:
     if backend not in xla_bridge._backend_factories:
         raise _error(record, f"jaxlib refused to register the PJRT library {record.library}", None)
     return backend
+
+
+def _api_problem(library: str) -> str | None:
+    """Call ``GetPjrtApi()`` once to catch a library that returns no API
+    before jaxlib turns that into an opaque type error."""
+    import ctypes
+
+    try:
+        get_api = ctypes.CDLL(library).GetPjrtApi
+    except (OSError, AttributeError) as err:
+        return f"it cannot be loaded: {err}"
+    get_api.restype = ctypes.c_void_p
+    if not get_api():
+        return "GetPjrtApi() returned NULL"
+    return None
 
 
 def _use_backend(backend: str, xla_bridge: Any, jax: Any) -> None:
