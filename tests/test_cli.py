@@ -1,0 +1,133 @@
+"""``python -m pjrt_host``, run as users run it, with the wording they see."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import list_json, run_cli, run_python
+
+HANG = """
+def configure_single_process(self):
+    import time
+    time.sleep(600)
+"""
+CRASH = """
+def configure_single_process(self):
+    import os
+    os.abort()
+"""
+
+
+def test_list_shows_every_plugin_and_exits_zero_with_broken_ones(site, libs):
+    site.add_plugin("acme-pjrt", "acme", "priority = 300\ndisplay_name = 'Acme'", version="2.0")
+    site.add_plugin("ctor-pjrt", "ctor", "def __init__(self):\n    raise RuntimeError('licence expired')")
+    site.add_plugin("nosym-pjrt", "nosym", f"def library_path(self):\n    return {libs['no_symbol']!r}")
+    proc = run_cli("list", site=site)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "DISTRIBUTION", "SOURCE", "LIBRARY", "SELECTED", "STATUS"]
+    acme = next(line for line in lines if line.startswith("acme "))
+    assert "acme-pjrt 2.0" in acme and "torch_xla entry point" in acme and "(built into jaxlib)" in acme
+    assert " * " in acme and acme.rstrip().endswith("ok")
+    ctor = next(line for line in lines if line.startswith("ctor "))
+    assert "constructor failed: ctor_pjrt.Plugin() raised RuntimeError: licence expired" in ctor
+    nosym = next(line for line in lines if line.startswith("nosym "))
+    assert libs["no_symbol"] in nosym and "does not export GetPjrtApi" in nosym
+
+
+def test_list_json(site):
+    site.add_plugin("acme-pjrt", "acme", "priority = 300")
+    data = list_json(site)
+    assert data["selected"] == "acme"
+    row = data["by_name"]["acme"][0]
+    assert row["distribution"] == "acme-pjrt" and row["status"] == "ok" and row["selected"] is True
+    assert row["priority"] == 300
+
+
+def test_list_imports_neither_torch_nor_jax(site):
+    site.add_plugin("acme-pjrt", "acme", "")
+    code = ("import sys\nfrom pjrt_host._cli import main\nmain(['list'])\n"
+            "print('HEAVY', sorted(m for m in ('jax', 'jaxlib', 'torch') if m in sys.modules))")
+    proc = run_python(["-c", code], site=site)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+def test_list_with_no_plugins_says_how_to_install():
+    proc = run_cli("list", env={"PJRT_HOST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert proc.returncode == 0
+    assert "No PJRT plugins found. Install a plugin distribution (e.g. `pip install pjrt-host-cpu-ref`)" in proc.stdout
+
+
+def test_probe_shows_devices_and_survives_hanging_and_crashing_plugins(site):
+    site.add_plugin("hang-pjrt", "hang", HANG)
+    site.add_plugin("crash-pjrt", "crash", CRASH)
+    data = list_json(site, "--probe", "--timeout", "20", env={"PJRT_HOST_CPU_REF_DEVICES": "3"})
+    assert data["by_name"]["cpu_ref"][0]["probe"]["devices"] == 3
+    hang = data["by_name"]["hang"][0]["probe"]
+    assert hang["devices"] is None and hang["error"].startswith("timed out after 20 s")
+    crash = data["by_name"]["crash"][0]["probe"]
+    assert crash["devices"] is None and "crashed the process (signal 6)" in crash["error"]
+
+
+def test_probe_text_reports_the_reason_for_no_devices(site, libs):
+    site.add_plugin("nullapi-pjrt", "nullapi", f"def library_path(self):\n    return {libs['null_api']!r}")
+    proc = run_cli("list", "--probe", site=site)
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("nullapi "))
+    assert "no devices:" in line and "GetPjrtApi() returned NULL" in line
+
+
+def test_info_shows_the_contract_members(site):
+    site.add_plugin("acme-pjrt", "acme", """
+        priority = 300
+        dense_gather_factor = 64
+        unsupported_dtypes = {"float64": "float32"}
+        def client_create_options(self):
+            return {"memory_fraction": 0.5}
+    """)
+    proc = run_cli("info", "ACME", "--json", site=site)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["class"] == "acme_pjrt.Plugin"
+    assert info["dense_gather_factor"] == 64
+    assert info["unsupported_dtypes"] == {"float64": "float32"}
+    assert info["client_create_options"] == {"memory_fraction": 0.5}
+    assert info["physical_chip_count"] == 1 and info["requires_xla_coordinator"] is False
+
+    text = run_cli("info", "acme", site=site).stdout
+    assert "dense_gather_factor: 64" in text
+
+
+def test_info_of_unknown_plugin_fails_with_the_list(site):
+    site.add_plugin("acme-pjrt", "acme", "")
+    proc = run_cli("info", "nope", site=site)
+    assert proc.returncode == 1
+    assert "no plugin named 'nope'" in proc.stderr and "acme (ok)" in proc.stderr
+
+
+def test_doctor_flags_version_skew_and_broken_plugins(site, libs):
+    site.add_dist("old-pjrt", "1.0", entry_points={"torch_xla.plugins": {"old": "old_pjrt:Plugin"}},
+                  files={"old_pjrt.py": "from pjrt_host import DevicePlugin\nclass Plugin(DevicePlugin):\n    pass\n"},
+                  requires=["jaxlib<0.5"])
+    site.add_plugin("ctor-pjrt", "ctor", "def __init__(self):\n    raise RuntimeError('licence expired')")
+    proc = run_cli("doctor", site=site)
+    assert proc.returncode == 1, proc.stdout
+    out = proc.stdout
+    assert "[warning] plugin 'old' (old-pjrt 1.0) requires jaxlib<0.5 but jaxlib" in out
+    assert "fix: pip install 'jaxlib<0.5'" in out
+    assert "[error] plugin 'ctor' (ctor-pjrt 1.0): constructor failed" in out
+    assert "[ok] plugin 'cpu_ref'" in out
+
+
+def test_doctor_reads_the_c_api_version_of_a_library(site, libs):
+    site.add_plugin("nullapi-pjrt", "nullapi", f"def library_path(self):\n    return {libs['null_api']!r}")
+    proc = run_cli("doctor", "--json", site=site)
+    findings = json.loads(proc.stdout)
+    mine = [f for f in findings if "nullapi" in f["what"]]
+    assert mine and mine[0]["level"] == "error" and "GetPjrtApi() returned NULL" in mine[0]["what"]
+
+
+def test_main_module_without_command_prints_help():
+    proc = run_cli()
+    assert proc.returncode == 2 and "list" in proc.stdout

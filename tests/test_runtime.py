@@ -1,0 +1,132 @@
+"""Real jaxlib clients for the selected plugin, and the errors when there is none."""
+
+from __future__ import annotations
+
+import textwrap
+
+from conftest import run_python
+
+
+def run(code: str, **kwargs):
+    proc = run_python(["-c", textwrap.dedent(code)], **kwargs)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_cpu_ref_runs_a_jitted_matmul_with_correct_numbers():
+    out = run("""
+        import numpy as np, jax, jax.numpy as jnp, pjrt_host
+        (dev,) = pjrt_host.devices()
+        a = np.arange(12, dtype=np.float32).reshape(3, 4)
+        x = jax.device_put(a, dev)
+        y = jax.jit(lambda m: m @ m.T)(x)
+        assert list(y.devices()) == [dev]
+        np.testing.assert_allclose(np.asarray(y), a @ a.T)
+        print(pjrt_host.selected().name, pjrt_host.backend_name(), dev.platform)
+    """)
+    assert out.split() == ["cpu_ref", "cpu", "cpu"]
+
+
+def test_plugin_configuration_reaches_the_client():
+    out = run("""
+        import pjrt_host
+        print(len(pjrt_host.devices()))
+    """, env={"PJRT_HOST_CPU_REF_DEVICES": "4"})
+    assert out.strip() == "4"
+
+
+def test_hooks_run_around_client_creation():
+    out = run("""
+        import pjrt_host
+
+        class Watch:
+            @pjrt_host.hookimpl
+            def pjrt_host_before_client_create(self, name, plugin, options):
+                print("before", name, type(plugin).__name__, options)
+
+            @pjrt_host.hookimpl
+            def pjrt_host_client_created(self, name, plugin, devices):
+                print("created", name, len(devices))
+
+        pjrt_host.plugin_manager().register(Watch())
+        pjrt_host.devices()
+    """)
+    assert out.splitlines() == ["before cpu_ref CpuRefPlugin {}", "created cpu_ref 1"]
+
+
+def test_device_plugin_can_hook_in_itself(site):
+    site.add_plugin("hooked-pjrt", "hooked", """
+        from pjrt_host import hookimpl as _h
+        @_h
+        def pjrt_host_client_created(self, name, plugin, devices):
+            print("hooked saw", name, plugin is self)
+    """)
+    out = run("import pjrt_host; pjrt_host.devices()", site=site, env={"PJRT_DEVICE": "hooked"})
+    assert "hooked saw hooked True" in out
+
+
+def test_library_returning_no_api_gives_a_clear_error(site, libs):
+    site.add_plugin("nullapi-pjrt", "nullapi", f"def library_path(self):\n    return {libs['null_api']!r}")
+    out = run("""
+        import pjrt_host
+        try:
+            pjrt_host.devices()
+        except pjrt_host.ClientCreationError as err:
+            print(err.plugin, err.distribution)
+            print(err)
+    """, site=site, env={"PJRT_DEVICE": "nullapi"})
+    first, message = out.splitlines()[:2]
+    assert first == "nullapi nullapi-pjrt"
+    assert message.startswith("pjrt_host: plugin 'nullapi' (from nullapi-pjrt 1.0, library ")
+    assert "GetPjrtApi() returned NULL" in message and "choose another plugin with PJRT_DEVICE=NAME" in message
+
+
+def test_absent_device_says_no_device_was_found(site):
+    # A backend whose client cannot be created, on a machine with 0 chips.
+    site.add_plugin("absent-pjrt", "absent", """
+        display_name = "Acme accelerator"
+        jaxlib_backend = "acme_backend_that_jaxlib_lacks"
+        def physical_chip_count(self):
+            return 0
+    """)
+    out = run("""
+        import pjrt_host
+        try:
+            pjrt_host.devices()
+        except pjrt_host.ClientCreationError as err:
+            print(err)
+    """, site=site, env={"PJRT_DEVICE": "absent"})
+    assert "no Acme accelerator device was found on this machine" in out
+    assert "check that it is visible to this process" in out
+
+
+def test_configure_raising_names_the_plugin(site):
+    site.add_plugin("cfg-pjrt", "cfg", """
+        def configure_single_process(self):
+            raise OSError("TPU_VISIBLE_CHIPS is malformed")
+    """)
+    out = run("""
+        import pjrt_host
+        try:
+            pjrt_host.devices()
+        except pjrt_host.ClientCreationError as err:
+            print(err)
+            print(repr(err.__cause__))
+    """, site=site, env={"PJRT_DEVICE": "cfg"})
+    assert "plugin 'cfg' (from cfg-pjrt 1.0): configuring the process for the plugin failed" in out
+    assert "OSError: TPU_VISIBLE_CHIPS is malformed" in out
+
+
+def test_a_failed_client_is_not_retried_silently(site, libs):
+    site.add_plugin("nullapi-pjrt", "nullapi", f"def library_path(self):\n    return {libs['null_api']!r}")
+    out = run("""
+        import pjrt_host
+        errors = []
+        for _ in range(2):
+            try:
+                pjrt_host.devices()
+            except pjrt_host.ClientCreationError as err:
+                errors.append(err)
+        print(len(errors), errors[0] is errors[1])
+    """, site=site, env={"PJRT_DEVICE": "nullapi"})
+    assert out.strip() == "2 True"
