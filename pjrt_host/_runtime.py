@@ -11,6 +11,7 @@ friends run on the plugin's devices too.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from typing import Any
 
@@ -205,14 +206,18 @@ def _error(record: PluginRecord, what: str, err: BaseException | None, fix: str 
     library = f", library {record.library}" if record.library else ""
     message = f"pjrt_host: plugin {record.name!r} (from {record.origin()}{library}): {what}"
     if cause:
-        message += f": {cause}"
+        message += f": {cause.rstrip('.')}"
     return ClientCreationError(record.name, record.distribution, f"{message}. {fix}")
+
+
+# jax's own advice names its own switches; ours is PJRT_DEVICE.
+_JAX_ADVICE = re.compile(r"\s*\((?:set JAX_PLATFORMS|you may need to uninstall)[^)]*\)\.?")
 
 
 def _cause_text(err: BaseException | None) -> str:
     if err is None:
         return ""
-    text = " ".join(str(err).split())
+    text = _JAX_ADVICE.sub("", " ".join(str(err).split()))
     if len(text) > 400:
         text = text[:400] + "..."
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
