@@ -15,7 +15,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from . import _env, _registry
+from . import _env, _launch, _registry
 from ._discovery import PluginRecord
 
 __all__ = ["main"]
@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check versions and plugin libraries, and say what to do")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser("launch", help="run a script in several processes (torchrun's launcher)",
+                       description="Run SCRIPT in --nproc-per-node processes on this host, as host --node-rank of "
+                                   "--nnodes, through torchrun's elastic agent. See docs/distributed.md.")
+    _launch.add_launch_arguments(p)
+    p.set_defaults(func=_launch.run_launch_command)
 
     p = sub.add_parser("_probe", help=argparse.SUPPRESS)
     p.add_argument("name")

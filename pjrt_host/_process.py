@@ -1,47 +1,507 @@
-"""Process set-up that must happen before the client exists: the plugin's
-configure_single_process() / configure_multiprocess(), from the launcher's
-environment.  (``pjrt_host.distributed`` builds on this.)"""
+"""Process set-up that must happen before the client exists.
+
+PJRT knows processes, not hosts or "local" ranks, and a client must be told
+which devices and which peers it has when it is created, not after.  This
+module is the one mechanism that does it, whether a program calls
+``pjrt_host.distributed.initialize()`` or just ``pjrt_host.devices()``:
+
+1. :func:`detect_layout` reads the launcher's environment: torchrun's
+   (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+   ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), else a cluster that
+   jax's own cluster detection recognises (SLURM, Open MPI, ...), else one
+   process alone.
+2. :func:`configure` (called by the runtime right before it creates the
+   client) calls the plugin's ``configure_multiprocess(local_rank,
+   local_world_size)`` or ``configure_single_process()``, then starts or joins
+   jax.distributed's coordination service where several processes need it,
+   with bounded timeouts.
+3. :func:`client_options` gives the client its ``node_id`` and ``num_nodes``.
+
+Every environment variable is read in one small function below.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import re
+import socket
+import threading
+import time
 from typing import Any
 
 from ._discovery import PluginRecord
+from ._errors import ClientCreationError
 
-__all__ = ["client_options", "configure"]
+__all__ = [
+    "CoordinatorUnreachableError",
+    "DistributedSetupError",
+    "ProcessLayout",
+    "client_options",
+    "configure",
+    "coordinator_mode",
+    "coordinator_timeout",
+    "current_layout",
+    "detect_layout",
+    "heartbeat_timeout",
+    "is_coordinated",
+]
+
+logger = logging.getLogger("pjrt_host")
 
 
-def _int_env(*names: str, default: int) -> int:
+# -- errors ---------------------------------------------------------------------
+
+
+class DistributedSetupError(ClientCreationError):
+    """The process could not be set up to run with its peers: the plugin's
+    ``configure_multiprocess`` raised, the launcher's environment is
+    inconsistent, or the coordinator could not be started or joined.
+    ``plugin`` names the plugin in use; the original error is the cause."""
+
+
+class CoordinatorUnreachableError(DistributedSetupError):
+    """Nothing answered at the coordinator's address in time.  ``address``
+    is the ``host:port`` that was tried and ``timeout`` the seconds waited."""
+
+    def __init__(self, plugin: str, distribution: str | None, message: str, address: str, timeout: float) -> None:
+        super().__init__(plugin, distribution, message)
+        self.address = address
+        self.timeout = timeout
+
+
+# -- environment ----------------------------------------------------------------
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def _int_env(name: str) -> int | None:
+    value = _env(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a whole number") from None
+
+
+def _seconds_env(name: str, default: float) -> float:
+    value = _env(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise ValueError(f"{name}={value!r} must be more than 0 seconds")
+    return seconds
+
+
+def coordinator_timeout() -> float:
+    """``PJRT_HOST_COORDINATOR_TIMEOUT``: seconds the processes of a job wait
+    for each other at start-up (reaching the coordinator, every process
+    joining it, the launcher's rendezvous).  Default: 300, as jax's."""
+    return _seconds_env("PJRT_HOST_COORDINATOR_TIMEOUT", 300.0)
+
+
+def heartbeat_timeout() -> float:
+    """``PJRT_HOST_HEARTBEAT_TIMEOUT``: seconds without a heartbeat after
+    which the coordinator declares a process dead and every other process
+    exits with an error instead of waiting for it.  Default: 10."""
+    return _seconds_env("PJRT_HOST_HEARTBEAT_TIMEOUT", 10.0)
+
+
+def coordinator_address_env() -> str | None:
+    """``PJRT_HOST_COORDINATOR_ADDRESS`` (``host:port``), else jax's own
+    ``JAX_COORDINATOR_ADDRESS``: where process 0 runs jax.distributed's
+    coordinator.  Default: unset, and it is derived from ``MASTER_ADDR``."""
+    return _env("PJRT_HOST_COORDINATOR_ADDRESS") or _env("JAX_COORDINATOR_ADDRESS")
+
+
+def coordinator_port_env() -> int | None:
+    """``PJRT_HOST_COORDINATOR_PORT``: port of the coordinator on
+    ``MASTER_ADDR``.  Default: unset, meaning ``MASTER_PORT + 1`` (torchrun's
+    own store already listens on ``MASTER_PORT``)."""
+    return _int_env("PJRT_HOST_COORDINATOR_PORT")
+
+
+def coordinator_mode() -> str:
+    """``PJRT_HOST_XLA_COORDINATOR``: ``auto`` (default) starts jax's
+    coordinator whenever there is more than one process, so that jax sees
+    every process's devices and cross-process collectives work; ``off``
+    never starts it (each process then has its own independent client),
+    which a plugin that requires it refuses."""
+    value = (_env("PJRT_HOST_XLA_COORDINATOR") or "auto").lower()
+    if value in {"auto", "1", "on", "true"}:
+        return "auto"
+    if value in {"off", "0", "false", "no"}:
+        return "off"
+    raise ValueError(f"PJRT_HOST_XLA_COORDINATOR={value!r}: expected 'auto' or 'off'")
+
+
+def cluster_detection_enabled() -> bool:
+    """``PJRT_HOST_CLUSTER_DETECTION=0`` stops pjrt_host from asking jax's
+    cluster detection (SLURM, Open MPI, ...) for the layout when no torchrun
+    variables are set.  Default: on."""
+    return (_env("PJRT_HOST_CLUSTER_DETECTION") or "1").lower() not in {"0", "off", "false", "no"}
+
+
+# -- the layout -----------------------------------------------------------------
+
+
+class ProcessLayout:
+    """Where this process sits in the job.  Every field is known before the
+    client exists."""
+
+    __slots__ = (
+        "rank",
+        "world_size",
+        "local_rank",
+        "local_world_size",
+        "host_index",
+        "host_count",
+        "coordinator_address",
+        "launcher",
+    )
+
+    def __init__(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        local_rank: int = 0,
+        local_world_size: int = 1,
+        host_index: int = 0,
+        host_count: int = 1,
+        coordinator_address: str | None = None,
+        launcher: str = "single process",
+    ) -> None:
+        self.rank = rank  #: index of this process among all processes (jax's process_index)
+        self.world_size = world_size  #: number of processes in the job
+        self.local_rank = local_rank  #: index of this process among those on its host
+        self.local_world_size = local_world_size  #: number of processes on this host
+        self.host_index = host_index  #: index of this host among all hosts
+        self.host_count = host_count  #: number of hosts
+        self.coordinator_address = coordinator_address  #: ``host:port`` of jax's coordinator, if any
+        self.launcher = launcher  #: where the layout came from ("torchrun", "slurm", ...)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
+        return f"ProcessLayout({fields})"
+
+
+def detect_layout(plugin: Any | None = None) -> ProcessLayout:
+    """The layout from the launcher's environment; ``plugin.host_index()``
+    wins over the launcher's node rank when it is not None."""
+    layout = _torchrun_layout()
+    if layout is None and cluster_detection_enabled():
+        layout = _cluster_layout()
+    if layout is None:
+        layout = ProcessLayout()
+    if plugin is not None:
+        host = plugin.host_index()
+        if host is not None:
+            layout.host_index = int(host)
+    _check(layout)
+    return layout
+
+
+def _torchrun_layout() -> ProcessLayout | None:
+    rank, world = _int_env("RANK"), _int_env("WORLD_SIZE")
+    if rank is None or world is None:
+        return None
+    local_rank = _int_env("LOCAL_RANK")
+    local_world = _int_env("LOCAL_WORLD_SIZE")
+    if local_world is None:
+        local_world = 1
+    if local_rank is None:
+        local_rank = rank % local_world
+    host = _int_env("GROUP_RANK")
+    if host is None:
+        host = _int_env("NODE_RANK")
+    if host is None:
+        host = rank // local_world
+    hosts = _int_env("GROUP_WORLD_SIZE")
+    if hosts is None:
+        hosts = math.ceil(world / local_world)
+    return ProcessLayout(rank, world, local_rank, local_world, host, hosts, _torchrun_coordinator(), "torchrun")
+
+
+def _torchrun_coordinator() -> str | None:
+    explicit = coordinator_address_env()
+    if explicit is not None:
+        return explicit
+    master = _env("MASTER_ADDR")
+    if master is None:
+        return None
+    port = coordinator_port_env()
+    if port is None:
+        master_port = _int_env("MASTER_PORT")
+        if master_port is None:
+            return None
+        port = master_port + 1
+    return _join_host_port(master, port)
+
+
+# Per cluster (jax's ClusterEnv.name): the variables that give the number of
+# processes on this host and the host's index, which jax does not expose.
+_CLUSTER_LOCAL_SIZE = {"slurm": ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"), "ompi": ("OMPI_COMM_WORLD_LOCAL_SIZE",)}
+_CLUSTER_HOST_INDEX = {"slurm": ("SLURM_NODEID",)}
+
+
+def _cluster_layout() -> ProcessLayout | None:
+    try:
+        from jax._src import clusters
+    except Exception as err:  # pragma: no cover - broken jax install
+        logger.info("pjrt_host: jax cluster detection unavailable (%s)", err)
+        return None
+    env = next((c for c in clusters.ClusterEnv._cluster_types
+                if not c.opt_in_only_method and c.is_env_present()), None)
+    if env is None:
+        return None
+    rank, world = env.get_process_id(), env.get_process_count()
+    local_rank = env.get_local_process_id()
+    local_world = _first_count(_CLUSTER_LOCAL_SIZE.get(env.name, ()))
+    if local_world is None:
+        local_world = 1
+    if local_rank is None:
+        local_rank = rank % local_world
+    host = _first_count(_CLUSTER_HOST_INDEX.get(env.name, ()))
+    if host is None:
+        host = rank // local_world
+    address = coordinator_address_env()
+    if address is None and world > 1:
+        port = coordinator_port_env()
+        address = env.get_coordinator_address(
+            timeout_secs=int(coordinator_timeout()), override_coordinator_port=str(port) if port else None)
+    return ProcessLayout(rank, world, local_rank, local_world, host, math.ceil(world / local_world),
+                         address, env.name or env.__name__)
+
+
+def _first_count(names: tuple[str, ...]) -> int | None:
     for name in names:
-        value = os.environ.get(name, "").strip()
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                pass
-    return default
+        value = _env(name)
+        if value is not None:
+            # SLURM_TASKS_PER_NODE looks like "4(x2),3": this host's count is
+            # the first group's when the job is uniform, which is what we need.
+            match = re.match(r"\d+", value)
+            if match:
+                return int(match.group())
+    return None
 
 
-def local_rank() -> int:
-    """``LOCAL_RANK`` (torchrun), default 0."""
-    return _int_env("LOCAL_RANK", default=0)
+def _check(layout: ProcessLayout) -> None:
+    problems = []
+    if layout.world_size < 1:
+        problems.append(f"WORLD_SIZE={layout.world_size} is less than 1")
+    if not 0 <= layout.rank < max(layout.world_size, 1):
+        problems.append(f"RANK={layout.rank} is not in [0, WORLD_SIZE={layout.world_size})")
+    if layout.local_world_size < 1:
+        problems.append(f"LOCAL_WORLD_SIZE={layout.local_world_size} is less than 1")
+    if not 0 <= layout.local_rank < max(layout.local_world_size, 1):
+        problems.append(f"LOCAL_RANK={layout.local_rank} is not in [0, LOCAL_WORLD_SIZE={layout.local_world_size})")
+    if problems:
+        raise ValueError(
+            f"pjrt_host: the {layout.launcher} environment is inconsistent: " + "; ".join(problems)
+            + ". Start the processes with `python -m pjrt_host launch` or torchrun, which set these.")
 
 
-def local_world_size() -> int:
-    """``LOCAL_WORLD_SIZE`` (torchrun), default 1."""
-    return _int_env("LOCAL_WORLD_SIZE", default=1)
+def _join_host_port(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+def _split_host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"coordinator address {address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+# -- set-up ---------------------------------------------------------------------
+
+
+class _Setup:
+    __slots__ = ("layout", "coordinated")
+
+    def __init__(self, layout: ProcessLayout, coordinated: bool) -> None:
+        self.layout = layout  #: the layout the client was created with
+        self.coordinated = coordinated  #: whether jax.distributed is running in this process
+
+
+_lock = threading.Lock()
+_setup: _Setup | None = None
+
+
+def current_layout() -> ProcessLayout | None:
+    """The layout the client was created with, or None before that."""
+    return _setup.layout if _setup is not None else None
+
+
+def is_coordinated() -> bool:
+    """Whether this process has joined jax.distributed's coordinator."""
+    return _setup is not None and _setup.coordinated
 
 
 def configure(record: PluginRecord) -> None:
+    """Prepare this process for ``record``'s client: the plugin's configure
+    hook, then jax's coordinator where needed.  Called once, by the runtime,
+    right before it creates the client."""
+    global _setup
     plugin = record.plugin
     assert plugin is not None
-    if local_world_size() > 1:
-        plugin.configure_multiprocess(local_rank(), local_world_size())
-    else:
-        plugin.configure_single_process()
+    with _lock:
+        try:
+            layout = detect_layout(plugin)
+        except Exception as err:
+            raise _error(record, "the process layout could not be read from the launcher's environment", err,
+                         "Start the processes with `python -m pjrt_host launch` or torchrun.") from err
+        _call_configure(record, layout)
+        coordinated = _join_coordinator(record, layout)
+        _setup = _Setup(layout, coordinated)
+        logger.info("pjrt_host: %r", layout)
 
 
 def client_options(record: PluginRecord) -> dict[str, Any]:
-    """Create options the host adds for every plugin (none yet)."""
-    return {}
+    """Create options the host adds for every plugin: this process's
+    ``node_id`` and the ``num_nodes`` of the job when it runs under jax's
+    coordinator (a PJRT client counts processes as nodes)."""
+    if _setup is None or not _setup.coordinated:
+        return {}
+    return {"node_id": _setup.layout.rank, "num_nodes": _setup.layout.world_size}
+
+
+def _call_configure(record: PluginRecord, layout: ProcessLayout) -> None:
+    plugin = record.plugin
+    if layout.world_size > 1:
+        call = f"configure_multiprocess(local_rank={layout.local_rank}, local_world_size={layout.local_world_size})"
+    else:
+        call = "configure_single_process()"
+    try:
+        if layout.world_size > 1:
+            plugin.configure_multiprocess(layout.local_rank, layout.local_world_size)
+        else:
+            plugin.configure_single_process()
+    except Exception as err:
+        raise _error(record, f"{call} raised on rank {layout.rank} of {layout.world_size}", err,
+                     f"This is a bug or a missing requirement of plugin {record.name!r}; report it to the "
+                     f"maintainers of {record.distribution or 'the plugin'}, or choose another plugin with "
+                     "PJRT_DEVICE=NAME.") from err
+
+
+def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
+    from jax._src import distributed as jax_distributed
+    from jax._src import xla_bridge
+
+    state = jax_distributed.global_state
+    if state.client is not None:
+        # The program called jax.distributed.initialize() itself: adopt it.
+        layout.rank, layout.world_size = state.process_id, state.num_processes
+        return True
+    if layout.world_size <= 1:
+        return False
+    plugin = record.plugin
+    required = bool(plugin.requires_xla_coordinator())
+    if coordinator_mode() == "off":
+        if required:
+            raise _error(record, "the plugin requires jax.distributed's coordinator with several processes, "
+                         "but PJRT_HOST_XLA_COORDINATOR=off", None, "Unset PJRT_HOST_XLA_COORDINATOR.")
+        return False
+    address = layout.coordinator_address
+    if address is None:
+        raise _error(record, f"rank {layout.rank} of {layout.world_size} does not know where the coordinator is",
+                     None, "Set MASTER_ADDR and MASTER_PORT (torchrun and `python -m pjrt_host launch` do), "
+                     "or PJRT_HOST_COORDINATOR_ADDRESS=host:port.")
+    if xla_bridge.backends_are_initialized():
+        raise _error(record, "jax's backends were initialised before the multi-process set-up", None,
+                     "Call pjrt_host.distributed.initialize() (or pjrt_host.devices()) before any jax "
+                     "computation or jax.devices().")
+    timeout = coordinator_timeout()
+    deadline = time.monotonic() + timeout
+    if layout.rank != 0:
+        _wait_reachable(record, layout, address, timeout, deadline)
+    remaining = max(1, math.ceil(deadline - time.monotonic()))
+    host, port = _split_host_port(address)
+    import jax
+
+    try:
+        jax.distributed.initialize(
+            coordinator_address=address,
+            num_processes=layout.world_size,
+            process_id=layout.rank,
+            cluster_detection_method="deactivate",  # the layout is already known
+            initialization_timeout=remaining,
+            heartbeat_timeout_seconds=max(1, math.ceil(heartbeat_timeout())),
+            coordinator_bind_address=_bind_address(host, port),
+        )
+    except Exception as err:
+        where = "start" if layout.rank == 0 else "join"
+        raise _error(record, f"rank {layout.rank} could not {where} jax.distributed's coordinator at {address}", err,
+                     "Check that the port is free on the first host and reachable from every host.") from err
+    logger.info("pjrt_host: rank %d of %d joined the coordinator at %s (required by plugin: %s)",
+                layout.rank, layout.world_size, address, required)
+    return True
+
+
+def _bind_address(host: str, port: int) -> str | None:
+    """Where process 0's coordinator listens: the coordinator's own address
+    when it is a loopback one, so a one-host job never listens on other
+    interfaces; otherwise jax's default (every interface) or
+    ``JAX_COORDINATOR_BIND_ADDRESS``."""
+    if _env("JAX_COORDINATOR_BIND_ADDRESS"):
+        return None
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        return _join_host_port(host, port)
+    return None
+
+
+def _wait_reachable(record: PluginRecord, layout: ProcessLayout, address: str, timeout: float, deadline: float) -> None:
+    # jax's client aborts the whole process (no exception) when it cannot
+    # register in time; probing first turns the common case, nothing
+    # listening, into an error that names the address.
+    host, port = _split_host_port(address)
+    last: BaseException | None = None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            with socket.create_connection((host, port), timeout=min(1.0, max(left, 0.05))):
+                return
+        except OSError as err:
+            last = err
+        time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+    cause = f": {type(last).__name__}: {last}" if last else ""
+    raise CoordinatorUnreachableError(
+        record.name, record.distribution,
+        f"pjrt_host: rank {layout.rank} of {layout.world_size} ({layout.launcher}) could not reach the "
+        f"coordinator at {address} within {timeout:g} s{cause}. Check that rank 0 is running on that host and "
+        "that this host can reach it; the address comes from PJRT_HOST_COORDINATOR_ADDRESS, else "
+        "MASTER_ADDR and PJRT_HOST_COORDINATOR_PORT (default MASTER_PORT + 1). Raise "
+        "PJRT_HOST_COORDINATOR_TIMEOUT if the processes start far apart.",
+        address, timeout,
+    ) from last
+
+
+def _error(record: PluginRecord, what: str, err: BaseException | None, fix: str) -> DistributedSetupError:
+    message = f"pjrt_host: plugin {record.name!r} (from {record.origin()}): {what}"
+    if err is not None:
+        text = " ".join(str(err).split())
+        if len(text) > 400:
+            text = text[:400] + "..."
+        message += f": {type(err).__name__}: {text}" if text else f": {type(err).__name__}"
+    return DistributedSetupError(record.name, record.distribution, f"{message}. {fix}")
+
+
+def reset_for_tests() -> None:
+    """Forget the set-up (tests only; jax.distributed itself stays up)."""
+    global _setup
+    _setup = None
