@@ -23,6 +23,7 @@ __all__ = [
     "backend_name",
     "client",
     "devices",
+    "distributed",
     "hookimpl",
     "hookspec",
     "plugin_manager",
@@ -30,6 +31,7 @@ __all__ = [
     "register_plugin",
     "select",
     "selected",
+    "spawn",
 ]
 
 __version__ = "0.1.0"
@@ -48,6 +50,7 @@ _LAZY = {
     "backend_name": ("._runtime", "backend_name"),
     "client": ("._runtime", "client"),
     "devices": ("._runtime", "devices"),
+    "distributed": (".distributed", None),  # the submodule itself
     "hookimpl": ("._hookspecs", "hookimpl"),
     "hookspec": ("._hookspecs", "hookspec"),
     "plugin_manager": ("._registry", "plugin_manager"),
@@ -55,6 +58,7 @@ _LAZY = {
     "register_plugin": ("._registry", "register_plugin"),
     "select": ("._registry", "select"),
     "selected": ("._registry", "selected_record"),
+    "spawn": ("._launch", "spawn"),
 }
 
 
@@ -63,7 +67,8 @@ def __getattr__(name: str) -> Any:
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'pjrt_host' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module, __name__), attr)
+    loaded = importlib.import_module(module, __name__)
+    value = loaded if attr is None else getattr(loaded, attr)
     globals()[name] = value
     return value
 
@@ -79,4 +84,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._plugin import ClientOption, DevicePlugin
     from ._registry import plugin_manager, plugins, register_plugin, select
     from ._registry import selected_record as selected
+    from . import distributed
+    from ._launch import spawn
     from ._runtime import backend_name, client, devices
