@@ -1,0 +1,161 @@
+"""The ``cuda`` device plugin: :class:`CudaPlugin`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+
+from pjrt_host import ClientOption, DevicePlugin
+
+from . import _env, _hardware
+
+__all__ = ["CudaPlugin", "library_candidates"]
+
+#: jax's PJRT wheels, newest CUDA first: (jax_plugins module, distribution).
+#: Each ships its library as ``jax_plugins/<module>/xla_cuda_plugin.so``.
+_JAX_PJRT_WHEELS = (
+    ("xla_cuda13", "jax-cuda13-pjrt"),
+    ("xla_cuda12", "jax-cuda12-pjrt"),
+)
+_LIBRARY_NAME = "xla_cuda_plugin.so"
+
+_INSTALL_HINT = (
+    "Install it with `pip install 'pjrt-host-gpu[cuda13]'` (jax-cuda13-pjrt, NVIDIA driver 580 or newer) "
+    "or `pip install 'pjrt-host-gpu[cuda12]'` (jax-cuda12-pjrt), or point PJRT_HOST_CUDA_LIBRARY_PATH "
+    "at a CUDA PJRT C API library."
+)
+
+
+def library_candidates() -> list[tuple[str, str]]:
+    """(distribution, library path) for each of jax's CUDA PJRT wheels that
+    is installed, preferred first.  Found through the import system without
+    running the wheels' code (which imports jax)."""
+    found = []
+    for module, distribution in _JAX_PJRT_WHEELS:
+        try:
+            spec = importlib.util.find_spec(f"jax_plugins.{module}")
+        except (ImportError, ValueError):
+            spec = None
+        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+            path = os.path.join(folder, _LIBRARY_NAME)
+            if os.path.isfile(path):
+                found.append((distribution, os.path.abspath(path)))
+                break
+    return found
+
+
+class CudaPlugin(DevicePlugin):
+    """NVIDIA GPUs through the CUDA PJRT C API library of jax's wheels.
+
+    ``proc_gpus`` and ``dev_root`` are where the driver's files are read
+    (see :mod:`pjrt_host_gpu._hardware`); the host constructs the plugin
+    with no arguments, tests pass a fake tree.
+    """
+
+    display_name = "NVIDIA GPU (CUDA)"
+    priority = 200  # a real accelerator: chosen over CPU and jax's own plugins
+    # torch's CUDA tensors live in the memory this client allocates from, so
+    # they go to and from the device through DLPack without a copy.
+    zero_copy_torch_devices = ("cuda",)
+
+    def __init__(self, proc_gpus: str = _hardware.PROC_NVIDIA_GPUS, dev_root: str = _hardware.DEV_ROOT) -> None:
+        self._proc_gpus = proc_gpus
+        self._dev_root = dev_root
+        self._local_rank = 0
+        self._local_world_size = 1
+
+    # -- the library --------------------------------------------------------
+
+    def library_path(self) -> str:
+        override = _env.library_path_override()
+        if override is not None:
+            if not os.path.isfile(override):
+                raise FileNotFoundError(
+                    f"PJRT_HOST_CUDA_LIBRARY_PATH={override!r} is not a file; set it to the CUDA "
+                    "PJRT C API library (a .so exporting GetPjrtApi), or unset it to use jax's wheel")
+            return os.path.abspath(override)
+        candidates = library_candidates()
+        if not candidates:
+            raise FileNotFoundError(f"no CUDA PJRT library is installed. {_INSTALL_HINT}")
+        return candidates[0][1]
+
+    # -- the hardware -------------------------------------------------------
+
+    def physical_chip_count(self) -> int:
+        override = _env.device_count_override()
+        if override is not None:
+            return override
+        installed, uuids = _hardware.installed_gpus(self._proc_gpus, self._dev_root)
+        return _hardware.visible_gpu_count(installed, uuids, _env.cuda_visible_devices())
+
+    # -- processes ----------------------------------------------------------
+
+    def configure_single_process(self) -> None:
+        self._local_rank, self._local_world_size = 0, 1
+
+    def configure_multiprocess(self, local_rank: int, local_world_size: int) -> None:
+        if local_world_size < 1 or not 0 <= local_rank < local_world_size:
+            raise ValueError(
+                f"local_rank={local_rank} is not a rank among local_world_size={local_world_size} processes")
+        self._local_rank, self._local_world_size = local_rank, local_world_size
+
+    def requires_xla_coordinator(self) -> bool:
+        # Several GPU processes exchange their topology through the
+        # coordination service's key-value store when their clients start.
+        return _env.world_size() > 1 or self._local_world_size > 1
+
+    def client_create_options(self) -> Mapping[str, ClientOption]:
+        """The options of ``PJRT_Client_Create`` for the CUDA plugin.
+
+        ``platform_name`` is always ``cuda`` (what jax's lowering rules
+        expect).  ``visible_devices`` is set only when several processes
+        share this host: each takes its share of the visible GPUs.
+        ``node_id`` / ``num_nodes`` are set from ``RANK`` / ``WORLD_SIZE``
+        when the job has several processes.  The allocator settings are set
+        only when their environment variables are (see :mod:`._env`).
+        """
+        options: dict[str, ClientOption] = {"platform_name": "cuda"}
+        allocator = _env.allocator()
+        if allocator is not None:
+            options["allocator"] = allocator
+        fraction = _env.memory_fraction()
+        if fraction is not None:
+            options["memory_fraction"] = fraction
+        preallocate = _env.preallocate()
+        if preallocate is not None:
+            options["preallocate"] = preallocate
+        visible = self._visible_devices()
+        if visible is not None:
+            options["visible_devices"] = visible
+        world_size = _env.world_size()
+        if world_size > 1:
+            rank = _env.rank()
+            if not 0 <= rank < world_size:
+                raise ValueError(f"RANK={rank} is not a rank among WORLD_SIZE={world_size} processes")
+            options["node_id"] = rank
+            options["num_nodes"] = world_size
+        return options
+
+    def _visible_devices(self) -> list[int] | None:
+        """This process's share of the visible GPUs, as indices among them;
+        None when this process may use all of them."""
+        size, rank = self._local_world_size, self._local_rank
+        if size == 1:
+            return None
+        count = self.physical_chip_count()
+        if count == 0:
+            # No GPU to share: ask for this rank's, and let the client say
+            # that none was found.
+            return [rank]
+        if count < size:
+            if _env.cuda_visible_devices() is not None:
+                # The launcher already gave each process its GPUs.
+                return None
+            raise ValueError(
+                f"{size} processes share this host but it has {count} visible GPU(s): run at most "
+                f"{count} processes per host, or give each process its GPUs with CUDA_VISIBLE_DEVICES")
+        # Contiguous shares; the first (count % size) ranks take one more.
+        base, extra = divmod(count, size)
+        start = rank * base + min(rank, extra)
+        return list(range(start, start + base + (1 if rank < extra else 0)))
