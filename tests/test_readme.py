@@ -1,0 +1,31 @@
+"""The README's commands are the ones CI runs."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import REPO
+
+
+def readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    return [block.strip() for block in re.findall(r"```\n(python3 -m venv[^`]*)```", text)]
+
+
+def test_readme_has_a_main_job_and_a_test_command():
+    main, test = readme_commands()
+    assert "python -m pjrt_host list" in main and "-c constraints.txt" in main
+    assert test.endswith("python -m pytest") and "-c constraints.txt" in test
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    _, test = readme_commands()
+    ci_lines = (REPO / ".ci" / "run").read_text().splitlines()
+    assert test in ci_lines
+
+
+def test_constraints_pin_the_versions_tested_together():
+    pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    assert pins["torch"] == "2.13.0"
+    assert pins["jax"] == pins["jaxlib"] == "0.10.2"
