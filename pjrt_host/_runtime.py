@@ -122,6 +122,7 @@ def _create(record: PluginRecord) -> Runtime:
         devs = jax.local_devices(backend=backend)
         client_obj = xla_bridge.get_backend(backend)
     except Exception as err:
+        err = _skipped_backend_error(backend, xla_bridge) or err
         raise _error(record, "the PJRT client could not be created", err) from err
     if not devs:
         raise _error(record, "the PJRT client has no addressable devices", None)
@@ -171,6 +172,21 @@ def _api_problem(library: str) -> str | None:
     get_api.restype = ctypes.c_void_p
     if not get_api():
         return "GetPjrtApi() returned NULL"
+    return None
+
+
+def _skipped_backend_error(backend: str, xla_bridge: Any) -> BaseException | None:
+    """jax skips some backends by name without trying them (it starts
+    ``cuda`` only when ``/dev/nvidia0`` or ``/dev/nvidiactl`` exists) and
+    then reports only 'Unknown backend'.  Create the skipped client directly
+    to report what the library itself says (and to prove that it loads and
+    initialises); None when jax did try it, or the direct attempt works."""
+    if backend in xla_bridge._backends or backend not in xla_bridge._backend_factories:
+        return None
+    try:
+        xla_bridge._init_backend(backend)
+    except Exception as err:
+        return err
     return None
 
 
