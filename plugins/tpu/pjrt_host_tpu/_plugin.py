@@ -110,16 +110,28 @@ class TpuPlugin(DevicePlugin):
     def configure_single_process(self) -> None:
         """One process owns every chip of the host: that is libtpu's own
         default (on a multi-host slice it reads the layout from the
-        metadata server), so nothing is set.  torch_xla's single-process
-        mode pins the process to chip 0 instead; set
+        metadata server), so no topology is set.  torch_xla's
+        single-process mode pins the process to chip 0 instead; set
         ``TPU_VISIBLE_CHIPS=0 TPU_CHIPS_PER_PROCESS_BOUNDS=1,1,1
-        TPU_PROCESS_BOUNDS=1,1,1`` for that."""
+        TPU_PROCESS_BOUNDS=1,1,1`` for that.
+
+        On a host without TPU chips, ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` is set
+        (unless the user set it): libtpu's host-wide lock file
+        (``/tmp/libtpu_lockfile``) guards chips, and without chips it only
+        turns "no TPU found" into a lock error whenever any other process
+        (e.g. jax starting its own TPU backend) has loaded libtpu."""
+        if self.physical_chip_count() == 0:
+            os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
     def configure_multiprocess(self, local_rank: int, local_world_size: int) -> None:
         """One process per chip: set the libtpu variables of
         :data:`~pjrt_host_tpu._topology.TOPOLOGY_VARIABLES` that the user
         has not set.  The slice's topology is read only when one of them is
         missing."""
+        if self.physical_chip_count() == 0:
+            # No chips to lay out; see configure_single_process.
+            os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+            return
         missing = [name for name in _topology.TOPOLOGY_VARIABLES if not os.environ.get(name, "").strip()]
         if not missing:
             return
