@@ -1,0 +1,178 @@
+"""Helpers shared by the lowerings: torch's type promotion, dims, dtypes.
+
+jnp promotes differently from torch (``int64 + 2.5`` is float64 in jnp with
+x64, float32 in torch; ``uint8 + int8`` ...), so every lowering that mixes
+operands asks :func:`result_type` for torch's answer and casts explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ._dtypes import jax_dtype, torch_dtype
+
+__all__ = [
+    "as_float", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "float_dtype",
+    "is_complex", "is_float", "is_integral", "jdt", "promote", "result_type", "tdt",
+    "reduction_dims", "to_jax",
+]
+
+
+def jdt(dtype: torch.dtype | None) -> Any:
+    """jax dtype for a torch dtype (None stays None)."""
+    return None if dtype is None else jax_dtype(dtype)
+
+
+def tdt(x: Any) -> torch.dtype:
+    """torch dtype of a jax array, or of a Python scalar as torch wraps it."""
+    if isinstance(x, bool):
+        return torch.bool
+    if isinstance(x, int):
+        return torch.int64
+    if isinstance(x, float):
+        return torch.get_default_dtype()
+    if isinstance(x, complex):
+        return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
+    return torch_dtype(x.dtype)
+
+
+def is_float(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point
+
+
+def is_complex(dtype: torch.dtype) -> bool:
+    return dtype.is_complex
+
+
+def is_integral(dtype: torch.dtype, include_bool: bool = True) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex) and (include_bool or dtype != torch.bool)
+
+
+def _to_complex(dtype: torch.dtype) -> torch.dtype:
+    return {torch.float64: torch.complex128, torch.float16: torch.complex32}.get(dtype, torch.complex64)
+
+
+def _combine(higher: torch.dtype | None, lower: torch.dtype | None) -> torch.dtype | None:
+    # c10's combine_categories: a higher tier (dim > 0-dim > Python scalar)
+    # wins unless a lower tier is of a higher *category* (bool < int < float < complex).
+    if higher is None:
+        return lower
+    if lower is None:
+        return higher
+    if higher.is_complex:
+        return higher
+    if lower.is_complex:
+        return _to_complex(higher) if higher.is_floating_point else lower
+    if higher.is_floating_point:
+        return higher
+    if higher == torch.bool or lower.is_floating_point:
+        return torch.promote_types(higher, lower)
+    return higher
+
+
+def result_type(*operands: Any) -> torch.dtype:
+    """torch.result_type over any number of operands: jax arrays (dim > 0 or
+    0-dim) and Python scalars, with torch's tiering.  None is ignored."""
+    tiers: list[torch.dtype | None] = [None, None, None]  # dim, zero-dim, scalar
+    for x in operands:
+        if x is None:
+            continue
+        if isinstance(x, (bool, int, float, complex)):
+            tier = 2
+        else:
+            tier = 0 if jnp.ndim(x) > 0 else 1
+        d = tdt(x)
+        tiers[tier] = d if tiers[tier] is None else torch.promote_types(tiers[tier], d)
+    out = _combine(tiers[0], _combine(tiers[1], tiers[2]))
+    assert out is not None, "result_type needs at least one operand"
+    return out
+
+
+def float_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an int-to-float op (sin, sqrt, true division) computes in."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return dtype
+    return torch.get_default_dtype()
+
+
+def cast(x: Any, dtype: torch.dtype) -> jax.Array:
+    """x (array or Python scalar) as a jax array of torch dtype ``dtype``."""
+    jd = jax_dtype(dtype)
+    if isinstance(x, (bool, int, float, complex)):
+        return jnp.asarray(x, dtype=jd)
+    return x if x.dtype == jd else x.astype(jd)
+
+
+def promote(*operands: Any) -> tuple[torch.dtype, list[jax.Array]]:
+    """(torch result dtype, operands cast to it)."""
+    dtype = result_type(*operands)
+    return dtype, [cast(x, dtype) for x in operands]
+
+
+def as_float(x: Any) -> jax.Array:
+    """x in the dtype an int-to-float op returns."""
+    return cast(x, float_dtype(tdt(x)))
+
+
+def to_jax(x: Any) -> Any:
+    """Python scalars to arrays of torch's dtype for them; arrays unchanged."""
+    return cast(x, tdt(x)) if isinstance(x, (bool, int, float, complex)) else x
+
+
+def canonical_dim(dim: int, ndim: int) -> int:
+    """A possibly negative dim as 0..ndim-1 (a 0-dim tensor accepts 0 and -1)."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def canonical_dims(dims: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    """dims as a sorted tuple of non-negative ints; None or [] means all."""
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    if len(dims) == 0:
+        return tuple(range(ndim))
+    return tuple(sorted({canonical_dim(d, ndim) for d in dims} - ({0} if ndim == 0 else set())))
+
+
+def reduction_dims(x: jax.Array, dims: int | Sequence[int] | None) -> tuple[int, ...]:
+    return canonical_dims(dims, x.ndim)
+
+
+def dense_gather_factor() -> int:
+    """The selected plugin's dense_gather_factor, or 0 when there is no
+    runtime (lowerings run in tests without a device) or it fails."""
+    try:
+        from .. import _runtime
+
+        if not _runtime.is_initialized():
+            return 0
+        return int(getattr(_runtime.plugin(), "dense_gather_factor", 0) or 0)
+    except Exception:
+        return 0
+
+
+def take(x: jax.Array, index: jax.Array, axis: int) -> jax.Array:
+    """``x`` indexed along ``axis`` by integer ``index`` (any shape, already
+    non-negative): ``out[..., i, ...] = x[..., index[i], ...]``.
+
+    When the plugin asks for it (index count within ``dense_gather_factor``
+    times the gathered dimension) the gather is a one-hot matmul."""
+    factor = dense_gather_factor()
+    size = x.shape[axis]
+    if factor > 0 and index.size <= factor * size and size > 0 and jnp.issubdtype(x.dtype, jnp.floating):
+        onehot = (index.reshape(-1)[:, None] == jnp.arange(size, dtype=index.dtype)[None, :]).astype(x.dtype)
+        moved = jnp.moveaxis(x, axis, 0).reshape(size, -1)
+        out = jnp.matmul(onehot, moved, precision=jax.lax.Precision.HIGHEST)
+        out = out.reshape(index.shape + tuple(np.delete(np.array(x.shape, dtype=np.int64), axis).tolist()))
+        return jnp.moveaxis(out, tuple(range(index.ndim)), tuple(range(axis, axis + index.ndim)))
+    return jnp.take(x, index, axis=axis, mode="clip")

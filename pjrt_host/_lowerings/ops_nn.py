@@ -1,0 +1,809 @@
+"""Neural-network lowerings: matrix products, convolution, normalisation,
+embedding, losses, pooling, resampling, attention, and the backward ops the
+autograd engine asks for.
+
+A backward op is the vector-Jacobian product of its forward lowering
+(``jax.vjp``) wherever that is the same math, so forward and backward
+cannot drift apart; closed forms are used where torch's gradient is not the
+plain derivative (max-pool indices, embedding's padding_idx / frequency
+scaling).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from . import lowering
+from ._util import canonical_dim, cast, jdt, promote, take, tdt
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _matmul(a, b):
+    """Matrix product as torch computes it on CPU: full float32 precision."""
+    if a.dtype == jnp.bool_:
+        return jnp.matmul(a.astype(jnp.int64), b.astype(jnp.int64)).astype(jnp.bool_)
+    return jnp.matmul(a, b, precision=_HIGHEST)
+
+
+def _scaled(x, factor):
+    return x if factor == 1 else x * cast(factor, tdt(x))
+
+
+def _beta_input(x, beta):
+    # beta == 0 ignores the input entirely (NaN and inf included), as torch documents.
+    return jnp.zeros_like(x) if beta == 0 else _scaled(x, beta)
+
+
+# ------------------------------------------------------------ matrix products
+
+
+@lowering("aten::mm", "aten::bmm", "aten::matmul", "aten::mv", "aten::dot")
+def mm(a, b):
+    return _matmul(a, b)
+
+
+@lowering("aten::inner")
+def inner(a, b):
+    return jnp.inner(a, b, precision=_HIGHEST)
+
+
+@lowering("aten::vdot")
+def vdot(a, b):
+    return _matmul(jnp.conj(a), b)
+
+
+@lowering("aten::outer", "aten::ger")
+def outer(a, b):
+    _, (a, b) = promote(a, b)
+    return a[:, None] * b[None, :]
+
+
+@lowering("aten::addmm", "aten::addmv", "aten::baddbmm")
+def addmm(x, a, b, *, beta=1, alpha=1):
+    return _beta_input(x, beta) + _scaled(_matmul(a, b), alpha)
+
+
+@lowering("aten::addbmm")
+def addbmm(x, a, b, *, beta=1, alpha=1):
+    return _beta_input(x, beta) + _scaled(jnp.sum(_matmul(a, b), axis=0), alpha)
+
+
+@lowering("aten::addr")
+def addr(x, a, b, *, beta=1, alpha=1):
+    product = outer(a, b)
+    if x.dtype == jnp.bool_:
+        return (x & (beta != 0)) | (product & (alpha != 0))
+    return _beta_input(x, beta) + _scaled(product, alpha)
+
+
+@lowering("aten::linear")
+def linear(x, weight, bias=None):
+    out = _matmul(x, weight.T)
+    return out if bias is None else out + bias
+
+
+@lowering("aten::_cdist_forward")
+def cdist(x1, x2, p, compute_mode=None):
+    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
+    if p == 0:
+        return jnp.sum(diff != 0, axis=-1).astype(x1.dtype)
+    if p == float("inf"):
+        return jnp.max(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    return jnp.sum(diff**p, axis=-1) ** (1 / p)
+
+
+# ---------------------------------------------------------------- convolution
+
+
+def _spatial_spec(n):
+    letters = "DHW"[-n:] if n <= 3 else None
+    return ("NC" + letters, "OI" + letters, "NC" + letters)
+
+
+@lowering("aten::convolution", "aten::_convolution")
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *_flags):
+    n = weight.ndim - 2
+    stride, padding, dilation = (list(v) * n if len(v) == 1 else list(v) for v in (stride, padding, dilation))
+    output_padding = list(output_padding) * n if len(output_padding) == 1 else list(output_padding)
+    if not transposed:
+        out = jax.lax.conv_general_dilated(
+            x, weight, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
+            dimension_numbers=_spatial_spec(n), feature_group_count=groups, precision=_HIGHEST)
+    else:
+        # A transposed convolution is the convolution of the stride-dilated
+        # input with the spatially flipped kernel, in and out channels swapped.
+        c_in, c_out_g = weight.shape[:2]
+        k = weight.shape[2:]
+        w = weight.reshape((groups, c_in // groups, c_out_g) + k)
+        w = jnp.swapaxes(w, 1, 2).reshape((groups * c_out_g, c_in // groups) + k)
+        w = jnp.flip(w, tuple(range(2, 2 + n)))
+        pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+        out = jax.lax.conv_general_dilated(
+            x, w, window_strides=[1] * n, padding=pads, lhs_dilation=stride, rhs_dilation=dilation,
+            dimension_numbers=_spatial_spec(n), feature_group_count=groups, precision=_HIGHEST)
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * n)
+    return out
+
+
+@lowering("aten::convolution_backward")
+def convolution_backward(grad_output, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    def forward(x_, w_):
+        return convolution(x_, w_, None, stride, padding, dilation, transposed, output_padding, groups)
+
+    _, pullback = jax.vjp(forward, x, weight)
+    grad_x, grad_w = pullback(grad_output)
+    grad_b = jnp.sum(grad_output, axis=(0,) + tuple(range(2, grad_output.ndim))) if output_mask[2] else None
+    return (grad_x if output_mask[0] else None, grad_w if output_mask[1] else None, grad_b)
+
+
+# ----------------------------------------------------------- normalisation
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    rstd = jax.lax.rsqrt(var + eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, mean, rstd
+
+
+@lowering("aten::native_layer_norm")
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    return _layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+@lowering("aten::native_layer_norm_backward")
+def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    _, pullback = jax.vjp(lambda x_, w_, b_: _ln_with_stats(x_, w_, b_, normalized_shape, mean, rstd), x,
+                          weight if weight is not None else jnp.ones(tuple(normalized_shape), x.dtype),
+                          bias if bias is not None else jnp.zeros(tuple(normalized_shape), x.dtype))
+    gx, gw, gb = pullback(grad_out)
+    return (gx if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
+            gb if output_mask[2] and bias is not None else None)
+
+
+def _ln_with_stats(x, weight, bias, normalized_shape, mean, rstd):
+    """Layer norm whose gradient flows through the statistics too, with the
+    saved rstd's eps: var is rebuilt as 1/rstd^2 - var(x) + var(x)."""
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    m = jnp.mean(x, axis=axes, keepdims=True)
+    v = jnp.mean(jnp.square(x - m), axis=axes, keepdims=True)
+    eps = jax.lax.stop_gradient(1 / jnp.square(rstd) - v)
+    return (x - m) * jax.lax.rsqrt(v + eps) * weight + bias
+
+
+def _batch_stats(x):
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean = jnp.mean(x, axis=axes)
+    var = jnp.mean(jnp.square(x - _channel(mean, x)), axis=axes)
+    return mean, var
+
+
+def _channel(v, x):
+    return v.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+def _normalise(x, mean, invstd, weight, bias):
+    out = (x - _channel(mean, x)) * _channel(invstd, x)
+    if weight is not None:
+        out = out * _channel(weight, x)
+    if bias is not None:
+        out = out + _channel(bias, x)
+    return out
+
+
+def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(out, save_mean, save_invstd, new_running_mean, new_running_var)."""
+    if training:
+        mean, var = _batch_stats(x)
+        invstd = jax.lax.rsqrt(var + eps)
+        n = x.size // x.shape[1]
+        new_mean = new_var = None
+        if running_mean is not None:
+            new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
+        if running_var is not None:
+            unbiased = var * (n / max(n - 1, 1))
+            new_var = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
+        return _normalise(x, mean, invstd, weight, bias), mean, invstd, new_mean, new_var
+    invstd = jax.lax.rsqrt(running_var + eps)
+    out = _normalise(x, running_mean, invstd, weight, bias)
+    empty = jnp.zeros((0,), x.dtype)
+    return out, empty, empty, running_mean, running_var
+
+
+@lowering("aten::native_batch_norm", "aten::_native_batch_norm_legit")
+def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """The normalised output and saved statistics.  These ops also update
+    the running statistics in place, which a pure function cannot: the
+    device writes them back from ``_native_batch_norm_legit_functional``."""
+    return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
+
+
+@lowering("aten::_native_batch_norm_legit_functional")
+def native_batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lowering("aten::_native_batch_norm_legit.no_stats")
+def native_batch_norm_no_stats(x, weight, bias, training, momentum, eps):
+    return _batch_norm(x, weight, bias, None, None, True, momentum, eps)[:3]
+
+
+@lowering("aten::_native_batch_norm_legit_no_training")
+def native_batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+
+
+@lowering("aten::native_batch_norm_backward")
+def native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                               output_mask):
+    w = weight if weight is not None else jnp.ones(x.shape[1], x.dtype)
+    if train:
+        def forward(x_, w_):
+            mean, var = _batch_stats(x_)
+            return _normalise(x_, mean, jax.lax.rsqrt(var + eps), w_, None)
+    else:
+        def forward(x_, w_):
+            return _normalise(x_, running_mean, jax.lax.rsqrt(running_var + eps), w_, None)
+    _, pullback = jax.vjp(forward, x, w)
+    gx, gw = pullback(grad_out)
+    gb = jnp.sum(grad_out, axis=(0,) + tuple(range(2, x.ndim)))
+    return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb if output_mask[2] else None)
+
+
+@lowering("aten::batch_norm_backward")
+def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_var, update, eps,
+                        output_mask, reserve):
+    return native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_var,
+                                      update, eps, output_mask)
+
+
+def _group_norm(x, weight, bias, n, c, group, eps):
+    grouped = x.reshape(n, group, -1)
+    mean = jnp.mean(grouped, axis=-1)
+    var = jnp.mean(jnp.square(grouped - mean[..., None]), axis=-1)
+    rstd = jax.lax.rsqrt(var + eps)
+    out = ((grouped - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    if weight is not None:
+        out = out * _channel(weight, x)
+    if bias is not None:
+        out = out + _channel(bias, x)
+    return out, mean, rstd
+
+
+@lowering("aten::native_group_norm")
+def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
+    return _group_norm(x, weight, bias, n, c, group, eps)
+
+
+@lowering("aten::native_group_norm_backward")
+def native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, group, output_mask):
+    def forward(x_, w_):
+        grouped = x_.reshape(n, group, -1)
+        m = jnp.mean(grouped, axis=-1, keepdims=True)
+        v = jnp.mean(jnp.square(grouped - m), axis=-1, keepdims=True)
+        eps = jax.lax.stop_gradient(1 / jnp.square(rstd[..., None]) - v)
+        out = ((grouped - m) * jax.lax.rsqrt(v + eps)).reshape(x_.shape)
+        return out * _channel(w_, x_)
+
+    w = weight if weight is not None else jnp.ones((c,), x.dtype)
+    _, pullback = jax.vjp(forward, x, w)
+    gx, gw = pullback(grad_out)
+    gb = jnp.sum(grad_out, axis=(0,) + tuple(range(2, x.ndim)))
+    return (gx if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
+            gb if output_mask[2] and weight is not None else None)
+
+
+# ------------------------------------------------------------------ embedding
+
+
+@lowering("aten::embedding")
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return take(weight, indices % weight.shape[0], axis=0)
+
+
+@lowering("aten::embedding_dense_backward")
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat = indices.reshape(-1)
+    grad = grad_output.reshape(flat.shape[0], -1)
+    if padding_idx >= 0:
+        grad = jnp.where((flat == padding_idx)[:, None], 0, grad)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), grad.dtype).at[flat].add(1)
+        grad = grad / counts[flat][:, None]
+    return jnp.zeros((num_weights, grad.shape[1]), grad_output.dtype).at[flat].add(grad)
+
+
+# --------------------------------------------------------------------- losses
+
+_NONE, _MEAN, _SUM = 0, 1, 2
+
+
+def _reduce(loss, reduction):
+    if reduction == _MEAN:
+        return jnp.mean(loss)
+    if reduction == _SUM:
+        return jnp.sum(loss)
+    return loss
+
+
+def _nll(x, target, weight, reduction, ignore_index):
+    """(loss, total_weight) with the class dimension at axis 1 (or 0 unbatched)."""
+    class_axis = 0 if x.ndim == 1 else 1
+    n_classes = x.shape[class_axis]
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0)
+    picked = -jnp.take_along_axis(x, jnp.expand_dims(safe, class_axis), axis=class_axis).squeeze(class_axis)
+    w = jnp.ones((n_classes,), x.dtype) if weight is None else weight
+    w = jnp.where(valid, w[safe], 0).astype(x.dtype)
+    loss = picked * w
+    total = jnp.sum(w)
+    if reduction == _MEAN:
+        return jnp.sum(loss) / total, total
+    if reduction == _SUM:
+        return jnp.sum(loss), total
+    return loss, jnp.zeros((), x.dtype)
+
+
+@lowering("aten::nll_loss_forward", "aten::nll_loss2d_forward")
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    return _nll(x, target, weight, reduction, ignore_index)
+
+
+@lowering("aten::nll_loss_backward", "aten::nll_loss2d_backward")
+def nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
+    class_axis = 0 if x.ndim == 1 else 1
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0)
+    w = jnp.ones((x.shape[class_axis],), x.dtype) if weight is None else weight
+    w = jnp.where(valid, w[safe], 0).astype(x.dtype)
+    g = -w * grad_output
+    if reduction == _MEAN:
+        g = g / total_weight
+    onehot = jnp.expand_dims(safe, class_axis) == jnp.expand_dims(
+        jnp.arange(x.shape[class_axis]).reshape((-1,) + (1,) * (x.ndim - class_axis - 1)), 0 if x.ndim > 1 else 0)
+    if x.ndim == 1:
+        onehot = safe == jnp.arange(x.shape[0])
+    return jnp.where(onehot, jnp.expand_dims(g, class_axis) if x.ndim > 1 else g, 0).astype(x.dtype)
+
+
+@lowering("aten::mse_loss")
+def mse_loss(x, target, reduction=_MEAN):
+    return _reduce(jnp.square(x - target), reduction)
+
+
+@lowering("aten::mse_loss_backward")
+def mse_loss_backward(grad_output, x, target, reduction):
+    scale = 2 / x.size if reduction == _MEAN else 2
+    return (scale * (x - target) * grad_output).astype(x.dtype)
+
+
+@lowering("aten::l1_loss")
+def l1_loss(x, target, reduction=_MEAN):
+    return _reduce(jnp.abs(x - target), reduction)
+
+
+def _smooth_l1(x, target, beta):
+    d = jnp.abs(x - target)
+    return d if beta == 0 else jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta)
+
+
+@lowering("aten::smooth_l1_loss")
+def smooth_l1_loss(x, target, reduction=_MEAN, beta=1.0):
+    return _reduce(_smooth_l1(x, target, beta), reduction)
+
+
+@lowering("aten::smooth_l1_loss_backward")
+def smooth_l1_loss_backward(grad_output, x, target, reduction, beta):
+    _, pullback = jax.vjp(lambda x_: smooth_l1_loss(x_, target, reduction, beta), x)
+    return pullback(grad_output.astype(x.dtype))[0]
+
+
+def _huber(x, target, delta):
+    d = jnp.abs(x - target)
+    return jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta))
+
+
+@lowering("aten::huber_loss")
+def huber_loss(x, target, reduction=_MEAN, delta=1.0):
+    return _reduce(_huber(x, target, delta), reduction)
+
+
+@lowering("aten::huber_loss_backward")
+def huber_loss_backward(grad_output, x, target, reduction, delta):
+    _, pullback = jax.vjp(lambda x_: huber_loss(x_, target, reduction, delta), x)
+    return pullback(grad_output.astype(x.dtype))[0]
+
+
+@lowering("aten::binary_cross_entropy")
+def binary_cross_entropy(x, target, weight=None, reduction=_MEAN):
+    # torch clamps each log at -100 so that a 0 or 1 prediction stays finite.
+    loss = -(target * jnp.maximum(jnp.log(x), -100) + (1 - target) * jnp.maximum(jnp.log1p(-x), -100))
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+@lowering("aten::binary_cross_entropy_backward")
+def binary_cross_entropy_backward(grad_output, x, target, weight=None, reduction=_MEAN):
+    g = grad_output * (x - target) / jnp.maximum((1 - x) * x, 1e-12)
+    if weight is not None:
+        g = g * weight
+    if reduction == _MEAN:
+        g = g / x.size
+    return g.astype(x.dtype)
+
+
+@lowering("aten::binary_cross_entropy_with_logits")
+def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, reduction=_MEAN):
+    softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(x))) + jnp.maximum(-x, 0)  # log(1 + exp(-x)), stably
+    if pos_weight is not None:
+        loss = (1 - target) * x + ((pos_weight - 1) * target + 1) * softplus_neg
+    else:
+        loss = (1 - target) * x + softplus_neg
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+@lowering("aten::soft_margin_loss")
+def soft_margin_loss(x, target, reduction=_MEAN):
+    return _reduce(jnp.log1p(jnp.exp(-target * x)), reduction)
+
+
+@lowering("aten::kl_div")
+def kl_div(x, target, reduction=_MEAN, log_target=False):
+    loss = jnp.exp(target) * (target - x) if log_target else jax.scipy.special.xlogy(target, target) - target * x
+    return _reduce(loss, reduction)
+
+
+# -------------------------------------------------------------------- pooling
+
+
+def _tuple(v, n):
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return v * n if len(v) == 1 else v
+
+
+def _pool_out_size(size, k, s, p, d, ceil_mode):
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:  # the last window must start inside the input or left padding
+        out -= 1
+    return out
+
+
+def _window_indices(size, k, s, p, d, ceil_mode):
+    """(positions [out, k], valid [out, k]) of each window's taps along one dim."""
+    out = _pool_out_size(size, k, s, p, d, ceil_mode)
+    pos = np.arange(out)[:, None] * s - p + np.arange(k)[None, :] * d
+    return pos, (pos >= 0) & (pos < size)
+
+
+def _windows(x, taps):
+    """Gather every pooling window: x [N?, C, *S] -> [..., *out, prod(k)],
+    with the flat input index of each tap and whether it is inside."""
+    n = len(taps)
+    lead = x.ndim - n
+    spatial = x.shape[lead:]
+    outs = [pos.shape[0] for pos, _ in taps]
+    ks = [pos.shape[1] for pos, _ in taps]
+    flat = np.zeros(tuple(outs) + tuple(ks), np.int64)
+    valid = np.ones(tuple(outs) + tuple(ks), bool)
+    stride = 1
+    for i in reversed(range(n)):
+        pos, ok = taps[i]
+        shape = [1] * (2 * n)
+        shape[i], shape[n + i] = outs[i], ks[i]
+        flat = flat + np.clip(pos, 0, spatial[i] - 1).reshape(shape) * stride
+        valid = valid & ok.reshape(shape)
+        stride *= spatial[i]
+    flat = flat.reshape(tuple(outs) + (-1,))
+    valid = valid.reshape(tuple(outs) + (-1,))
+    values = jnp.take(x.reshape(x.shape[:lead] + (-1,)), jnp.asarray(flat), axis=lead)
+    return values, flat, valid
+
+
+def _lowest(dtype):
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
+def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n):
+    k = _tuple(kernel_size, n)
+    s = _tuple(stride, n) if stride else k
+    p, d = _tuple(padding, n), _tuple(dilation, n)
+    taps = [_window_indices(x.shape[x.ndim - n + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(n)]
+    values, flat, valid = _windows(x, taps)
+    values = jnp.where(jnp.asarray(valid), values, jnp.asarray(_lowest(x.dtype), x.dtype))
+    best = jnp.argmax(values, axis=-1)  # NaN wins, as in torch
+    out = jnp.take_along_axis(values, best[..., None], axis=-1)[..., 0]
+    index_map = jnp.broadcast_to(jnp.asarray(flat), values.shape)
+    indices = jnp.take_along_axis(index_map, best[..., None], axis=-1)[..., 0]
+    return out, indices.astype(jnp.int64)
+
+
+def _max_pool_lowering(n):
+    def lower(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        return _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n)
+
+    return lower
+
+
+def _scatter_to_input(grad_output, x, indices, n):
+    """Add each output gradient to the input element its index names."""
+    lead_shape = x.shape[: x.ndim - n]
+    g = grad_output.reshape(lead_shape + (-1,))
+    idx = indices.reshape(lead_shape + (-1,))
+    grid = tuple(i[..., None] for i in np.indices(lead_shape, sparse=True))
+    out = jnp.zeros(lead_shape + (int(np.prod(x.shape[x.ndim - n:])),), grad_output.dtype)
+    return out.at[grid + (idx,)].add(g).reshape(x.shape)
+
+
+def _max_pool_backward_lowering(n):
+    def lower(grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+        return _scatter_to_input(grad_output, x, indices, n)
+
+    return lower
+
+
+for _n in (1, 2, 3):
+    lowering(f"aten::max_pool{_n}d_with_indices")(_max_pool_lowering(_n))
+    lowering(f"aten::max_pool{_n}d_with_indices_backward")(_max_pool_backward_lowering(_n))
+
+
+@lowering("aten::max_pool1d", "aten::max_pool2d", "aten::max_pool3d")
+def max_pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    n = len(kernel_size) if len(kernel_size) > 1 else None
+    if n is None:  # a single size: the op's own rank decides, via the input
+        n = max(x.ndim - 2, 1)
+    return _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n)[0]
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n):
+    k = _tuple(kernel_size, n)
+    s = _tuple(stride, n) if stride else k
+    p = _tuple(padding, n)
+    taps = [_window_indices(x.shape[x.ndim - n + i], k[i], s[i], p[i], 1, ceil_mode) for i in range(n)]
+    values, _, valid = _windows(x, taps)
+    total = jnp.sum(jnp.where(jnp.asarray(valid), values, 0), axis=-1)
+    if divisor_override:
+        return (total / divisor_override).astype(x.dtype)
+    if count_include_pad:
+        # Taps in the padding count; taps past it (ceil mode) do not.
+        counts = np.ones(valid.shape[:-1], np.int64)
+        for i, (pos, _) in enumerate(taps):
+            size = x.shape[x.ndim - n + i]
+            inside_padded = ((pos >= -p[i]) & (pos < size + p[i])).sum(axis=1)
+            shape = [1] * n
+            shape[i] = -1
+            counts = counts * inside_padded.reshape(shape)
+    else:
+        counts = valid.sum(axis=-1)
+    return (total / jnp.asarray(counts, x.dtype)).astype(x.dtype)
+
+
+def _avg_pool_lowering(n):
+    def lower(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+        return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n)
+
+    return lower
+
+
+def _avg_pool_backward_lowering(n):
+    def lower(grad_output, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+        _, pullback = jax.vjp(lambda t: _avg_pool(t, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                                  divisor_override, n), x)
+        return pullback(grad_output)[0]
+
+    return lower
+
+
+for _n in (1, 2, 3):
+    lowering(f"aten::avg_pool{_n}d")(_avg_pool_lowering(_n))
+    lowering(f"aten::avg_pool{_n}d_backward")(_avg_pool_backward_lowering(_n))
+
+
+def _adaptive_taps(size, out):
+    start = (np.arange(out) * size) // out
+    end = -((-(np.arange(out) + 1) * size) // out)
+    k = int((end - start).max()) if out else 0
+    pos = start[:, None] + np.arange(k)[None, :]
+    return pos, pos < end[:, None]
+
+
+def _adaptive_avg(x, output_size, n):
+    out = x
+    for i, o in enumerate(_tuple(output_size, n)):
+        axis = x.ndim - n + i
+        size = x.shape[axis]
+        pos, ok = _adaptive_taps(size, o)
+        matrix = np.zeros((o, size), np.float64)
+        for r in range(o):
+            matrix[r, pos[r][ok[r]]] = 1.0 / ok[r].sum()
+        out = jnp.moveaxis(jnp.tensordot(out, jnp.asarray(matrix, x.dtype), axes=([axis], [1]), precision=_HIGHEST),
+                           -1, axis)
+    return out
+
+
+def _adaptive_max(x, output_size, n):
+    taps = [_adaptive_taps(x.shape[x.ndim - n + i], o) for i, o in enumerate(_tuple(output_size, n))]
+    values, flat, valid = _windows(x, taps)
+    values = jnp.where(jnp.asarray(valid), values, jnp.asarray(_lowest(x.dtype), x.dtype))
+    best = jnp.argmax(values, axis=-1)
+    out = jnp.take_along_axis(values, best[..., None], axis=-1)[..., 0]
+    indices = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(flat), values.shape), best[..., None], axis=-1)[..., 0]
+    return out, indices.astype(jnp.int64)
+
+
+for _n in (1, 2, 3):
+    lowering(f"aten::_adaptive_avg_pool{_n}d", f"aten::adaptive_avg_pool{_n}d")(
+        (lambda n: lambda x, output_size: _adaptive_avg(x, output_size, n))(_n))
+    lowering(f"aten::_adaptive_avg_pool{_n}d_backward")(
+        (lambda n: lambda grad_output, x: jax.vjp(
+            lambda t: _adaptive_avg(t, grad_output.shape[-n:], n), x)[1](grad_output)[0])(_n))
+    lowering(f"aten::adaptive_max_pool{_n}d")((lambda n: lambda x, output_size: _adaptive_max(x, output_size, n))(_n))
+    lowering(f"aten::adaptive_max_pool{_n}d_backward")(
+        (lambda n: lambda grad_output, x, indices: _scatter_to_input(grad_output, x, indices, n))(_n))
+
+
+# ------------------------------------------------------------- resampling
+
+
+def _source_scale(size, out, align_corners, scale):
+    if align_corners:
+        return (size - 1) / (out - 1) if out > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else size / out
+
+
+def _interp_matrix(size, out, mode, align_corners=False, scale=None):
+    """[out, size] matrix mapping an input axis to the resampled axis."""
+    m = np.zeros((out, size), np.float64)
+    r = _source_scale(size, out, align_corners, scale)
+    for o in range(out):
+        if mode == "nearest":
+            m[o, min(int(math.floor(o * r)), size - 1)] = 1
+        elif mode == "nearest-exact":
+            m[o, min(int(math.floor((o + 0.5) * r)), size - 1)] = 1
+        else:  # linear
+            src = o * r if align_corners else max((o + 0.5) * r - 0.5, 0.0)
+            i0 = min(int(math.floor(src)), size - 1)
+            i1 = min(i0 + 1, size - 1)
+            lam = src - i0
+            m[o, i0] += 1 - lam
+            m[o, i1] += lam
+    return m
+
+
+def _resample(x, output_size, mode, align_corners, scales):
+    n = len(output_size)
+    for i, o in enumerate(output_size):
+        axis = x.ndim - n + i
+        scale = scales[i] if scales else None
+        matrix = jnp.asarray(_interp_matrix(x.shape[axis], o, mode, align_corners, scale), x.dtype)
+        x = jnp.moveaxis(jnp.tensordot(x, matrix, axes=([axis], [1]), precision=_HIGHEST), -1, axis)
+    return x
+
+
+def _output_size(x, output_size, scale_factors, n):
+    if output_size is not None:
+        return list(output_size)
+    return [int(math.floor(x.shape[x.ndim - n + i] * f)) for i, f in enumerate(scale_factors)]
+
+
+def _resample_lowering(n, mode, linear):
+    def lower(x, output_size, *rest):
+        if linear:
+            align_corners, scales = rest[0], [s for s in rest[1:]] if len(rest) > 1 else None
+        else:
+            align_corners, scales = False, [s for s in rest] if rest else None
+        if scales is not None and len(scales) == 1 and isinstance(scales[0], (list, tuple)):  # .vec
+            scales = list(scales[0])
+        if output_size is None:
+            size = _output_size(x, None, scales, n)
+        else:
+            size = list(output_size)
+        return _resample(x, size, mode, align_corners, scales if scales and all(s is not None for s in scales)
+                         else None)
+
+    return lower
+
+
+def _resample_backward_lowering(n, mode, linear):
+    forward = _resample_lowering(n, mode, linear)
+
+    def lower(grad_output, output_size, input_size, *rest):
+        x = jnp.zeros(tuple(input_size), grad_output.dtype)
+        _, pullback = jax.vjp(lambda t: forward(t, output_size, *rest), x)
+        return pullback(grad_output)[0]
+
+    return lower
+
+
+for _n, _dims in ((1, "1d"), (2, "2d"), (3, "3d")):
+    for _mode, _name in (("nearest", "upsample_nearest"), ("nearest-exact", "_upsample_nearest_exact")):
+        lowering(f"aten::{_name}{_dims}", f"aten::{_name}{_dims}.vec")(_resample_lowering(_n, _mode, False))
+        lowering(f"aten::{_name}{_dims}_backward")(_resample_backward_lowering(_n, _mode, False))
+for _n, _name in ((1, "upsample_linear1d"), (2, "upsample_bilinear2d"), (3, "upsample_trilinear3d")):
+    lowering(f"aten::{_name}", f"aten::{_name}.vec")(_resample_lowering(_n, "linear", True))
+    lowering(f"aten::{_name}_backward")(_resample_backward_lowering(_n, "linear", True))
+
+
+@lowering("aten::pixel_shuffle")
+def pixel_shuffle(x, upscale_factor):
+    r = upscale_factor
+    *lead, c, h, w = x.shape
+    x = x.reshape(tuple(lead) + (c // (r * r), r, r, h, w))
+    k = len(lead)
+    x = jnp.transpose(x, tuple(range(k)) + (k, k + 3, k + 1, k + 4, k + 2))
+    return x.reshape(tuple(lead) + (c // (r * r), h * r, w * r))
+
+
+@lowering("aten::pixel_unshuffle")
+def pixel_unshuffle(x, downscale_factor):
+    r = downscale_factor
+    *lead, c, h, w = x.shape
+    x = x.reshape(tuple(lead) + (c, h // r, r, w // r, r))
+    k = len(lead)
+    x = jnp.transpose(x, tuple(range(k)) + (k, k + 2, k + 4, k + 1, k + 3))
+    return x.reshape(tuple(lead) + (c * r * r, h // r, w // r))
+
+
+# ------------------------------------------------------------------ attention
+
+
+def _attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa=False):
+    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // key.shape[-3]
+        key = jnp.repeat(key, repeat, axis=-3)
+    scores = _matmul(query, jnp.swapaxes(key, -1, -2)) * scale
+    L, S = query.shape[-2], key.shape[-2]
+    if is_causal:
+        scores = jnp.where(jnp.tril(jnp.ones((L, S), bool)), scores, -jnp.inf)
+    if attn_mask is not None:
+        scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else scores + attn_mask
+    return scores
+
+
+@lowering("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math")
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_mask=None,
+                                 *, scale=None, enable_gqa=False):
+    scores = _attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa)
+    masked_rows = jnp.all(scores == -jnp.inf, axis=-1, keepdims=True)
+    weights = jnp.where(masked_rows, 0, jax.nn.softmax(scores, axis=-1)).astype(query.dtype)
+    if enable_gqa and value.shape[-3] != query.shape[-3]:
+        value = jnp.repeat(value, query.shape[-3] // value.shape[-3], axis=-3)
+    out = _matmul(weights, value)
+    return out
+
+
+@lowering("aten::_scaled_dot_product_flash_attention_for_cpu")
+def sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    scores = _attention_weights(query, key, attn_mask, is_causal, scale)
+    logsumexp = jax.nn.logsumexp(scores, axis=-1)
+    out = _matmul(jax.nn.softmax(scores, axis=-1), value)
+    return out, logsumexp
+
+
+@lowering("aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
+                            scale=None):
+    def forward(q, k, v):
+        return _matmul(jax.nn.softmax(_attention_weights(q, k, attn_mask, is_causal, scale), axis=-1), v)
+
+    _, pullback = jax.vjp(forward, query, key, value)
+    return pullback(grad_out.astype(query.dtype))

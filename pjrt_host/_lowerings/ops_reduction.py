@@ -1,0 +1,340 @@
+"""Reductions and scans: sum / mean / prod / extremes / arg-extremes,
+variance and norms, logsumexp, cumulative ops, softmax, any / all.
+
+torch's dtype rules for reductions: integral sums, products and cumulative
+sums accumulate in int64 unless ``dtype=`` says otherwise; mean / var /
+norm need floating input; any / all give bool (uint8 for uint8 input).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from . import lowering
+from ._util import as_float, canonical_dim, canonical_dims, cast, jdt, tdt
+
+
+def _accumulate_dtype(x, dtype):
+    """The dtype sum / prod / cumsum compute in: ``dtype`` if given, else
+    int64 for integral input, else the input's."""
+    if dtype is not None:
+        return dtype
+    d = tdt(x)
+    return torch.int64 if not (d.is_floating_point or d.is_complex) else d
+
+
+def _dims(x, dim):
+    return canonical_dims(dim, x.ndim)
+
+
+@lowering("aten::sum", "aten::sum.dim_IntList")
+def sum_(x, dim=None, keepdim=False, *, dtype=None):
+    x = cast(x, _accumulate_dtype(x, dtype))
+    return jnp.sum(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering("aten::nansum")
+def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    x = cast(x, _accumulate_dtype(x, dtype))
+    return jnp.nansum(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering("aten::mean", "aten::mean.dim")
+def mean(x, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = cast(x, dtype)
+    return jnp.mean(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering("aten::nanmean")
+def nanmean(x, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = cast(x, dtype)
+    return jnp.nanmean(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering("aten::prod", "aten::prod.dim_int")
+def prod(x, dim=None, keepdim=False, *, dtype=None):
+    x = cast(x, _accumulate_dtype(x, dtype))
+    if x.dtype == jnp.bool_:
+        return jnp.all(x, axis=_dims(x, dim), keepdims=keepdim)
+    return jnp.prod(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering("aten::amax")
+def amax(x, dim=(), keepdim=False):
+    return jnp.max(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering("aten::amin")
+def amin(x, dim=(), keepdim=False):
+    return jnp.min(x, axis=_dims(x, dim), keepdims=keepdim)
+
+
+@lowering("aten::aminmax")
+def aminmax(x, *, dim=None, keepdim=False):
+    return amin(x, dim, keepdim), amax(x, dim, keepdim)
+
+
+@lowering("aten::max", "aten::max.unary_out")
+def max_all(x):
+    return jnp.max(x)
+
+
+@lowering("aten::min")
+def min_all(x):
+    return jnp.min(x)
+
+
+def _arg_extreme(x, dim, keepdim, largest):
+    """Index of the first max (min), NaN counting as the largest, like torch."""
+    flat = dim is None
+    if flat:
+        x = x.reshape(-1)
+        axis = 0
+    else:
+        axis = canonical_dim(dim, x.ndim)
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int64)
+    out = jnp.argmax(x, axis=axis) if largest else jnp.argmin(x, axis=axis)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        nan = jnp.isnan(x)
+        out = jnp.where(jnp.any(nan, axis=axis), jnp.argmax(nan, axis=axis), out)
+    out = out.astype(jnp.int64)
+    if keepdim:
+        out = jnp.expand_dims(out, axis) if not flat else out.reshape((1,) * x.ndim)
+    return out
+
+
+@lowering("aten::argmax")
+def argmax(x, dim=None, keepdim=False):
+    if dim is None and keepdim:
+        return _arg_extreme(x, None, False, True).reshape((1,) * x.ndim)
+    return _arg_extreme(x, dim, keepdim, True)
+
+
+@lowering("aten::argmin")
+def argmin(x, dim=None, keepdim=False):
+    if dim is None and keepdim:
+        return _arg_extreme(x, None, False, False).reshape((1,) * x.ndim)
+    return _arg_extreme(x, dim, keepdim, False)
+
+
+@lowering("aten::max.dim")
+def max_dim(x, dim, keepdim=False):
+    return amax(x, dim, keepdim), _arg_extreme(x, dim, keepdim, True)
+
+
+@lowering("aten::min.dim")
+def min_dim(x, dim, keepdim=False):
+    return amin(x, dim, keepdim), _arg_extreme(x, dim, keepdim, False)
+
+
+# ------------------------------------------------------- variance and norms
+
+
+def _correction(correction, unbiased):
+    if correction is not None:
+        return correction
+    return 1 if unbiased is None or unbiased else 0
+
+
+@lowering("aten::var", "aten::var.dim", "aten::var.correction")
+def var(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    if isinstance(dim, bool):  # var(x, unbiased)
+        dim, unbiased = None, dim
+    axes = _dims(x, dim)
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    centered = x - jnp.mean(x, axis=axes, keepdims=True)
+    squares = jnp.real(centered * jnp.conj(centered))
+    total = jnp.sum(squares, axis=axes, keepdims=keepdim)
+    return total / max(n - _correction(correction, unbiased), 0)
+
+
+@lowering("aten::std", "aten::std.dim", "aten::std.correction")
+def std(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return jnp.sqrt(var(x, dim, unbiased, keepdim, correction=correction))
+
+
+@lowering("aten::var_mean", "aten::var_mean.dim", "aten::var_mean.correction")
+def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    if isinstance(dim, bool):
+        dim, unbiased = None, dim
+    return var(x, dim, unbiased, keepdim, correction=correction), mean(x, dim, keepdim)
+
+
+@lowering("aten::std_mean", "aten::std_mean.dim", "aten::std_mean.correction")
+def std_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    if isinstance(dim, bool):
+        dim, unbiased = None, dim
+    return std(x, dim, unbiased, keepdim, correction=correction), mean(x, dim, keepdim)
+
+
+@lowering("aten::linalg_vector_norm")
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = cast(x, dtype)
+    axes = _dims(x, dim)
+    a = jnp.abs(x)
+    if ord == float("inf"):
+        return jnp.max(a, axis=axes, keepdims=keepdim)
+    if ord == float("-inf"):
+        return jnp.min(a, axis=axes, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
+    if ord == 1:
+        return jnp.sum(a, axis=axes, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
+    return jnp.sum(a**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+
+
+@lowering("aten::norm.Scalar", "aten::norm.ScalarOpt_dim", "aten::norm.ScalarOpt_dim_dtype",
+          "aten::norm.ScalarOpt_dtype", "aten::norm.names_ScalarOpt_dim")
+def norm(x, p=2, dim=None, keepdim=False, *, dtype=None):
+    return vector_norm(x, 2 if p is None else p, dim, keepdim, dtype=dtype)
+
+
+@lowering("aten::_foreach_norm.Scalar")
+def foreach_norm(tensors, ord=2, dtype=None):
+    return [vector_norm(t, ord, dtype=dtype) for t in tensors]
+
+
+@lowering("aten::logsumexp")
+def logsumexp(x, dim, keepdim=False):
+    x = as_float(x)
+    axes = _dims(x, dim)
+    if x.size == 0:
+        return jnp.log(jnp.sum(jnp.exp(x), axis=axes, keepdims=keepdim))
+    m = jnp.max(x, axis=axes, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0)
+    out = jnp.log(jnp.sum(jnp.exp(x - m), axis=axes, keepdims=True)) + m
+    return out if keepdim else jnp.squeeze(out, axes)
+
+
+@lowering("aten::count_nonzero", "aten::count_nonzero.dim_IntList")
+def count_nonzero(x, dim=None):
+    if isinstance(dim, int):
+        dim = [dim]
+    return jnp.sum(x != 0, axis=_dims(x, dim)).astype(jnp.int64)
+
+
+@lowering("aten::any", "aten::any.dim", "aten::any.dims")
+def any_(x, dim=None, keepdim=False):
+    out = jnp.any(x != 0, axis=_dims(x, dim), keepdims=keepdim)
+    return out.astype(jnp.uint8) if x.dtype == jnp.uint8 else out
+
+
+@lowering("aten::all", "aten::all.dim", "aten::all.dims")
+def all_(x, dim=None, keepdim=False):
+    out = jnp.all(x != 0, axis=_dims(x, dim), keepdims=keepdim)
+    return out.astype(jnp.uint8) if x.dtype == jnp.uint8 else out
+
+
+# ----------------------------------------------------------------- scans
+
+
+@lowering("aten::cumsum")
+def cumsum(x, dim, *, dtype=None):
+    x = cast(x, _accumulate_dtype(x, dtype))
+    return jnp.cumsum(x, axis=canonical_dim(dim, x.ndim)) if x.ndim else x
+
+
+@lowering("aten::cumprod")
+def cumprod(x, dim, *, dtype=None):
+    x = cast(x, _accumulate_dtype(x, dtype))
+    return jnp.cumprod(x, axis=canonical_dim(dim, x.ndim)) if x.ndim else x
+
+
+@lowering("aten::logcumsumexp")
+def logcumsumexp(x, dim):
+    if x.ndim == 0:
+        return x
+    return jax.lax.cumlogsumexp(x, axis=canonical_dim(dim, x.ndim))
+
+
+def _cumulative_extreme(x, dim, better):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    shape = [1] * x.ndim
+    shape[axis] = x.shape[axis]
+    index = jnp.broadcast_to(jnp.arange(x.shape[axis], dtype=jnp.int64).reshape(shape), x.shape)
+
+    def combine(a, b):
+        # torch keeps a running best and moves to a later element when it is
+        # at least as good (ties take the later index); NaN sticks.
+        (va, ia), (vb, ib) = a, b
+        take_b = better(vb, va) | (vb == va)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            take_b = (take_b | jnp.isnan(vb)) & ~(jnp.isnan(va) & ~jnp.isnan(vb))
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    return jax.lax.associative_scan(combine, (x, index), axis=axis)
+
+
+@lowering("aten::cummax")
+def cummax(x, dim):
+    return _cumulative_extreme(x, dim, jnp.greater)
+
+
+@lowering("aten::cummin")
+def cummin(x, dim):
+    return _cumulative_extreme(x, dim, jnp.less)
+
+
+# ---------------------------------------------------------------- softmax
+
+
+def _softmax_input(x, dtype=None, half_to_float=False):
+    if dtype is not None:
+        return cast(x, dtype)
+    if half_to_float:
+        return x.astype(jnp.float32)
+    return as_float(x)
+
+
+@lowering("aten::_softmax", "aten::softmax.int")
+def softmax(x, dim, half_to_float=False, *, dtype=None):
+    if not isinstance(half_to_float, bool):  # softmax.int(x, dim, dtype)
+        dtype, half_to_float = half_to_float, False
+    x = _softmax_input(x, dtype, half_to_float)
+    if x.ndim == 0:
+        return jnp.ones_like(x)
+    return jax.nn.softmax(x, axis=canonical_dim(dim, x.ndim))
+
+
+@lowering("aten::_log_softmax", "aten::log_softmax.int")
+def log_softmax(x, dim, half_to_float=False, *, dtype=None):
+    if not isinstance(half_to_float, bool):
+        dtype, half_to_float = half_to_float, False
+    x = _softmax_input(x, dtype, half_to_float)
+    if x.ndim == 0:
+        return jnp.zeros_like(x)
+    return jax.nn.log_softmax(x, axis=canonical_dim(dim, x.ndim))
+
+
+@lowering("aten::_safe_softmax")
+def safe_softmax(x, dim, dtype=None):
+    """Softmax whose fully masked rows (all -inf) are 0 instead of NaN."""
+    x = _softmax_input(x, dtype)
+    axis = canonical_dim(dim, x.ndim)
+    masked = jnp.all(x == -jnp.inf, axis=axis, keepdims=True)
+    return jnp.where(masked, 0, jax.nn.softmax(x, axis=axis)).astype(x.dtype)
+
+
+@lowering("aten::_softmax_backward_data")
+def softmax_backward(grad_output, output, dim, input_dtype):
+    g = grad_output * output
+    out = g - output * jnp.sum(g, axis=dim, keepdims=True)
+    return out.astype(jdt(input_dtype))
+
+
+@lowering("aten::_log_softmax_backward_data")
+def log_softmax_backward(grad_output, output, dim, input_dtype):
+    out = grad_output - jnp.exp(output) * jnp.sum(grad_output, axis=dim, keepdims=True)
+    return out.astype(jdt(input_dtype))

@@ -1,0 +1,733 @@
+"""Shape and indexing lowerings: views as functional ops, joining and
+splitting, flips and rolls, gathers and scatters, advanced indexing,
+padding, triangles, sorting and selection.
+
+Views are lowered as the value they produce (the device core keeps the
+aliasing); each view op is also registered under its ``*_copy`` name, the
+form functionalization emits.  Gathers go through :func:`_util.take`, which
+honours the plugin's ``dense_gather_factor``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from . import lowering
+from ._util import canonical_dim, canonical_dims, cast, dense_gather_factor, result_type, take, tdt
+
+
+def _view_lowering(*names: str):
+    """Register under each view op's name and its functional ``_copy`` twin."""
+    full = []
+    for name in names:
+        full.append(name)
+        packet, dot, overload = name.partition(".")
+        full.append(f"{packet}_copy{dot}{overload}")
+    return lowering(*full)
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+# ------------------------------------------------------------------- views
+
+
+@_view_lowering("aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias")
+def view(x, size, *_strides):
+    return jnp.reshape(x, tuple(size))
+
+
+@_view_lowering("aten::view.dtype")
+def view_dtype(x, dtype):
+    return jax.lax.bitcast_convert_type(x, jnp.dtype(cast(0, dtype).dtype)) if x.dtype.itemsize == torch.empty(
+        (), dtype=dtype).element_size() else _bitcast_resize(x, dtype)
+
+
+def _bitcast_resize(x, dtype):
+    target = cast(0, dtype).dtype
+    ratio = x.dtype.itemsize / target.itemsize
+    if ratio > 1:
+        out = jax.lax.bitcast_convert_type(x, target)
+        return out.reshape(x.shape[:-1] + (x.shape[-1] * int(ratio),)) if x.ndim else out.reshape(-1)
+    k = int(1 / ratio)
+    return jax.lax.bitcast_convert_type(x.reshape(x.shape[:-1] + (x.shape[-1] // k, k)), target)
+
+
+@_view_lowering("aten::permute")
+def permute(x, dims):
+    return jnp.transpose(x, [canonical_dim(d, x.ndim) for d in dims]) if x.ndim else x
+
+
+@_view_lowering("aten::transpose.int")
+def transpose(x, dim0, dim1):
+    if x.ndim < 2:
+        return x
+    return jnp.swapaxes(x, canonical_dim(dim0, x.ndim), canonical_dim(dim1, x.ndim))
+
+
+@_view_lowering("aten::t")
+def t(x):
+    return x if x.ndim < 2 else x.T
+
+
+@lowering("aten::numpy_T", "aten::mT", "aten::matrix_H", "aten::adjoint", "aten::mH")
+def matrix_transpose(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+@_view_lowering("aten::expand")
+def expand(x, size, *, implicit=False):
+    size = tuple(size)
+    lead = len(size) - x.ndim
+    shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
+    return jnp.broadcast_to(x, shape)
+
+
+@lowering("aten::expand_as")
+def expand_as(x, other):
+    return jnp.broadcast_to(x, other.shape)
+
+
+@_view_lowering("aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims")
+def squeeze(x, dim=None):
+    dims = canonical_dims(dim, x.ndim) if dim is not None else tuple(range(x.ndim))
+    return jnp.squeeze(x, tuple(d for d in dims if x.shape[d] == 1)) if x.ndim else x
+
+
+@_view_lowering("aten::unsqueeze")
+def unsqueeze(x, dim):
+    return jnp.expand_dims(x, canonical_dim(dim, x.ndim + 1))
+
+
+@_view_lowering("aten::select.int")
+def select(x, dim, index):
+    dim = canonical_dim(dim, x.ndim)
+    return jax.lax.index_in_dim(x, index % x.shape[dim], dim, keepdims=False)
+
+
+def _slice_bounds(size, start, end, step):
+    return slice(start, end, step).indices(size)
+
+
+@_view_lowering("aten::slice.Tensor")
+def slice_(x, dim=0, start=None, end=None, step=1):
+    dim = canonical_dim(dim, x.ndim)
+    lo, hi, step = _slice_bounds(x.shape[dim], start, end, step)
+    hi = max(hi, lo)
+    return jax.lax.slice_in_dim(x, lo, hi, step, axis=dim)
+
+
+@_view_lowering("aten::narrow")
+def narrow(x, dim, start, length):
+    dim = canonical_dim(dim, x.ndim)
+    start = start % x.shape[dim] if start < 0 else start
+    return jax.lax.slice_in_dim(x, start, start + length, axis=dim)
+
+
+@_view_lowering("aten::diagonal")
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, canonical_dim(dim1, x.ndim), canonical_dim(dim2, x.ndim))
+
+
+@_view_lowering("aten::alias", "aten::detach")
+def alias(x):
+    return x
+
+
+@_view_lowering("aten::unfold")
+def unfold(x, dimension, size, step):
+    if x.ndim == 0:
+        return x.reshape(1)
+    dim = canonical_dim(dimension, x.ndim)
+    windows = (x.shape[dim] - size) // step + 1
+    index = jnp.arange(windows)[:, None] * step + jnp.arange(size)[None, :]
+    out = jnp.take(x, index, axis=dim)  # (..., windows, size, ...)
+    return jnp.moveaxis(out, dim + 1, -1)
+
+
+@_view_lowering("aten::as_strided")
+def as_strided(x, size, stride, storage_offset=None):
+    """The value of a strided view of ``x``'s elements laid out contiguously."""
+    index = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        index = index + np.arange(n, dtype=np.int64).reshape(shape) * s
+    return jnp.ravel(x)[jnp.asarray(index)]
+
+
+@lowering("aten::clone", "aten::contiguous", "aten::lift", "aten::_conj_copy")
+def clone(x, *, memory_format=None):
+    return x
+
+
+@lowering("aten::fill.Scalar", "aten::fill.Tensor")
+def fill(x, value):
+    return jnp.full(x.shape, cast(value, tdt(x)) if not hasattr(value, "dtype") else value.astype(x.dtype))
+
+
+@lowering("aten::zero")
+def zero(x):
+    return jnp.zeros_like(x)
+
+
+# ---------------------------------------------------- joining and splitting
+
+
+@lowering("aten::cat", "aten::concat", "aten::concatenate")
+def cat(tensors, dim=0):
+    # torch skips legacy empty 1-d inputs of shape (0,) and promotes dtypes.
+    dtype = result_type(*tensors)
+    kept = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or list(tensors[:1])
+    ndim = kept[0].ndim
+    return jnp.concatenate([cast(t, dtype) for t in kept], axis=canonical_dim(dim, ndim))
+
+
+@lowering("aten::stack")
+def stack(tensors, dim=0):
+    dtype = result_type(*tensors)
+    return jnp.stack([cast(t, dtype) for t in tensors], axis=canonical_dim(dim, tensors[0].ndim + 1))
+
+
+@lowering("aten::hstack")
+def hstack(tensors):
+    return cat([jnp.atleast_1d(t) for t in tensors], 0 if all(t.ndim <= 1 for t in tensors) else 1)
+
+
+@lowering("aten::vstack")
+def vstack(tensors):
+    return cat([jnp.atleast_2d(t) for t in tensors], 0)
+
+
+@_view_lowering("aten::split.Tensor", "aten::unsafe_split.Tensor")
+def split(x, split_size, dim=0):
+    dim = canonical_dim(dim, x.ndim)
+    n = x.shape[dim]
+    sizes = [min(split_size, n - i) for i in range(0, n, split_size)] if split_size else [0]
+    return split_with_sizes(x, sizes or [0], dim)
+
+
+@_view_lowering("aten::split_with_sizes", "aten::unsafe_split_with_sizes")
+def split_with_sizes(x, split_sizes, dim=0):
+    dim = canonical_dim(dim, x.ndim)
+    out, start = [], 0
+    for size in split_sizes:
+        out.append(jax.lax.slice_in_dim(x, start, start + size, axis=dim))
+        start += size
+    return out
+
+
+@_view_lowering("aten::unbind.int")
+def unbind(x, dim=0):
+    dim = canonical_dim(dim, x.ndim)
+    return [jax.lax.index_in_dim(x, i, dim, keepdims=False) for i in range(x.shape[dim])]
+
+
+@lowering("aten::chunk")
+def chunk(x, chunks, dim=0):
+    dim = canonical_dim(dim, x.ndim)
+    return split(x, math.ceil(x.shape[dim] / chunks) if x.shape[dim] else 0, dim)
+
+
+# -------------------------------------------------------- rearrangements
+
+
+@lowering("aten::flip")
+def flip(x, dims):
+    return jnp.flip(x, canonical_dims(dims, x.ndim)) if dims else x
+
+
+@lowering("aten::roll")
+def roll(x, shifts, dims=()):
+    if not dims:
+        return jnp.roll(x.reshape(-1), tuple(shifts)).reshape(x.shape)
+    return jnp.roll(x, tuple(shifts), tuple(canonical_dim(d, x.ndim) for d in dims))
+
+
+@lowering("aten::rot90")
+def rot90(x, k=1, dims=(0, 1)):
+    return jnp.rot90(x, k, tuple(canonical_dim(d, x.ndim) for d in dims))
+
+
+@lowering("aten::repeat")
+def repeat(x, repeats):
+    repeats = tuple(repeats)
+    x = x.reshape((1,) * (len(repeats) - x.ndim) + x.shape)
+    return jnp.tile(x, repeats)
+
+
+@lowering("aten::tril")
+def tril(x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@lowering("aten::triu")
+def triu(x, diagonal=0):
+    return jnp.triu(x, diagonal)
+
+
+@lowering("aten::diag_embed")
+def diag_embed(x, offset=0, dim1=-2, dim2=-1):
+    m = x.shape[-1]
+    n = m + abs(offset)
+    rows = jnp.arange(m) + max(-offset, 0)
+    cols = jnp.arange(m) + max(offset, 0)
+    square = jnp.zeros(x.shape[:-1] + (n, n), x.dtype).at[..., rows, cols].set(x)
+    ndim = x.ndim + 1
+    return jnp.moveaxis(square, (-2, -1), (canonical_dim(dim1, ndim), canonical_dim(dim2, ndim)))
+
+
+@lowering("aten::diag")
+def diag(x, diagonal=0):
+    return jnp.diag(x, diagonal)
+
+
+# ------------------------------------------------ functional view scatters
+
+
+@lowering("aten::select_scatter")
+def select_scatter(x, src, dim, index):
+    dim = canonical_dim(dim, x.ndim)
+    return jax.lax.dynamic_update_index_in_dim(x, src.astype(x.dtype), index % x.shape[dim], dim)
+
+
+@lowering("aten::slice_scatter")
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    dim = canonical_dim(dim, x.ndim)
+    lo, hi, step = _slice_bounds(x.shape[dim], start, end, step)
+    where = [slice(None)] * x.ndim
+    where[dim] = slice(lo, max(hi, lo), step)
+    return x.at[tuple(where)].set(src.astype(x.dtype))
+
+
+@lowering("aten::diagonal_scatter")
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = canonical_dim(dim1, x.ndim), canonical_dim(dim2, x.ndim)
+    n = src.shape[-1]
+    i = jnp.arange(n) + max(-offset, 0)
+    j = jnp.arange(n) + max(offset, 0)
+    moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    moved = moved.at[..., i, j].set(src.astype(x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+@lowering("aten::as_strided_scatter")
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    index = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        index = index + np.arange(n, dtype=np.int64).reshape(shape) * s
+    return jnp.ravel(x).at[jnp.asarray(index)].set(src.astype(x.dtype)).reshape(x.shape)
+
+
+@lowering("aten::select_backward")
+def select_backward(grad_output, input_sizes, dim, index):
+    return select_scatter(jnp.zeros(tuple(input_sizes), grad_output.dtype), grad_output, dim, index)
+
+
+@lowering("aten::slice_backward")
+def slice_backward(grad_output, input_sizes, dim, start, end, step):
+    return slice_scatter(jnp.zeros(tuple(input_sizes), grad_output.dtype), grad_output, dim, start, end, step)
+
+
+@lowering("aten::diagonal_backward")
+def diagonal_backward(grad_output, input_sizes, offset, dim1, dim2):
+    return diagonal_scatter(jnp.zeros(tuple(input_sizes), grad_output.dtype), grad_output, offset, dim1, dim2)
+
+
+@lowering("aten::unfold_backward")
+def unfold_backward(grad_in, input_sizes, dim, size, step):
+    x = jnp.zeros(tuple(input_sizes), grad_in.dtype)
+    _, pullback = jax.vjp(lambda t: unfold(t, dim, size, step), x)
+    return pullback(grad_in)[0]
+
+
+# ------------------------------------------------------- gather / scatter
+
+
+def _index_grid(index, dim):
+    """Full index tuple for ``x.at[...]``: ``index`` along ``dim``, iota elsewhere."""
+    grid = list(jnp.indices(index.shape, sparse=True))
+    grid[dim] = index
+    return tuple(grid)
+
+
+@lowering("aten::gather")
+def gather(x, dim, index, *, sparse_grad=False):
+    if x.ndim == 0:
+        return x.reshape(index.shape)
+    dim = canonical_dim(dim, x.ndim)
+    index = index % max(x.shape[dim], 1)
+    # index may be smaller than x in the other dims: gather reads a prefix.
+    x = x[tuple(slice(0, n) if d != dim else slice(None) for d, n in enumerate(index.shape))]
+    size = x.shape[dim]
+    factor = dense_gather_factor()
+    if factor > 0 and index.shape[dim] <= factor * size and jnp.issubdtype(x.dtype, jnp.floating):
+        onehot = jnp.moveaxis(index, dim, -1)[..., None] == jnp.arange(size)
+        picked = jnp.einsum("...is,...s->...i", onehot.astype(x.dtype), jnp.moveaxis(x, dim, -1),
+                            precision=jax.lax.Precision.HIGHEST)
+        return jnp.moveaxis(picked, -1, dim)
+    return jnp.take_along_axis(x, index, axis=dim, mode="clip")
+
+
+def _scatter_operands(x, dim, index, src):
+    """(x, index grid, values) with 0-dim x as 1-d, ``src`` cut to
+    ``index``'s shape (torch reads a prefix of src) or broadcast from a scalar."""
+    if x.ndim == 0:
+        x, index, dim = x.reshape(1), index.reshape(-1), 0
+    dim = canonical_dim(dim, x.ndim)
+    if not hasattr(src, "shape") or src.ndim == 0:
+        values = jnp.broadcast_to(cast(src, tdt(x)) if not hasattr(src, "dtype") else src.astype(x.dtype), index.shape)
+    else:
+        values = src.reshape((1,) * (index.ndim - src.ndim) + src.shape) if src.ndim < index.ndim else src
+        values = values[tuple(slice(0, n) for n in index.shape)].astype(x.dtype).reshape(index.shape)
+    return x, _index_grid(index % max(x.shape[dim], 1), dim), values
+
+
+@lowering("aten::scatter.src", "aten::scatter.value")
+def scatter(x, dim, index, src):
+    flat, grid, values = _scatter_operands(x, dim, index, src)
+    return flat.at[grid].set(values).reshape(x.shape)
+
+
+@lowering("aten::scatter.reduce", "aten::scatter.value_reduce")
+def scatter_reduce_legacy(x, dim, index, src, *, reduce):
+    flat, grid, values = _scatter_operands(x, dim, index, src)
+    at = flat.at[grid]
+    return (at.add(values) if reduce == "add" else at.multiply(values)).reshape(x.shape)
+
+
+@lowering("aten::scatter_add")
+def scatter_add(x, dim, index, src):
+    return scatter_reduce_legacy(x, dim, index, src, reduce="add")
+
+
+def _reduce_identity(reduce, dtype):
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    if jnp.issubdtype(dtype, jnp.floating):
+        return -jnp.inf if reduce == "amax" else jnp.inf
+    info = jnp.iinfo(dtype) if dtype != jnp.bool_ else None
+    if info is None:
+        return reduce == "amin"
+    return info.min if reduce == "amax" else info.max
+
+
+@lowering("aten::scatter_reduce.two")
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    flat, grid, values = _scatter_operands(x, dim, index, src)
+    if not include_self:  # scattered-to positions start from the reduction's identity
+        flat = flat.at[grid].set(jnp.asarray(_reduce_identity(reduce, flat.dtype), flat.dtype))
+    at = flat.at[grid]
+    out = {"sum": at.add, "mean": at.add, "prod": at.multiply, "amax": at.max, "amin": at.min}[reduce](values)
+    if reduce == "mean":
+        count = jnp.full(flat.shape, 1 if include_self else 0, jnp.int64).at[grid].add(1)
+        count = jnp.maximum(count, 1)
+        if jnp.issubdtype(flat.dtype, jnp.inexact):
+            out = out / count.astype(flat.dtype)
+        else:
+            out = jnp.floor_divide(out, count).astype(flat.dtype)
+    return out.reshape(x.shape)
+
+
+# ----------------------------------------------------------------- indexing
+
+
+def _index_tuple(x, indices):
+    """torch's list of optional index tensors as a numpy-style index tuple;
+    bool masks become integer indices (data-dependent, so eager only)."""
+    out = []
+    for idx in indices:
+        if idx is None:
+            out.append(slice(None))
+        elif idx.dtype in (jnp.bool_, jnp.uint8):
+            if not _is_concrete(idx):
+                raise NotImplementedError("boolean mask indexing has a data-dependent shape; it cannot be traced")
+            out.extend(jnp.asarray(i) for i in np.nonzero(np.asarray(idx)))
+        else:
+            out.append(idx)
+    return tuple(out)
+
+
+@lowering("aten::index.Tensor", "aten::_unsafe_index.Tensor")
+def index(x, indices):
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) == 1 and given[0][1].dtype not in (jnp.bool_, jnp.uint8):
+        d, idx = given[0]
+        return take(x, idx % max(x.shape[d], 1), axis=d)
+    return x[_index_tuple(x, indices)]
+
+
+def _mask_put(x, mask, values, accumulate):
+    """``x[mask] = values`` with a single scalar value: traceable."""
+    values = values.reshape(()).astype(x.dtype)
+    mask = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim)), x.shape)
+    return jnp.where(mask, x + values if accumulate else values, x)
+
+
+@lowering("aten::index_put", "aten::_unsafe_index_put", "aten::_index_put_impl")
+def index_put(x, indices, values, accumulate=False, unsafe=False):
+    values = jnp.asarray(values)
+    if (len(indices) == 1 and indices[0] is not None and indices[0].dtype == jnp.bool_
+            and values.size == 1 and indices[0].ndim <= x.ndim):
+        return _mask_put(x, indices[0], values, accumulate)
+    at = x.at[_index_tuple(x, indices)]
+    values = values.astype(x.dtype)
+    return at.add(values) if accumulate else at.set(values)
+
+
+@lowering("aten::index_select")
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return jnp.take(x.reshape(1), index.reshape(-1) * 0, axis=0).reshape(index.shape)
+    dim = canonical_dim(dim, x.ndim)
+    return take(x, index.reshape(-1) % max(x.shape[dim], 1), axis=dim)
+
+
+def _index_along(x, dim, index):
+    dim = canonical_dim(dim, x.ndim)
+    where = [slice(None)] * x.ndim
+    where[dim] = index.reshape(-1) % max(x.shape[dim], 1)
+    return tuple(where)
+
+
+@lowering("aten::index_add")
+def index_add(x, dim, index, source, *, alpha=1):
+    if x.ndim == 0:
+        return x + (source.reshape(()) * alpha).astype(x.dtype) * index.size
+    source = source.astype(x.dtype) * cast(alpha, tdt(x)) if alpha != 1 else source.astype(x.dtype)
+    return x.at[_index_along(x, dim, index)].add(source)
+
+
+@lowering("aten::index_copy")
+def index_copy(x, dim, index, source):
+    if x.ndim == 0:
+        return source.reshape(()).astype(x.dtype)
+    return x.at[_index_along(x, dim, index)].set(source.astype(x.dtype))
+
+
+@lowering("aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor")
+def index_fill(x, dim, index, value):
+    value = cast(value, tdt(x)) if not hasattr(value, "dtype") else value.astype(x.dtype)
+    if x.ndim == 0:
+        return jnp.where(index.size > 0, value, x)
+    return x.at[_index_along(x, dim, index)].set(value)
+
+
+@lowering("aten::index_reduce")
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    if x.ndim == 0:
+        x, source = x.reshape(1), source.reshape(-1)
+        out = index_reduce(x, 0, index * 0, source, reduce, include_self=include_self)
+        return out.reshape(())
+    dim = canonical_dim(dim, x.ndim)
+    where = _index_along(x, dim, index)
+    source = source.astype(x.dtype)
+    if not include_self:
+        fill = {"prod": 1, "mean": 0}.get(reduce)
+        if fill is None:
+            floating = jnp.issubdtype(x.dtype, jnp.floating)
+            info = None if floating else jnp.iinfo(x.dtype)
+            fill = (-jnp.inf if floating else info.min) if reduce == "amax" else (jnp.inf if floating else info.max)
+        x = x.at[where].set(jnp.asarray(fill, x.dtype))
+    at = x.at[where]
+    out = {"prod": at.multiply, "mean": at.add, "amax": at.max, "amin": at.min}[reduce](source)
+    if reduce == "mean":
+        counts = jnp.zeros(x.shape[dim], jnp.int64).at[index.reshape(-1) % x.shape[dim]].add(1)
+        counts = counts + (1 if include_self else 0)
+        shape = [1] * x.ndim
+        shape[dim] = x.shape[dim]
+        counts = jnp.maximum(counts, 1).reshape(shape)
+        out = out / counts if jnp.issubdtype(x.dtype, jnp.floating) else jnp.floor_divide(out, counts)
+        out = out.astype(x.dtype)
+    return out
+
+
+@lowering("aten::masked_scatter")
+def masked_scatter(x, mask, source):
+    """Fill the masked positions of ``x`` from ``source`` in order: the k-th
+    True element (row-major) takes ``source.flatten()[k]``."""
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    x = jnp.broadcast_to(x, shape)
+    mask = jnp.broadcast_to(mask, shape).reshape(-1)
+    position = jnp.clip(jnp.cumsum(mask) - 1, 0, max(source.size - 1, 0))
+    picked = jnp.take(source.reshape(-1), position, mode="clip") if source.size else jnp.zeros_like(position, x.dtype)
+    return jnp.where(mask, picked.astype(x.dtype), x.reshape(-1)).reshape(shape)
+
+
+@lowering("aten::masked_select")
+def masked_select(x, mask):
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    if not _is_concrete(mask):
+        raise NotImplementedError("masked_select has a data-dependent shape; it cannot be traced")
+    return jnp.broadcast_to(x, shape)[np.asarray(jnp.broadcast_to(mask, shape))]
+
+
+@lowering("aten::nonzero")
+def nonzero(x):
+    if not _is_concrete(x):
+        raise NotImplementedError("nonzero has a data-dependent shape; it cannot be traced")
+    return jnp.asarray(np.stack(np.nonzero(np.asarray(x)), axis=-1).astype(np.int64).reshape(-1, x.ndim))
+
+
+@lowering("aten::take")
+def take_flat(x, index):
+    return take(x.reshape(-1), index % max(x.size, 1), axis=0)
+
+
+@lowering("aten::take_along_dim")
+def take_along_dim(x, indices, dim=None):
+    if dim is None:
+        return jnp.take(x.reshape(-1), indices.reshape(-1) % max(x.size, 1))
+    dim = canonical_dim(dim, x.ndim)
+    shape = list(jnp.broadcast_shapes(x.shape, indices.shape))
+    xs, ids = list(shape), list(shape)
+    xs[dim], ids[dim] = x.shape[dim], indices.shape[dim]
+    return jnp.take_along_axis(jnp.broadcast_to(x, xs), jnp.broadcast_to(indices, ids) % max(x.shape[dim], 1),
+                               axis=dim)
+
+
+# ----------------------------------------------------------------- padding
+
+
+@lowering("aten::constant_pad_nd")
+def constant_pad_nd(x, pad, value=0):
+    n = len(pad) // 2
+    config = [(0, 0, 0)] * (x.ndim - n) + [(pad[2 * i], pad[2 * i + 1], 0) for i in reversed(range(n))]
+    return jax.lax.pad(x, jnp.asarray(value, x.dtype), config)
+
+
+def _np_pad(mode):
+    def lower(x, padding):
+        n = len(padding) // 2
+        widths = [(0, 0)] * (x.ndim - n) + [(padding[2 * i], padding[2 * i + 1]) for i in reversed(range(n))]
+        return jnp.pad(x, widths, mode=mode)
+
+    return lower
+
+
+lowering("aten::reflection_pad1d", "aten::reflection_pad2d", "aten::reflection_pad3d")(_np_pad("reflect"))
+lowering("aten::replication_pad1d", "aten::replication_pad2d", "aten::replication_pad3d")(_np_pad("edge"))
+lowering("aten::_pad_circular")(_np_pad("wrap"))
+
+
+# --------------------------------------------------------- sort and select
+
+
+def _sort_key(x, descending):
+    """A key whose ascending order is torch's order: NaN largest."""
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.int8)
+    return x
+
+
+@lowering("aten::sort", "aten::sort.stable")
+def sort(x, dim=-1, descending=False, *, stable=None):
+    if isinstance(dim, bool) or dim is None:  # sort.stable(x, *, stable, dim, descending) given positionally
+        dim = -1 if dim is None or isinstance(dim, bool) else dim
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    key = _sort_key(x, descending)
+    order = jnp.argsort(key, axis=axis, stable=True, descending=descending).astype(jnp.int64)
+    return jnp.take_along_axis(x, order, axis=axis), order
+
+
+@lowering("aten::argsort", "aten::argsort.stable")
+def argsort(x, dim=-1, descending=False, *, stable=False):
+    return sort(x, dim, descending)[1]
+
+
+@lowering("aten::msort")
+def msort(x):
+    return sort(x, 0)[0]
+
+
+@lowering("aten::topk")
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    values, order = sort(x, dim, descending=largest)
+    axis = canonical_dim(dim, x.ndim)
+    return jax.lax.slice_in_dim(values, 0, k, axis=axis), jax.lax.slice_in_dim(order, 0, k, axis=axis)
+
+
+@lowering("aten::kthvalue")
+def kthvalue(x, k, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    values, order = sort(x, axis)
+    v = jax.lax.index_in_dim(values, k - 1, axis, keepdims=keepdim)
+    i = jax.lax.index_in_dim(order, k - 1, axis, keepdims=keepdim)
+    return v, i
+
+
+def _median(x, dim, keepdim, ignore_nan):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    values, order = sort(x, axis)
+    n = x.shape[axis]
+    if ignore_nan and jnp.issubdtype(x.dtype, jnp.floating):
+        valid = jnp.sum(~jnp.isnan(x), axis=axis, keepdims=True)
+        k = jnp.maximum(valid - 1, 0) // 2
+    else:
+        k = jnp.full([1 if d == axis else s for d, s in enumerate(x.shape)], (n - 1) // 2)
+        if jnp.issubdtype(x.dtype, jnp.floating):  # a NaN makes the median NaN: its first index
+            has_nan = jnp.any(jnp.isnan(x), axis=axis, keepdims=True)
+            k = jnp.where(has_nan, jnp.sum(~jnp.isnan(x), axis=axis, keepdims=True), k)
+    v = jnp.take_along_axis(values, k, axis=axis)
+    i = jnp.take_along_axis(order, k, axis=axis)
+    if not keepdim:
+        v, i = jnp.squeeze(v, axis), jnp.squeeze(i, axis)
+    return v, i
+
+
+@lowering("aten::median.dim")
+def median_dim(x, dim, keepdim=False):
+    return _median(x, dim, keepdim, ignore_nan=False)
+
+
+@lowering("aten::median")
+def median(x):
+    return _median(x.reshape(-1), 0, False, ignore_nan=False)[0]
+
+
+@lowering("aten::nanmedian.dim")
+def nanmedian_dim(x, dim, keepdim=False):
+    return _median(x, dim, keepdim, ignore_nan=True)
+
+
+@lowering("aten::nanmedian")
+def nanmedian(x):
+    return _median(x.reshape(-1), 0, False, ignore_nan=True)[0]
+
+
+@lowering("aten::searchsorted.Tensor", "aten::searchsorted.Scalar")
+def searchsorted(sorted_sequence, x, *, out_int32=False, right=False, side=None, sorter=None):
+    side = side or ("right" if right else "left")
+    x = jnp.asarray(x) if not hasattr(x, "dtype") else x
+    if sorter is not None:
+        sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    dtype = jnp.int32 if out_int32 else jnp.int64
+    if sorted_sequence.ndim == 1:
+        return jnp.searchsorted(sorted_sequence, x, side=side).astype(dtype)
+    search = jnp.vectorize(lambda s, v: jnp.searchsorted(s, v, side=side), signature="(n),(m)->(m)")
+    return search(sorted_sequence, x).astype(dtype)
+
+
+@lowering("aten::bucketize.Tensor", "aten::bucketize.Scalar")
+def bucketize(x, boundaries, *, out_int32=False, right=False):
+    x = jnp.asarray(x) if not hasattr(x, "dtype") else x
+    side = "right" if right else "left"
+    return jnp.searchsorted(boundaries, x, side=side).astype(jnp.int32 if out_int32 else jnp.int64)

@@ -1,0 +1,316 @@
+"""The lowering table, tested without the 'jax' device.
+
+:class:`LoweringCheck` is a TorchDispatchMode: every ATen op that torch runs
+on CPU inside it is also run through its lowering (CPU tensors turned into
+jax arrays, the lowering called, optionally under ``jax.jit``), and the two
+results are compared: same structure, same dtype, same shape, close values.
+So a CPU program run inside it (a model's forward and backward, an OpInfo
+sample) tests every lowering it touches, against torch itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # noqa: E402
+
+from pjrt_host import _lowerings  # noqa: E402
+from pjrt_host._lowerings import _util  # noqa: E402
+from pjrt_host._lowerings._dtypes import jax_dtype, torch_dtype  # noqa: E402
+
+# Ops the device core implements itself (memory, factories, randomness,
+# host transfers): the harness neither needs nor checks a lowering for them.
+NOT_LOWERED = {
+    "aten::_local_scalar_dense", "aten::copy_", "aten::_to_copy", "aten::empty.memory_format",
+    "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided",
+    "aten::set_.source_Storage_storage_offset", "aten::resize_", "aten::_copy_from",
+    "aten::bernoulli_.float", "aten::uniform_", "aten::normal_", "aten::random_", "aten::exponential_",
+    "aten::native_dropout", "aten::rand", "aten::randn", "aten::randint", "aten::randint.low",
+    "aten::randperm", "aten::bernoulli", "aten::multinomial", "aten::lift_fresh_copy",
+    "aten::scalar_tensor", "aten::full", "aten::zeros", "aten::ones", "aten::arange", "aten::arange.start",
+    "aten::arange.start_step", "aten::full_like", "aten::zeros_like", "aten::ones_like",
+    "aten::is_nonzero", "aten::_record_function_enter_new", "aten::nonzero", "aten::masked_select",
+    "aten::unique2", "aten::_unique2", "aten::repeat_interleave.Tensor", "aten::set_", "aten::fill_.Scalar",
+    "aten::zero_",
+}
+
+
+def to_jax(value: Any) -> Any:
+    """torch tensors in ``value`` (a pytree) as jax arrays of the same dtype."""
+
+    def convert(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        if t.dtype == torch.bfloat16:
+            return jnp.asarray(t.float().numpy()).astype(jnp.bfloat16)
+        return jnp.asarray(t.numpy())
+
+    return tree_map(convert, value)
+
+
+def to_torch(value: Any) -> Any:
+    def convert(a: Any) -> Any:
+        if isinstance(a, jax.Array):
+            arr = np.asarray(a.astype(jnp.float32) if a.dtype == jnp.bfloat16 else a)
+            t = torch.from_numpy(arr.copy())
+            return t.to(torch.bfloat16) if a.dtype == jnp.bfloat16 else t
+        return a
+
+    return tree_map(convert, value)
+
+
+def run_lowered(op: Any, args: tuple, kwargs: dict, jit: bool = False) -> Any:
+    """Run ``op`` through its lowering on CPU tensors; return CPU tensors."""
+    fn = _lowerings.lookup(op)
+    if fn is None:
+        raise LookupError(f"no lowering for {op.name()}")
+    jargs, jkwargs = to_jax((args, kwargs))
+    if not jit:
+        return to_torch(fn(*jargs, **jkwargs))
+    leaves, spec = tree_flatten((jargs, jkwargs))
+    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+
+    def call(*arrays: Any) -> Any:
+        filled = list(leaves)
+        for i, a in zip(where, arrays):
+            filled[i] = a
+        a, k = tree_unflatten(filled, spec)
+        return fn(*a, **k)
+
+    return to_torch(jax.jit(call)(*[leaves[i] for i in where]))
+
+
+def assert_same(expected: Any, actual: Any, name: str, rtol: float | None = None, atol: float | None = None) -> None:
+    """Same pytree structure; tensors of the same dtype and shape and close values."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{name}: expected a tensor, got {type(actual).__name__}"
+        assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype}, torch gives {expected.dtype}"
+        assert tuple(actual.shape) == tuple(expected.shape), (
+            f"{name}: shape {tuple(actual.shape)}, torch gives {tuple(expected.shape)}")
+        if rtol is None and expected.dtype in (torch.float32, torch.complex64):
+            rtol, atol = 1e-4, 1e-5
+        torch.testing.assert_close(actual, expected.detach(), rtol=rtol, atol=atol, equal_nan=True,
+                                   msg=lambda m: f"{name}: {m}")
+    elif isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), (
+            f"{name}: expected {len(expected)} outputs, got {actual!r:.200}")
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            assert_same(e, a, f"{name}[{i}]", rtol, atol)
+    elif isinstance(expected, (bool, int, float)):
+        assert actual == expected or (isinstance(expected, float) and math.isnan(expected) and math.isnan(actual)), (
+            f"{name}: {actual} != {expected}")
+
+
+def functional_name(op: Any) -> str | None:
+    """``aten::add_.Tensor`` -> ``aten::add.Tensor``; None if not in-place."""
+    name = op.name()
+    base, _, overload = name.partition(".")
+    if not base.endswith("_") or base.endswith("__"):
+        return None
+    return base[:-1] + ("." + overload if overload else "")
+
+
+@dataclasses.dataclass
+class _Named:
+    name_: str
+
+    def name(self) -> str:
+        return self.name_
+
+
+class LoweringCheck(TorchDispatchMode):
+    """Check each ATen op torch runs against its lowering (see module doc).
+
+    ``missing`` collects ops without a lowering, ``failures`` (name, error)
+    pairs for lowerings that raised or disagreed with torch."""
+
+    def __init__(self, jit: bool = False, strict: bool = True) -> None:
+        super().__init__()
+        self.jit = jit
+        self.strict = strict
+        self.checked: set[str] = set()
+        self.missing: set[str] = set()
+        self.failures: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = func.name()
+        if not name.startswith("aten::") or name in NOT_LOWERED or name.split(".")[0] in NOT_LOWERED:
+            return func(*args, **kwargs)
+        target = func
+        inplace = functional_name(func)
+        if inplace is not None:
+            target = _Named(inplace)
+        if "out" in kwargs or (inplace is None and func._schema.is_mutable):
+            return func(*args, **kwargs)
+        if _lowerings.lookup(target) is None:
+            self.missing.add(target.name())
+            return func(*args, **kwargs)
+        snapshot = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, (args, kwargs))
+        result = func(*args, **kwargs)
+        expected = args[0] if inplace is not None else result
+        try:
+            actual = run_lowered(target, *snapshot, jit=self.jit)
+            if inplace is not None:
+                assert isinstance(actual, torch.Tensor), "in-place op's functional form must give one tensor"
+                actual = actual.to(expected.dtype) if actual.shape == expected.shape else actual
+            assert_same(expected, actual, target.name())
+            self.checked.add(target.name())
+        except Exception as err:  # noqa: BLE001 - collected and reported
+            self.failures.append((target.name(), f"{type(err).__name__}: {err}"[:400]))
+            if self.strict:
+                raise
+        return result
+
+
+def check(fn: Any, *args: Any, jit: bool = True) -> LoweringCheck:
+    mode = LoweringCheck(jit=jit)
+    with mode:
+        fn(*args)
+    return mode
+
+
+# ------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize(
+    "x, other, expected",
+    [
+        (torch.arange(3), 2.5, torch.float32),
+        (torch.arange(3), 2, torch.int64),
+        (torch.arange(3, dtype=torch.int32), 2, torch.int32),
+        (torch.ones(3, dtype=torch.bool), 2, torch.int64),
+        (torch.ones(3, dtype=torch.uint8), torch.tensor(3), torch.uint8),
+        (torch.ones(3, dtype=torch.uint8), torch.ones(3, dtype=torch.int8), torch.int16),
+        (torch.ones(3, dtype=torch.float16), torch.tensor(3.0, dtype=torch.float64), torch.float16),
+        (torch.ones(3, dtype=torch.int64), torch.tensor(3.0, dtype=torch.float64), torch.float64),
+        (torch.ones(3, dtype=torch.float32), 1j, torch.complex64),
+        (torch.tensor(1), 2.5, torch.float32),
+    ],
+)
+def test_result_type_is_torchs(x: Any, other: Any, expected: Any) -> None:
+    j = to_jax(other) if isinstance(other, torch.Tensor) else other
+    assert _util.result_type(to_jax(x), j) == expected == torch.result_type(x, other)
+
+
+def test_binary_ops_promote_as_torch() -> None:
+    ints = torch.arange(-3, 4)
+    floats = torch.linspace(-2, 2, 7)
+    bools = ints > 0
+
+    def program() -> None:
+        for a in (ints, floats, bools):
+            for b in (ints, floats, bools, 2, 2.5, True, torch.tensor(3), torch.tensor(1.5, dtype=torch.float64)):
+                torch.add(a, b)
+                torch.mul(a, b)
+                torch.div(a, b)
+                torch.maximum(a, b if isinstance(b, torch.Tensor) else torch.tensor(b))
+                torch.eq(a, b)
+                torch.where(bools, a, b)
+            if a.dtype != torch.bool:
+                torch.sub(a, 3, alpha=2)
+                torch.remainder(a, 3)
+                torch.fmod(a, -2)
+                torch.floor_divide(a, 2)
+                torch.div(a, 3, rounding_mode="trunc")
+                torch.div(a, -2, rounding_mode="floor")
+                torch.clamp(a, min=-1, max=2)
+                torch.clamp(a, min=0.5)
+                a.pow(2)
+                torch.abs(a)
+            torch.sin(a)
+            torch.sqrt(a.abs() if a.dtype != torch.bool else a)
+            torch.sigmoid(a)
+
+    mode = check(program, jit=False)
+    assert not mode.missing, mode.missing
+
+
+def test_lowerings_trace_under_jit() -> None:
+    x = torch.randn(4, 5)
+    mode = check(lambda: (torch.nn.functional.gelu(x), x.softmax(-1), x.sum(1), x.amax(0), x.argmax(1),
+                          torch.cat([x, x], 1), x.t() @ x, torch.topk(x, 2, dim=1), x.sort(dim=0),
+                          x.var(0), torch.cumsum(x, 0), x[torch.tensor([0, 2])]), jit=True)
+    assert not mode.missing and not mode.failures
+
+
+def _mlp_step() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
+                                torch.nn.GELU(), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    x, y = torch.randn(5, 6), torch.tensor([0, 2, 1, 1, 0])
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+
+
+def _cnn_step() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                torch.nn.MaxPool2d(2), torch.nn.Conv2d(4, 4, 3, stride=2), torch.nn.SiLU(),
+                                torch.nn.AvgPool2d(2), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(4, 2))
+    x, y = torch.randn(2, 3, 12, 12), torch.tensor([1, 0])
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+
+
+def _transformer_step() -> None:
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(20, 16)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    head = torch.nn.Linear(16, 20)
+    tokens = torch.tensor([[1, 5, 7, 2], [3, 3, 9, 0]])
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(4)
+    logits = head(layer(emb(tokens), src_mask=mask))
+    torch.nn.functional.cross_entropy(logits.reshape(-1, 20), tokens.reshape(-1)).backward()
+    q = torch.randn(2, 2, 4, 8, requires_grad=True)
+    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    x = torch.randn(3, 8, requires_grad=True)
+    torch.nn.functional.layer_norm(x, (8,)).pow(2).mean().backward()
+
+
+@pytest.mark.parametrize("program", [_mlp_step, _cnn_step, _transformer_step], ids=["mlp", "cnn", "transformer"])
+def test_model_forward_and_backward(program: Any) -> None:
+    mode = check(program, jit=False)
+    # CPU-only fused kernels (oneDNN attention) never reach the 'jax' device.
+    missing = {m for m in mode.missing if "for_cpu" not in m and "_transformer_encoder" not in m}
+    assert not missing, f"ops without a lowering: {sorted(missing)}"
+    assert mode.checked
+
+
+def test_dense_gather_matches_sparse(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = jnp.asarray(np.arange(24.0, dtype=np.float32).reshape(4, 6))
+    index = jnp.asarray([[3, 0], [1, 1], [2, 3]])
+    sparse = _util.take(x, index, axis=0)
+    monkeypatch.setattr(_util, "dense_gather_factor", lambda: 8)
+    dense = _util.take(x, index, axis=0)
+    np.testing.assert_array_equal(np.asarray(dense), np.asarray(sparse))
+    np.testing.assert_array_equal(np.asarray(_util.take(x, index, axis=1)), np.asarray(x)[:, np.asarray(index)])
+
+
+def test_every_registered_name_is_an_aten_op_or_harmless() -> None:
+    """A name that matches no op of this torch is dead weight: list them, so
+    a renamed overload is noticed (lookup never fails over one)."""
+    unknown = []
+    for name in _lowerings.registered_names():
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        op = getattr(torch.ops.aten, packet, None)
+        if op is None or (overload and overload not in op.overloads()):
+            unknown.append(name)
+    assert len(unknown) < 0.05 * len(_lowerings.registered_names()), unknown
+
+
+def test_dtype_map_round_trips() -> None:
+    for dtype in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                  torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64):
+        assert torch_dtype(jax_dtype(dtype)) == dtype
