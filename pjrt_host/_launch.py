@@ -40,9 +40,11 @@ class LaunchError(PjrtHostError):
     ``failures`` maps each failed rank to its exit code (negative: killed by
     that signal) when known."""
 
-    def __init__(self, message: str, failures: dict[int, int] | None = None) -> None:
+    def __init__(self, message: str, failures: dict[int, int] | None = None, first_rank: int | None = None) -> None:
         super().__init__(message)
         self.failures = dict(failures or {})
+        #: the rank that failed first (the others were usually stopped because of it)
+        self.first_rank = first_rank if first_rank is not None else min(self.failures, default=None)
 
 
 # -- python -m pjrt_host launch ------------------------------------------------
@@ -77,8 +79,8 @@ def run_launch_command(args: argparse.Namespace) -> int:
                coordinator_port=args.coordinator_port, max_restarts=args.max_restarts, module=args.module)
     except LaunchError as err:
         print(str(err), file=sys.stderr, flush=True)
-        codes = [code for code in err.failures.values() if code > 0]
-        return codes[0] if codes else 1
+        code = err.failures.get(err.first_rank, 1) if err.first_rank is not None else 1
+        return code if code > 0 else 1
     return 0
 
 
@@ -135,11 +137,12 @@ def launch(
         torchrun.run(torchrun.parse_args(argv))
     except ChildFailedError as err:
         failures = {rank: failure.exitcode for rank, failure in err.failures.items()}
-        first_rank = min(failures)
+        first_rank, first = err.get_first_failure()
         raise LaunchError(
             f"pjrt_host launch: {script}: {_describe_failures(failures)}; the other processes on this host "
-            f"were stopped (host {node_rank} of {nnodes}). See the log of rank {first_rank} above.",
-            failures) from err
+            f"were stopped (host {node_rank} of {nnodes}). The first to fail was rank {first_rank} "
+            f"(exit code {first.exitcode}): see its log above.",
+            failures, first_rank) from err
 
 
 def _describe_failures(failures: dict[int, int]) -> str:
@@ -164,7 +167,7 @@ def free_port(host: str = _LOOPBACK, avoid: set[int] | None = None) -> int:
 # -- spawn ----------------------------------------------------------------------
 
 
-def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, start_method: str = "spawn") -> None:
+def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, start_method: str = "forkserver") -> None:
     """Run ``fn(local_rank, *args)`` in ``nprocs`` new processes on this host,
     each set up as by ``pjrt_host.distributed.initialize()`` before ``fn``
     starts.  ``fn`` and ``args`` must be picklable (a module-level
@@ -185,16 +188,19 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, star
         "GROUP_RANK": "0",
         "GROUP_WORLD_SIZE": "1",
     }
+    if start_method == "forkserver":
+        # One import of torch in the fork server instead of one per process.
+        mp.set_forkserver_preload(["torch.multiprocessing.spawn", __name__])
     try:
         mp.start_processes(_spawned, args=(fn, tuple(args), env), nprocs=nprocs, join=True, start_method=start_method)
     except mp.ProcessRaisedException as err:
         raise LaunchError(f"pjrt_host.spawn: rank {err.error_index} raised an exception; the other processes "
-                          f"were stopped. Its traceback:\n{err}", {err.error_index: 1}) from err
+                          f"were stopped. Its traceback:\n{err}", {err.error_index: 1}, err.error_index) from err
     except mp.ProcessExitedException as err:
         code = err.exit_code
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         raise LaunchError(f"pjrt_host.spawn: rank {err.error_index} {how}; the other processes were stopped.",
-                          {err.error_index: code}) from err
+                          {err.error_index: code}, err.error_index) from err
 
 
 def _spawned(local_rank: int, fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str]) -> None:

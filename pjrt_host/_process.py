@@ -432,6 +432,10 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
     host, port = _split_host_port(address)
     import jax
 
+    if not _env("JAX_ENABLE_PREEMPTION_SERVICE"):
+        # jax's preemption notifier catches SIGTERM (a preemption notice to
+        # checkpoint on); a launcher stopping the job sends SIGTERM and means it.
+        jax.config.update("jax_enable_preemption_service", False)
     try:
         jax.distributed.initialize(
             coordinator_address=address,
@@ -482,7 +486,7 @@ def _wait_reachable(record: PluginRecord, layout: ProcessLayout, address: str, t
     cause = f": {type(last).__name__}: {last}" if last else ""
     raise CoordinatorUnreachableError(
         record.name, record.distribution,
-        f"pjrt_host: rank {layout.rank} of {layout.world_size} ({layout.launcher}) could not reach the "
+        f"pjrt_host: plugin {record.name!r}: rank {layout.rank} of {layout.world_size} ({layout.launcher}) could not reach the "
         f"coordinator at {address} within {timeout:g} s{cause}. Check that rank 0 is running on that host and "
         "that this host can reach it; the address comes from PJRT_HOST_COORDINATOR_ADDRESS, else "
         "MASTER_ADDR and PJRT_HOST_COORDINATOR_PORT (default MASTER_PORT + 1). Raise "

@@ -7,6 +7,11 @@ returns that library's absolute path from ``library_path()`` instead of None.
 
 ``PJRT_HOST_CPU_REF_DEVICES=N`` splits the CPU into N devices (default 1),
 which lets multi-device code run anywhere.
+
+Several processes (``python -m pjrt_host launch --nproc-per-node N``) each
+get their own CPU client; jax's coordinator joins them into one job and
+jax's gloo collectives (TCP, bootstrapped from the coordinator's key-value
+store) carry the cross-process collectives.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ class CpuRefPlugin(DevicePlugin):
     # torch CPU tensors and jax CPU arrays can share memory through DLPack.
     zero_copy_torch_devices = ("cpu",)
 
+    def __init__(self) -> None:
+        self._multiprocess = False  # set by configure_multiprocess()
+
     def physical_chip_count(self) -> int:
         return _device_count()
 
@@ -46,6 +54,20 @@ class CpuRefPlugin(DevicePlugin):
 
     def configure_multiprocess(self, local_rank: int, local_world_size: int) -> None:
         self._set_device_count(_device_count())
+        import jax
+
+        # Without a collectives implementation a CPU client cannot talk to
+        # the other processes' clients.  gloo is jax's default; keep any
+        # choice the user made (e.g. JAX_CPU_COLLECTIVES_IMPLEMENTATION=mpi).
+        if jax.config.jax_cpu_collectives_implementation is None and not os.environ.get(
+            "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
+        ):
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        self._multiprocess = True
+
+    def requires_xla_coordinator(self) -> bool:
+        # gloo finds its peers through jax.distributed's key-value store.
+        return self._multiprocess
 
     @staticmethod
     def _set_device_count(count: int) -> None:
