@@ -141,13 +141,15 @@ def parse_worker_endpoints(text: str) -> tuple[str, ...]:
 def topology_from_metadata(fetch: MetadataFetcher = fetch_metadata) -> TpuTopology:
     """The topology of a Cloud TPU VM, from its metadata server."""
     tpu_env = parse_tpu_env(fetch("tpu-env"))
-    hosts = tpu_env.get("TPU_PROCESS_BOUNDS") or tpu_env.get("HOST_BOUNDS")
-    chips = tpu_env.get("TPU_CHIPS_PER_PROCESS_BOUNDS") or tpu_env.get("CHIPS_PER_HOST_BOUNDS")
+    # The host-level keys say what the hardware is; the TPU_* ones are
+    # libtpu's default process layout (one process per host on v4).
+    hosts = tpu_env.get("HOST_BOUNDS") or tpu_env.get("TPU_PROCESS_BOUNDS")
+    chips = tpu_env.get("CHIPS_PER_HOST_BOUNDS") or tpu_env.get("TPU_CHIPS_PER_PROCESS_BOUNDS")
     worker = tpu_env.get("WORKER_ID", "0")
     return TpuTopology(
         accelerator_type=tpu_env.get("ACCELERATOR_TYPE"),
-        host_bounds=parse_bounds(hosts, "tpu-env TPU_PROCESS_BOUNDS") if hosts else None,
-        chips_per_host_bounds=parse_bounds(chips, "tpu-env TPU_CHIPS_PER_PROCESS_BOUNDS") if chips else None,
+        host_bounds=parse_bounds(hosts, "tpu-env HOST_BOUNDS") if hosts else None,
+        chips_per_host_bounds=parse_bounds(chips, "tpu-env CHIPS_PER_HOST_BOUNDS") if chips else None,
         worker_id=int(worker) if worker.isdigit() else 0,
         worker_addresses=parse_worker_endpoints(fetch("worker-network-endpoints")) or ("localhost",),
     )
@@ -187,7 +189,10 @@ def multiprocess_environment(topology: TpuTopology, local_rank: int, local_world
             "TPU_HOST_BOUNDS and TPU_CHIPS_PER_HOST_BOUNDS (with TPU_SKIP_MDS_QUERY=1), or the process "
             "variables TPU_PROCESS_BOUNDS and TPU_CHIPS_PER_PROCESS_BOUNDS yourself")
     chips_per_host = chips[0] * chips[1] * chips[2]
-    if local_world_size != chips_per_host:
+    # Bounds of 1,1,1 chips describe a layout that is already one chip per
+    # process (the metadata of some single-host slices): the process mesh
+    # is then the host mesh and says nothing about processes per host.
+    if chips_per_host > 1 and local_world_size != chips_per_host:
         raise ValueError(
             f"{local_world_size} processes share this host but libtpu runs one process per chip here and the "
             f"host has {chips_per_host} chips ({_text(chips)}): run {chips_per_host} processes per host, "
