@@ -22,6 +22,7 @@ __all__ = [
     "Status",
     "backend_name",
     "client",
+    "config",
     "devices",
     "distributed",
     "hookimpl",
@@ -49,6 +50,7 @@ _LAZY = {
     "Status": ("._discovery", "Status"),
     "backend_name": ("._runtime", "backend_name"),
     "client": ("._runtime", "client"),
+    "config": ("._torch._config", "config"),
     "devices": ("._runtime", "devices"),
     "distributed": (".distributed", None),  # the submodule itself
     "hookimpl": ("._hookspecs", "hookimpl"),
@@ -77,6 +79,22 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
+def _register_torch_device() -> None:
+    # `import pjrt_host` makes device='jax' work like torch's autoload does,
+    # when torch is already imported; it never imports torch itself (if torch
+    # comes later, its `torch.backends` entry point does the same).
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "_import_device_backends"):
+        from ._torch import autoload
+
+        autoload()
+
+
+_register_torch_device()
+
+
 if TYPE_CHECKING:  # pragma: no cover
     from ._discovery import PluginRecord, Status
     from ._errors import ClientCreationError, PjrtHostError, PluginLoadError, PluginNotFoundError, SelectionError
@@ -87,3 +105,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from . import distributed
     from ._launch import spawn
     from ._runtime import backend_name, client, devices
+    from ._torch._config import config

@@ -1,0 +1,168 @@
+"""Core lowerings the 'jax' device itself needs: random ops.
+
+A random lowering is marked ``needs_rng``: the dispatcher passes a jax PRNG
+key as its first argument, drawn from the device's random state
+(``torch.manual_seed`` / ``torch.jax.manual_seed``), and drops torch's
+``generator`` argument (a CPU generator seeds the draw instead).  A lowering
+registered under an in-place name (``aten::normal_``) returns the new value
+of ``self``; the dispatcher writes it back through self's view.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from . import lowering
+
+__all__: list[str] = []
+
+
+def random_lowering(*names: str):
+    def register(fn):
+        fn.needs_rng = True
+        return lowering(*names)(fn)
+
+    return register
+
+
+def _float(x):
+    return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+
+
+@random_lowering("aten::normal_")
+def normal_(key, self, mean=0.0, std=1.0, *, generator=None):
+    dt = _float(self)
+    return (jax.random.normal(key, self.shape, dt) * std + mean).astype(self.dtype)
+
+
+@random_lowering("aten::uniform_")
+def uniform_(key, self, from_=0.0, to=1.0, *, generator=None):
+    dt = _float(self)
+    return jax.random.uniform(key, self.shape, dt, from_, to).astype(self.dtype)
+
+
+@random_lowering("aten::exponential_")
+def exponential_(key, self, lambd=1.0, *, generator=None):
+    dt = _float(self)
+    return (jax.random.exponential(key, self.shape, dt) / lambd).astype(self.dtype)
+
+
+@random_lowering("aten::log_normal_")
+def log_normal_(key, self, mean=1.0, std=2.0, *, generator=None):
+    dt = _float(self)
+    return jnp.exp(jax.random.normal(key, self.shape, dt) * std + mean).astype(self.dtype)
+
+
+@random_lowering("aten::cauchy_")
+def cauchy_(key, self, median=0.0, sigma=1.0, *, generator=None):
+    dt = _float(self)
+    return (jax.random.cauchy(key, self.shape, dt) * sigma + median).astype(self.dtype)
+
+
+@random_lowering("aten::geometric_")
+def geometric_(key, self, p, *, generator=None):
+    u = jax.random.uniform(key, self.shape, jnp.float64, minval=jnp.finfo(jnp.float64).tiny)
+    return jnp.ceil(jnp.log(u) / jnp.log1p(-p)).astype(self.dtype)
+
+
+@random_lowering("aten::bernoulli_.float")
+def bernoulli_float_(key, self, p=0.5, *, generator=None):
+    return jax.random.bernoulli(key, p, self.shape).astype(self.dtype)
+
+
+@random_lowering("aten::bernoulli_.Tensor")
+def bernoulli_tensor_(key, self, p, *, generator=None):
+    return jax.random.bernoulli(key, jnp.broadcast_to(p, self.shape), self.shape).astype(self.dtype)
+
+
+@random_lowering("aten::bernoulli", "aten::bernoulli.default")
+def bernoulli(key, self, *, generator=None):
+    return jax.random.bernoulli(key, self, self.shape).astype(self.dtype)
+
+
+@random_lowering("aten::bernoulli.p")
+def bernoulli_p(key, self, p, *, generator=None):
+    return jax.random.bernoulli(key, p, self.shape).astype(self.dtype)
+
+
+def _random_range(key, shape, dtype, low, high):
+    if jnp.issubdtype(dtype, jnp.floating):
+        # Integers in [low, high), as torch draws them for float tensors.
+        return jnp.floor(jax.random.uniform(key, shape, jnp.float64, low, high)).astype(dtype)
+    if dtype == jnp.bool_:
+        return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
+    return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
+
+
+@random_lowering("aten::random_.from")
+def random_from_(key, self, from_, to=None, *, generator=None):
+    if to is None:
+        info = jnp.iinfo(self.dtype) if jnp.issubdtype(self.dtype, jnp.integer) else None
+        to = (info.max if info is not None else 2 ** 24) + 1
+        to = min(to, 2 ** 63 - 1)
+    return _random_range(key, self.shape, self.dtype, from_, to)
+
+
+@random_lowering("aten::random_.to")
+def random_to_(key, self, to, *, generator=None):
+    return _random_range(key, self.shape, self.dtype, 0, to)
+
+
+@random_lowering("aten::random_")
+def random_(key, self, *, generator=None):
+    if self.dtype == jnp.bool_:
+        high = 2
+    elif jnp.issubdtype(self.dtype, jnp.integer):
+        high = min(int(jnp.iinfo(self.dtype).max) + 1, 2 ** 63 - 1)
+    else:
+        high = 2 ** jnp.finfo(self.dtype).nmant + 1
+    return _random_range(key, self.shape, self.dtype, 0, high)
+
+
+@random_lowering("aten::native_dropout")
+def native_dropout(key, input, p, train):
+    if not train or p == 0:
+        return input, jnp.ones(input.shape, jnp.bool_)
+    if p == 1:
+        return jnp.zeros_like(input), jnp.zeros(input.shape, jnp.bool_)
+    keep = jax.random.bernoulli(key, 1.0 - p, input.shape)
+    scale = jnp.asarray(1.0 / (1.0 - p), input.dtype)
+    return jnp.where(keep, input * scale, jnp.zeros((), input.dtype)), keep
+
+
+@random_lowering("aten::normal.Tensor_float")
+def normal_tensor_float(key, mean, std=1.0, *, generator=None):
+    return jax.random.normal(key, mean.shape, mean.dtype) * std + mean
+
+
+@random_lowering("aten::normal.float_Tensor")
+def normal_float_tensor(key, mean, std, *, generator=None):
+    return jax.random.normal(key, std.shape, std.dtype) * std + mean
+
+
+@random_lowering("aten::normal.Tensor_Tensor")
+def normal_tensor_tensor(key, mean, std, *, generator=None):
+    shape = jnp.broadcast_shapes(mean.shape, std.shape)
+    dt = jnp.result_type(mean, std)
+    return jax.random.normal(key, shape, dt) * std + mean
+
+
+@random_lowering("aten::multinomial")
+def multinomial(key, self, num_samples, replacement=False, *, generator=None):
+    logits = jnp.log(self.astype(jnp.float64))
+    batch = self.shape[:-1]
+    if replacement:
+        out = jax.random.categorical(key, logits, axis=-1, shape=(num_samples,) + batch)
+        return jnp.moveaxis(out, 0, -1).astype(jnp.int64)
+    # Without replacement: the Gumbel top-k trick.
+    g = jax.random.gumbel(key, self.shape, jnp.float64)
+    return jax.lax.top_k(logits + g, num_samples)[1].astype(jnp.int64)
+
+
+@random_lowering("aten::randint_like", "aten::randint_like.low_dtype")
+def randint_like(key, self, low, high=None, *, dtype=None, layout=None, device=None, pin_memory=None,
+                 memory_format=None):
+    if high is None:
+        low, high = 0, low
+    return jax.random.randint(key, self.shape, low, high, jnp.int64).astype(self.dtype)

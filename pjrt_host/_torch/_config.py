@@ -1,0 +1,80 @@
+"""Configuration of the 'jax' device as a stack of scopes.
+
+``pjrt_host.config(...)`` is a context manager: inside it the given values
+win, and leaving the scope restores what was there before (scopes nest, each
+thread has its own stack).  Reading a value walks the stack from the top
+down to the defaults below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["Config", "config", "current", "DEFAULTS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The device's settings.  Every field has the default that matches torch
+    CPU results most closely."""
+
+    #: Precision of float32 matmuls and convolutions: "highest" (full float32,
+    #: the default, as torch CPU computes), "high" or "default" (faster,
+    #: bfloat16-based passes where the device has them).
+    matmul_precision: str = "highest"
+    #: Run an op that has no lowering and no decomposition on torch CPU
+    #: (moving its inputs and outputs) with a one-time warning, instead of
+    #: raising NotImplementedError.  Off by default: a silent round trip
+    #: hides missing lowerings and costs two transfers per call.
+    cpu_fallback: bool = False
+    #: Compile each op (jax.jit, cached per op and static arguments).  Off
+    #: runs the lowerings op by op in jax eager mode, for debugging.
+    jit: bool = True
+
+
+DEFAULTS = Config()
+
+_local = threading.local()
+
+
+def _stack() -> list[Config]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = [DEFAULTS]
+    return stack
+
+
+def current() -> Config:
+    """The settings in force in this thread."""
+    return _stack()[-1]
+
+
+_VALID = {"matmul_precision": ("highest", "high", "default")}
+
+
+@contextlib.contextmanager
+def config(**changes: Any) -> Iterator[Config]:
+    """Change settings for the duration of a ``with`` block::
+
+        with pjrt_host.config(matmul_precision="high"):
+            y = model(x)
+
+    Unknown names and values raise ValueError listing the valid ones."""
+    fields = {f.name for f in dataclasses.fields(Config)}
+    for name, value in changes.items():
+        if name not in fields:
+            raise ValueError(f"pjrt_host.config: unknown setting {name!r}; settings are: {', '.join(sorted(fields))}")
+        valid = _VALID.get(name)
+        if valid is not None and value not in valid:
+            raise ValueError(f"pjrt_host.config: {name}={value!r} is not one of {', '.join(map(repr, valid))}")
+    stack = _stack()
+    new = dataclasses.replace(stack[-1], **changes)
+    stack.append(new)
+    try:
+        yield new
+    finally:
+        stack.pop()

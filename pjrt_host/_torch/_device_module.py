@@ -1,0 +1,196 @@
+"""``torch.jax``: the device module of the 'jax' device, modelled on
+``torch.cuda``.
+
+Registered with ``torch._register_device_module`` at autoload.  Cheap to
+import; jax is imported by the calls that need the devices
+(:func:`device_count`, :func:`synchronize`), never by :func:`is_available`,
+which torch.accelerator and dynamo call in CPU-only programs too.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from . import DEVICE_NAME, _rng
+
+__all__ = [
+    "current_device",
+    "device",
+    "device_count",
+    "get_amp_supported_dtype",
+    "get_rng_state",
+    "get_rng_state_all",
+    "initial_seed",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "synchronize",
+]
+
+_local = threading.local()
+_available: bool | None = None
+
+
+def is_available() -> bool:
+    """Whether a plugin is installed and reports a device on this machine.
+    Does not create the client (and so imports no jax)."""
+    global _available
+    from .. import _runtime
+
+    if _runtime.is_initialized():
+        return True
+    if _available is None:
+        try:
+            from .. import _registry
+
+            record = _registry.selected_record()
+            _available = bool(record.plugin is not None and record.plugin.physical_chip_count() > 0)
+        except Exception:
+            _available = False
+    return _available
+
+
+def is_initialized() -> bool:
+    """Whether the plugin's client exists."""
+    from .. import _runtime
+
+    return _runtime.is_initialized()
+
+
+def _devices() -> list[Any]:
+    from .. import _runtime
+
+    return _runtime.devices()
+
+
+def device_count() -> int:
+    """Number of the selected plugin's devices ('jax:0' ... 'jax:N-1').
+    Creates the client."""
+    if not is_available():
+        return 0
+    return len(_devices())
+
+
+def current_device() -> int:
+    """Index of the device that device='jax' (no index) means in this thread."""
+    return getattr(_local, "index", 0)
+
+
+def _index(device: Any) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != DEVICE_NAME:
+            raise ValueError(f"Expected a '{DEVICE_NAME}' device, but got: {device}")
+        return current_device() if device.index is None else device.index
+    raise TypeError(f"Expected an int, str or torch.device, got {type(device).__name__}")
+
+
+def set_device(device: Any) -> None:
+    """Make ``device`` (int, 'jax:N' or torch.device) the current device."""
+    index = _index(device)
+    count = device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(f"Invalid device index {index}: there are {count} '{DEVICE_NAME}' device(s)")
+    _local.index = index
+
+
+class device:
+    """Context manager that changes the current device, like
+    ``torch.cuda.device``."""
+
+    def __init__(self, device: Any) -> None:
+        self.index = None if device is None else _index(device)
+        self.previous = 0
+
+    def __enter__(self) -> None:
+        self.previous = current_device()
+        if self.index is not None:
+            set_device(self.index)
+
+    def __exit__(self, *exc: object) -> None:
+        _local.index = self.previous
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for all work queued on the device(s) to finish."""
+    if not is_initialized():
+        return
+    from . import _tensor
+
+    _tensor.synchronize()
+
+
+# ---------------------------------------------------------------- random state
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current device's random state."""
+    _rng.seed_one(current_device(), int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's random state (``torch.manual_seed`` calls this)."""
+    _rng.seed_all(int(seed))
+
+
+def seed() -> None:
+    """Seed the current device with a non-deterministic number."""
+    import random
+
+    manual_seed(random.getrandbits(63))
+
+
+def seed_all() -> None:
+    import random
+
+    manual_seed_all(random.getrandbits(63))
+
+
+def initial_seed() -> int:
+    return _rng.state(current_device()).seed
+
+
+def get_rng_state(device: Any = DEVICE_NAME) -> torch.Tensor:
+    """The random state of one device as a CPU uint8 tensor."""
+    data = _rng.state(_index(device)).to_bytes()
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = DEVICE_NAME) -> None:
+    data = bytes(new_state.detach().cpu().to(torch.uint8).numpy().tobytes())
+    _rng.set_state(_index(device), _rng.State.from_bytes(data))
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states: Any) -> None:
+    for i, st in enumerate(new_states):
+        set_rng_state(st, i)
+
+
+def _is_in_bad_fork() -> bool:
+    # torch.manual_seed seeds custom devices only when this says False.
+    return False
+
+
+# ---------------------------------------------------------------- autocast
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16, torch.float32]

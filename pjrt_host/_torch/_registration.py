@@ -1,0 +1,160 @@
+"""Registration of the 'jax' device with torch, done once at autoload.
+
+Everything here must stay cheap (it runs inside ``import torch``): no jax,
+no plugin code, no op tables.  The kernels registered here are thin and
+import the real implementation on their first call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from . import DEVICE_NAME
+
+__all__ = ["register", "is_registered"]
+
+logger = logging.getLogger("pjrt_host")
+
+_lock = threading.Lock()
+_registered = False
+_libraries: list[torch.library.Library] = []  # kept alive: dropping one unregisters its kernels
+
+# Factory ops that get a kernel of their own on the device key.  Without one,
+# torch runs its composite kernel (e.g. zeros = empty + zero_), which works
+# but costs an extra op.  Names, not torch.ops attributes: an overload a torch
+# release drops is skipped, never an import error.
+FACTORY_OPS = (
+    "empty.memory_format",
+    "empty_strided",
+    "zeros",
+    "ones",
+    "full",
+    "scalar_tensor",
+    "arange",
+    "arange.start",
+    "arange.start_step",
+    "linspace",
+    "eye",
+    "eye.m",
+    "randn",
+    "rand",
+    "randint",
+    "randint.low",
+    "randperm",
+)
+
+# Ops torch runs on the device key itself, with Python dispatch turned off
+# (``torch.tensor(data, device='jax')`` calls ``_to_copy`` that way).
+DEVICE_OPS = ("_to_copy", "copy_")
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    """What torch's C++ side asks a registered accelerator.  Answers without
+    touching the device: torch.accelerator and dynamo call these on CPU-only
+    programs too."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self):  # noqa: D401 - torch's name
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def is_registered() -> bool:
+    return _registered
+
+
+def register() -> None:
+    """Name PrivateUse1 'jax', register ``torch.jax``, the accelerator hooks
+    and the kernels.  Idempotent; a PrivateUse1 already taken by another
+    backend is logged and left alone (torch has only one)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", DEVICE_NAME):
+            logger.warning(
+                "pjrt_host: torch's PrivateUse1 device is already named %r by another backend; "
+                "the 'jax' device is not available in this process. Uninstall that backend or "
+                "disable it to use pjrt_host's device.", current)
+            return
+        if current != DEVICE_NAME:
+            torch.utils.rename_privateuse1_backend(DEVICE_NAME)
+        # tensor.jax(), tensor.is_jax, module.jax(), like tensor.cuda().
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
+        from . import _device_module
+
+        if not hasattr(torch, DEVICE_NAME):
+            torch._register_device_module(DEVICE_NAME, _device_module)
+        # Without hooks and a device guard, torch.accelerator reports the
+        # device but cannot answer current_stream(), and dynamo (which asks
+        # for it on every compile, CPU included) fails.
+        torch._C._acc.register_python_privateuseone_hook(_Hooks())
+        torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
+        _register_kernels()
+        _registered = True
+
+
+def _register_kernels() -> None:
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(_factory_fallback, "PrivateUse1")
+    _libraries.append(fallback)
+    aten = torch.library.Library("aten", "IMPL")
+    _libraries.append(aten)
+    for name in FACTORY_OPS:
+        try:
+            aten.impl(name, _factory_kernel(name), "PrivateUse1")
+        except Exception as err:  # a renamed overload must not stop the device
+            logger.debug("pjrt_host: no device kernel for aten::%s: %s", name, err)
+    for name in DEVICE_OPS:
+        try:
+            aten.impl(name, _device_kernel(name), "PrivateUse1")
+        except Exception as err:
+            logger.debug("pjrt_host: no device kernel for aten::%s: %s", name, err)
+
+
+def _factory_kernel(name: str):
+    def kernel(*args, **kwargs):
+        from . import _factories
+
+        return _factories.run_named(name, args, kwargs)
+
+    kernel.__name__ = f"jax_{name.replace('.', '_')}"
+    return kernel
+
+
+def _device_kernel(name: str):
+    op = None
+
+    def kernel(*args, **kwargs):
+        nonlocal op
+        from . import _dispatch
+
+        if op is None:
+            packet, _, overload = name.partition(".")
+            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        return _dispatch.dispatch(op, args, kwargs)
+
+    kernel.__name__ = f"jax_{name.replace('.', '_')}"
+    return kernel
+
+
+def _factory_fallback(op, *args, **kwargs):
+    # Reached by ops dispatched on the device key with no tensor of ours among
+    # their inputs: factories without a kernel of their own.
+    from . import _factories
+
+    return _factories.run(op, args, kwargs)
