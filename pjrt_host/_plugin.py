@@ -96,8 +96,12 @@ class DevicePlugin:
 
     def requires_xla_coordinator(self) -> bool:
         """Whether several processes need jax.distributed's coordination
-        service (key-value store) before the client is created.  Default:
-        False.
+        service (key-value store) before the client is created.  Called
+        after :meth:`configure_multiprocess`, so it may depend on what that
+        set.  The host starts the coordinator for several processes anyway
+        (jax's cross-process collectives need it); True makes
+        ``PJRT_HOST_XLA_COORDINATOR=off`` an error instead of a choice.
+        Default: False.
         """
         return False
 
@@ -110,7 +114,9 @@ class DevicePlugin:
     def configure_multiprocess(self, local_rank: int, local_world_size: int) -> None:
         """Prepare process ``local_rank`` of ``local_world_size`` processes on
         this host to own its share of the local devices, before the client
-        exists.  Must not override what the user already set.  Default:
+        exists (and before jax.distributed's coordinator is joined).  Must
+        not override what the user already set.  An exception here fails
+        this rank's set-up with an error naming the plugin.  Default:
         nothing to do.
         """
 
