@@ -11,7 +11,9 @@ Arrays in and out.  Besides jax arrays (and anything ``jax.numpy.asarray``
 takes), a collective accepts any object that wraps a jax array: one with a
 ``jax()`` method or an ``_elem`` attribute (the torch 'jax' device's tensor).
 The result is given back in the caller's type when that type has a
-``from_jax(array)`` class method, else as a jax array.
+``from_jax(array)`` class method, else as a jax array.  A type that cannot
+grow those members (a torch tensor subclass, say) registers converters with
+:func:`register_array_type` instead.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, Callable
 from . import _process, _runtime
 from ._errors import PjrtHostError
 
-__all__ = ["CollectiveError", "all_gather", "all_reduce", "barrier", "broadcast", "REDUCE_OPS"]
+__all__ = ["CollectiveError", "REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast", "register_array_type"]
 
 
 class CollectiveError(PjrtHostError):
@@ -95,7 +97,24 @@ def barrier(name: str = "", timeout: float | None = None) -> None:
 # -- the seam for wrapped arrays ------------------------------------------------
 
 
+# type -> (to_jax(value) -> jax array, from_jax(array, like=value) -> value's type)
+_ARRAY_TYPES: dict[type, tuple[Callable[[Any], Any], Callable[[Any, Any], Any]]] = {}
+
+
+def register_array_type(
+    cls: type, to_jax: Callable[[Any], Any], from_jax: Callable[[Any, Any], Any]
+) -> None:
+    """Let the collectives take instances of ``cls`` (and its subclasses):
+    ``to_jax(value)`` gives the jax array a value holds, and
+    ``from_jax(array, value)`` wraps a result like ``value`` (same device,
+    same type).  For the torch 'jax' device's tensors."""
+    _ARRAY_TYPES[cls] = (to_jax, from_jax)
+
+
 def _unwrap(value: Any) -> tuple[Any, Callable[[Any], Any]]:
+    for cls, (to_jax, from_jax) in _ARRAY_TYPES.items():
+        if isinstance(value, cls):
+            return to_jax(value), functools.partial(_rewrap, from_jax, value)
     accessor = getattr(value, "jax", None)
     if callable(accessor):
         array = accessor()
@@ -109,6 +128,10 @@ def _unwrap(value: Any) -> tuple[Any, Callable[[Any], Any]]:
 
 def _identity(array: Any) -> Any:
     return array
+
+
+def _rewrap(from_jax: Callable[[Any, Any], Any], like: Any, array: Any) -> Any:
+    return from_jax(array, like)
 
 
 # -- the engine -----------------------------------------------------------------

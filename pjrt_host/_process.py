@@ -504,8 +504,3 @@ def _error(record: PluginRecord, what: str, err: BaseException | None, fix: str)
         message += f": {type(err).__name__}: {text}" if text else f": {type(err).__name__}"
     return DistributedSetupError(record.name, record.distribution, f"{message}. {fix}")
 
-
-def reset_for_tests() -> None:
-    """Forget the set-up (tests only; jax.distributed itself stays up)."""
-    global _setup
-    _setup = None

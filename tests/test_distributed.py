@@ -177,6 +177,12 @@ def test_one_process_needs_no_coordinator() -> None:
         "assert d.all_reduce(jnp.arange(3), 'sum').tolist() == [0, 1, 2]\n"
         "assert d.all_gather(jnp.arange(2)).tolist() == [[0, 1]]\n"
         "d.barrier()\n"
+        "from pjrt_host import _collectives\n"
+        "class Box:\n"
+        "    def __init__(self, array): self.array = array\n"
+        "_collectives.register_array_type(Box, lambda box: box.array, lambda array, like: Box(array))\n"
+        "out = d.all_reduce(Box(jnp.arange(3)), 'max')\n"
+        "assert isinstance(out, Box) and out.array.tolist() == [0, 1, 2]\n"
         "print('ok')\n")], timeout=60)
     assert code == 0 and "ok" in out, out[-3000:]
 
