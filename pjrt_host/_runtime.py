@@ -116,13 +116,14 @@ def _create(record: PluginRecord) -> Runtime:
         backend = plugin.jaxlib_backend
     else:
         backend = _register_library(record, options, xla_bridge)
-    _use_backend(backend, xla_bridge, jax)
 
     try:
+        # When jax's backends already exist, this creates the client.
+        _use_backend(backend, xla_bridge, jax)
         devs = jax.local_devices(backend=backend)
         client_obj = xla_bridge.get_backend(backend)
     except Exception as err:
-        err = _skipped_backend_error(backend, xla_bridge) or err
+        err = _skipped_backend_error(backend, xla_bridge, err) or err
         raise _error(record, "the PJRT client could not be created", err) from err
     if not devs:
         raise _error(record, "the PJRT client has no addressable devices", None)
@@ -175,12 +176,15 @@ def _api_problem(library: str) -> str | None:
     return None
 
 
-def _skipped_backend_error(backend: str, xla_bridge: Any) -> BaseException | None:
+def _skipped_backend_error(backend: str, xla_bridge: Any, err: BaseException) -> BaseException | None:
     """jax skips some backends by name without trying them (it starts
     ``cuda`` only when ``/dev/nvidia0`` or ``/dev/nvidiactl`` exists) and
     then reports only 'Unknown backend'.  Create the skipped client directly
     to report what the library itself says (and to prove that it loads and
-    initialises); None when jax did try it, or the direct attempt works."""
+    initialises); None when jax did try it (a client is never created
+    twice), or the direct attempt works."""
+    if "Unknown backend" not in str(err):
+        return None
     if backend in xla_bridge._backends or backend not in xla_bridge._backend_factories:
         return None
     try:

@@ -236,3 +236,22 @@ def test_the_failure_is_remembered(no_tpu: None) -> None:
         print(json.dumps({"same": errors[0][0] == errors[1][0], "count": len(errors)}))
     """, env={"PJRT_DEVICE": "tpu"})
     assert result == {"same": True, "count": 2, "stderr": result["stderr"]}
+
+
+@pytest.mark.parametrize(("device", "env", "says"), [
+    # jax registers its own 'cuda' backend from jax-cuda13-pjrt (the version
+    # check needs jax-cuda13-plugin, absent here): the host's client is then
+    # registered beside it under another name, from the same library.
+    ("cuda", {"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1"}, "No visible GPU devices"),
+    # jax starts its own 'tpu' backend from libtpu (and fails quietly).
+    ("tpu", {}, "No jellyfish device found"),
+])
+def test_jax_used_before_the_host(request: pytest.FixtureRequest, device: str, env: dict[str, str],
+                                  says: str) -> None:
+    """jax's backends exist before the host creates its client: the failure
+    is still a ClientCreationError, not jaxlib's own exception."""
+    request.getfixturevalue("no_gpu" if device == "cuda" else "no_tpu")
+    code = "import jax\njax.devices()\n" + textwrap.dedent(_SELECT_AND_FAIL)
+    result = child_json(code, env={"PJRT_DEVICE": device, **env})
+    assert result["clean"] is True, result
+    assert "device was found on this machine" in result["error"] and says in result["error"]
