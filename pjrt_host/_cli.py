@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -174,7 +175,8 @@ def _cmd_probe_child(args: argparse.Namespace) -> int:
             "backend": rt.backend,
         }
     except Exception as err:
-        result = {"devices": None, "error": str(err).replace("pjrt_host: ", "", 1)}
+        # The row already names the plugin and its library: keep the cause.
+        result = {"devices": None, "error": re.sub(r"^pjrt_host: (plugin '[^']*' \(from [^)]*\): )?", "", str(err))}
     print(json.dumps(result), flush=True)
     return 0
 

@@ -19,7 +19,7 @@ torch or jax, and neither should a plugin's module at import time.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar, Union
+from typing import Any, ClassVar, Union
 
 __all__ = ["ClientOption", "DevicePlugin"]
 
@@ -120,6 +120,16 @@ class DevicePlugin:
         nothing to do.
         """
 
+    def library_loaded(self, c_api: Any) -> None:
+        """Called once :meth:`library_path`'s library is loaded, before the
+        client is created, with jaxlib's handle on its ``PJRT_Api`` (a
+        PyCapsule).  Register here what the library needs from the Python
+        side, e.g. custom-call targets or FFI handlers that a companion
+        package provides.  May import jax.  An exception fails the client's
+        creation with an error naming the plugin.  Not called for a jaxlib
+        built-in backend.  Default: nothing to do.
+        """
+
     def host_index(self) -> int | None:
         """Index of this host among all hosts, if the device runtime knows it
         (e.g. a worker id set by the cluster).  Default: None, and the host
@@ -129,7 +139,6 @@ class DevicePlugin:
 
     # -- helpers for the host; not meant to be overridden -------------------
 
-    @classmethod
-    def describe(cls) -> str:
+    def describe(self) -> str:
         """The name shown to users: :attr:`display_name` or the class name."""
-        return cls.display_name or cls.__name__
+        return self.display_name or type(self).__name__

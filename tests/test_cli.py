@@ -62,20 +62,21 @@ def test_list_with_no_plugins_says_how_to_install():
 def test_probe_shows_devices_and_survives_hanging_and_crashing_plugins(site):
     site.add_plugin("hang-pjrt", "hang", HANG)
     site.add_plugin("crash-pjrt", "crash", CRASH)
-    data = list_json(site, "--probe", "--timeout", "20", env={"PJRT_HOST_CPU_REF_DEVICES": "3"})
+    data = list_json(site, "--probe", "--timeout", "30",
+                     env={"PJRT_HOST_CPU_REF_DEVICES": "3", "PJRT_HOST_PLUGINS": "cpu_ref,hang,crash"})
     assert data["by_name"]["cpu_ref"][0]["probe"]["devices"] == 3
     hang = data["by_name"]["hang"][0]["probe"]
-    assert hang["devices"] is None and hang["error"].startswith("timed out after 20 s")
+    assert hang["devices"] is None and hang["error"].startswith("timed out after 30 s")
     crash = data["by_name"]["crash"][0]["probe"]
     assert crash["devices"] is None and "crashed the process (signal 6)" in crash["error"]
 
 
 def test_probe_text_reports_the_reason_for_no_devices(site, libs):
     site.add_plugin("nullapi-pjrt", "nullapi", f"def library_path(self):\n    return {libs['null_api']!r}")
-    proc = run_cli("list", "--probe", site=site)
+    proc = run_cli("list", "--probe", site=site, env={"PJRT_HOST_PLUGINS": "nullapi"})
     assert proc.returncode == 0, proc.stderr
     line = next(line for line in proc.stdout.splitlines() if line.startswith("nullapi "))
-    assert "no devices:" in line and "GetPjrtApi() returned NULL" in line
+    assert "no devices: the PJRT library " in line and "GetPjrtApi() returned NULL" in line
 
 
 def test_info_shows_the_contract_members(site):

@@ -113,7 +113,7 @@ def test_configure_raising_names_the_plugin(site):
             print(err)
             print(repr(err.__cause__))
     """, site=site, env={"PJRT_DEVICE": "cfg"})
-    assert "plugin 'cfg' (from cfg-pjrt 1.0): configuring the process for the plugin failed" in out
+    assert "plugin 'cfg' (from cfg-pjrt 1.0): configure_single_process() raised on rank 0 of 1" in out
     assert "OSError: TPU_VISIBLE_CHIPS is malformed" in out
 
 
