@@ -153,11 +153,15 @@ def _register_library(record: PluginRecord, options: dict[str, Any], xla_bridge:
     if backend in xla_bridge._backend_factories:
         backend = f"pjrt_host_{record.name}"
     try:
-        xla_bridge.register_plugin(backend, priority=1000, library_path=record.library, options=options)
+        c_api = xla_bridge.register_plugin(backend, priority=1000, library_path=record.library, options=options)
     except Exception as err:
         raise _error(record, f"the PJRT library {record.library} could not be loaded and initialised", err) from err
     if backend not in xla_bridge._backend_factories:
         raise _error(record, f"jaxlib refused to register the PJRT library {record.library}", None)
+    try:
+        record.plugin.library_loaded(c_api)  # type: ignore[union-attr]
+    except Exception as err:
+        raise _error(record, f"{type(record.plugin).__name__}.library_loaded() failed", err) from err
     return backend
 
 

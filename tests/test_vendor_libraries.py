@@ -255,3 +255,35 @@ def test_jax_used_before_the_host(request: pytest.FixtureRequest, device: str, e
     result = child_json(code, env={"PJRT_DEVICE": device, **env})
     assert result["clean"] is True, result
     assert "device was found on this machine" in result["error"] and says in result["error"]
+
+
+_HANDLERS = """
+    import json, logging, pjrt_host
+    logging.basicConfig(level=logging.INFO)
+    try:
+        pjrt_host.devices()
+    except pjrt_host.ClientCreationError:
+        pass
+    from jaxlib import xla_client
+    print(json.dumps({"handlers": sorted(xla_client._custom_callback_handler),
+                      "types": sorted(xla_client._custom_type_id_handler)}))
+"""
+
+
+def test_cuda_custom_calls_are_registered_with_the_extension(no_gpu: None) -> None:
+    """library_loaded() registers jax's CUDA custom calls and FFI types
+    against the library the host loaded, as jax's own CUDA plugin does."""
+    require("jax-cuda13-plugin", "pip install --no-deps 'jax-cuda13-plugin==0.10.2'")
+    result = child_json(_HANDLERS, env={"PJRT_DEVICE": "cuda"})
+    assert "CUDA" in result["handlers"] and "CUDA" in result["types"], result
+
+
+def test_without_the_extension_cuda_custom_calls_are_explained(no_gpu: None) -> None:
+    try:
+        metadata.distribution("jax-cuda13-plugin")
+        pytest.skip("jax-cuda13-plugin is installed")
+    except metadata.PackageNotFoundError:
+        pass
+    result = child_json(_HANDLERS, env={"PJRT_DEVICE": "cuda"})
+    assert "CUDA" not in result["handlers"]
+    assert "pip install 'pjrt-host-gpu[cuda13-with-cuda]'" in result["stderr"]

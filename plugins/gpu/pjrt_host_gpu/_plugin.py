@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
+import logging
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from pjrt_host import ClientOption, DevicePlugin
 
@@ -12,12 +16,17 @@ from . import _env, _hardware
 
 __all__ = ["CudaPlugin", "library_candidates"]
 
+logger = logging.getLogger("pjrt_host_gpu")
+
 #: jax's PJRT wheels, newest CUDA first: (jax_plugins module, distribution).
 #: Each ships its library as ``jax_plugins/<module>/xla_cuda_plugin.so``.
 _JAX_PJRT_WHEELS = (
     ("xla_cuda13", "jax-cuda13-pjrt"),
     ("xla_cuda12", "jax-cuda12-pjrt"),
 )
+#: The companion package of each wheel: jax's CUDA custom calls (linear
+#: algebra, FFI, Pallas/Triton), registered against the loaded library.
+_EXTENSION_PACKAGES = {"jax-cuda13-pjrt": "jax_cuda13_plugin", "jax-cuda12-pjrt": "jax_cuda12_plugin"}
 _LIBRARY_NAME = "xla_cuda_plugin.so"
 
 _INSTALL_HINT = (
@@ -79,6 +88,37 @@ class CudaPlugin(DevicePlugin):
         if not candidates:
             raise FileNotFoundError(f"no CUDA PJRT library is installed. {_INSTALL_HINT}")
         return candidates[0][1]
+
+    def library_loaded(self, c_api: Any) -> None:
+        """Register jax's CUDA custom calls and FFI types against the loaded
+        library, as jax's own CUDA plugin does, when the companion package
+        (``jax-cuda13-plugin`` / ``jax-cuda12-plugin``) is installed.
+        Without it, programs that need those calls (jnp.linalg, Pallas)
+        fail to compile; everything else runs."""
+        extension = _cuda_extension(self._extension_packages())
+        if extension is None:
+            logger.info(
+                "pjrt_host_gpu: no jax CUDA extension (jax-cuda13-plugin or jax-cuda12-plugin) is installed: "
+                "jax's CUDA custom calls (linear algebra, FFI, Pallas) are unavailable; "
+                "pip install 'pjrt-host-gpu[cuda13-with-cuda]' to have them")
+            return
+        from jax._src.lib import triton, xla_client
+
+        xla_client.register_custom_type_handler("CUDA", functools.partial(extension.register_custom_type, c_api))
+        xla_client.register_custom_call_handler(
+            "CUDA", functools.partial(extension.register_custom_call_target, c_api))
+        for name, value in extension.ffi_types().items():
+            xla_client.register_custom_type(name, value, platform="CUDA")
+        for name, value in extension.ffi_handlers().items():
+            xla_client.register_custom_call_target(name, value, platform="CUDA", api_version=1)
+        triton.register_compilation_handler("CUDA", functools.partial(extension.compile_triton_to_asm, c_api))
+
+    def _extension_packages(self) -> list[str]:
+        """The companion package of the library in use first, then the others."""
+        library = self.library_path()
+        ordered = [package for distribution, package in _EXTENSION_PACKAGES.items()
+                   if (distribution, library) in library_candidates()]
+        return ordered + [p for p in _EXTENSION_PACKAGES.values() if p not in ordered]
 
     # -- the hardware -------------------------------------------------------
 
@@ -159,3 +199,12 @@ class CudaPlugin(DevicePlugin):
         base, extra = divmod(count, size)
         start = rank * base + min(rank, extra)
         return list(range(start, start + base + (1 if rank < extra else 0)))
+
+
+def _cuda_extension(packages: list[str]) -> Any | None:
+    for package in packages:
+        try:
+            return importlib.import_module(f"{package}.cuda_plugin_extension")
+        except ImportError:
+            continue
+    return None
