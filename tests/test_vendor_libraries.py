@@ -187,8 +187,8 @@ def test_list_probe_says_why_there_is_no_device(no_gpu: None, no_tpu: None) -> N
 
     text = run_cli("list", "--probe", env={"PJRT_HOST_PLUGINS": "cuda,tpu"}, timeout=300).stdout
     rows = {line.split()[0]: line for line in text.splitlines()[1:] if line.strip()}
-    assert "ok; no devices: plugin 'cuda'" in rows["cuda"]
-    assert "ok; no devices: plugin 'tpu'" in rows["tpu"]
+    assert "ok; no devices: no NVIDIA GPU (CUDA) device was found" in rows["cuda"]
+    assert "ok; no devices: no Google Cloud TPU device was found" in rows["tpu"]
 
 
 _SELECT_AND_FAIL = """
