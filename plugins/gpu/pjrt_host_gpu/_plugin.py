@@ -64,8 +64,8 @@ class CudaPlugin(DevicePlugin):
 
     display_name = "NVIDIA GPU (CUDA)"
     priority = 200  # a real accelerator: chosen over CPU and jax's own plugins
-    # torch's CUDA tensors live in the memory this client allocates from, so
-    # they go to and from the device through DLPack without a copy.
+    # torch's CUDA tensors and this client's buffers are both CUDA device
+    # memory on the same GPUs, so DLPack hands them over without a copy.
     zero_copy_torch_devices = ("cuda",)
 
     def __init__(self, proc_gpus: str = _hardware.PROC_NVIDIA_GPUS, dev_root: str = _hardware.DEV_ROOT) -> None:
