@@ -8,8 +8,8 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +17,12 @@ from pjrt_host_gpu import CudaPlugin
 from pjrt_host_gpu import _env
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pyproject() -> dict[str, Any]:
+    """The ``[project]`` table of plugins/gpu/pyproject.toml."""
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+    return tomllib.loads((REPO / "plugins" / "gpu" / "pyproject.toml").read_text())["project"]
 
 _ENV_VARS = (
     "CUDA_VISIBLE_DEVICES", "GPU_NUM_DEVICES", "PJRT_HOST_CUDA_LIBRARY_PATH",
@@ -319,7 +325,7 @@ def test_cuda_tensors_are_zero_copy() -> None:
 
 
 def test_distribution_declares_the_entry_point_and_extras() -> None:
-    project = tomllib.loads((REPO / "plugins" / "gpu" / "pyproject.toml").read_text())["project"]
+    project = pyproject()
     assert project["name"] == "pjrt-host-gpu"
     assert project["entry-points"]["torch_xla.plugins"] == {"cuda": "pjrt_host_gpu:CudaPlugin"}
     extras = project["optional-dependencies"]
@@ -333,7 +339,7 @@ def test_extras_pin_the_installed_jax() -> None:
     from importlib import metadata
 
     version = metadata.version("jaxlib")
-    project = tomllib.loads((REPO / "plugins" / "gpu" / "pyproject.toml").read_text())["project"]
+    project = pyproject()
     for extra, requirements in project["optional-dependencies"].items():
         for requirement in requirements:
             assert requirement.endswith(f"=={version}"), (extra, requirement, version)

@@ -11,9 +11,9 @@ import socket
 import subprocess
 import sys
 import threading
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +21,12 @@ from pjrt_host_tpu import TpuPlugin, TpuTopology
 from pjrt_host_tpu import _env, _topology
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pyproject() -> dict[str, Any]:
+    """The ``[project]`` table of plugins/tpu/pyproject.toml."""
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+    return tomllib.loads((REPO / "plugins" / "tpu" / "pyproject.toml").read_text())["project"]
 
 _ENV_VARS = (
     "TPU_LIBRARY_PATH", "TPU_NUM_DEVICES", "TPU_VISIBLE_CHIPS", "XLA_TPU_MAX_INFLIGHT_COMPUTATIONS",
@@ -464,7 +470,7 @@ def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch, name: str
 
 
 def test_distribution_declares_the_entry_point_and_extra() -> None:
-    project = tomllib.loads((REPO / "plugins" / "tpu" / "pyproject.toml").read_text())["project"]
+    project = pyproject()
     assert project["name"] == "pjrt-host-tpu"
     assert project["entry-points"]["torch_xla.plugins"] == {"tpu": "pjrt_host_tpu:TpuPlugin"}
 
@@ -476,7 +482,7 @@ def test_libtpu_extra_is_the_one_jax_pins() -> None:
 
     jax_pins = [r.split(";")[0].replace(" ", "") for r in metadata.requires("jax") or []
                 if r.replace(" ", "").startswith("libtpu") and 'extra=="tpu"' in r.replace(" ", "")]
-    project = tomllib.loads((REPO / "plugins" / "tpu" / "pyproject.toml").read_text())["project"]
+    project = pyproject()
     assert jax_pins and project["optional-dependencies"]["libtpu"] == jax_pins
 
 
