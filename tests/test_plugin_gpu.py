@@ -24,6 +24,7 @@ def pyproject() -> dict[str, Any]:
     tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
     return tomllib.loads((REPO / "plugins" / "gpu" / "pyproject.toml").read_text())["project"]
 
+
 _ENV_VARS = (
     "CUDA_VISIBLE_DEVICES", "GPU_NUM_DEVICES", "PJRT_HOST_CUDA_LIBRARY_PATH",
     "PJRT_ALLOCATOR", "PJRT_ALLOCATOR_CUDA_ASYNC", "PJRT_ALLOCATOR_FRACTION", "PJRT_ALLOCATOR_PREALLOCATE",

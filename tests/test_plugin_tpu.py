@@ -28,6 +28,7 @@ def pyproject() -> dict[str, Any]:
     tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
     return tomllib.loads((REPO / "plugins" / "tpu" / "pyproject.toml").read_text())["project"]
 
+
 _ENV_VARS = (
     "TPU_LIBRARY_PATH", "TPU_NUM_DEVICES", "TPU_VISIBLE_CHIPS", "XLA_TPU_MAX_INFLIGHT_COMPUTATIONS",
     "XLA_DENSE_GATHER_FACTOR", "PJRT_HOST_TPU_BASE_PORT", "TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE",
