@@ -27,6 +27,7 @@ import math
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -436,6 +437,13 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
         # jax's preemption notifier catches SIGTERM (a preemption notice to
         # checkpoint on); a launcher stopping the job sends SIGTERM and means it.
         jax.config.update("jax_enable_preemption_service", False)
+    # jax aborts the process, with a message of its own, when the other
+    # processes do not all join in time; say first what that means here.
+    # (Just before jax's own deadline, so the explanation comes first.)
+    watchdog = threading.Timer(max(remaining - 1.0, remaining * 0.75), _report_missing_peers,
+                               args=(record, layout, address, timeout))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         jax.distributed.initialize(
             coordinator_address=address,
@@ -450,9 +458,18 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
         where = "start" if layout.rank == 0 else "join"
         raise _error(record, f"rank {layout.rank} could not {where} jax.distributed's coordinator at {address}", err,
                      "Check that the port is free on the first host and reachable from every host.") from err
+    finally:
+        watchdog.cancel()
     logger.info("pjrt_host: rank %d of %d joined the coordinator at %s (required by plugin: %s)",
                 layout.rank, layout.world_size, address, required)
     return True
+
+
+def _report_missing_peers(record: PluginRecord, layout: ProcessLayout, address: str, timeout: float) -> None:
+    print(f"pjrt_host: plugin {record.name!r}: rank {layout.rank} of {layout.world_size} is still waiting at "
+          f"the coordinator {address} for the other processes to join; when PJRT_HOST_COORDINATOR_TIMEOUT "
+          f"({timeout:g} s) runs out, jax.distributed stops this process. Check that all of them were started, "
+          "with the same WORLD_SIZE and coordinator address, and that they can reach it.", file=sys.stderr, flush=True)
 
 
 def _bind_address(host: str, port: int) -> str | None:

@@ -154,6 +154,17 @@ def test_unreachable_coordinator_names_the_address() -> None:
     assert "plugin 'cpu_ref'" in out
 
 
+def test_peers_that_never_join_stop_rank_0_with_the_address() -> None:
+    port = free_port()
+    code, out = _run(["-c", "import pjrt_host; pjrt_host.devices()"], timeout=60,
+                     RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(free_port()), PJRT_HOST_COORDINATOR_PORT=str(port),
+                     PJRT_HOST_COORDINATOR_TIMEOUT="2")
+    assert code != 0
+    assert (f"pjrt_host: plugin 'cpu_ref': rank 0 of 2 is still waiting at the coordinator 127.0.0.1:{port} for "
+            "the other processes to join; when PJRT_HOST_COORDINATOR_TIMEOUT (2 s) runs out") in out, out[-3000:]
+
+
 def test_configure_multiprocess_raising_names_the_plugin() -> None:
     code, out = _run([WORKER, "broken"], timeout=60, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1",
                      LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
