@@ -8,12 +8,16 @@ axis with a replicated result makes XLA emit the cross-process collective
 device: the plugin and jax's coordinator provide the transport.
 
 Arrays in and out.  Besides jax arrays (and anything ``jax.numpy.asarray``
-takes), a collective accepts any object that wraps a jax array: one with a
-``jax()`` method or an ``_elem`` attribute (the torch 'jax' device's tensor).
-The result is given back in the caller's type when that type has a
-``from_jax(array)`` class method, else as a jax array.  A type that cannot
-grow those members (a torch tensor subclass, say) registers converters with
-:func:`register_array_type` instead.
+takes), a collective accepts objects that wrap a jax array, such as the torch
+'jax' device's tensors, in two ways:
+
+* a type registered with :func:`register_array_type` (converters both ways);
+* jax's own protocol: a ``__jax_array__()`` method; the result is given back
+  through the type's ``from_jax(array)`` class method when it has one.
+
+(Not a ``jax()`` method: torch gives every tensor one, meaning "move to the
+'jax' device", once that device is registered.)  Otherwise the result is a
+jax array on this process's device.
 """
 
 from __future__ import annotations
@@ -115,13 +119,10 @@ def _unwrap(value: Any) -> tuple[Any, Callable[[Any], Any]]:
     for cls, (to_jax, from_jax) in _ARRAY_TYPES.items():
         if isinstance(value, cls):
             return to_jax(value), functools.partial(_rewrap, from_jax, value)
-    accessor = getattr(value, "jax", None)
-    if callable(accessor):
-        array = accessor()
-    elif hasattr(value, "_elem"):
-        array = value._elem
-    else:
+    accessor = getattr(value, "__jax_array__", None)
+    if not callable(accessor):
         return value, _identity
+    array = accessor()
     from_jax = getattr(type(value), "from_jax", None)
     return array, from_jax if callable(from_jax) else _identity
 

@@ -60,10 +60,13 @@ def _collectives(outdir: str, plain: bool = False) -> None:
 
 
 class _Wrapped:
-    """Stands in for the torch 'jax' device's tensor: holds a jax array."""
+    """Stands in for a type that wraps a jax array (jax's protocol)."""
 
     def __init__(self, array) -> None:
         self._elem = array
+
+    def __jax_array__(self):
+        return self._elem
 
     @classmethod
     def from_jax(cls, array) -> "_Wrapped":
