@@ -207,6 +207,10 @@ def _make_handler(func: Any) -> Callable[[tuple, dict], Any]:
     special = _special.HANDLERS.get(name) or _special.HANDLERS.get(name.split(".", 1)[0])
     if special is not None:
         return lambda args, kwargs: special(func, args, kwargs)
+    return _make_handler_generic(func)
+
+
+def _make_handler_generic(func: Any) -> Callable[[tuple, dict], Any]:
     schema = func._schema
     if func.is_view or _returns_alias(schema):
         return lambda args, kwargs: run_view(func, args, kwargs)

@@ -184,3 +184,33 @@ def _like(func: Any, args: tuple, kwargs: dict) -> Any:
 
 for _name in _LIKE:
     HANDLERS[_name] = _like
+
+
+# ---------------------------------------------------------------- batch norm
+
+_bn_plain: dict[Any, Any] = {}
+
+
+def native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
+    # native_batch_norm updates running_mean / running_var in training, but
+    # its schema does not say so (no alias annotation): its lowering is
+    # functional, so the update is done here, as torch CPU does it.
+    bound = dict(zip(("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps"),
+                     args))
+    bound.update(kwargs)
+    rm, rv = bound.get("running_mean"), bound.get("running_var")
+    if not bound.get("training") or rm is None or rv is None:
+        handler = _bn_plain.get(func)
+        if handler is None:
+            handler = _bn_plain[func] = _dispatch._make_handler_generic(func)
+        return handler(args, kwargs)
+    functional = torch.ops.aten._native_batch_norm_legit_functional.default
+    out, mean, rstd, new_rm, new_rv = functional(
+        bound["input"], bound.get("weight"), bound.get("bias"), rm, rv, True, bound["momentum"], bound["eps"])
+    with torch.no_grad():
+        rm.copy_(new_rm)
+        rv.copy_(new_rv)
+    return out, mean, rstd
+
+
+HANDLERS["aten::native_batch_norm"] = native_batch_norm

@@ -142,9 +142,11 @@ class JaxTensor(torch.Tensor):
         return _printing.tensor_repr(self)
 
     def __reduce_ex__(self, proto: int):
-        # A plain tensor's reduction (torch rebuilds it from a CPU copy with
-        # .to(device)), so torch.load(weights_only=True) accepts it.
-        return self._reduce_ex_internal(proto)
+        # torch's own reduction for storage-less device tensors: a CPU copy
+        # rebuilt with .to(device) on load, which torch.load(weights_only=True)
+        # accepts (it names no class of ours).
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 
     def numpy(self, *, force: bool = False):
         if self.requires_grad:

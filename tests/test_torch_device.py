@@ -1,0 +1,366 @@
+"""The torch 'jax' device: factories, moves, printing, saving, the device
+module, mixed-device errors, dtype fidelity, random state, configuration."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+import pjrt_host  # noqa: E402  (registers the device if autoload is off)
+
+DEV = "jax"
+
+
+def cpu(t):
+    return t.detach().cpu()
+
+
+# ---------------------------------------------------------------- factories
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: torch.zeros(2, 3, device=d),
+    lambda d: torch.ones(2, 3, dtype=torch.int64, device=d),
+    lambda d: torch.full((2, 2), 7.5, device=d),
+    lambda d: torch.full((3,), 4, device=d),
+    lambda d: torch.arange(5, device=d),
+    lambda d: torch.arange(1.0, 2.0, 0.25, device=d),
+    lambda d: torch.arange(-3, 10, 3, dtype=torch.float64, device=d),
+    lambda d: torch.linspace(0, 1, 7, device=d),
+    lambda d: torch.linspace(-2, 5, 4, dtype=torch.float64, device=d),
+    lambda d: torch.eye(3, device=d),
+    lambda d: torch.eye(2, 4, dtype=torch.int32, device=d),
+    lambda d: torch.tensor([[1, 2], [3, 4]], device=d),
+    lambda d: torch.tensor(3.5, device=d),
+    lambda d: torch.tensor([True, False], device=d),
+    lambda d: torch.zeros_like(torch.ones(2, 2, device=d)),
+    lambda d: torch.ones_like(torch.ones(2, 2, dtype=torch.int16, device=d)),
+    lambda d: torch.full_like(torch.ones(3, device=d), 2.0),
+    lambda d: torch.ones(3, device=d).new_zeros(2),
+    lambda d: torch.ones(3, device=d).new_full((2,), 5),
+    lambda d: torch.scalar_tensor(2.0, device=d),
+    lambda d: torch.empty(4, device=d).fill_(3),
+    lambda d: torch.tril_indices(3, 3, device=d),
+])
+def test_factory_matches_cpu(make):
+    got, want = make(DEV), make("cpu")
+    assert got.device.type == DEV
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(cpu(got), want)
+
+
+def test_empty_and_like_shapes():
+    e = torch.empty(2, 5, device=DEV)
+    assert e.shape == (2, 5) and e.device == torch.device("jax", 0)
+    assert torch.empty_like(e).shape == (2, 5)
+    r = torch.rand_like(e)
+    assert r.device.type == DEV and bool(((cpu(r) >= 0) & (cpu(r) < 1)).all())
+    assert torch.randn_like(e).shape == (2, 5)
+
+
+def test_random_factories_have_torch_shapes_and_ranges():
+    assert torch.randn(3, 4, device=DEV).shape == (3, 4)
+    u = cpu(torch.rand(1000, device=DEV))
+    assert 0 <= u.min() and u.max() < 1 and 0.4 < u.mean() < 0.6
+    i = cpu(torch.randint(3, 7, (500,), device=DEV))
+    assert i.dtype == torch.int64 and i.min() >= 3 and i.max() <= 6
+    p = cpu(torch.randperm(10, device=DEV))
+    assert sorted(p.tolist()) == list(range(10))
+
+
+def test_default_device():
+    torch.set_default_device(DEV)
+    try:
+        x = torch.zeros(2)
+        y = torch.randn(3)
+    finally:
+        torch.set_default_device("cpu")
+    assert x.device.type == DEV and y.device.type == DEV
+    assert torch.zeros(1).device.type == "cpu"
+
+
+# ---------------------------------------------------------------- moves
+
+
+def test_to_and_back():
+    c = torch.randn(4, 3)
+    j = c.to(DEV)
+    assert j.device == torch.device("jax", 0)
+    assert torch.equal(j.cpu(), c)
+    assert torch.equal(c.jax().cpu(), c)
+    assert j.is_jax
+    assert j.to(torch.float64).dtype == torch.float64
+    assert torch.equal(j.to("cpu", torch.float64), c.double())
+
+
+def test_move_does_not_alias_either_way():
+    c = torch.zeros(3)
+    j = c.to(DEV)
+    c.add_(1)  # the device copy must not see it
+    assert cpu(j).tolist() == [0.0, 0.0, 0.0]
+    back = j.cpu()
+    back.add_(5)
+    assert cpu(j).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_numpy_item_tolist():
+    j = torch.tensor([[1.5, 2.5]], device=DEV)
+    assert isinstance(j.numpy(), np.ndarray) and j.numpy().tolist() == [[1.5, 2.5]]
+    assert j.tolist() == [[1.5, 2.5]]
+    assert j.sum().item() == 4.0
+    assert isinstance(torch.tensor(3, device=DEV).item(), int)
+    assert torch.tensor(True, device=DEV).item() is True
+    with pytest.raises(RuntimeError, match="requires grad"):
+        torch.ones(2, device=DEV, requires_grad=True).numpy()
+
+
+def test_bfloat16_round_trip():
+    c = torch.randn(5).to(torch.bfloat16)
+    assert torch.equal(c.to(DEV).cpu(), c)
+
+
+def test_module_to():
+    m = torch.nn.Linear(3, 2)
+    m.to(DEV)
+    assert all(p.device.type == DEV for p in m.parameters())
+    assert all(isinstance(p, torch.nn.Parameter) for p in m.parameters())
+    y = m(torch.ones(1, 3, device=DEV))
+    assert y.device.type == DEV and y.requires_grad
+
+
+def test_printing():
+    text = repr(torch.tensor([1.0, 2.0], device=DEV))
+    assert text == "tensor([1., 2.], device='jax:0')"
+    assert "dtype=torch.int32" in repr(torch.ones(2, dtype=torch.int32, device=DEV))
+    g = torch.ones(2, device=DEV, requires_grad=True)
+    assert "requires_grad=True" in repr(g)
+    assert "grad_fn=<MulBackward0>" in repr(g * 2)
+    assert "size=(0, 3)" in repr(torch.zeros(0, 3, device=DEV))
+    assert str(torch.tensor([1.0, 2.0], device=DEV)) == text
+
+
+def test_save_load(tmp_path):
+    m = torch.nn.Linear(3, 2).to(DEV)
+    t = torch.arange(6, device=DEV).view(2, 3)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"state": m.state_dict(), "t": t}, path)
+    loaded = torch.load(path)  # weights_only=True by default
+    assert loaded["t"].device.type == DEV and torch.equal(loaded["t"].cpu(), t.cpu())
+    for k, v in m.state_dict().items():
+        assert loaded["state"][k].device.type == DEV
+        assert torch.equal(loaded["state"][k].cpu(), v.cpu())
+    on_cpu = torch.load(path, map_location="cpu")
+    assert on_cpu["t"].device.type == "cpu"
+
+
+# ---------------------------------------------------------------- device module
+
+
+def test_device_module_like_cuda():
+    assert torch.jax.is_available()
+    assert torch.jax.device_count() >= 1
+    assert torch.jax.current_device() == 0
+    torch.jax.set_device(0)
+    torch.jax.synchronize()
+    assert torch.get_device_module(DEV) is torch.jax
+    with pytest.raises(RuntimeError, match="Invalid device"):
+        torch.jax.set_device(torch.jax.device_count())
+    assert len(pjrt_host.devices()) == torch.jax.device_count()
+
+
+def test_accelerator_reports_device():
+    assert torch.accelerator.current_accelerator().type == DEV
+    assert torch.accelerator.current_stream() is not None
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_mixed_devices_fail_like_cuda():
+    j = torch.ones(3, device=DEV)
+    with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device, but found at least "
+                                           r"two devices, jax:0 and cpu!"):
+        j + torch.ones(3)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(3) * j
+
+
+def test_cpu_scalar_tensor_is_allowed():
+    j = torch.ones(3, device=DEV)
+    out = j + torch.tensor(2.0)
+    assert out.device.type == DEV and cpu(out).tolist() == [3.0, 3.0, 3.0]
+    assert (j * torch.tensor(2, dtype=torch.int64)).dtype == torch.float32
+
+
+def test_shape_errors_are_torchs():
+    with pytest.raises(RuntimeError, match="cannot be multiplied|same reduction dim"):
+        torch.ones(2, 3, device=DEV) @ torch.ones(2, 3, device=DEV)
+
+
+def test_missing_lowering_message():
+    from pjrt_host._torch import _dispatch
+
+    err = _dispatch.not_implemented(torch.ops.aten.add.Tensor)
+    assert "aten::add.Tensor" in str(err) and "report" in str(err) and "cpu_fallback=True" in str(err)
+
+
+# ---------------------------------------------------------------- dtypes
+
+
+@pytest.mark.parametrize("expr", [
+    "torch.arange(4, device=D) * 3",
+    "torch.arange(4, device=D) + 2.5",
+    "torch.arange(4, device=D) / 2",
+    "torch.arange(4, device=D) // 2",
+    "torch.ones(2, dtype=torch.float64, device=D) * 2",
+    "torch.ones(2, dtype=torch.float16, device=D) + torch.ones(2, device=D)",
+    "torch.ones(2, device=D) + torch.tensor(1.0, dtype=torch.float64, device=D)",
+    "torch.ones(2, dtype=torch.int32, device=D) + torch.tensor(1, device=D)",
+    "torch.ones(2, dtype=torch.uint8, device=D) + torch.ones(2, dtype=torch.int8, device=D)",
+    "torch.ones(2, dtype=torch.bool, device=D) + 1",
+    "torch.ones(2, dtype=torch.int64, device=D).sum()",
+    "torch.ones(2, dtype=torch.int32, device=D).sum()",
+    "torch.ones(2, dtype=torch.bool, device=D).sum()",
+    "torch.ones(3, dtype=torch.int64, device=D).mean(dtype=torch.float64)",
+    "torch.ones(3, device=D) > 0",
+    "torch.full((2,), 2**40, dtype=torch.int64, device=D) + 1",
+    "torch.ones(2, dtype=torch.float64, device=D).sin()",
+])
+def test_dtype_fidelity(expr):
+    got = eval(expr, {"torch": torch, "D": DEV})
+    want = eval(expr, {"torch": torch, "D": "cpu"})
+    assert got.dtype == want.dtype, expr
+    torch.testing.assert_close(cpu(got), want)
+
+
+def test_int64_values_survive():
+    big = torch.tensor([2**62 + 1], dtype=torch.int64)
+    assert big.to(DEV).cpu().item() == 2**62 + 1
+    assert torch.tensor([1e300], dtype=torch.float64, device=DEV).cpu().item() == 1e300
+
+
+# ---------------------------------------------------------------- random state
+
+
+def test_manual_seed_reproducible():
+    torch.manual_seed(123)
+    a1, b1 = torch.randn(5, device=DEV), torch.rand(3, device=DEV)
+    d1 = torch.nn.functional.dropout(torch.ones(50, device=DEV), 0.5)
+    torch.manual_seed(123)
+    a2, b2 = torch.randn(5, device=DEV), torch.rand(3, device=DEV)
+    d2 = torch.nn.functional.dropout(torch.ones(50, device=DEV), 0.5)
+    assert torch.equal(cpu(a1), cpu(a2)) and torch.equal(cpu(b1), cpu(b2)) and torch.equal(cpu(d1), cpu(d2))
+    torch.manual_seed(124)
+    assert not torch.equal(cpu(torch.randn(5, device=DEV)), cpu(a1))
+
+
+def test_successive_draws_differ():
+    torch.manual_seed(0)
+    assert not torch.equal(cpu(torch.randn(8, device=DEV)), cpu(torch.randn(8, device=DEV)))
+    x = torch.empty(6, device=DEV)
+    first = cpu(x.normal_())
+    assert not torch.equal(first, cpu(x.normal_()))
+
+
+def test_rng_state_round_trip():
+    torch.jax.manual_seed(7)
+    state = torch.jax.get_rng_state()
+    assert state.dtype == torch.uint8 and state.device.type == "cpu"
+    a = cpu(torch.randn(4, device=DEV))
+    torch.jax.set_rng_state(state)
+    assert torch.equal(cpu(torch.randn(4, device=DEV)), a)
+    with torch.random.fork_rng(device_type=DEV):
+        torch.randn(4, device=DEV)
+    assert torch.jax.initial_seed() == 7
+
+
+def test_generator_argument_is_reproducible():
+    g = torch.Generator().manual_seed(5)
+    a = cpu(torch.empty(4, device=DEV).normal_(generator=g))
+    g = torch.Generator().manual_seed(5)
+    b = cpu(torch.empty(4, device=DEV).normal_(generator=g))
+    assert torch.equal(a, b)
+
+
+def test_random_in_place_ops():
+    x = torch.empty(1000, device=DEV)
+    assert 0.4 < cpu(x.uniform_()).mean() < 0.6
+    assert set(cpu(x.bernoulli_(0.5)).unique().tolist()) <= {0.0, 1.0}
+    assert cpu(x.exponential_()).min() >= 0
+    i = torch.empty(100, dtype=torch.int64, device=DEV).random_(0, 5)
+    assert cpu(i).max() < 5 and cpu(i).min() >= 0
+    probs = torch.tensor([[0.0, 1.0, 0.0]], device=DEV)
+    assert cpu(torch.multinomial(probs, 2, replacement=True)).tolist() == [[1, 1]]
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_config_stack():
+    from pjrt_host._torch import _config
+
+    assert _config.current().matmul_precision == "highest"
+    with pjrt_host.config(matmul_precision="default") as c:
+        assert c.matmul_precision == "default"
+        with pjrt_host.config(cpu_fallback=True):
+            assert _config.current().matmul_precision == "default"
+            assert _config.current().cpu_fallback
+        assert not _config.current().cpu_fallback
+        y = torch.ones(4, 4, device=DEV) @ torch.ones(4, 4, device=DEV)
+        assert cpu(y)[0, 0] == 4
+    assert _config.current().matmul_precision == "highest"
+    with pytest.raises(ValueError, match="unknown setting"):
+        with pjrt_host.config(nonsense=1):
+            pass
+    with pytest.raises(ValueError, match="highest"):
+        with pjrt_host.config(matmul_precision="fast"):
+            pass
+
+
+def test_cpu_fallback_opt_in():
+    from pjrt_host._torch import _dispatch
+
+    op = torch.ops.aten.add.Tensor
+    x = torch.ones(2, device=DEV)
+    with pjrt_host.config(cpu_fallback=True):
+        out = _dispatch._fallback(op, (x, x), {})
+    assert out.device.type == DEV and cpu(out).tolist() == [2.0, 2.0]
+    with pytest.raises(NotImplementedError, match="aten::add.Tensor"):
+        _dispatch._fallback(op, (x, x), {})
+
+
+# ---------------------------------------------------------------- several devices
+
+
+def test_second_device_in_subprocess():
+    code = textwrap.dedent("""
+        import torch
+        assert torch.jax.device_count() == 2, torch.jax.device_count()
+        a = torch.ones(3).to('jax:1')
+        assert str(a.device) == 'jax:1'
+        b = (a * 2).to('jax:0')
+        assert str(b.device) == 'jax:0' and b.cpu().tolist() == [2.0, 2.0, 2.0]
+        try:
+            a + b
+        except RuntimeError as e:
+            assert 'jax:1 and jax:0' in str(e), e
+        else:
+            raise AssertionError('no error')
+        with torch.jax.device(1):
+            assert torch.zeros(1, device='jax').device.index == 1
+        print('ok')
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PJRT_")}
+    env["PJRT_HOST_CPU_REF_DEVICES"] = "2"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
