@@ -16,6 +16,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Tests that use jax directly (not through pjrt_host) must not make jax
+# start every installed vendor plugin (libtpu takes a lock file, the CUDA
+# plugin logs a traceback without a GPU). Child processes get the user's
+# real environment back: run_python drops this.
+_OUR_JAX_PLATFORMS = "JAX_PLATFORMS" not in os.environ
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 
 class Site:
     """A directory of installed distributions (``*.dist-info`` with
@@ -124,6 +131,8 @@ def run_python(args: list[str], *, site: Site | None = None, env: dict[str, str]
                timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``python ARGS`` in a clean child environment with ``site`` on its path."""
     child = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "PYTEST_"))}
+    if _OUR_JAX_PLATFORMS:
+        child.pop("JAX_PLATFORMS", None)
     if site is not None:
         child["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site.path), child.get("PYTHONPATH")]))
     child.update(env or {})
