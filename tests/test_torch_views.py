@@ -1,0 +1,181 @@
+"""In-place ops and writes through views change exactly what they change on
+CPU: each case runs the same program on a CPU tensor and a 'jax' tensor and
+compares every tensor the program touched."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+import pjrt_host  # noqa: E402,F401
+
+
+def base(device):
+    return torch.arange(24, dtype=torch.float32, device=device).reshape(4, 6)
+
+
+def _p_setitem_column(x):
+    x[:, 0] = 1
+    return [x]
+
+
+def _p_add_(x):
+    y = torch.ones_like(x)
+    x.add_(y, alpha=2)
+    return [x, y]
+
+
+def _p_slice_view_inplace(x):
+    s = x[1:3, 2:5]
+    s.mul_(-1)
+    return [x, s]
+
+
+def _p_view_flat(x):
+    v = x.view(-1)
+    v[::7] = 100
+    return [x, v]
+
+
+def _p_transpose_write(x):
+    t = x.t()
+    t[1].zero_()
+    t[:, 2] += 5
+    return [x, t]
+
+
+def _p_select_chain(x):
+    row = x[2]
+    row[1:4].fill_(-3)
+    return [x, row]
+
+
+def _p_unsqueeze_expand_read(x):
+    e = x[:, :1].expand(4, 6)
+    x[:, 0] = 7  # a later write to the base is visible through the view
+    return [x, e.clone()]
+
+
+def _p_diagonal(x):
+    sq = x[:, :4]
+    torch.diagonal(sq).copy_(torch.tensor([9.0, 8.0, 7.0, 6.0], device=x.device))
+    return [x, sq]
+
+
+def _p_step_slices(x):
+    x[::2, 1::2] = torch.arange(6, dtype=torch.float32, device=x.device).reshape(2, 3)
+    return [x]
+
+
+def _p_unbind_chunks(x):
+    a, b = x.chunk(2, dim=1)
+    b.sub_(1)
+    for r in x.unbind(0):
+        r[0] = -r[0]
+    return [x, a, b]
+
+
+def _p_detach_shares(x):
+    d = x.detach()
+    d[0, 0] = 42
+    return [x, d]
+
+
+def _p_clone_independent(x):
+    c = x.clone()
+    c[0] = 0
+    x[1] = 1
+    return [x, c]
+
+
+def _p_index_put(x):
+    x[torch.tensor([0, 2], device=x.device)] = -1
+    x[x > 20] = 0
+    return [x]
+
+
+def _p_out_argument(x):
+    out = torch.empty(4, 6, device=x.device)
+    torch.add(x, 1, out=out)
+    torch.mul(x, 2, out=x[:, :])
+    return [x, out]
+
+
+def _p_inplace_on_permuted_3d(x):
+    y = x.reshape(2, 3, 4)
+    p = y.permute(2, 0, 1)
+    p[1:3].mul_(10)
+    return [x, y, p]
+
+
+def _p_data_and_version(x):
+    v0 = x._version
+    x.add_(1)
+    return [x, torch.tensor(float(x._version > v0), device=x.device)]
+
+
+def _p_int_views(x):
+    i = x.to(torch.int64)
+    i[:, 1] += 10
+    i.view(-1)[3] = -9
+    return [i]
+
+
+PROGRAMS = {name[3:]: fn for name, fn in globals().items() if name.startswith("_p_")}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_same_writes_as_cpu(name):
+    program = PROGRAMS[name]
+    want = program(base("cpu"))
+    got = program(base("jax"))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.device.type == "jax"
+        assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
+        torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0)
+
+
+def test_views_report_torch_metadata():
+    x = base("jax").clone()
+    for v, c in ((x.t(), base("cpu").t()), (x[1:, ::2], base("cpu")[1:, ::2]), (x[2], base("cpu")[2])):
+        assert v.stride() == c.stride() and v.storage_offset() == c.storage_offset()
+        assert v.is_contiguous() == c.is_contiguous()
+        assert v._base is x
+
+
+def test_view_of_noncontiguous_fails_like_cpu():
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        base("jax").t().view(-1)
+
+
+def test_optimizer_updates_parameters_in_place():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2).to("jax")
+    w = lin.weight
+    before = w.detach().cpu().clone()
+    opt = torch.optim.SGD(lin.parameters(), lr=0.5)
+    lin(torch.ones(4, 3, device="jax")).sum().backward()
+    opt.step()
+    assert lin.weight is w  # the same Parameter object, updated in place
+    assert not torch.equal(w.detach().cpu(), before)
+
+
+def test_inplace_on_leaf_requiring_grad_fails_like_cpu():
+    x = torch.ones(3, device="jax", requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        x.add_(1)
+
+
+def test_autograd_through_view_write():
+    for dev in ("cpu", "jax"):
+        a = torch.ones(3, 3, device=dev, requires_grad=True)
+        b = a * 2
+        b[:, 0] = 0
+        b.sum().backward()
+        if dev == "cpu":
+            want = a.grad.clone()
+        else:
+            torch.testing.assert_close(a.grad.cpu(), want)
