@@ -143,6 +143,13 @@ def launch(
             f"were stopped (host {node_rank} of {nnodes}). The first to fail was rank {first_rank} "
             f"(exit code {first.exitcode}): see its log above.",
             failures, first_rank) from err
+    except Exception as err:  # the rendezvous: hosts that never came, a port in use
+        text = " ".join(str(err).split())[:400].rstrip(".")
+        raise LaunchError(
+            f"pjrt_host launch: host {node_rank} of {nnodes} could not start the job through "
+            f"{master_addr}:{master_port}: {type(err).__name__}: {text}. Run the same command on every host "
+            f"with --node-rank 0 to {nnodes - 1}, with host 0's --master-addr and a --master-port reachable from "
+            "every host; PJRT_HOST_COORDINATOR_TIMEOUT bounds the wait.") from err
 
 
 def _describe_failures(failures: dict[int, int]) -> str:
@@ -210,3 +217,7 @@ def _spawned(local_rank: int, fn: Callable[..., Any], args: tuple[Any, ...], env
 
     distributed.initialize()
     fn(local_rank, *args)
+    # multiprocessing ends the process with os._exit, which skips jax's
+    # atexit shutdown; without it rank 0 could take the coordinator away
+    # while the others still wait on it for their last barrier.
+    _process.leave_coordinator()

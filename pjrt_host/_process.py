@@ -47,6 +47,7 @@ __all__ = [
     "detect_layout",
     "heartbeat_timeout",
     "is_coordinated",
+    "leave_coordinator",
 ]
 
 logger = logging.getLogger("pjrt_host")
@@ -369,6 +370,16 @@ def configure(record: PluginRecord) -> None:
         coordinated = _join_coordinator(record, layout)
         _setup = _Setup(layout, coordinated)
         logger.info("pjrt_host: %r", layout)
+
+
+def leave_coordinator() -> None:
+    """Leave jax.distributed's coordinator, waiting for every process to
+    leave too (jax does it at interpreter exit; a process ended with
+    ``os._exit`` must do it first)."""
+    if is_coordinated():
+        import jax
+
+        jax.distributed.shutdown()
 
 
 def client_options(record: PluginRecord) -> dict[str, Any]:

@@ -143,6 +143,15 @@ def test_a_rank_on_another_host_dying_stops_the_others_through_the_heartbeat() -
     assert "another task died" in out0 or "stopped sending heartbeats" in out0, out0[-3000:]
 
 
+def test_a_host_that_never_comes_ends_the_launch() -> None:
+    master = free_port()
+    code, out = _launch("--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+                        "--master-port", str(master), WORKER, "collectives", "unused", timeout=90,
+                        PJRT_HOST_COORDINATOR_TIMEOUT="2")
+    assert code == 1, out[-3000:]
+    assert f"pjrt_host launch: host 0 of 2 could not start the job through 127.0.0.1:{master}" in out, out[-3000:]
+
+
 def test_unreachable_coordinator_names_the_address() -> None:
     port = free_port()  # nothing listens there
     code, out = _run(["-c", "import pjrt_host; pjrt_host.devices()"], timeout=60,
