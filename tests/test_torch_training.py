@@ -1,0 +1,115 @@
+"""torch.nn models, as they are, train on 'jax' with torch.optim and match
+the same training on CPU within float32 tolerance."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+import pjrt_host  # noqa: E402,F401
+
+nn = torch.nn
+
+
+def train(model, make_batch, loss_fn, opt_cls, steps, device, **opt_kwargs):
+    model = copy.deepcopy(model).to(device)
+    opt = opt_cls(model.parameters(), **opt_kwargs)
+    losses = []
+    for step in range(steps):
+        x, y = make_batch(step)
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def assert_same_training(model, make_batch, loss_fn, opt_cls, steps=3, rtol=1e-4, atol=1e-5, **opt_kwargs):
+    cpu_model, cpu_losses = train(model, make_batch, loss_fn, opt_cls, steps, "cpu", **opt_kwargs)
+    jax_model, jax_losses = train(model, make_batch, loss_fn, opt_cls, steps, "jax", **opt_kwargs)
+    assert cpu_losses[-1] < cpu_losses[0] or steps == 1
+    torch.testing.assert_close(torch.tensor(jax_losses), torch.tensor(cpu_losses), rtol=rtol, atol=atol)
+    for (name, p_cpu), (_, p_jax) in zip(cpu_model.state_dict().items(), jax_model.state_dict().items()):
+        assert p_jax.device.type == "jax", name
+        torch.testing.assert_close(p_jax.cpu(), p_cpu, rtol=rtol, atol=atol, msg=name)
+
+
+def batches(shape, classes=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    data = [torch.randn(*shape, generator=g) for _ in range(4)]
+    if classes is None:
+        targets = [torch.randn(shape[0], 1, generator=g) for _ in range(4)]
+    else:
+        targets = [torch.randint(0, classes, (shape[0],), generator=g) for _ in range(4)]
+    return lambda step: (data[step % 4], targets[step % 4])
+
+
+def test_mlp_adamw():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
+    assert_same_training(model, batches((16, 10)), nn.functional.mse_loss, torch.optim.AdamW,
+                         steps=4, lr=1e-2, weight_decay=0.01)
+
+
+def test_cnn_adam():
+    # No bias before the batch norm: its gradient is ~0 and Adam would
+    # amplify the rounding noise of that zero on either device.
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+    assert_same_training(model, batches((4, 3, 10, 10), classes=5), nn.functional.cross_entropy,
+                         torch.optim.Adam, steps=3, lr=1e-2)
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, vocab=20, dim=16, heads=2, layers=1):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(1, 8, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(dim, heads, dim * 2, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        h = self.embed(tokens) + self.pos[:, : tokens.shape[1]]
+        mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], device=tokens.device)
+        return self.head(self.norm(self.encoder(h, mask=mask, is_causal=True)))
+
+
+def test_transformer_sgd():
+    # SGD, not Adam: the attention's key bias gets a ~0 gradient (softmax
+    # ignores it) that Adam would blow up into rounding noise on either device.
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    tokens = [torch.randint(0, 20, (3, 8), generator=g) for _ in range(4)]
+
+    def make_batch(step):
+        t = tokens[step % 4]
+        return t, t.roll(-1, dims=1)
+
+    def loss_fn(logits, target):
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+    assert_same_training(TinyTransformer(), make_batch, loss_fn, torch.optim.SGD, steps=3,
+                         rtol=1e-3, atol=1e-4, lr=0.1, momentum=0.9)
+
+
+def test_grad_clipping_and_no_grad_eval():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4).to("jax")
+    model(torch.randn(2, 4, device="jax")).pow(2).sum().backward()
+    norm = nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    assert norm.device.type == "jax"
+    total = torch.sqrt(sum((p.grad.cpu() ** 2).sum() for p in model.parameters()))
+    assert total <= 0.1 + 1e-5
+    with torch.no_grad():
+        out = model(torch.randn(2, 4, device="jax"))
+    assert not out.requires_grad
