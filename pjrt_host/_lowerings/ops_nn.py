@@ -21,14 +21,12 @@ import torch
 from . import lowering
 from ._util import canonical_dim, cast, jdt, promote, take, tdt
 
-_HIGHEST = jax.lax.Precision.HIGHEST
-
-
 def _matmul(a, b):
-    """Matrix product as torch computes it on CPU: full float32 precision."""
+    """Matrix product.  Its float precision is the device configuration's
+    (``jax.default_matmul_precision``, set by the dispatcher), not fixed here."""
     if a.dtype == jnp.bool_:
         return jnp.matmul(a.astype(jnp.int64), b.astype(jnp.int64)).astype(jnp.bool_)
-    return jnp.matmul(a, b, precision=_HIGHEST)
+    return jnp.matmul(a, b)
 
 
 def _scaled(x, factor):
@@ -50,7 +48,7 @@ def mm(a, b):
 
 @lowering("aten::inner")
 def inner(a, b):
-    return jnp.inner(a, b, precision=_HIGHEST)
+    return jnp.inner(a, b)
 
 
 @lowering("aten::vdot")
@@ -116,7 +114,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     if not transposed:
         out = jax.lax.conv_general_dilated(
             x, weight, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
-            dimension_numbers=_spatial_spec(n), feature_group_count=groups, precision=_HIGHEST)
+            dimension_numbers=_spatial_spec(n), feature_group_count=groups)
     else:
         # A transposed convolution is the convolution of the stride-dilated
         # input with the spatially flipped kernel, in and out channels swapped.
@@ -128,7 +126,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
         out = jax.lax.conv_general_dilated(
             x, w, window_strides=[1] * n, padding=pads, lhs_dilation=stride, rhs_dilation=dilation,
-            dimension_numbers=_spatial_spec(n), feature_group_count=groups, precision=_HIGHEST)
+            dimension_numbers=_spatial_spec(n), feature_group_count=groups)
     if bias is not None:
         out = out + bias.reshape((1, -1) + (1,) * n)
     return out
@@ -634,7 +632,7 @@ def _adaptive_avg(x, output_size, n):
         matrix = np.zeros((o, size), np.float64)
         for r in range(o):
             matrix[r, pos[r][ok[r]]] = 1.0 / ok[r].sum()
-        out = jnp.moveaxis(jnp.tensordot(out, jnp.asarray(matrix, x.dtype), axes=([axis], [1]), precision=_HIGHEST),
+        out = jnp.moveaxis(jnp.tensordot(out, jnp.asarray(matrix, x.dtype), axes=([axis], [1])),
                            -1, axis)
     return out
 
@@ -694,7 +692,7 @@ def _resample(x, output_size, mode, align_corners, scales):
         axis = x.ndim - n + i
         scale = scales[i] if scales else None
         matrix = jnp.asarray(_interp_matrix(x.shape[axis], o, mode, align_corners, scale), x.dtype)
-        x = jnp.moveaxis(jnp.tensordot(x, matrix, axes=([axis], [1]), precision=_HIGHEST), -1, axis)
+        x = jnp.moveaxis(jnp.tensordot(x, matrix, axes=([axis], [1])), -1, axis)
     return x
 
 

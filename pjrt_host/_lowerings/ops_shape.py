@@ -377,6 +377,15 @@ def gather(x, dim, index, *, sparse_grad=False):
     return jnp.take_along_axis(x, index, axis=dim, mode="clip")
 
 
+def _add_at(at, values):
+    """``at.add`` that also serves bool (add is logical or, as in torch)."""
+    return at.max(values) if values.dtype == jnp.bool_ else at.add(values)
+
+
+def _multiply_at(at, values):
+    return at.min(values) if values.dtype == jnp.bool_ else at.multiply(values)
+
+
 def _scatter_operands(x, dim, index, src):
     """(x, index grid, values) with 0-dim x as 1-d, ``src`` cut to
     ``index``'s shape (torch reads a prefix of src) or broadcast from a scalar."""
@@ -401,7 +410,7 @@ def scatter(x, dim, index, src):
 def scatter_reduce_legacy(x, dim, index, src, *, reduce):
     flat, grid, values = _scatter_operands(x, dim, index, src)
     at = flat.at[grid]
-    return (at.add(values) if reduce == "add" else at.multiply(values)).reshape(x.shape)
+    return (_add_at(at, values) if reduce == "add" else _multiply_at(at, values)).reshape(x.shape)
 
 
 @lowering("aten::scatter_add")
@@ -428,7 +437,8 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if not include_self:  # scattered-to positions start from the reduction's identity
         flat = flat.at[grid].set(jnp.asarray(_reduce_identity(reduce, flat.dtype), flat.dtype))
     at = flat.at[grid]
-    out = {"sum": at.add, "mean": at.add, "prod": at.multiply, "amax": at.max, "amin": at.min}[reduce](values)
+    out = {"sum": _add_at, "mean": _add_at, "prod": _multiply_at,
+           "amax": lambda a, v: a.max(v), "amin": lambda a, v: a.min(v)}[reduce](at, values)
     if reduce == "mean":
         count = jnp.full(flat.shape, 1 if include_self else 0, jnp.int64).at[grid].add(1)
         count = jnp.maximum(count, 1)
@@ -482,7 +492,7 @@ def index_put(x, indices, values, accumulate=False, unsafe=False):
         return _mask_put(x, indices[0], values, accumulate)
     at = x.at[_index_tuple(x, indices)]
     values = values.astype(x.dtype)
-    return at.add(values) if accumulate else at.set(values)
+    return _add_at(at, values) if accumulate else at.set(values)
 
 
 @lowering("aten::index_select")
@@ -505,7 +515,7 @@ def index_add(x, dim, index, source, *, alpha=1):
     if x.ndim == 0:
         return x + (source.reshape(()) * alpha).astype(x.dtype) * index.size
     source = source.astype(x.dtype) * cast(alpha, tdt(x)) if alpha != 1 else source.astype(x.dtype)
-    return x.at[_index_along(x, dim, index)].add(source)
+    return _add_at(x.at[_index_along(x, dim, index)], source)
 
 
 @lowering("aten::index_copy")
@@ -540,7 +550,8 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
             fill = (-jnp.inf if floating else info.min) if reduce == "amax" else (jnp.inf if floating else info.max)
         x = x.at[where].set(jnp.asarray(fill, x.dtype))
     at = x.at[where]
-    out = {"prod": at.multiply, "mean": at.add, "amax": at.max, "amin": at.min}[reduce](source)
+    out = {"prod": _multiply_at, "mean": _add_at, "amax": lambda a, v: a.max(v),
+           "amin": lambda a, v: a.min(v)}[reduce](at, source)
     if reduce == "mean":
         counts = jnp.zeros(x.shape[dim], jnp.int64).at[index.reshape(-1) % x.shape[dim]].add(1)
         counts = counts + (1 if include_self else 0)

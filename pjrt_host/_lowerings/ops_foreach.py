@@ -1,0 +1,86 @@
+"""``_foreach_*`` ops: the list-of-tensors forms that torch.optim uses on
+non-CPU devices.  Each is the per-tensor lowering mapped over the list,
+with the second operand a list, a scalar, a list of scalars or one tensor
+depending on the overload.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from . import lookup, lowering
+from . import ops_pointwise as pw
+
+
+class _Name:
+    """Looks like an OpOverload to :func:`lookup`."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def name(self) -> str:
+        return self._name
+
+
+def _pairs(other, n):
+    """The second operand for each of n tensors."""
+    return other if isinstance(other, (list, tuple)) else [other] * n
+
+
+def _binary(fn, with_alpha):
+    if with_alpha:
+        def lower(tensors, other, alpha=1):
+            return [fn(t, o, alpha) for t, o in zip(tensors, _pairs(other, len(tensors)))]
+    else:
+        def lower(tensors, other):
+            return [fn(t, o) for t, o in zip(tensors, _pairs(other, len(tensors)))]
+    return lower
+
+
+_BINARY = {
+    "add": (pw.add, True), "sub": (pw.sub, True), "mul": (pw.mul, False), "div": (pw.div, False),
+    "maximum": (pw.maximum, False), "minimum": (pw.minimum, False), "pow": (pw.pow, False),
+    "clamp_min": (pw.clamp_min, False), "clamp_max": (pw.clamp_max, False),
+}
+for _name, (_fn, _alpha) in _BINARY.items():
+    lowering(*(f"aten::_foreach_{_name}.{o}" for o in ("List", "Scalar", "ScalarList", "Tensor")))(
+        _binary(_fn, _alpha))
+
+
+def _unary(fn):
+    def lower(tensors):
+        return [fn(t) for t in tensors]
+
+    return lower
+
+
+for _name in ("sqrt", "exp", "abs", "neg", "log", "log1p", "expm1", "sigmoid", "tanh", "sin", "cos", "reciprocal",
+              "floor", "ceil", "round", "trunc", "frac", "sign", "erf", "rsqrt", "log2", "log10", "exp2"):
+    _fn = lookup(_Name(f"aten::{_name}"))
+    if _fn is not None:
+        lowering(f"aten::_foreach_{_name}")(_unary(_fn))
+
+
+@lowering("aten::_foreach_zero")
+def foreach_zero(tensors):
+    return [jnp.zeros_like(t) for t in tensors]
+
+
+def _ternary(fn):
+    def lower(tensors, tensors1, tensors2, scalars=1):
+        values = scalars if isinstance(scalars, (list, tuple)) else (
+            [scalars] * len(tensors) if not hasattr(scalars, "shape") else [scalars[i] for i in range(len(tensors))])
+        return [fn(t, a, b, value=v) for t, a, b, v in zip(tensors, tensors1, tensors2, values)]
+
+    return lower
+
+
+lowering("aten::_foreach_addcmul.Scalar", "aten::_foreach_addcmul.ScalarList", "aten::_foreach_addcmul.Tensor")(
+    _ternary(pw.addcmul))
+lowering("aten::_foreach_addcdiv.Scalar", "aten::_foreach_addcdiv.ScalarList", "aten::_foreach_addcdiv.Tensor")(
+    _ternary(pw.addcdiv))
+
+
+@lowering("aten::_foreach_lerp.List", "aten::_foreach_lerp.Scalar", "aten::_foreach_lerp.ScalarList")
+def foreach_lerp(tensors, ends, weight):
+    return [pw.lerp(t, e, w) for t, e, w in zip(tensors, ends, _pairs(weight, len(tensors)))]
