@@ -1,0 +1,133 @@
+"""The device arrives with `import torch` alone (torch's `torch.backends`
+entry points), TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns it off, `import
+pjrt_host` turns it on, and CPU-only programs are unchanged: same results
+on torch's own OpInfo samples, torch.compile with inductor on CPU still
+works, and nothing imports jax until a 'jax' tensor is made."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+HERE = Path(__file__).resolve().parent
+
+
+def start(code: str, *, autoload: bool = True) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "PYTEST_", "TORCH_DEVICE_BACKEND"))}
+    if not autoload:
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedProcess:
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def run(code: str, *, autoload: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
+    return finish(start(code, autoload=autoload), timeout)
+
+
+def test_plain_import_torch_makes_the_device_work():
+    out = run("""
+        import sys
+        import torch
+        assert "jax" not in sys.modules, "import torch must not import jax"
+        a = torch.randn(100, device='jax')
+        print(a)
+        assert "jax" in sys.modules and a.device.type == "jax"
+        assert torch.jax.is_available()
+        print("OK", a.shape)
+    """)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "device='jax:0'" in out.stdout and "OK torch.Size([100])" in out.stdout
+
+
+def test_autoload_off_disables_the_device():
+    out = run("""
+        import torch
+        assert not hasattr(torch, "jax")
+        try:
+            torch.zeros(1, device='jax')
+        except RuntimeError as err:
+            print("refused:", err)
+        else:
+            raise AssertionError("device='jax' worked with autoload off")
+    """, autoload=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused" in out.stdout
+
+
+def test_import_pjrt_host_enables_it_with_autoload_off():
+    out = run("""
+        import sys
+        import torch
+        import pjrt_host
+        assert "jax" not in sys.modules
+        print(torch.ones(2, device='jax') * 2)
+    """, autoload=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "tensor([2., 2.], device='jax:0')" in out.stdout
+
+
+def test_import_pjrt_host_alone_imports_neither_torch_nor_jax():
+    out = run("""
+        import sys
+        import pjrt_host
+        pjrt_host.config
+        print(sorted(m for m in ("torch", "jax", "jaxlib") if m in sys.modules))
+    """)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_inductor_on_cpu_still_works_and_needs_no_jax():
+    out = run("""
+        import sys
+        import torch
+        def f(x, y):
+            return (x.sin() * y).relu().sum(0) + torch.cumsum(x, 1)[:, -1]
+        x, y = torch.randn(8, 8), torch.randn(8)
+        compiled = torch.compile(f)  # the default backend: inductor
+        torch.testing.assert_close(compiled(x, y), f(x, y))
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+        cm = torch.compile(m)
+        inp = torch.randn(2, 4)
+        torch.testing.assert_close(cm(inp), m(inp))
+        assert torch.accelerator.current_accelerator().type == "jax"
+        print("jax imported:", "jax" in sys.modules)
+    """, timeout=420)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "jax imported: False" in out.stdout
+
+
+def test_cpu_results_unchanged_on_torch_opinfo_samples():
+    # torch's own OpInfo database (the data its CPU test-suite runs on): the
+    # same ops on the same samples give bit-identical results with the device
+    # backend loaded and without it.
+    script = str(HERE / "_torch_cpu_digest.py")
+    code = f"import runpy, sys; sys.argv = ['x', '100', '6']; runpy.run_path({script!r}, run_name='__main__')"
+    procs = start(code), start(code, autoload=False)  # side by side: half the wall time
+    with_device, without = finish(procs[0], 400), finish(procs[1], 400)
+    assert with_device.returncode == 0, with_device.stderr[-3000:]
+    assert without.returncode == 0, without.stderr[-3000:]
+    a = json.loads(with_device.stdout.strip().splitlines()[-1])
+    b = json.loads(without.stdout.strip().splitlines()[-1])
+    assert len(a["ops"]) > 60
+    different = sorted(k for k in a["ops"] if a["ops"][k] != b["ops"].get(k))
+    assert not different, f"CPU results changed with the device loaded: {different}"
+    assert a["accelerator"] == "jax" and b["accelerator"] == "None"
+    assert not a["jax_imported"]
