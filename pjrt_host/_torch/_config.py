@@ -17,7 +17,7 @@ from typing import Any
 __all__ = ["Config", "config", "current", "DEFAULTS"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Config:
     """The device's settings.  Every field has the default that matches torch
     CPU results most closely."""
@@ -37,6 +37,15 @@ class Config:
 
 
 DEFAULTS = Config()
+
+# Equal settings are one object, so compiled ops keyed on the settings hash
+# them by identity (cheap on every op) yet hit the same cache entry in every
+# scope that sets the same values.
+_interned: dict[tuple, Config] = {dataclasses.astuple(DEFAULTS): DEFAULTS}
+
+
+def _intern(cfg: Config) -> Config:
+    return _interned.setdefault(dataclasses.astuple(cfg), cfg)
 
 _local = threading.local()
 
@@ -72,7 +81,7 @@ def config(**changes: Any) -> Iterator[Config]:
         if valid is not None and value not in valid:
             raise ValueError(f"pjrt_host.config: {name}={value!r} is not one of {', '.join(map(repr, valid))}")
     stack = _stack()
-    new = dataclasses.replace(stack[-1], **changes)
+    new = _intern(dataclasses.replace(stack[-1], **changes))
     stack.append(new)
     try:
         yield new

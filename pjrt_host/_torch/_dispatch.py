@@ -387,6 +387,12 @@ _LIST = "\x00L"
 _GEN = "\x00G"
 
 
+_CONCRETE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+                    jax.errors.TracerIntegerConversionError, jax.errors.NonConcreteBooleanIndexError,
+                    jax.errors.TracerArrayConversionError)
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
 class _Compiled:
     """One op (or its in-place / out= form) compiled per static signature."""
 
@@ -404,8 +410,51 @@ class _Compiled:
         self.name = _name(func)
         self.rng = bool(getattr(lowering, "needs_rng", False))
 
-    # The hot path: flatten, look up, call, wrap.
+    # The hot path: flatten, look up, call, wrap.  Kept short on purpose:
+    # every line here is paid by every op.
     def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if self.out_names or self.rng:
+            return self._call_general(args, kwargs)
+        dyn: list[Any] = []
+        dev: list[int] = []
+        key_args = tuple([_encode(v, dyn, dev) for v in args])
+        key = (key_args, tuple([(k, _encode(v, dyn, dev)) for k, v in kwargs.items()]) if kwargs else (),
+               (), _config.current())
+        if not dev:
+            raise RuntimeError(f"pjrt_host: {self.name} reached the 'jax' device without a 'jax' tensor")
+        index = dev[0]
+        if len(dev) > 1:
+            for d in dev:
+                if d != index:
+                    raise device_error(_tensor.torch_device(index), _tensor.torch_device(d))
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self._build(key, args, kwargs, [], key[3], index)
+        fn, plan = entry
+        try:
+            result = fn(*dyn)
+        except _CONCRETE_ERRORS:
+            result = self._go_eager(key, args, kwargs, index, dyn)
+        mode, outs = plan
+        if mode == "single":
+            kind, shape, dtype = outs[0]
+            if kind == "tensor":
+                _last[index] = result
+                t = _make_wrapper(JaxTensor, shape, dtype=dtype, device=_tensor.torch_device(index))
+                t._st = Storage(result, shape, result.dtype, index)
+                t._vw = None
+                return t
+        return self._finish(result, plan, args, [], index)
+
+    def _go_eager(self, key: Any, args: tuple, kwargs: dict, index: int, dyn: list) -> Any:
+        # The lowering needs concrete values (a data-dependent shape): this op
+        # runs op by op in jax eager mode from now on.
+        self.eager = True
+        self.cache.clear()
+        fn, _ = self._build(key, args, kwargs, [], key[3], index)
+        return fn(*dyn)
+
+    def _call_general(self, args: tuple, kwargs: dict) -> Any:
         dyn: list[Any] = []
         dev: list[int] = []
         out_targets: list[JaxTensor] = []
@@ -443,7 +492,13 @@ class _Compiled:
         if entry is None:
             entry = self._build(key, args, kwargs, out_targets, cfg, index)
         fn, plan = entry
-        result = fn(*dyn)
+        try:
+            result = fn(*dyn)
+        except _CONCRETE_ERRORS:
+            self.eager = True
+            self.cache.clear()
+            fn, plan = self._build(key, args, kwargs, out_targets, cfg, index)
+            result = fn(*dyn)
         return self._finish(result, plan, args, out_targets, index)
 
     def _finish(self, result: Any, plan: tuple, args: tuple, out_targets: list, index: int) -> Any:
@@ -547,7 +602,6 @@ class _Compiled:
             else:
                 plan = (mode, [(s[0], s[1], device_dtype(s[2])) if s[0] == "tensor" else s for s in specs])
         jitted = fn if (self.eager or not cfg.jit) else jax.jit(fn)
-        jitted = self._guard(jitted, fn)
         entry = (jitted, plan)
         with _lock:
             if len(self.cache) > 512:  # shapes that never repeat: bound the memory
@@ -555,23 +609,6 @@ class _Compiled:
             self.cache[key] = entry
         return entry
 
-    def _guard(self, jitted: Any, fn: Callable) -> Any:
-        if jitted is fn:
-            return fn
-        op = self
-
-        def call(*dyn):
-            try:
-                return jitted(*dyn)
-            except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
-                    jax.errors.TracerIntegerConversionError, jax.errors.NonConcreteBooleanIndexError,
-                    jax.errors.TracerArrayConversionError):
-                # The lowering needs concrete values (data-dependent shapes):
-                # this op runs eagerly from now on.
-                op.eager = True
-                op.cache.clear()
-                return fn(*dyn)
-        return call
 
 def _wrap_dynamic(result: Any, index: int) -> Any:
     if isinstance(result, (tuple, list)):
