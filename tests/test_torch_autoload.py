@@ -94,7 +94,7 @@ def test_import_pjrt_host_alone_imports_neither_torch_nor_jax():
     assert out.stdout.strip() == "[]"
 
 
-def test_inductor_on_cpu_still_works_and_needs_no_jax():
+def test_inductor_and_dataloader_on_cpu_still_work_and_need_no_jax():
     out = run("""
         import sys
         import torch
@@ -108,6 +108,11 @@ def test_inductor_on_cpu_still_works_and_needs_no_jax():
         inp = torch.randn(2, 4)
         torch.testing.assert_close(cm(inp), m(inp))
         assert torch.accelerator.current_accelerator().type == "jax"
+        # DataLoader(pin_memory=True) pins for the accelerator: it must still
+        # work, as it did before the device existed (unpinned).
+        from torch.utils.data import DataLoader, TensorDataset
+        batches = list(DataLoader(TensorDataset(torch.arange(6.0)), batch_size=3, pin_memory=True))
+        assert [b[0].tolist() for b in batches] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
         print("jax imported:", "jax" in sys.modules)
     """, timeout=420)
     assert out.returncode == 0, out.stderr[-4000:]

@@ -338,6 +338,16 @@ def test_cpu_fallback_opt_in():
         _dispatch._fallback(op, (x, x), {})
 
 
+def test_autocast():
+    x = torch.randn(4, 4, device=DEV)
+    lin = torch.nn.Linear(4, 4).to(DEV)
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        y = lin(x)
+        z = x + 1  # not in the lower-precision list: unchanged
+    assert y.dtype == torch.bfloat16 and z.dtype == torch.float32
+    torch.testing.assert_close(y.float().cpu(), lin.cpu()(x.cpu()), rtol=2e-2, atol=2e-2)
+
+
 # ---------------------------------------------------------------- several devices
 
 
@@ -361,6 +371,37 @@ def test_second_device_in_subprocess():
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PJRT_")}
     env["PJRT_HOST_CPU_REF_DEVICES"] = "2"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_plugin_dtype_mapping_warns_once_in_subprocess():
+    # A plugin that cannot hold float64: such tensors become float32 on the
+    # device, with one warning, and ops keep working.
+    code = textwrap.dedent("""
+        import warnings
+        import torch
+        import pjrt_host
+
+        class NoDouble(pjrt_host.DevicePlugin):
+            jaxlib_backend = "cpu"
+            unsupported_dtypes = {"float64": "float32"}
+
+        pjrt_host.register_plugin("nodouble", NoDouble)
+        pjrt_host.select("nodouble")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            a = torch.ones(3, dtype=torch.float64, device='jax')
+            b = torch.tensor([1.5], dtype=torch.float64).to('jax')
+            c = a.sum() + b
+        assert a.dtype == torch.float32 and b.dtype == torch.float32 and c.dtype == torch.float32, (a.dtype, c.dtype)
+        assert c.cpu().tolist() == [4.5]
+        mapped = [w for w in caught if "does not support torch.float64" in str(w.message)]
+        assert len(mapped) == 1, [str(w.message) for w in caught]
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PJRT_")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")

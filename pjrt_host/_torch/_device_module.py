@@ -131,7 +131,7 @@ def synchronize(device: Any = None) -> None:
         return
     from . import _tensor
 
-    _tensor.synchronize()
+    _tensor.synchronize(None if device is None else _index(device))
 
 
 # ---------------------------------------------------------------- random state

@@ -349,8 +349,15 @@ def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
     outs = []
     for size, dtype, stride, offset in metas:
         if dtype != self.dtype:
-            # view(dtype): a reinterpretation; same-width ones are exact.
-            return _view_dtype(self, dtype)
+            if func._schema.name == "aten::view" or _name(func) == "aten::view.dtype":
+                # view(dtype): a reinterpretation; same-width ones are exact.
+                return _view_dtype(self, dtype)
+            # view_as_real / view_as_complex and friends: computed by their
+            # lowering as a new tensor (writes through it do not reach self).
+            lowering = _lowerings.lookup(func)
+            if lowering is None:
+                raise not_implemented(func)
+            return _Compiled(func, lowering)(args, kwargs)
         outs.append(make(st, size, dtype, stride, offset, view_for(st, size, stride, offset)))
     return outs[0] if single else outs
 

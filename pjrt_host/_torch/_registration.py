@@ -46,6 +46,14 @@ FACTORY_OPS = (
     "randperm",
 )
 
+# Ops that run in the autocast dtype under torch.autocast('jax'), as CUDA's
+# "lower precision" list has them; every other op passes through unchanged.
+AUTOCAST_OPS = (
+    "mm", "bmm", "matmul", "addmm", "addbmm", "baddbmm", "linear", "conv1d", "conv2d", "conv3d",
+    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "prelu",
+    "_scaled_dot_product_attention_math", "scaled_dot_product_attention", "chain_matmul", "addmv", "mv",
+)
+
 # Ops torch runs on the device key itself, with Python dispatch turned off
 # (``torch.tensor(data, device='jax')`` calls ``_to_copy`` that way).
 DEVICE_OPS = ("_to_copy", "copy_")
@@ -105,15 +113,50 @@ def register() -> None:
         torch._C._acc.register_python_privateuseone_hook(_Hooks())
         torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
         _register_kernels()
+        _patch_pin_memory()
         _registered = True
+
+
+def _patch_pin_memory() -> None:
+    """``tensor.pin_memory()`` with no device pins for the current
+    accelerator, which is now 'jax'; torch's pinned allocator for it would
+    have to come from C++ hooks a Python backend cannot register, and PJRT
+    copies from any host memory anyway.  So pinning for 'jax' returns the
+    tensor as it is (unpinned) -- what a CPU-only program got before the
+    device existed (e.g. ``DataLoader(pin_memory=True)``)."""
+    original = torch.Tensor.pin_memory
+    if getattr(original, "_pjrt_host", False):
+        return
+
+    def pin_memory(self, device=None):
+        target = device
+        if target is None:
+            acc = torch._C._accelerator_getAccelerator()
+            target = acc.type if acc is not None else None
+        elif not isinstance(target, str):
+            target = torch.device(target).type
+        if target is not None and str(target).split(":", 1)[0] == DEVICE_NAME:
+            return self
+        return original(self) if device is None else original(self, device)
+
+    pin_memory.__doc__ = original.__doc__
+    pin_memory._pjrt_host = True  # type: ignore[attr-defined]
+    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign]
 
 
 def _register_kernels() -> None:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_factory_fallback, "PrivateUse1")
     _libraries.append(fallback)
+    # torch.autocast('jax'): ops pass through, except the matmul family.
+    fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     aten = torch.library.Library("aten", "IMPL")
     _libraries.append(aten)
+    for name in AUTOCAST_OPS:
+        try:
+            aten.impl(name, _autocast_kernel(name), "AutocastPrivateUse1")
+        except Exception as err:
+            logger.debug("pjrt_host: no autocast kernel for aten::%s: %s", name, err)
     for name in FACTORY_OPS:
         try:
             aten.impl(name, _factory_kernel(name), "PrivateUse1")
@@ -149,6 +192,31 @@ def _device_kernel(name: str):
         return _dispatch.dispatch(op, args, kwargs)
 
     kernel.__name__ = f"jax_{name.replace('.', '_')}"
+    return kernel
+
+
+def _autocast_kernel(name: str):
+    op = None
+    key = torch._C.DispatchKey.AutocastPrivateUse1
+
+    def kernel(*args, **kwargs):
+        nonlocal op
+        if op is None:
+            packet, _, overload = name.partition(".")
+            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        dtype = torch.get_autocast_dtype(DEVICE_NAME)
+
+        def cast(v):
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.device.type == DEVICE_NAME:
+                return v.to(dtype)
+            if isinstance(v, (list, tuple)):
+                return type(v)(cast(x) for x in v)
+            return v
+
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return op(*cast(args), **{k: cast(v) for k, v in kwargs.items()})
+
+    kernel.__name__ = f"jax_autocast_{name.replace('.', '_')}"
     return kernel
 
 

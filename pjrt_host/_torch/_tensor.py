@@ -16,7 +16,6 @@ tensor sharing the storage sees the new values on its next read.
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any
 
 import torch
@@ -195,14 +194,15 @@ def make(storage: Storage, size: tuple[int, ...], dtype: torch.dtype, stride: tu
     return t
 
 
-_live: weakref.WeakSet = weakref.WeakSet()
+def synchronize(index: int | None = None) -> None:
+    """Block until the computations queued so far on the device (all devices
+    with None) have finished: the last array each produced is waited for
+    (a device runs its computations in order)."""
+    from . import _dispatch
 
-
-def synchronize() -> None:
-    """Block until every computation queued so far has finished."""
-    import jax
-
-    jax.effects_barrier()
+    for i, arr in list(_dispatch._last.items()):
+        if index is None or i == index:
+            arr.block_until_ready()
 
 
 def _dispatch_fn(func, args, kwargs):  # replaced by _dispatch on import
