@@ -99,6 +99,16 @@ def _to_jax(value: Any) -> Any:
     return value.to("jax") if isinstance(value, torch.Tensor) else value
 
 
+def _on_jax(value: Any) -> Any:
+    """A sample argument as it reads for the device: tensors moved, and a
+    CPU device argument (factories, ``.to``) naming 'jax' instead."""
+    if isinstance(value, torch.device) and value.type == "cpu":
+        return torch.device("jax")
+    if value == "cpu" and isinstance(value, str):
+        return "jax"
+    return value
+
+
 def _compare(actual: Any, expected: Any, dtype: torch.dtype) -> None:
     leaves_a, spec_a = tree_flatten(actual)
     leaves_e, spec_e = tree_flatten(expected)
@@ -125,7 +135,10 @@ def _run_case(op: Any, dtype: torch.dtype) -> int:
         except Exception:
             continue  # torch CPU refuses this sample: nothing to compare
         jax_sample = sample.transform(_to_jax)
-        actual = op(jax_sample.input, *jax_sample.args, **jax_sample.kwargs)
+        args = [_on_jax(a) for a in jax_sample.args]
+        kwargs = {k: _on_jax(v) for k, v in jax_sample.kwargs.items()}
+        with torch.device("jax"):  # factories without a device argument
+            actual = op(_on_jax(jax_sample.input), *args, **kwargs)
         _compare(actual, expected, dtype)
         compared += 1
     return compared

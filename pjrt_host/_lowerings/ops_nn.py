@@ -512,7 +512,7 @@ def _windows(x, taps):
         stride *= spatial[i]
     flat = flat.reshape(tuple(outs) + (-1,))
     valid = valid.reshape(tuple(outs) + (-1,))
-    values = jnp.take(x.reshape(x.shape[:lead] + (-1,)), jnp.asarray(flat), axis=lead)
+    values = jnp.take(x.reshape(x.shape[:lead] + (math.prod(spatial),)), jnp.asarray(flat), axis=lead)
     return values, flat, valid
 
 
@@ -805,3 +805,51 @@ def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout
 
     _, pullback = jax.vjp(forward, query, key, value)
     return pullback(grad_out.astype(query.dtype))
+
+
+# ------------------------------------------------------------ im2col / col2im
+
+
+def _im2col(x, kernel_size, dilation, padding, stride):
+    k, d, p, s = (_tuple(v, 2) for v in (kernel_size, dilation, padding, stride))
+    taps = [_window_indices(x.shape[x.ndim - 2 + i], k[i], s[i], p[i], d[i], False) for i in range(2)]
+    # _windows orders taps (out_h, out_w, k_h * k_w); im2col wants (C * k_h * k_w, out_h * out_w).
+    values, _, valid = _windows(x, taps)
+    values = jnp.where(jnp.asarray(valid), values, jnp.zeros((), x.dtype))
+    lead = x.shape[:-3]
+    c = x.shape[-3]
+    oh, ow, kk = values.shape[-3:]
+    values = values.reshape(lead + (c, oh * ow, kk))
+    return jnp.swapaxes(values, -1, -2).reshape(lead + (c * kk, oh * ow))
+
+
+@lowering("aten::im2col")
+def im2col(x, kernel_size, dilation, padding, stride):
+    return _im2col(x, kernel_size, dilation, padding, stride)
+
+
+@lowering("aten::col2im")
+def col2im(columns, output_size, kernel_size, dilation, padding, stride):
+    lead = columns.shape[:-2]
+    c = columns.shape[-2] // math.prod(_tuple(kernel_size, 2))
+    x = jnp.zeros(lead + (c,) + tuple(output_size), columns.dtype)
+    _, pullback = jax.vjp(lambda t: _im2col(t, kernel_size, dilation, padding, stride), x)
+    return pullback(columns)[0]
+
+
+@lowering("aten::_pdist_forward")
+def pdist(x, p=2):
+    n = x.shape[0]
+    rows, cols = np.triu_indices(n, 1)
+    return cdist(x, x, p)[rows, cols]
+
+
+@lowering("aten::_trilinear")
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    def expanded(t, dims):
+        for d in sorted(dims):
+            t = jnp.expand_dims(t, d)
+        return t
+
+    product = expanded(i1, expand1) * expanded(i2, expand2) * expanded(i3, expand3)
+    return jnp.sum(product, axis=tuple(sumdim)) if sumdim else product

@@ -101,7 +101,28 @@ def pow(x, exponent):
         return jax.lax.integer_pow(xc, exponent) if dtype != torch.bool else xc | (exponent == 0)
     if isinstance(exponent, float) and exponent == 0.5 and dtype.is_floating_point:
         return jnp.sqrt(xc)
-    return jnp.power(xc, ec)
+    if dtype.is_floating_point or dtype.is_complex:
+        return jnp.power(xc, ec)
+    if dtype == torch.bool:
+        return xc | ~ec
+    return _integer_power(xc, ec)
+
+
+def _integer_power(base, exponent):
+    """base ** exponent in integer arithmetic that wraps on overflow, as C
+    does, by square-and-multiply over the exponent's bits; a negative
+    exponent gives 0 except for bases 1 and -1."""
+    base, exponent = jnp.broadcast_arrays(base, exponent)
+    result = jnp.ones_like(base)
+    square = base
+    e = jnp.maximum(exponent, 0)
+    for _ in range(jnp.iinfo(exponent.dtype).bits - 1):
+        result = jnp.where((e & 1) == 1, result * square, result)
+        square = square * square
+        e = e >> 1
+    minus_one = jnp.where((exponent & 1) == 0, 1, -1).astype(base.dtype)
+    negative = jnp.where(base == 1, 1, jnp.where(base == -1, minus_one, 0)).astype(base.dtype)
+    return jnp.where(exponent < 0, negative, result)
 
 
 @lowering("aten::float_power.Tensor_Tensor", "aten::float_power.Tensor_Scalar", "aten::float_power.Scalar")
@@ -201,17 +222,77 @@ _FLOAT_UNARY = {
     "arcsinh": jnp.arcsinh, "arccosh": jnp.arccosh, "arctanh": jnp.arctanh,
     "sigmoid": jax.nn.sigmoid, "special_expit": jax.nn.sigmoid,
     "erf": jsp.erf, "erfc": jsp.erfc, "erfinv": jsp.erfinv, "special_erfcx": jsp.erfcx if hasattr(jsp, "erfcx") else None,
-    "lgamma": jsp.gammaln, "digamma": jsp.digamma,
+    "lgamma": jsp.gammaln,
     "i0": jsp.i0, "special_i0e": jsp.i0e, "special_i1": jsp.i1, "special_i1e": jsp.i1e,
     "special_ndtr": jsp.ndtr, "special_ndtri": jsp.ndtri, "special_log_ndtr": jsp.log_ndtr,
     "special_entr": jsp.entr,
     "sinc": jnp.sinc, "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg,
-    "special_bessel_j0": getattr(jsp, "bessel_j0", None), "special_bessel_j1": getattr(jsp, "bessel_j1", None),
-    "special_spherical_bessel_j0": getattr(jsp, "spherical_bessel_j0", None),
+    "special_modified_bessel_i0": jsp.i0, "special_modified_bessel_i1": jsp.i1,
+    "special_spherical_bessel_j0": lambda x: jnp.where(x == 0, jnp.ones((), x.dtype), jnp.sin(x) / x),
 }
 for _name, _fn in _FLOAT_UNARY.items():
     if _fn is not None:
         lowering(f"aten::{_name}")(_float_unary(_fn))
+
+
+@lowering("aten::digamma", "aten::special_digamma", "aten::special_psi")
+def digamma(x):
+    """digamma with torch's values at the poles: -inf at 0, NaN at negative
+    integers; negative arguments by reflection, which jax's does not do."""
+    x = as_float(x)
+    reflected = jsp.digamma(1 - x) - jnp.pi / jnp.tan(jnp.pi * x)
+    out = jnp.where(x < 0, reflected, jsp.digamma(jnp.where(x < 0, 1.0, x).astype(x.dtype)))
+    out = jnp.where((x < 0) & (x == jnp.floor(x)), jnp.nan, out)
+    return jnp.where(x == 0, -jnp.inf, out).astype(x.dtype)
+
+
+@lowering("aten::frexp.Tensor")
+def frexp(x):
+    mantissa, exponent = jnp.frexp(x)
+    return mantissa, exponent.astype(jnp.int32)
+
+
+@lowering("aten::complex")
+def complex_(real, imag):
+    return jax.lax.complex(real, imag)
+
+
+@lowering("aten::polar")
+def polar(magnitude, angle):
+    return jax.lax.complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))
+
+
+@lowering("aten::to.dtype")
+def to_dtype(x, dtype, non_blocking=False, copy=False, memory_format=None):
+    return cast(x, dtype)
+
+
+@lowering("aten::type_as")
+def type_as(x, other):
+    return x.astype(other.dtype)
+
+
+@lowering("aten::equal")
+def equal(x, other):
+    """A Python bool, as torch returns: concrete values only (the device
+    runs it eagerly)."""
+    return x.shape == other.shape and bool(jnp.all(x == other))
+
+
+@lowering("aten::allclose")
+def allclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    return bool(jnp.all(isclose(x, other, rtol, atol, equal_nan)))
+
+
+@lowering("aten::isclose")
+def isclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    _, (x, other) = promote(x, other)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.abs(x - other) <= atol + rtol * jnp.abs(other) if x.dtype != jnp.bool_ else x == other
+    close = (x == other) | (jnp.abs(x - other) <= atol + rtol * jnp.abs(other))
+    if equal_nan:
+        close = close | (jnp.isnan(x) & jnp.isnan(other))
+    return close
 
 
 @lowering("aten::angle")

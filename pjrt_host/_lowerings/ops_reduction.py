@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import torch
 
 from . import lowering
-from ._util import as_float, canonical_dim, canonical_dims, cast, jdt, tdt
+from ._util import as_float, canonical_dim, canonical_dims, cast, jdt, promote, tdt
 
 
 def _accumulate_dtype(x, dtype):
@@ -338,3 +338,41 @@ def softmax_backward(grad_output, output, dim, input_dtype):
 def log_softmax_backward(grad_output, output, dim, input_dtype):
     out = grad_output - jnp.exp(output) * jnp.sum(grad_output, axis=dim, keepdims=True)
     return out.astype(jdt(input_dtype))
+
+
+@lowering("aten::mode")
+def mode(x, dim=-1, keepdim=False):
+    """The most frequent value along ``dim`` (the smallest among ties) and
+    the last index where it occurs, as torch CPU returns them."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = canonical_dim(dim, x.ndim)
+    moved = jnp.moveaxis(x, axis, -1)
+    same = moved[..., :, None] == moved[..., None, :]
+    counts = jnp.sum(same, axis=-1)
+    best = jnp.max(counts, axis=-1, keepdims=True)
+    candidates = jnp.where(counts == best, moved, jnp.max(moved, axis=-1, keepdims=True))
+    value = jnp.min(candidates, axis=-1, keepdims=True)
+    n = moved.shape[-1]
+    index = jnp.max(jnp.where(moved == value, jnp.arange(n), -1), axis=-1, keepdims=True).astype(jnp.int64)
+    value, index = jnp.moveaxis(value, -1, axis), jnp.moveaxis(index, -1, axis)
+    if not keepdim:
+        value, index = jnp.squeeze(value, axis), jnp.squeeze(index, axis)
+    return value, index
+
+
+@lowering("aten::dist")
+def dist(x, other, p=2):
+    _, (x, other) = promote(x, other)
+    return vector_norm(x - other, p)
+
+
+@lowering("aten::histc")
+def histc(x, bins=100, min=0, max=0):
+    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    if min == 0 and max == 0:  # torch: the data's own range
+        lo, hi = jnp.min(x), jnp.max(x)
+    lo, hi = jnp.where(lo == hi, lo - 1, lo), jnp.where(lo == hi, hi + 1, hi)
+    inside = (x >= lo) & (x <= hi)
+    index = jnp.clip(((x - lo) * bins / (hi - lo)).astype(jnp.int64), 0, bins - 1)
+    return jnp.zeros((bins,), x.dtype).at[index.reshape(-1)].add(inside.reshape(-1).astype(x.dtype))

@@ -31,8 +31,12 @@ def _view_lowering(*names: str):
     return lowering(*full)
 
 
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+def _values(x) -> np.ndarray:
+    """The values of ``x`` on the host, for ops whose output *shape* depends
+    on them (nonzero, masked_select, boolean indexing, unique).  Under
+    ``jax.jit`` this raises jax's TracerArrayConversionError, upon which the
+    device runs the op eagerly."""
+    return np.asarray(x)
 
 
 # ------------------------------------------------------------------- views
@@ -460,9 +464,7 @@ def _index_tuple(x, indices):
         if idx is None:
             out.append(slice(None))
         elif idx.dtype in (jnp.bool_, jnp.uint8):
-            if not _is_concrete(idx):
-                raise NotImplementedError("boolean mask indexing has a data-dependent shape; it cannot be traced")
-            out.extend(jnp.asarray(i) for i in np.nonzero(np.asarray(idx)))
+            out.extend(jnp.asarray(i) for i in np.nonzero(_values(idx)))
         else:
             out.append(idx)
     return tuple(out)
@@ -498,7 +500,7 @@ def index_put(x, indices, values, accumulate=False, unsafe=False):
 @lowering("aten::index_select")
 def index_select(x, dim, index):
     if x.ndim == 0:
-        return jnp.take(x.reshape(1), index.reshape(-1) * 0, axis=0).reshape(index.shape)
+        return x
     dim = canonical_dim(dim, x.ndim)
     return take(x, index.reshape(-1) % max(x.shape[dim], 1), axis=dim)
 
@@ -578,16 +580,62 @@ def masked_scatter(x, mask, source):
 @lowering("aten::masked_select")
 def masked_select(x, mask):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
-    if not _is_concrete(mask):
-        raise NotImplementedError("masked_select has a data-dependent shape; it cannot be traced")
-    return jnp.broadcast_to(x, shape)[np.asarray(jnp.broadcast_to(mask, shape))]
+    return jnp.broadcast_to(x, shape)[_values(jnp.broadcast_to(mask, shape))]
 
 
 @lowering("aten::nonzero")
 def nonzero(x):
-    if not _is_concrete(x):
-        raise NotImplementedError("nonzero has a data-dependent shape; it cannot be traced")
-    return jnp.asarray(np.stack(np.nonzero(np.asarray(x)), axis=-1).astype(np.int64).reshape(-1, x.ndim))
+    if x.ndim == 0:
+        return jnp.zeros((int(_values(x) != 0), 0), jnp.int64)
+    found = np.nonzero(_values(x))
+    return jnp.asarray(np.stack(found, axis=-1).astype(np.int64).reshape(-1, x.ndim))
+
+
+@lowering("aten::nonzero_static")
+def nonzero_static(x, *, size, fill_value=-1):
+    if x.ndim == 0:
+        x = x.reshape(1)
+        return jnp.zeros((size, 0), jnp.int64)
+    found = jnp.nonzero(x, size=size, fill_value=fill_value)
+    return jnp.stack(found, axis=-1).astype(jnp.int64)
+
+
+@lowering("aten::_unique2")
+def unique2(x, sorted=True, return_inverse=False, return_counts=False):
+    values, inverse, counts = np.unique(_values(x).reshape(-1), return_inverse=True, return_counts=True)
+    return (jnp.asarray(values), jnp.asarray(inverse.reshape(x.shape).astype(np.int64)) if return_inverse
+            else jnp.zeros((0,), jnp.int64), jnp.asarray(counts.astype(np.int64)) if return_counts
+            else jnp.zeros((0,), jnp.int64))
+
+
+@lowering("aten::unique_consecutive")
+def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
+    if dim is not None:
+        raise NotImplementedError("unique_consecutive with dim= has no lowering yet")
+    flat = _values(x).reshape(-1)
+    starts = np.concatenate([[True], flat[1:] != flat[:-1]]) if flat.size else np.zeros(0, bool)
+    values = flat[starts]
+    inverse = (np.cumsum(starts) - 1).reshape(x.shape).astype(np.int64)
+    counts = np.diff(np.append(np.nonzero(starts)[0], flat.size)).astype(np.int64)
+    return (jnp.asarray(values), jnp.asarray(inverse) if return_inverse else jnp.zeros((0,), jnp.int64),
+            jnp.asarray(counts) if return_counts else jnp.zeros((0,), jnp.int64))
+
+
+@lowering("aten::bincount")
+def bincount(x, weights=None, minlength=0):
+    length = max(int(_values(x).max(initial=-1)) + 1, minlength)
+    if weights is None:
+        return jnp.zeros((length,), jnp.int64).at[x].add(1)
+    dtype = weights.dtype if jnp.issubdtype(weights.dtype, jnp.floating) else jnp.float64
+    return jnp.zeros((length,), dtype).at[x].add(weights.astype(dtype))
+
+
+@lowering("aten::put")
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    at = flat.at[index.reshape(-1) % max(flat.size, 1)]
+    source = source.reshape(-1).astype(x.dtype)
+    return (_add_at(at, source) if accumulate else at.set(source)).reshape(x.shape)
 
 
 @lowering("aten::take")

@@ -1,0 +1,54 @@
+"""FFT lowerings: torch.fft's three primitives, r2c, c2r and c2c.
+
+torch passes the normalisation as an int: 0 none, 1 by 1/sqrt(n), 2 by 1/n
+(n the product of the transformed sizes, of the signal for c2r).  jnp's
+transforms are asked for no scaling of their own (``norm="forward"`` on an
+inverse, ``"backward"`` on a forward transform) and the scale is applied here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+from . import lowering
+from ._util import canonical_dim
+
+
+def _scale(x, n, normalization):
+    if normalization == 1:
+        return x / jnp.asarray(math.sqrt(n), x.real.dtype)
+    if normalization == 2:
+        return x / jnp.asarray(n, x.real.dtype)
+    return x
+
+
+def _axes(x, dim):
+    return tuple(canonical_dim(d, x.ndim) for d in dim)  # in torch's order: r2c halves the last
+
+
+@lowering("aten::_fft_r2c")
+def fft_r2c(x, dim, normalization, onesided):
+    axes = _axes(x, dim)
+    n = math.prod(x.shape[a] for a in axes)
+    out = jnp.fft.rfftn(x, axes=axes) if onesided else jnp.fft.fftn(x, axes=axes)
+    return _scale(out, n, normalization)
+
+
+@lowering("aten::_fft_c2c")
+def fft_c2c(x, dim, normalization, forward):
+    axes = _axes(x, dim)
+    if not axes:
+        return x
+    n = math.prod(x.shape[a] for a in axes)
+    out = jnp.fft.fftn(x, axes=axes) if forward else jnp.fft.ifftn(x, axes=axes, norm="forward")
+    return _scale(out, n, normalization)
+
+
+@lowering("aten::_fft_c2r")
+def fft_c2r(x, dim, normalization, last_dim_size):
+    axes = _axes(x, dim)
+    sizes = [x.shape[a] for a in axes[:-1]] + [last_dim_size]
+    out = jnp.fft.irfftn(x, s=sizes, axes=axes, norm="forward")
+    return _scale(out, math.prod(sizes), normalization)
