@@ -314,3 +314,43 @@ def test_dtype_map_round_trips() -> None:
     for dtype in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                   torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64):
         assert torch_dtype(jax_dtype(dtype)) == dtype
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_fused_rnn_cell_backward_is_the_forwards_gradient(cell: str) -> None:
+    """The fused LSTM / GRU cells (what nn.LSTM / nn.GRU run off CPU): the
+    forward matches nn.LSTMCell / GRUCell math, the backward is its VJP."""
+    from pjrt_host._lowerings import ops_nn
+
+    torch.manual_seed(0)
+    batch, hidden = 3, 4
+    n_gates = 4 if cell == "lstm" else 3
+    ig, hg = torch.randn(batch, n_gates * hidden), torch.randn(batch, n_gates * hidden)
+    h0 = torch.randn(batch, hidden)
+    bi, bh = torch.randn(n_gates * hidden), torch.randn(n_gates * hidden)
+    j = [jnp.asarray(t.numpy()) for t in (ig, hg, h0, bi, bh)]
+    if cell == "lstm":
+        hy, cy, workspace = ops_nn.lstm_cell(*j)
+        i, f, g, o = (ig + hg + bi + bh).chunk(4, 1)
+        c_ref = i.sigmoid() * g.tanh() + f.sigmoid() * h0
+        torch.testing.assert_close(to_torch(cy), c_ref)
+        torch.testing.assert_close(to_torch(hy), o.sigmoid() * c_ref.tanh())
+        grad_hy, grad_cy = jnp.ones_like(hy) * 0.3, jnp.ones_like(cy) * -0.7
+        _, pullback = jax.vjp(lambda a, c: ops_nn.lstm_cell(a, jnp.zeros_like(a), c)[:2], j[0] + j[1] + j[3] + j[4],
+                              j[2])
+        want_gates, want_cx = pullback((grad_hy, grad_cy))
+        got = ops_nn.lstm_cell_backward(grad_hy, grad_cy, j[2], cy, workspace, True)
+        np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want_gates), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(got[2]), np.asarray(want_cx), rtol=1e-5, atol=1e-6)
+    else:
+        hy, workspace = ops_nn.gru_cell(*j)
+        ir, iz, in_ = (ig + bi).chunk(3, 1)
+        hr, hz, hn = (hg + bh).chunk(3, 1)
+        r, z = (ir + hr).sigmoid(), (iz + hz).sigmoid()
+        torch.testing.assert_close(to_torch(hy), (1 - z) * (in_ + r * hn).tanh() + z * h0)
+        grad_hy = jnp.ones_like(hy) * 0.5
+        _, pullback = jax.vjp(lambda a, b, h: ops_nn.gru_cell(a, b, h)[0], j[0] + j[3], j[1] + j[4], j[2])
+        want = pullback(grad_hy)
+        got = ops_nn.gru_cell_backward(grad_hy, workspace, True)
+        for g_, w_ in zip(got[:3], want):
+            np.testing.assert_allclose(np.asarray(g_), np.asarray(w_), rtol=1e-5, atol=1e-6)

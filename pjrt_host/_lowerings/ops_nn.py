@@ -853,3 +853,73 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 
     product = expanded(i1, expand1) * expanded(i2, expand2) * expanded(i3, expand3)
     return jnp.sum(product, axis=tuple(sumdim)) if sumdim else product
+
+
+# ------------------------------------------------------- fused RNN cells
+# torch.nn.LSTM / GRU use these on every device but CPU.  The workspace is
+# what the backward needs: LSTM's activated gates [i, f, g, o]; GRU's
+# [r, z, n, hidden_n, hx].
+
+
+@lowering("aten::_thnn_fused_lstm_cell")
+def lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias + hidden_bias
+    i, f, g, o = jnp.split(gates, 4, axis=-1)
+    i, f, g, o = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
+    cy = f * cx + i * g
+    hy = o * jnp.tanh(cy)
+    return hy, cy, jnp.concatenate([i, f, g, o], axis=-1)
+
+
+def _lstm_cell_gate_grads(grad_hy, grad_cy, cx, cy, workspace):
+    i, f, g, o = jnp.split(workspace, 4, axis=-1)
+    tanh_cy = jnp.tanh(cy)
+    grad_hy = jnp.zeros_like(cy) if grad_hy is None else grad_hy
+    grad_c = grad_hy * o * (1 - tanh_cy * tanh_cy) + (0 if grad_cy is None else grad_cy)
+    grad_gates = jnp.concatenate([grad_c * g * i * (1 - i), grad_c * cx * f * (1 - f), grad_c * i * (1 - g * g),
+                                  grad_hy * tanh_cy * o * (1 - o)], axis=-1)
+    return grad_gates, grad_c * f
+
+
+@lowering("aten::_thnn_fused_lstm_cell_backward_impl")
+def lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    grad_gates, grad_cx = _lstm_cell_gate_grads(grad_hy, grad_cy, cx, cy, workspace)
+    return grad_gates, grad_cx, (jnp.sum(grad_gates, axis=0) if has_bias else None)
+
+
+@lowering("aten::_thnn_fused_lstm_cell_backward")
+def lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    grad_gates, grad_cx = _lstm_cell_gate_grads(grad_hy, grad_cy, cx, cy, workspace)
+    grad_bias = jnp.sum(grad_gates, axis=0) if has_bias else None
+    return grad_gates, grad_gates, grad_cx, grad_bias, grad_bias
+
+
+@lowering("aten::_thnn_fused_gru_cell")
+def gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+        hidden_gates = hidden_gates + hidden_bias
+    ir, iz, in_ = jnp.split(input_gates, 3, axis=-1)
+    hr, hz, hn = jnp.split(hidden_gates, 3, axis=-1)
+    r = jax.nn.sigmoid(ir + hr)
+    z = jax.nn.sigmoid(iz + hz)
+    n = jnp.tanh(in_ + r * hn)
+    hy = (1 - z) * n + z * hx
+    return hy, jnp.concatenate([r, z, n, hn, hx], axis=-1)
+
+
+@lowering("aten::_thnn_fused_gru_cell_backward")
+def gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, hn, hx = jnp.split(workspace, 5, axis=-1)
+    grad_n = grad_hy * (1 - z) * (1 - n * n)
+    grad_z = grad_hy * (hx - n) * z * (1 - z)
+    grad_r = grad_n * hn * r * (1 - r)
+    grad_input_gates = jnp.concatenate([grad_r, grad_z, grad_n], axis=-1)
+    grad_hidden_gates = jnp.concatenate([grad_r, grad_z, grad_n * r], axis=-1)
+    grad_hx = grad_hy * z
+    if has_bias:
+        return (grad_input_gates, grad_hidden_gates, grad_hx, jnp.sum(grad_input_gates, axis=0),
+                jnp.sum(grad_hidden_gates, axis=0))
+    return grad_input_gates, grad_hidden_gates, grad_hx, None, None
