@@ -130,3 +130,19 @@ def test_a_failed_client_is_not_retried_silently(site, libs):
         print(len(errors), errors[0] is errors[1])
     """, site=site, env={"PJRT_DEVICE": "nullapi"})
     assert out.strip() == "2 True"
+
+
+def test_jax_used_before_the_client_still_works():
+    out = run("""
+        import jax.numpy as jnp, pjrt_host
+        print(float(jnp.ones(3).sum()))        # jax's backends start here
+        print(len(pjrt_host.devices()), pjrt_host.selected().name)
+    """)
+    assert out.split() == ["3.0", "1", "cpu_ref"]
+
+
+def test_device_count_that_can_no_longer_take_effect_is_explained():
+    proc = run_python(["-c", "import jax.numpy as jnp, pjrt_host\njnp.ones(1).block_until_ready()\npjrt_host.devices()"],
+                      env={"PJRT_HOST_CPU_REF_DEVICES": "2"})
+    assert proc.returncode != 0
+    assert "jax's CPU backend already exists with 1 device(s), so PJRT_HOST_CPU_REF_DEVICES=2 cannot take effect" in proc.stderr

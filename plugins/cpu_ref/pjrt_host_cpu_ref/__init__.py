@@ -74,5 +74,17 @@ class CpuRefPlugin(DevicePlugin):
         # Called only when the client is about to be created, so importing
         # jax here keeps `python -m pjrt_host list` free of it.
         import jax
+        from jax._src import xla_bridge
 
-        jax.config.update("jax_num_cpu_devices", count)
+        if not xla_bridge.backends_are_initialized():
+            jax.config.update("jax_num_cpu_devices", count)
+            return
+        # The program used jax before its first device tensor: jax's CPU
+        # backend exists and its device count can no longer change.
+        have = len(jax.local_devices(backend="cpu"))
+        if have != count:
+            raise RuntimeError(
+                f"jax's CPU backend already exists with {have} device(s), so "
+                f"PJRT_HOST_CPU_REF_DEVICES={count} cannot take effect; set it "
+                "before the program first uses jax, or unset it"
+            )
