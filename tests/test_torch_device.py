@@ -405,3 +405,23 @@ def test_plugin_dtype_mapping_warns_once_in_subprocess():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_changing_scalars_do_not_recompile_forever():
+    # An optimizer passes a new step size every step: after a few values the
+    # op traces its scalars instead of compiling once per value.
+    from pjrt_host._torch import _dispatch
+
+    x = torch.rand(8, device=DEV)
+    y = torch.rand(8, device=DEV)
+    for i in range(12):
+        out = torch.addcdiv(x, x, y + 1, value=0.1 * (i + 1))
+        want = torch.addcdiv(x.cpu(), x.cpu(), y.cpu() + 1, value=0.1 * (i + 1))
+        torch.testing.assert_close(out.cpu(), want)
+        z = x / (1.0 + i)
+        torch.testing.assert_close(z.cpu(), x.cpu() / (1.0 + i))
+    compiled = _dispatch._handlers[torch.ops.aten.addcdiv.default].__self__
+    assert compiled.dynamic is True
+    assert len(compiled.cache) <= 5
+    div = _dispatch._handlers[torch.ops.aten.div.Tensor].__self__
+    assert div.dynamic is True

@@ -403,7 +403,8 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 class _Compiled:
     """One op (or its in-place / out= form) compiled per static signature."""
 
-    __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "rng")
+    __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "rng",
+                 "scalar_slots", "dynamic", "misses", "in_trial")
 
     def __init__(self, func: Any, lowering: Callable, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
@@ -416,11 +417,17 @@ class _Compiled:
         self.eager = False
         self.name = _name(func)
         self.rng = bool(getattr(lowering, "needs_rng", False))
+        # Arguments typed Scalar / float: an optimizer passes a new value every
+        # step (Adam's step size), which must not mean a new compile every step.
+        self.scalar_slots = _scalar_slots(func)
+        self.dynamic: bool | None = None  # scalars traced (True), static (False), undecided (None)
+        self.misses = 0
+        self.in_trial = False
 
     # The hot path: flatten, look up, call, wrap.  Kept short on purpose:
     # every line here is paid by every op.
     def __call__(self, args: tuple, kwargs: dict) -> Any:
-        if self.out_names or self.rng:
+        if self.out_names or self.rng or self.dynamic:
             return self._call_general(args, kwargs)
         dyn: list[Any] = []
         dev: list[int] = []
@@ -436,6 +443,10 @@ class _Compiled:
                     raise device_error(_tensor.torch_device(index), _tensor.torch_device(d))
         entry = self.cache.get(key)
         if entry is None:
+            self.misses += 1
+            if self.misses > 3 and self.dynamic is None and self.scalar_slots and not self.in_trial \
+                    and not self.eager:
+                return self._trial_dynamic(args, kwargs)
             entry = self._build(key, args, kwargs, [], key[3], index)
         fn, plan = entry
         try:
@@ -452,6 +463,39 @@ class _Compiled:
                 t._vw = None
                 return t
         return self._finish(result, plan, args, [], index)
+
+    def _trial_dynamic(self, args: tuple, kwargs: dict) -> Any:
+        """Try tracing this op's scalars instead of compiling per value: keep
+        it if the lowering traces and gives the same result (a lowering that
+        branches on a scalar's value cannot)."""
+        target = args[self.inplace] if self.inplace is not None else None
+        saved = target._st.get() if target is not None else None
+        self.in_trial = True
+        try:
+            static_out = self(args, kwargs)
+        finally:
+            self.in_trial = False
+        if target is not None:
+            static_value = target._st.array
+            target._st.array = saved
+        self.dynamic = True
+        try:
+            dyn_out = self._call_general(args, kwargs)
+            if target is not None:
+                same = _same(static_value, target._st.array)
+            else:
+                same = _same_outputs(static_out, dyn_out)
+        except Exception as err:
+            logger.debug("pjrt_host: %s keeps static scalars: %s", self.name, err)
+            same = False
+        if same:
+            return dyn_out
+        self.dynamic = False
+        for k in [k for k in self.cache if _has_dynamic(k)]:
+            del self.cache[k]
+        if target is not None:
+            target._st.array = static_value
+        return static_out
 
     def _go_eager(self, key: Any, args: tuple, kwargs: dict, index: int, dyn: list) -> Any:
         # The lowering needs concrete values (a data-dependent shape): this op
@@ -473,8 +517,15 @@ class _Compiled:
         if self.rng and "generator" in kwargs:
             kwargs = dict(kwargs)
             generator = kwargs.pop("generator")
-        key_args = _encode_seq(args, dyn, dev)
-        key_kwargs = tuple((k, _encode(v, dyn, dev)) for k, v in kwargs.items()) if kwargs else ()
+        if self.dynamic:
+            slots = self.scalar_slots
+            key_args = tuple([_encode_scalar(v, dyn, dev) if i in slots else _encode(v, dyn, dev)
+                              for i, v in enumerate(args)])
+            key_kwargs = tuple((k, _encode_scalar(v, dyn, dev) if k in slots else _encode(v, dyn, dev))
+                               for k, v in kwargs.items()) if kwargs else ()
+        else:
+            key_args = _encode_seq(args, dyn, dev)
+            key_kwargs = tuple((k, _encode(v, dyn, dev)) for k, v in kwargs.items()) if kwargs else ()
         if not dev:
             raise RuntimeError(f"pjrt_host: {self.name} reached the 'jax' device without a 'jax' tensor")
         index = dev[0]
@@ -697,6 +748,59 @@ def _encode(v: Any, dyn: list, dev: list) -> Any:
     return v
 
 
+_DYNS = "\x00S"
+# Tensor positions too: torch passes a Python number there as it is (x / 2.0).
+_SCALAR_TYPES = ("Scalar", "Scalar?", "float", "float?", "Tensor", "Tensor?")
+
+
+def _scalar_slots(func: Any) -> frozenset:
+    try:
+        slots: set = set()
+        for i, a in enumerate(func._schema.arguments):
+            if str(a.type) in _SCALAR_TYPES or str(a.type).startswith("number"):
+                slots.add(a.name)
+                if not a.kwarg_only:
+                    slots.add(i)
+        return frozenset(slots)
+    except Exception:
+        return frozenset()
+
+
+def _encode_scalar(v: Any, dyn: list, dev: list) -> Any:
+    t = type(v)
+    if t is float or t is int:
+        dyn.append(v)
+        return (_DYNS, t)
+    if t is bool or t is complex or v is None:
+        return (t, v)
+    return _encode(v, dyn, dev)
+
+
+def _has_dynamic(key: Any) -> bool:
+    if type(key) is tuple:
+        if key and key[0] == _DYNS:
+            return True
+        return any(_has_dynamic(k) for k in key)
+    return False
+
+
+def _same(a: Any, b: Any) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind in "fc":
+        return bool(np.allclose(a, b, rtol=1e-6, atol=0, equal_nan=True))
+    return bool(np.array_equal(a, b))
+
+
+def _same_outputs(x: Any, y: Any) -> bool:
+    if isinstance(x, JaxTensor) and isinstance(y, JaxTensor):
+        return x.dtype == y.dtype and x.shape == y.shape and _same(read(x), read(y))
+    if isinstance(x, (tuple, list)) and isinstance(y, (tuple, list)):
+        return len(x) == len(y) and all(_same_outputs(a, b) for a, b in zip(x, y))
+    return x == y
+
+
 def _decode_all(targs: tuple, tkwargs: tuple, dyn: tuple, rng: bool):
     it = iter(dyn)
     offsets: list[tuple[Any, Any]] = []
@@ -726,6 +830,8 @@ def _decode(x: Any, it: Any, offsets: list) -> Any:
             return [_decode(y, it, offsets) for y in x[1]]
         if tag == _GEN:
             return None
+        if tag == _DYNS:
+            return next(it)
         if tag in (float, int, bool, complex):
             return x[1]
     return x
