@@ -179,3 +179,15 @@ def test_autograd_through_view_write():
             want = a.grad.clone()
         else:
             torch.testing.assert_close(a.grad.cpu(), want)
+
+
+@pytest.mark.parametrize("program", [
+    lambda d: torch.ones(3, dtype=torch.int64, device=d).add_(0.5),
+    lambda d: torch.ones(3, device=d).add_(torch.ones(2, 3, device=d)),
+])
+def test_inplace_refusals_match_cpu(program):
+    with pytest.raises(RuntimeError) as on_cpu:
+        program("cpu")
+    with pytest.raises(RuntimeError) as on_jax:
+        program("jax")
+    assert str(on_jax.value) == str(on_cpu.value)

@@ -343,6 +343,8 @@ def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
         metas = [out] if single else list(out)
         results = (single, [(tuple(m.shape), m.dtype, tuple(m.stride()), m.storage_offset()) for m in metas])
         if key is not None:
+            if len(_view_cache) > 8192:  # x[i] for ever new i: bound the memory
+                _view_cache.clear()
             _view_cache[key] = results
     single, metas = results
     st = self._st
@@ -607,8 +609,10 @@ class _Compiled:
             tgt_static = None if target._vw is None else target._vw.static
             tgt_dtype = jax_dtype(target.dtype)
             tgt_shape = tuple(target.shape)
-            # The lowering's result of an in-place op must keep self's dtype:
-            # torch refuses e.g. int_tensor.add_(0.5) (meta raised above).
+            # torch refuses an in-place result that self cannot hold
+            # (int_tensor.add_(0.5)) or that would broadcast self.
+            if meta is not None and self.meta_op is not self.func and isinstance(meta[0], torch.Tensor):
+                _check_inplace(meta[0], target)
             plan = ("inplace", None)
 
             def fn(*dyn):
@@ -666,6 +670,23 @@ class _Compiled:
                 self.cache.clear()
             self.cache[key] = entry
         return entry
+
+
+_SCALAR_NAMES = {
+    torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
+    torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float",
+    torch.float64: "Double", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+}
+
+
+def _check_inplace(result: torch.Tensor, target: JaxTensor) -> None:
+    if not torch.can_cast(result.dtype, target.dtype):
+        raise RuntimeError(
+            f"result type {_SCALAR_NAMES.get(result.dtype, result.dtype)} can't be cast to the desired output "
+            f"type {_SCALAR_NAMES.get(target.dtype, target.dtype)}")
+    if tuple(result.shape) != tuple(target.shape):
+        raise RuntimeError(
+            f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(result.shape)}")
 
 
 def _wrap_dynamic(result: Any, index: int) -> Any:
