@@ -166,3 +166,18 @@ def randint_like(key, self, low, high=None, *, dtype=None, layout=None, device=N
     if high is None:
         low, high = 0, low
     return jax.random.randint(key, self.shape, low, high, jnp.int64).astype(self.dtype)
+
+
+# -------------------------------------------------- dtype-changing "views"
+# The device computes these as new tensors (a write through the result does
+# not reach the input); they are views on CPU.
+
+
+@lowering("aten::view_as_real")
+def view_as_real(self):
+    return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
+
+
+@lowering("aten::view_as_complex")
+def view_as_complex(self):
+    return jax.lax.complex(self[..., 0], self[..., 1])
