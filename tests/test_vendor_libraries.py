@@ -96,6 +96,7 @@ def test_libtpu_is_found(tpu: None) -> None:
 def test_elf_check_accepts_both_libraries(cuda: None, tpu: None) -> None:
     result = child_json("""
         import json, os
+        os.environ.pop("TPU_LIBRARY_PATH", None)  # whatever an earlier test left
         from pjrt_host._library import library_problem
         from pjrt_host_gpu import CudaPlugin
         from pjrt_host_tpu import TpuPlugin
