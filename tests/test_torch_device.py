@@ -425,3 +425,21 @@ def test_changing_scalars_do_not_recompile_forever():
     assert len(compiled.cache) <= 5
     div = _dispatch._handlers[torch.ops.aten.div.Tensor].__self__
     assert div.dynamic is True
+
+
+def test_deepcopy_and_pickle():
+    import copy
+    import pickle
+
+    m = torch.nn.Linear(3, 2).to(DEV)
+    m2 = copy.deepcopy(m)
+    assert m2.weight.device.type == DEV and torch.equal(m2.weight.cpu(), m.weight.cpu())
+    with torch.no_grad():
+        m2.weight.add_(1)
+    assert not torch.equal(m2.weight.cpu(), m.weight.cpu())
+    x = torch.arange(6.0, device=DEV).view(2, 3)
+    y, w = copy.deepcopy((x, x[0]))  # a view and its base stay one storage
+    w.mul_(10)
+    assert y.cpu()[0].tolist() == [0.0, 10.0, 20.0] and x.cpu()[0].tolist() == [0.0, 1.0, 2.0]
+    z = pickle.loads(pickle.dumps(x))
+    assert z.device.type == DEV and torch.equal(z.cpu(), x.cpu())

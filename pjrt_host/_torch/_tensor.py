@@ -171,11 +171,6 @@ class JaxTensor(torch.Tensor):
 
         return _conversion.read(self).__dlpack_device__()
 
-    def data_ptr(self) -> int:
-        # Distinct per storage and offset, like torch's, so code that compares
-        # data pointers (e.g. to detect sharing) sees the sharing.
-        return (id(self._st) << 8) + self.storage_offset() * self.element_size()
-
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
