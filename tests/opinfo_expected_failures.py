@@ -23,8 +23,64 @@ SKIPS: dict[str, str] = {
     **{name: _UNINITIALISED for name in (
         "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
     )},
+    "svd_lowrank": _RANDOM,
+    "pca_lowrank": _RANDOM,
+    "tensor_split": "the sample's split-index tensor must stay on CPU (torch's rule); moving every tensor breaks it",
 }
 
 #: Known to fail today.
 EXPECTED_FAILURES: dict[str, str] = {
+    # The device core (pjrt_host/_torch), not a lowering.
+    "view_as_complex-float32": "view_as_complex is a view with a complex result; the device has no such view",
+    "stft-float32": "stft transposes in place (transpose_), which the device does not support",
+    "resize_": "in-place resize of a 'jax' tensor is not supported",
+    "resize_as_": "in-place resize of a 'jax' tensor is not supported",
+    "quantile-float32": "quantile squeezes its result in place (squeeze_), which the device does not support",
+    "nanquantile-float32": "nanquantile squeezes its result in place (squeeze_), which the device does not support",
+    **{f"fft.{name}": "torch returns a lazily conjugated view (conj bit) that the device does not resolve"
+       for name in ("ifft", "ihfft", "hfft2", "hfftn")},
+    "chalf": "complex32 has no jax dtype",
+    "to_sparse": "sparse layouts are not supported on the 'jax' device",
+    "sparse.sampled_addmm-float32": "sparse layouts are not supported on the 'jax' device",
+    "sparse.mm.reduce-float32": "sparse layouts are not supported on the 'jax' device",
+    # Results that legitimately differ.
+    "kthvalue-int64": "which index torch CPU reports among equal values is unspecified; the device reports the first",
+    "topk-int64": "which indices torch CPU reports among equal values is unspecified; the device's sort is stable",
+    "sort-bool": "torch CPU's default (unstable) sort orders equal elements its own way; the device's is stable",
+    "argsort-bool": "torch CPU's default (unstable) sort orders equal elements its own way; the device's is stable",
+    "linalg.eigh-float32": "eigenvectors are defined up to sign; LAPACK and XLA choose different signs",
+    **{name: "polygamma of a negative argument: jax's series is wrong there (it does not reflect)"
+       for name in ("polygamma.polygamma_n_0-float32", "polygamma.polygamma_n_1-float32",
+                    "polygamma.polygamma_n_2-float32", "polygamma.polygamma_n_3-float32",
+                    "polygamma.polygamma_n_4-float32", "special.polygamma.special_polygamma_n_0-float32")},
+    # No lowering yet (TODO: each is a self-contained addition to pjrt_host/_lowerings).
+    "geqrf-float32": "geqrf (Householder QR form) has no lowering yet",
+    "ormqr-float32": "ormqr (Householder QR form) has no lowering yet",
+    "linalg.eig-float32": "general eigendecomposition (complex results) has no lowering yet",
+    "linalg.eigvals-float32": "general eigendecomposition (complex results) has no lowering yet",
+    "linalg.ldl_factor-float32": "LDL factorisation has no lowering yet",
+    "linalg.ldl_factor_ex-float32": "LDL factorisation has no lowering yet",
+    "linalg.ldl_solve-float32": "LDL factorisation has no lowering yet",
+    "linalg.lstsq-float32": "lstsq has no lowering yet",
+    "linalg.lstsq.grad_oriented-float32": "lstsq has no lowering yet",
+    "histogram-float32": "histogram with bin edges has no lowering yet",
+    "histogramdd-float32": "histogramdd has no lowering yet",
+    "hash_tensor": "hash_tensor has no lowering yet",
+    "nn.functional.embedding_bag-float32": "_embedding_bag has no lowering yet",
+    "nn.functional.ctc_loss-float32": "ctc_loss has no lowering yet",
+    "nn.functional.linear_cross_entropy.chunked-float32": "torch_nn's chunked linear cross-entropy op has no lowering",
+    "nn.functional.linear_cross_entropy.chunked_none-float32":
+        "torch_nn's chunked linear cross-entropy op has no lowering",
+    "_upsample_bilinear2d_aa-float32": "antialiased bilinear resampling has no lowering yet",
+    "grid_sampler_3d-float32": "3-d grid sampling has no lowering yet",
+    "_segment_reduce.lengths-float32": "segment_reduce has no lowering yet",
+    "_segment_reduce.offsets-float32": "segment_reduce has no lowering yet",
+    **{f"special.{name}": "jax has no implementation of this special function"
+       for name in ("airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_k0",
+                    "modified_bessel_k1", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1")},
+    **{f"special.{name}": "orthogonal polynomials of a tensor degree have no lowering yet"
+       for name in ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
+                    "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u",
+                    "shifted_chebyshev_polynomial_v", "shifted_chebyshev_polynomial_w", "hermite_polynomial_h",
+                    "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p")},
 }

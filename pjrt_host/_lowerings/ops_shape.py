@@ -665,17 +665,55 @@ def constant_pad_nd(x, pad, value=0):
     return jax.lax.pad(x, jnp.asarray(value, x.dtype), config)
 
 
-def _np_pad(mode):
+def _source_index(size, before, after, mode):
+    """For each position of a padded axis, the input position it copies
+    (a negative width crops that side)."""
+    i = np.arange(size + before + after) - before
+    if mode == "edge":
+        return np.clip(i, 0, size - 1)
+    if mode == "wrap":
+        return i % size
+    period = 2 * (size - 1)  # reflect: mirror about the edge elements
+    i = np.abs(i) % period if period else np.zeros_like(i)
+    return np.where(i > size - 1, period - i, i)
+
+
+def _index_pad(mode):
     def lower(x, padding):
-        n = len(padding) // 2
-        widths = [(0, 0)] * (x.ndim - n) + [(padding[2 * i], padding[2 * i + 1]) for i in reversed(range(n))]
-        return jnp.pad(x, widths, mode=mode)
+        for k in range(len(padding) // 2):
+            axis = x.ndim - 1 - k
+            x = jnp.take(x, jnp.asarray(_source_index(x.shape[axis], padding[2 * k], padding[2 * k + 1], mode)),
+                         axis=axis)
+        return x
 
     return lower
 
 
-lowering("aten::reflection_pad1d", "aten::reflection_pad2d", "aten::reflection_pad3d")(_np_pad("reflect"))
-lowering("aten::replication_pad1d", "aten::replication_pad2d", "aten::replication_pad3d")(_np_pad("edge"))
+lowering("aten::reflection_pad1d", "aten::reflection_pad2d", "aten::reflection_pad3d")(_index_pad("reflect"))
+lowering("aten::replication_pad1d", "aten::replication_pad2d", "aten::replication_pad3d")(_index_pad("edge"))
+lowering("aten::_pad_circular")(_index_pad("wrap"))
+
+
+@lowering("aten::channel_shuffle", "aten::native_channel_shuffle")
+def channel_shuffle(x, groups):
+    n, c = x.shape[:2]
+    grouped = x.reshape((n, groups, c // groups) + x.shape[2:])
+    return jnp.swapaxes(grouped, 1, 2).reshape(x.shape)
+
+
+@lowering("aten::atleast_1d")
+def atleast_1d(x):
+    return jnp.atleast_1d(x)
+
+
+@lowering("aten::atleast_2d")
+def atleast_2d(x):
+    return jnp.atleast_2d(x)
+
+
+@lowering("aten::atleast_3d")
+def atleast_3d(x):
+    return jnp.atleast_3d(x)
 lowering("aten::_pad_circular")(_np_pad("wrap"))
 
 
