@@ -443,3 +443,16 @@ def test_deepcopy_and_pickle():
     assert y.cpu()[0].tolist() == [0.0, 10.0, 20.0] and x.cpu()[0].tolist() == [0.0, 1.0, 2.0]
     z = pickle.loads(pickle.dumps(x))
     assert z.device.type == DEV and torch.equal(z.cpu(), x.cpu())
+
+
+def test_data_assignment_and_module_dtype_change():
+    m = torch.nn.Linear(3, 2).to(DEV)
+    w_cpu = m.weight.detach().cpu()
+    m.double()  # nn.Module swaps parameter data in place
+    assert m.weight.dtype == torch.float64
+    torch.testing.assert_close(m.weight.detach().cpu(), w_cpu.double())
+    out = m(torch.ones(1, 3, dtype=torch.float64, device=DEV))
+    assert out.dtype == torch.float64
+    p = torch.ones(2, device=DEV)
+    p.data = torch.zeros(3, device=DEV)
+    assert p.shape == (3,) and p.cpu().tolist() == [0.0, 0.0, 0.0]

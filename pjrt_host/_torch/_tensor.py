@@ -147,6 +147,20 @@ class JaxTensor(torch.Tensor):
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                 (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 
+    @property
+    def data(self):
+        return _data_descriptor.__get__(self, type(self))
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        # torch swaps the metadata (sizes, dtype); the values live in Python
+        # attributes torch does not know about, so they follow here
+        # (nn.Module.double() / .to(dtype) on a 'jax' module come this way).
+        _data_descriptor.__set__(self, value)
+        if isinstance(value, JaxTensor):
+            self._st = value._st
+            self._vw = value._vw
+
     def numpy(self, *, force: bool = False):
         if self.requires_grad:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
@@ -173,6 +187,7 @@ class JaxTensor(torch.Tensor):
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+_data_descriptor = torch._C.TensorBase.data
 
 
 def make(storage: Storage, size: tuple[int, ...], dtype: torch.dtype, stride: tuple[int, ...] | None = None,
