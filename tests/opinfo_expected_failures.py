@@ -78,9 +78,4 @@ EXPECTED_FAILURES: dict[str, str] = {
     **{f"special.{name}": "jax has no implementation of this special function"
        for name in ("airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_k0",
                     "modified_bessel_k1", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1")},
-    **{f"special.{name}": "orthogonal polynomials of a tensor degree have no lowering yet"
-       for name in ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
-                    "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u",
-                    "shifted_chebyshev_polynomial_v", "shifted_chebyshev_polynomial_w", "hermite_polynomial_h",
-                    "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p")},
 }
