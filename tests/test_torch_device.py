@@ -456,3 +456,13 @@ def test_data_assignment_and_module_dtype_change():
     p = torch.ones(2, device=DEV)
     p.data = torch.zeros(3, device=DEV)
     assert p.shape == (3,) and p.cpu().tolist() == [0.0, 0.0, 0.0]
+
+
+def test_inference_mode_and_functorch():
+    m = torch.nn.Linear(3, 2).to(DEV)
+    with torch.inference_mode():
+        y = m(torch.ones(2, 3, device=DEV))
+        total = y.sum().item()  # aten::item arrives undecomposed here
+    torch.testing.assert_close(total, m.cpu()(torch.ones(2, 3)).sum().item(), rtol=1e-5, atol=1e-5)
+    g = torch.func.grad(lambda t: (t**2).sum())(torch.ones(3, device=DEV))
+    assert g.device.type == DEV and g.cpu().tolist() == [2.0, 2.0, 2.0]

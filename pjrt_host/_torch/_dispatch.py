@@ -275,29 +275,29 @@ _decomp_table: dict | None = None
 
 
 def _decomposition(func: Any) -> Callable | None:
+    """torch's own way to run ``func`` with other ops: its
+    CompositeImplicitAutograd kernel (reached here in inference mode, where
+    autograd does not decompose it first), else the Python decomposition
+    tables of torch._decomp."""
     global _decomp_table
-    if _decomp_table is None:
-        try:
-            import torch._decomp as decomp
-
-            _decomp_table = dict(decomp.decomposition_table)
-            try:
-                import torch._refs  # noqa: F401 - registers more decompositions
-            except Exception:
-                pass
-            _decomp_table.update(decomp.decomposition_table)
-        except Exception as err:  # pragma: no cover - torch internals moved
-            logger.warning("pjrt_host: torch's decomposition table is unavailable: %s", err)
-            _decomp_table = {}
-    fn = _decomp_table.get(func)
-    if fn is not None:
-        return fn
     try:
         if torch._C._dispatch_has_kernel_for_dispatch_key(_name(func), "CompositeImplicitAutograd"):
             return func.decompose
     except Exception:
         pass
-    return None
+    if _decomp_table is None:
+        try:
+            import torch._decomp as decomp
+
+            try:
+                import torch._refs  # noqa: F401 - registers more decompositions
+            except Exception:
+                pass
+            _decomp_table = dict(decomp.decomposition_table)
+        except Exception as err:  # pragma: no cover - torch internals moved
+            logger.warning("pjrt_host: torch's decomposition table is unavailable: %s", err)
+            _decomp_table = {}
+    return _decomp_table.get(func)
 
 
 def _via_functional(func: Any, decomp: Callable, out_names: tuple[str, ...], args: tuple, kwargs: dict) -> Any:

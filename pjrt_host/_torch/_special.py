@@ -142,6 +142,7 @@ HANDLERS: dict[str, Callable[[Any, tuple, dict], Any]] = {
     "aten::_to_copy": to_copy,
     "aten::copy_": copy_,
     "aten::_local_scalar_dense": local_scalar_dense,
+    "aten::item": local_scalar_dense,  # reached directly in inference mode
     "aten::clone": clone,
     "aten::lift_fresh": lift_fresh,
     "aten::is_pinned": is_pinned,
