@@ -11,7 +11,7 @@ One module per concept:
 
 - ``_registration``: the device name, the ``torch.jax`` module, the
   PrivateUse1 hooks and the factory kernels (cheap; runs at autoload).
-- ``_device_module``: ``torch.jax`` itself, modelled on ``torch.cuda``.
+- ``_device_module``: ``torch.jax`` itself, shaped like torch's built-in device modules.
 - ``_tensor``: the tensor subclass and its storage / view model.
 - ``_dispatch``: ATen op -> lowering table, decomposition, or a clear error.
 - ``_factories``: tensors made from nothing (``torch.zeros(..., device='jax')``).

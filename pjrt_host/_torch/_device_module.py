@@ -1,5 +1,5 @@
-"""``torch.jax``: the device module of the 'jax' device, modelled on
-``torch.cuda``.
+"""``torch.jax``: the device module of the 'jax' device, with the same
+functions as torch's built-in accelerator modules.
 
 Registered with ``torch._register_device_module`` at autoload.  Cheap to
 import; jax is imported by the calls that need the devices
@@ -109,8 +109,8 @@ def set_device(device: Any) -> None:
 
 
 class device:
-    """Context manager that changes the current device, like
-    ``torch.cuda.device``."""
+    """Context manager that changes the current device, like the ``device``
+    context manager of torch's built-in accelerator modules."""
 
     def __init__(self, device: Any) -> None:
         self.index = None if device is None else _index(device)

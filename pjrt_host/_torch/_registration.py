@@ -46,8 +46,8 @@ FACTORY_OPS = (
     "randperm",
 )
 
-# Ops that run in the autocast dtype under torch.autocast('jax'), as CUDA's
-# "lower precision" list has them; every other op passes through unchanged.
+# Ops that run in the autocast dtype under torch.autocast('jax') (torch's
+# "lower precision" list); every other op passes through unchanged.
 AUTOCAST_OPS = (
     "mm", "bmm", "matmul", "addmm", "addbmm", "baddbmm", "linear", "conv1d", "conv2d", "conv3d",
     "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "prelu",
@@ -100,7 +100,7 @@ def register() -> None:
             return
         if current != DEVICE_NAME:
             torch.utils.rename_privateuse1_backend(DEVICE_NAME)
-        # tensor.jax(), tensor.is_jax, module.jax(), like tensor.cuda().
+        # tensor.jax(), tensor.is_jax, module.jax(), as torch's built-in devices have.
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
         from . import _device_module

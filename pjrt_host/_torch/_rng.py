@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["DEFAULT_SEED", "State", "state", "seed_all", "seed_one", "next_key_args"]
 
-#: torch's default seed for its device generators (the same as CUDA's).
+#: torch's default seed for its accelerator generators.
 DEFAULT_SEED = 67280421310721
 
 _lock = threading.Lock()
