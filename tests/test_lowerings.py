@@ -354,3 +354,17 @@ def test_fused_rnn_cell_backward_is_the_forwards_gradient(cell: str) -> None:
         got = ops_nn.gru_cell_backward(grad_hy, workspace, True)
         for g_, w_ in zip(got[:3], want):
             np.testing.assert_allclose(np.asarray(g_), np.asarray(w_), rtol=1e-5, atol=1e-6)
+
+
+def test_every_lowering_module_imports_cleanly() -> None:
+    """load_all() logs and skips a module that fails to import, so that one
+    broken family cannot take the device down; here such a failure must
+    fail loudly instead (a module that dies half-way loses every lowering
+    after the error)."""
+    import importlib
+    import pkgutil
+
+    names = [m.name for m in pkgutil.iter_modules(_lowerings.__path__) if m.name.startswith("ops_")]
+    assert names
+    for name in names:
+        importlib.import_module(f"pjrt_host._lowerings.{name}")

@@ -714,7 +714,6 @@ def atleast_2d(x):
 @lowering("aten::atleast_3d")
 def atleast_3d(x):
     return jnp.atleast_3d(x)
-lowering("aten::_pad_circular")(_np_pad("wrap"))
 
 
 # --------------------------------------------------------- sort and select
