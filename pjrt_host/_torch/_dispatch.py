@@ -212,6 +212,12 @@ def _make_handler(func: Any) -> Callable[[tuple, dict], Any]:
 
 def _make_handler_generic(func: Any) -> Callable[[tuple, dict], Any]:
     schema = func._schema
+    try:
+        inplace_view = torch.Tag.inplace_view in func.tags
+    except Exception:
+        inplace_view = False
+    if inplace_view:
+        return lambda args, kwargs: run_inplace_view(func, args, kwargs)
     if func.is_view or _returns_alias(schema):
         return lambda args, kwargs: run_view(func, args, kwargs)
     mutable = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
@@ -341,15 +347,22 @@ def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
         out = func(_meta_view_of(self), *args[1:], **kwargs)
         single = isinstance(out, torch.Tensor)
         metas = [out] if single else list(out)
-        results = (single, [(tuple(m.shape), m.dtype, tuple(m.stride()), m.storage_offset()) for m in metas])
+        results = (single, [(tuple(m.shape), m.dtype, tuple(m.stride()), m.storage_offset(),
+                             "conj" if m.is_conj() else "neg" if m.is_neg() else None) for m in metas])
         if key is not None:
             if len(_view_cache) > 8192:  # x[i] for ever new i: bound the memory
                 _view_cache.clear()
             _view_cache[key] = results
     single, metas = results
+    if single and metas[0][4]:
+        # conj() / _neg_view(): torch marks the view with a bit instead of
+        # computing; the device computes the values (a new tensor).
+        arr = read(self)
+        arr = jnp.conj(arr) if metas[0][4] == "conj" else -arr
+        return wrap_array(arr, self._st.index, self.dtype)
     st = self._st
     outs = []
-    for size, dtype, stride, offset in metas:
+    for size, dtype, stride, offset, _bit in metas:
         if dtype != self.dtype:
             if func._schema.name == "aten::view" or _name(func) == "aten::view.dtype":
                 # view(dtype): a reinterpretation; same-width ones are exact.
@@ -362,6 +375,25 @@ def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
             return _Compiled(func, lowering)(args, kwargs)
         outs.append(make(st, size, dtype, stride, offset, view_for(st, size, stride, offset)))
     return outs[0] if single else outs
+
+
+def run_inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
+    """transpose_, squeeze_, unsqueeze_, t_, as_strided_ ...: torch's meta
+    kernel changes self's metadata in place (as torch does for its own
+    wrapper subclasses), and self's view into its storage follows."""
+    self = args[0]
+    from torch.utils._mode_utils import no_dispatch
+
+    with no_dispatch():
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            func(*args, **kwargs)
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
+    size, stride, offset = tuple(self.shape), tuple(self.stride()), self.storage_offset()
+    self._vw = view_for(self._st, size, stride, offset)
+    return self
 
 
 def _view_dtype(self: JaxTensor, dtype: torch.dtype) -> JaxTensor:
