@@ -191,3 +191,25 @@ def test_inplace_refusals_match_cpu(program):
     with pytest.raises(RuntimeError) as on_jax:
         program("jax")
     assert str(on_jax.value) == str(on_cpu.value)
+
+
+def _p_inplace_metadata_ops(x):
+    y = x.clone()
+    y.transpose_(0, 1)
+    y.unsqueeze_(0)
+    y.squeeze_(0)
+    y.t_()
+    y.mul_(x)
+    z = x[1:].clone()
+    z.resize_(2, 3)  # fewer elements: a contiguous reinterpretation
+    return [y, z]
+
+
+PROGRAMS["inplace_metadata_ops"] = _p_inplace_metadata_ops
+
+
+def test_conj_view_values():
+    c = torch.complex(torch.tensor([1.0, 2.0]), torch.tensor([3.0, -4.0]))
+    j = c.to("jax")
+    torch.testing.assert_close(j.conj().cpu(), c.conj().resolve_conj())
+    torch.testing.assert_close((j.conj() * 2).cpu(), c.conj() * 2)

@@ -4,6 +4,7 @@ a scalar, cloning (free: jax arrays are immutable), lifting constants."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -115,12 +116,20 @@ def is_pinned(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def resize_(func: Any, args: tuple, kwargs: dict) -> Any:
+    """torch's resize_ within the tensor's storage (same or fewer elements):
+    a contiguous reinterpretation of the same values, as on CPU.  Growing a
+    'jax' tensor in place is not supported (torch's metadata of a tensor
+    without torch storage cannot grow past it)."""
     self, size = args[0], tuple(args[1])
     if tuple(self.shape) == size:
         return self
-    raise NotImplementedError(
-        f"pjrt_host: resizing a 'jax' tensor in place (from {tuple(self.shape)} to {size}) is not supported; "
-        "make a new tensor instead (e.g. pass no out= argument)")
+    offset = self.storage_offset()
+    if offset + math.prod(size) > self._st.numel:
+        raise NotImplementedError(
+            f"pjrt_host: growing a 'jax' tensor in place (resize_ from {tuple(self.shape)} to {size}) is not "
+            "supported; make a new tensor instead (e.g. pass no out= argument)")
+    strides = _tensor.contiguous_strides(size)
+    return _dispatch.run_inplace_view(torch.ops.aten.as_strided_.default, (self, size, strides, offset), {})
 
 
 def record_stream(func: Any, args: tuple, kwargs: dict) -> Any:
