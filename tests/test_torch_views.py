@@ -123,6 +123,18 @@ def _p_int_views(x):
     return [i]
 
 
+def _p_inplace_metadata_ops(x):
+    y = x.clone()
+    y.transpose_(0, 1)
+    y.unsqueeze_(0)
+    y.squeeze_(0)
+    y.t_()
+    y.mul_(x)
+    z = x[1:].clone()
+    z.resize_(2, 3)  # fewer elements: a contiguous reinterpretation
+    return [y, z]
+
+
 PROGRAMS = {name[3:]: fn for name, fn in globals().items() if name.startswith("_p_")}
 
 
@@ -193,19 +205,6 @@ def test_inplace_refusals_match_cpu(program):
     assert str(on_jax.value) == str(on_cpu.value)
 
 
-def _p_inplace_metadata_ops(x):
-    y = x.clone()
-    y.transpose_(0, 1)
-    y.unsqueeze_(0)
-    y.squeeze_(0)
-    y.t_()
-    y.mul_(x)
-    z = x[1:].clone()
-    z.resize_(2, 3)  # fewer elements: a contiguous reinterpretation
-    return [y, z]
-
-
-PROGRAMS["inplace_metadata_ops"] = _p_inplace_metadata_ops
 
 
 def test_conj_view_values():
