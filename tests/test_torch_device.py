@@ -466,3 +466,24 @@ def test_inference_mode_and_functorch():
     torch.testing.assert_close(total, m.cpu()(torch.ones(2, 3)).sum().item(), rtol=1e-5, atol=1e-5)
     g = torch.func.grad(lambda t: (t**2).sum())(torch.ones(3, device=DEV))
     assert g.device.type == DEV and g.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("zero_copy", [("cpu",), ()])
+def test_moves_use_dlpack_only_where_the_plugin_allows(monkeypatch, zero_copy):
+    import jax
+
+    from pjrt_host._torch import _conversion
+
+    torch.zeros(1, device=DEV)  # the client exists
+    monkeypatch.setattr(_conversion, "_zero_copy", zero_copy)
+    calls = []
+    real = jax.dlpack.from_dlpack
+    monkeypatch.setattr(jax.dlpack, "from_dlpack", lambda x, *a, **k: calls.append(1) or real(x, *a, **k))
+    c = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # non-contiguous source
+    j = c.to(DEV)
+    assert bool(calls) == bool(zero_copy)
+    assert torch.equal(j.cpu(), c)
+    c.zero_()  # the source is not aliased
+    assert j.cpu().sum().item() == 66.0
+    b = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    assert torch.equal(b.to(DEV).cpu(), b)
