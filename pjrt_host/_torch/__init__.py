@@ -32,7 +32,17 @@ def autoload() -> None:
     """Entry point of the ``torch.backends`` group: make device='jax' work.
 
     Idempotent.  Safe to call while ``import torch`` is still running: torch
-    calls it after every public name it needs is defined."""
-    from . import _registration
+    calls it after every public name it needs is defined.  Never raises: a
+    failure here would make every ``import torch`` fail, so it is logged
+    and the device is simply absent."""
+    try:
+        from . import _registration
 
-    _registration.register()
+        _registration.register()
+    except Exception as err:  # pragma: no cover - depends on the torch build
+        import logging
+
+        logging.getLogger("pjrt_host").warning(
+            "pjrt_host: the 'jax' torch device could not be registered (%s: %s); torch works without it. "
+            "Please report this with your torch version; TORCH_DEVICE_BACKEND_AUTOLOAD=0 skips the attempt.",
+            type(err).__name__, err)
