@@ -25,7 +25,6 @@ torch release that drops an overload cannot break import.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import warnings
 from typing import Any, Callable
