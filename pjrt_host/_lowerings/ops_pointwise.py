@@ -65,7 +65,7 @@ def div_mode(x, other, *, rounding_mode=None):
         return floor_divide(x, other)
     if dtype.is_floating_point:
         return jnp.trunc(x / other)
-    return jax.lax.div(x, other)  # integer division truncates toward zero
+    return jax.lax.div(*jnp.broadcast_arrays(x, other))  # integer division truncates toward zero
 
 
 @lowering("aten::floor_divide", "aten::floor_divide.Scalar")
@@ -254,12 +254,12 @@ def frexp(x):
 
 @lowering("aten::complex")
 def complex_(real, imag):
-    return jax.lax.complex(real, imag)
+    return jax.lax.complex(*jnp.broadcast_arrays(real, imag))
 
 
 @lowering("aten::polar")
 def polar(magnitude, angle):
-    return jax.lax.complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))
+    return jax.lax.complex(*jnp.broadcast_arrays(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle)))
 
 
 @lowering("aten::to.dtype")
