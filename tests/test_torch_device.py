@@ -190,8 +190,9 @@ def test_mixed_devices_fail_like_cuda():
     with pytest.raises(RuntimeError, match=r"Expected all tensors to be on the same device, but found at least "
                                            r"two devices, jax:0 and cpu!"):
         j + torch.ones(3)
-    with pytest.raises(RuntimeError, match="same device"):
-        torch.ones(3) * j
+    for cpu_first in (lambda: torch.ones(3) * j, lambda: torch.ones(3).add_(j), lambda: torch.cat([torch.ones(3), j])):
+        with pytest.raises(RuntimeError, match="found at least two devices, jax:0 and cpu!"):
+            cpu_first()
 
 
 def test_cpu_scalar_tensor_is_allowed():

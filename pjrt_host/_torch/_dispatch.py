@@ -464,7 +464,10 @@ class _Compiled:
             return self._call_general(args, kwargs)
         dyn: list[Any] = []
         dev: list[int] = []
-        key_args = tuple([_encode(v, dyn, dev) for v in args])
+        try:
+            key_args = tuple([_encode(v, dyn, dev) for v in args])
+        except _ForeignFirst as err:
+            raise device_error(_first_jax_device(list(args) + list(kwargs.values())), err.device) from None
         key = (key_args, tuple([(k, _encode(v, dyn, dev)) for k, v in kwargs.items()]) if kwargs else (),
                (), _config.current())
         if not dev:
@@ -539,6 +542,12 @@ class _Compiled:
         return fn(*dyn)
 
     def _call_general(self, args: tuple, kwargs: dict) -> Any:
+        try:
+            return self._call_general_checked(args, kwargs)
+        except _ForeignFirst as err:
+            raise device_error(_first_jax_device(list(args) + list(kwargs.values())), err.device) from None
+
+    def _call_general_checked(self, args: tuple, kwargs: dict) -> Any:
         dyn: list[Any] = []
         dev: list[int] = []
         out_targets: list[JaxTensor] = []
@@ -770,6 +779,24 @@ def _encode_seq(values: Any, dyn: list, dev: list) -> tuple:
     return tuple([_encode(v, dyn, dev) for v in values])
 
 
+class _ForeignFirst(Exception):
+    """A non-'jax' tensor came before any 'jax' tensor: the caller names both."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+
+def _first_jax_device(values: Any) -> Any:
+    for v in values:
+        if isinstance(v, JaxTensor):
+            return v.device
+        if isinstance(v, (list, tuple)):
+            found = _first_jax_device(v)
+            if found is not None:
+                return found
+    return None
+
+
 def _encode(v: Any, dyn: list, dev: list) -> Any:
     if isinstance(v, JaxTensor):
         st = v._st
@@ -789,7 +816,7 @@ def _encode(v: Any, dyn: list, dev: list) -> Any:
             return (_CPU, v.dtype)
         if dev:
             raise device_error(_tensor.torch_device(dev[0]), v.device)
-        raise device_error(v.device, "jax")
+        raise _ForeignFirst(v.device)
     t = type(v)
     if t is list or t is tuple:
         return (_LIST, tuple([_encode(x, dyn, dev) for x in v]))
