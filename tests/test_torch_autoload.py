@@ -124,14 +124,14 @@ def test_cpu_results_unchanged_on_torch_opinfo_samples():
     # same ops on the same samples give bit-identical results with the device
     # backend loaded and without it.
     script = str(HERE / "_torch_cpu_digest.py")
-    code = f"import runpy, sys; sys.argv = ['x', '100', '6']; runpy.run_path({script!r}, run_name='__main__')"
+    code = f"import runpy, sys; sys.argv = ['x', '70', '8']; runpy.run_path({script!r}, run_name='__main__')"
     procs = start(code), start(code, autoload=False)  # side by side: half the wall time
     with_device, without = finish(procs[0], 400), finish(procs[1], 400)
     assert with_device.returncode == 0, with_device.stderr[-3000:]
     assert without.returncode == 0, without.stderr[-3000:]
     a = json.loads(with_device.stdout.strip().splitlines()[-1])
     b = json.loads(without.stdout.strip().splitlines()[-1])
-    assert len(a["ops"]) > 60
+    assert len(a["ops"]) > 45
     different = sorted(k for k in a["ops"] if a["ops"][k] != b["ops"].get(k))
     assert not different, f"CPU results changed with the device loaded: {different}"
     assert a["accelerator"] == "jax" and b["accelerator"] == "None"
