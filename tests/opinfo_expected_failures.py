@@ -31,14 +31,6 @@ SKIPS: dict[str, str] = {
 #: Known to fail today.
 EXPECTED_FAILURES: dict[str, str] = {
     # The device core (pjrt_host/_torch), not a lowering.
-    "stft-float32": "stft transposes in place (transpose_), which the device does not support",
-    "resize_": "in-place resize of a 'jax' tensor is not supported",
-    "resize_as_": "in-place resize of a 'jax' tensor is not supported",
-    "quantile-float32": "quantile squeezes its result in place (squeeze_), which the device does not support",
-    "nanquantile-float32": "nanquantile squeezes its result in place (squeeze_), which the device does not support",
-    "nn.functional.linear_cross_entropy-float32": "squeezes in place (squeeze_), which the device does not support",
-    **{f"fft.{name}": "torch returns a lazily conjugated view (conj bit) that the device does not resolve"
-       for name in ("ifft", "ihfft", "hfft2", "hfftn")},
     "chalf": "complex32 has no jax dtype",
     "to_sparse": "sparse layouts are not supported on the 'jax' device",
     "sparse.sampled_addmm-float32": "sparse layouts are not supported on the 'jax' device",
