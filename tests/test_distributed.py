@@ -82,6 +82,9 @@ def _check_collectives(results: list[dict], per_host: int) -> None:
         assert r["gather"] == [[k, k * k] for k in ranks]
         assert r["broadcast"] == [i + 10.0 * (n - 1) for i in range(3)]
         assert r["wrapped"] == [sum(k + 1 for k in ranks)] * 2
+        # torch tensors on the 'jax' device go through the same collectives
+        assert r["torch_sum"] == r["sum"] and r["torch_sum_device"] == "jax:0"
+        assert r["torch_gather"] == [[k] for k in ranks] and r["torch_gather_dtype"] == "torch.int64"
 
 
 # -- jobs that work -------------------------------------------------------------

@@ -54,6 +54,7 @@ def _collectives(outdir: str, plain: bool = False) -> None:
         "gather": np.asarray(dist.all_gather(jnp.array([rank, rank * rank], dtype=jnp.int32))).tolist(),
         "broadcast": np.asarray(dist.broadcast(x, src=n - 1)).tolist(),
         "wrapped": _wrapped_sum(dist, rank),
+        **_torch_collectives(dist, rank),
     }
     dist.barrier("done", timeout=60)
     Path(outdir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -80,6 +81,21 @@ def _wrapped_sum(dist, rank: int) -> list:
     out = dist.all_reduce(_Wrapped(jnp.full((2,), rank + 1, dtype=jnp.int32)), "sum")
     assert isinstance(out, _Wrapped), type(out)
     return np.asarray(out._elem).tolist()
+
+
+def _torch_collectives(dist, rank: int) -> dict:
+    """The same collectives on torch tensors of the 'jax' device."""
+    import torch
+
+    t = torch.arange(3, dtype=torch.float32, device="jax") + 10.0 * rank
+    total = dist.all_reduce(t, "sum")
+    gathered = dist.all_gather(torch.tensor([rank], device="jax"))
+    return {
+        "torch_sum": total.tolist(),
+        "torch_sum_device": str(total.device),
+        "torch_gather": gathered.tolist(),
+        "torch_gather_dtype": str(gathered.dtype),
+    }
 
 
 def spawned(local_rank: int, outdir: str) -> None:

@@ -96,3 +96,23 @@ def to_numpy(t: JaxTensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.cpu().numpy()  # raises torch's own TypeError
     return np.array(read(t), copy=True)
+
+
+def _wrap_result(array: Any, like: JaxTensor) -> JaxTensor:
+    """A 'jax' tensor holding ``array`` (a collective's result) on ``like``'s
+    device."""
+    from .._lowerings._dtypes import torch_dtype
+    from ._tensor import Storage, make
+
+    shape = tuple(array.shape)
+    return make(Storage(array, shape, array.dtype, like._st.index), shape, torch_dtype(array.dtype))
+
+
+def _register_with_collectives() -> None:
+    # pjrt_host.distributed's collectives take 'jax' tensors as they are.
+    from .. import _collectives
+
+    _collectives.register_array_type(JaxTensor, to_jax=read, from_jax=_wrap_result)
+
+
+_register_with_collectives()
