@@ -92,7 +92,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         r["name"],
         f"{r['distribution']} {r['version']}" if r["distribution"] else "-",
         r["source"],
-        r["library"] or "(built into jaxlib)" if r["status"] == "ok" or r["library"] else r["library"] or "-",
+        _library_text(r),
         "*" if r["selected"] else "",
         _status_text(r),
     ] for r in rows]
@@ -106,6 +106,13 @@ def _row(record: PluginRecord, chosen: str | None) -> dict[str, Any]:
     row = record.as_dict()
     row["selected"] = record.name == chosen and record.ok
     return row
+
+
+def _library_text(row: dict[str, Any]) -> str:
+    """The library path; a usable plugin without one uses a jaxlib backend."""
+    if row["library"]:
+        return row["library"]
+    return "(built into jaxlib)" if row["status"] == "ok" else "-"
 
 
 def _status_text(row: dict[str, Any]) -> str:
