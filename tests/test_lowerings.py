@@ -73,9 +73,14 @@ def to_torch(value: Any) -> Any:
 
 def run_lowered(op: Any, args: tuple, kwargs: dict, jit: bool = False) -> Any:
     """Run ``op`` through its lowering on CPU tensors; return CPU tensors."""
-    fn = _lowerings.lookup(op)
-    if fn is None:
+    found = _lowerings.lookup(op)
+    if found is None:
         raise LookupError(f"no lowering for {op.name()}")
+    ctx = _lowerings.LoweringContext()
+
+    def fn(*a: Any, **k: Any) -> Any:
+        return _lowerings.invoke(found, a, k, ctx)
+
     jargs, jkwargs = to_jax((args, kwargs))
     if not jit:
         return to_torch(fn(*jargs, **jkwargs))
@@ -288,14 +293,19 @@ def test_model_forward_and_backward(program: Any) -> None:
     assert mode.checked
 
 
-def test_dense_gather_matches_sparse(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dense_gather_matches_sparse() -> None:
+    """The plugin's dense_gather_factor reaches a lowering only through the
+    context its caller passes to invoke, and the one-hot gather it selects
+    is exact."""
     x = jnp.asarray(np.arange(24.0, dtype=np.float32).reshape(4, 6))
     index = jnp.asarray([[3, 0], [1, 1], [2, 3]])
-    sparse = _util.take(x, index, axis=0)
-    monkeypatch.setattr(_util, "dense_gather_factor", lambda: 8)
-    dense = _util.take(x, index, axis=0)
-    np.testing.assert_array_equal(np.asarray(dense), np.asarray(sparse))
-    np.testing.assert_array_equal(np.asarray(_util.take(x, index, axis=1)), np.asarray(x)[:, np.asarray(index)])
+    probe = _lowerings.Lowering(lambda: (_lowerings.current_context().dense_gather_factor,
+                                         _util.take(x, index, axis=0), _util.take(x, index, axis=1)), ("probe",))
+    factor, dense0, dense1 = _lowerings.invoke(probe, (), {}, _lowerings.LoweringContext(dense_gather_factor=8))
+    assert factor == 8
+    assert _lowerings.current_context().dense_gather_factor == 0  # restored after the call
+    np.testing.assert_array_equal(np.asarray(dense0), np.asarray(_util.take(x, index, axis=0)))
+    np.testing.assert_array_equal(np.asarray(dense1), np.asarray(x)[:, np.asarray(index)])
 
 
 def test_every_registered_name_is_an_aten_op_or_harmless() -> None:

@@ -6,41 +6,88 @@ drops an overload cannot break import: an unknown name is simply never
 looked up.  Lookup goes from the exact overload (``"aten::add.Tensor"``) to
 the overload packet (``"aten::add"``).
 
-A lowering receives the op's arguments with every torch tensor replaced by a
-``jax.Array`` (Python scalars, dtypes, lists, ... unchanged) and returns
-jax arrays (or a tuple / list of them, mirroring the op's outputs).  It must
-be traceable by ``jax.jit`` (no Python branching on array values), because
-the same table serves eager execution, torch.compile and assume_pure.
+Each registration is a :class:`Lowering` record: the function plus what it
+needs from its caller (a random key, concrete values).  A lowering receives
+the op's arguments with every torch tensor replaced by a ``jax.Array``
+(Python scalars, dtypes, lists, ... unchanged) and returns jax arrays (or a
+tuple / list of them, mirroring the op's outputs).  It must be traceable by
+``jax.jit`` unless it is marked ``data_dependent``.
 
-Modules that define lowerings (``pjrt_host._lowerings.ops_*``) are imported
-by :func:`load_all` when the first op is dispatched, never at ``import torch``.
+Every caller -- eager dispatch, the torch.compile backend, ``assume_pure`` --
+runs a lowering through :func:`invoke` with a :class:`LoweringContext` it
+builds; nothing else calls ``Lowering.fn``.  This package imports nothing of
+pjrt_host outside itself: what a lowering needs of the device reaches it
+through that context.
+
+Modules that define lowerings (``ops_*``) are imported by :func:`load_all`
+when the first op is looked up, never at ``import torch``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import pkgutil
+import threading
 from typing import Any, Callable
 
-__all__ = ["lookup", "lowering", "load_all", "registered_names"]
+from ._invoke import LoweringContext, current_context, invoke
 
-logger = logging.getLogger("pjrt_host")
+__all__ = [
+    "DuplicateLoweringError", "Lowering", "LoweringContext", "current_context", "invoke", "load_all", "lookup",
+    "lowering", "registered_names",
+]
 
-Lowering = Callable[..., Any]
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lowering:
+    """One registration of the table."""
+
+    #: The traceable function: ``fn(*args, **kwargs)`` with jax arrays for tensors
+    #: (``fn(key, *args, **kwargs)`` when ``needs_rng``).
+    fn: Callable[..., Any]
+    #: Normalised ATen names it is registered under (``"aten::add.Tensor"``).
+    names: tuple[str, ...]
+    #: Takes a jax PRNG key as its first argument; :func:`invoke` passes the
+    #: context's ``rng_key`` and drops torch's ``generator`` argument.
+    needs_rng: bool = False
+    #: Its output *shape* depends on input values (nonzero, unique, boolean
+    #: masks): it needs concrete arrays, so it runs outside ``jax.jit`` and a
+    #: compiled graph cannot hold it.
+    data_dependent: bool = False
+    #: ``module:function`` where it was defined, for duplicate-registration errors.
+    where: str = ""
+
+
+class DuplicateLoweringError(RuntimeError):
+    """An ATen name registered twice: import order would silently pick one."""
+
 
 _TABLE: dict[str, Lowering] = {}
+_load_lock = threading.RLock()
 _loaded = False
 
 
-def lowering(*names: str) -> Callable[[Lowering], Lowering]:
+def lowering(*names: str, needs_rng: bool = False, data_dependent: bool = False) -> Callable[[Callable], Callable]:
     """Register the decorated function for each ATen op name, e.g.
     ``@lowering("aten::add.Tensor", "aten::add.Scalar")`` or a whole packet
-    ``@lowering("aten::relu")``.  A later registration replaces an earlier."""
+    ``@lowering("aten::relu")``.  Returns the function unchanged, so lowerings
+    can call each other.  A name registered twice raises
+    :class:`DuplicateLoweringError` naming both places."""
 
-    def register(fn: Lowering) -> Lowering:
-        for name in names:
-            _TABLE[_normalise(name)] = fn
+    def register(fn: Callable) -> Callable:
+        where = f"{fn.__module__}:{fn.__qualname__}"
+        record = Lowering(fn, tuple(_normalise(n) for n in names), needs_rng, data_dependent, where)
+        for name in record.names:
+            previous = _TABLE.get(name)
+            if previous is not None and previous.fn is not fn:
+                raise DuplicateLoweringError(
+                    f"pjrt_host: the ATen op {name} has two lowerings, {previous.where} and {where}; "
+                    "keep one (which would win depends on import order)")
+            _TABLE[name] = record
         return fn
 
     return register
@@ -49,18 +96,18 @@ def lowering(*names: str) -> Callable[[Lowering], Lowering]:
 def lookup(op: Any) -> Lowering | None:
     """The lowering for an ``OpOverload`` (or anything with ``name()``), or
     None.  Never raises."""
-    load_all()
+    if not _loaded:
+        load_all()
     try:
         full = op.name()  # "aten::add.Tensor" (or "aten::add" for default)
     except Exception:
         return None
-    fn = _TABLE.get(full)
-    if fn is None:
-        packet = full.split(".", 1)[0]
-        fn = _TABLE.get(packet)
-        if fn is None and full.endswith(".default"):
-            fn = _TABLE.get(full[: -len(".default")])
-    return fn
+    found = _TABLE.get(full)
+    if found is None:
+        found = _TABLE.get(full.split(".", 1)[0])
+        if found is None and full.endswith(".default"):
+            found = _TABLE.get(full[: -len(".default")])
+    return found
 
 
 def registered_names() -> list[str]:
@@ -71,17 +118,22 @@ def registered_names() -> list[str]:
 def load_all() -> None:
     """Import every ``ops_*`` module of this package once.  A module that
     fails to import is logged and skipped: one broken family of lowerings
-    must not take the device down."""
+    must not take the device down (tests import each one strictly)."""
     global _loaded
     if _loaded:
         return
-    _loaded = True
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("ops_"):
-            try:
-                importlib.import_module(f"{__name__}.{info.name}")
-            except Exception as err:  # pragma: no cover - defensive
-                logger.warning("pjrt_host: lowerings in %s failed to load: %s", info.name, err)
+    with _load_lock:
+        if _loaded:
+            return
+        for info in pkgutil.iter_modules(__path__):
+            if info.name.startswith("ops_"):
+                try:
+                    importlib.import_module(f"{__name__}.{info.name}")
+                except DuplicateLoweringError:
+                    raise
+                except Exception as err:  # pragma: no cover - defensive
+                    logger.warning("lowerings in %s failed to load: %s", info.name, err)
+        _loaded = True
 
 
 def _normalise(name: str) -> str:

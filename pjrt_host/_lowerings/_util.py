@@ -16,20 +16,20 @@ import numpy as np
 import torch
 
 from ._dtypes import jax_dtype, torch_dtype
+from ._invoke import current_context
 
 __all__ = [
     "as_float", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "float_dtype",
-    "is_complex", "is_float", "is_integral", "jdt", "promote", "result_type", "tdt",
-    "reduction_dims", "to_jax",
+    "optional_jax_dtype", "promote", "result_type", "take", "torch_dtype_of", "to_jax",
 ]
 
 
-def jdt(dtype: torch.dtype | None) -> Any:
+def optional_jax_dtype(dtype: torch.dtype | None) -> Any:
     """jax dtype for a torch dtype (None stays None)."""
     return None if dtype is None else jax_dtype(dtype)
 
 
-def tdt(x: Any) -> torch.dtype:
+def torch_dtype_of(x: Any) -> torch.dtype:
     """torch dtype of a jax array, or of a Python scalar as torch wraps it."""
     if isinstance(x, bool):
         return torch.bool
@@ -40,18 +40,6 @@ def tdt(x: Any) -> torch.dtype:
     if isinstance(x, complex):
         return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
     return torch_dtype(x.dtype)
-
-
-def is_float(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point
-
-
-def is_complex(dtype: torch.dtype) -> bool:
-    return dtype.is_complex
-
-
-def is_integral(dtype: torch.dtype, include_bool: bool = True) -> bool:
-    return not (dtype.is_floating_point or dtype.is_complex) and (include_bool or dtype != torch.bool)
 
 
 def _to_complex(dtype: torch.dtype) -> torch.dtype:
@@ -87,7 +75,7 @@ def result_type(*operands: Any) -> torch.dtype:
             tier = 2
         else:
             tier = 0 if jnp.ndim(x) > 0 else 1
-        d = tdt(x)
+        d = torch_dtype_of(x)
         tiers[tier] = d if tiers[tier] is None else torch.promote_types(tiers[tier], d)
     out = _combine(tiers[0], _combine(tiers[1], tiers[2]))
     assert out is not None, "result_type needs at least one operand"
@@ -117,12 +105,12 @@ def promote(*operands: Any) -> tuple[torch.dtype, list[jax.Array]]:
 
 def as_float(x: Any) -> jax.Array:
     """x in the dtype an int-to-float op returns."""
-    return cast(x, float_dtype(tdt(x)))
+    return cast(x, float_dtype(torch_dtype_of(x)))
 
 
 def to_jax(x: Any) -> Any:
     """Python scalars to arrays of torch's dtype for them; arrays unchanged."""
-    return cast(x, tdt(x)) if isinstance(x, (bool, int, float, complex)) else x
+    return cast(x, torch_dtype_of(x)) if isinstance(x, (bool, int, float, complex)) else x
 
 
 def canonical_dim(dim: int, ndim: int) -> int:
@@ -144,21 +132,10 @@ def canonical_dims(dims: int | Sequence[int] | None, ndim: int) -> tuple[int, ..
     return tuple(sorted({canonical_dim(d, ndim) for d in dims} - ({0} if ndim == 0 else set())))
 
 
-def reduction_dims(x: jax.Array, dims: int | Sequence[int] | None) -> tuple[int, ...]:
-    return canonical_dims(dims, x.ndim)
-
-
 def dense_gather_factor() -> int:
-    """The selected plugin's dense_gather_factor, or 0 when there is no
-    runtime (lowerings run in tests without a device) or it fails."""
-    try:
-        from .. import _runtime
-
-        if not _runtime.is_initialized():
-            return 0
-        return int(getattr(_runtime.plugin(), "dense_gather_factor", 0) or 0)
-    except Exception:
-        return 0
+    """The plugin's dense_gather_factor, as the caller's
+    :class:`~pjrt_host._lowerings.LoweringContext` gives it (0: never)."""
+    return current_context().dense_gather_factor
 
 
 def take(x: jax.Array, index: jax.Array, axis: int) -> jax.Array:

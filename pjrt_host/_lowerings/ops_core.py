@@ -19,11 +19,7 @@ __all__: list[str] = []
 
 
 def random_lowering(*names: str):
-    def register(fn):
-        fn.needs_rng = True
-        return lowering(*names)(fn)
-
-    return register
+    return lowering(*names, needs_rng=True)
 
 
 def _float(x):
@@ -76,7 +72,7 @@ def bernoulli_tensor_(key, self, p, *, generator=None):
     return jax.random.bernoulli(key, jnp.broadcast_to(p, self.shape), self.shape).astype(self.dtype)
 
 
-@random_lowering("aten::bernoulli", "aten::bernoulli.default")
+@random_lowering("aten::bernoulli")
 def bernoulli(key, self, *, generator=None):
     return jax.random.bernoulli(key, self, self.shape).astype(self.dtype)
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import lowering
-from ._util import canonical_dim, cast, jdt, promote, take, tdt
+from ._util import canonical_dim, cast, optional_jax_dtype, promote, take, torch_dtype_of
 
 def _matmul(a, b):
     """Matrix product.  Its float precision is the device configuration's
@@ -30,7 +30,7 @@ def _matmul(a, b):
 
 
 def _scaled(x, factor):
-    return x if factor == 1 else x * cast(factor, tdt(x))
+    return x if factor == 1 else x * cast(factor, torch_dtype_of(x))
 
 
 def _beta_input(x, beta):

@@ -16,7 +16,7 @@ import jax.scipy.special as jsp
 import torch
 
 from . import lowering
-from ._util import as_float, cast, float_dtype, jdt, promote, result_type, tdt, to_jax
+from ._util import as_float, cast, float_dtype, optional_jax_dtype, promote, result_type, torch_dtype_of, to_jax
 
 # ---------------------------------------------------------------- arithmetic
 
@@ -127,7 +127,7 @@ def _integer_power(base, exponent):
 
 @lowering("aten::float_power.Tensor_Tensor", "aten::float_power.Tensor_Scalar", "aten::float_power.Scalar")
 def float_power(x, exponent):
-    complex_ = any(tdt(a).is_complex for a in (x, exponent))
+    complex_ = any(torch_dtype_of(a).is_complex for a in (x, exponent))
     dtype = torch.complex128 if complex_ else torch.float64
     return jnp.power(cast(x, dtype), cast(exponent, dtype))
 
@@ -188,7 +188,7 @@ def round_(x, *, decimals=0):
         return x
     if decimals == 0:
         return jnp.round(x)
-    scale = cast(10.0 ** abs(decimals), tdt(x))
+    scale = cast(10.0 ** abs(decimals), torch_dtype_of(x))
     if decimals > 0:
         return jnp.round(x * scale) / scale
     return jnp.round(x / scale) * scale
@@ -400,7 +400,9 @@ def fmin(x, other):
 # --------------------------------------------------------------- comparisons
 
 
-def _comparison(fn):
+def _promoted_binary(fn):
+    """``fn`` on both operands promoted to torch's common dtype (comparisons
+    and bitwise ops: the result dtype is fn's own)."""
     def lower(x, other):
         _, (x, other) = promote(x, other)
         return fn(x, other)
@@ -408,14 +410,10 @@ def _comparison(fn):
     return lower
 
 
-for _name, _fn in (("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less), ("le", jnp.less_equal),
-                   ("gt", jnp.greater), ("ge", jnp.greater_equal)):
-    _lower = _comparison(_fn)
-    lowering(f"aten::{_name}.Tensor", f"aten::{_name}.Scalar")(_lower)
-for _name, _alias in (("greater", "gt"), ("greater_equal", "ge"), ("less", "lt"), ("less_equal", "le"),
-                      ("not_equal", "ne")):
-    lowering(f"aten::{_name}.Tensor", f"aten::{_name}.Scalar")(_comparison(getattr(jnp, {
-        "gt": "greater", "ge": "greater_equal", "lt": "less", "le": "less_equal", "ne": "not_equal"}[_alias])))
+for _names, _fn in ((("eq",), jnp.equal), (("ne", "not_equal"), jnp.not_equal), (("lt", "less"), jnp.less),
+                    (("le", "less_equal"), jnp.less_equal), (("gt", "greater"), jnp.greater),
+                    (("ge", "greater_equal"), jnp.greater_equal)):
+    lowering(*(f"aten::{n}.{o}" for n in _names for o in ("Tensor", "Scalar")))(_promoted_binary(_fn))
 
 
 @lowering("aten::isnan")
@@ -475,18 +473,10 @@ def logical_xor(x, other):
     return _truth(x) ^ _truth(other)
 
 
-def _bitwise(fn):
-    def lower(x, other):
-        _, (x, other) = promote(x, other)
-        return fn(x, other)
-
-    return lower
-
-
 for _name, _fn in (("bitwise_and", jnp.bitwise_and), ("bitwise_or", jnp.bitwise_or),
                    ("bitwise_xor", jnp.bitwise_xor), ("__and__", jnp.bitwise_and),
                    ("__or__", jnp.bitwise_or), ("__xor__", jnp.bitwise_xor)):
-    lowering(f"aten::{_name}.Tensor", f"aten::{_name}.Scalar", f"aten::{_name}.Scalar_Tensor")(_bitwise(_fn))
+    lowering(f"aten::{_name}.Tensor", f"aten::{_name}.Scalar", f"aten::{_name}.Scalar_Tensor")(_promoted_binary(_fn))
 
 
 @lowering("aten::bitwise_not")
@@ -497,7 +487,7 @@ def bitwise_not(x):
 def _shift(left: bool):
     def lower(x, other):
         dtype, (x, other) = promote(x, other)
-        bits = jnp.iinfo(jdt(dtype)).bits
+        bits = jnp.iinfo(optional_jax_dtype(dtype)).bits
         too_far = (other < 0) | (other >= bits)
         if left:
             return jnp.where(too_far, 0, jnp.left_shift(x, jnp.clip(other, 0, bits - 1))).astype(x.dtype)
@@ -577,11 +567,11 @@ def addcdiv(x, tensor1, tensor2, *, value=1):
 
 @lowering("aten::masked_fill.Scalar", "aten::masked_fill.Tensor")
 def masked_fill(x, mask, value):
-    return jnp.where(mask, cast(value, tdt(x)), x)
+    return jnp.where(mask, cast(value, torch_dtype_of(x)), x)
 
 
-@lowering("aten::positive", "aten::alias", "aten::lift_fresh", "aten::detach", "aten::resolve_conj",
-          "aten::resolve_neg")
+# alias / detach are views: ops_shape registers them with their _copy twins.
+@lowering("aten::positive", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg")
 def identity(x):
     return x
 
@@ -616,12 +606,12 @@ def relu6(x):
 
 @lowering("aten::hardtanh")
 def hardtanh(x, min_val=-1, max_val=1):
-    return jnp.clip(x, cast(min_val, tdt(x)), cast(max_val, tdt(x)))
+    return jnp.clip(x, cast(min_val, torch_dtype_of(x)), cast(max_val, torch_dtype_of(x)))
 
 
 @lowering("aten::leaky_relu")
 def leaky_relu(x, negative_slope=0.01):
-    return jnp.where(x > 0, x, x * cast(negative_slope, tdt(x)))
+    return jnp.where(x > 0, x, x * cast(negative_slope, torch_dtype_of(x)))
 
 
 @lowering("aten::gelu")
@@ -686,7 +676,7 @@ def softshrink(x, lambd=0.5):
 
 @lowering("aten::threshold")
 def threshold(x, threshold, value):
-    return jnp.where(x <= threshold, cast(value, tdt(x)), x)
+    return jnp.where(x <= threshold, cast(value, torch_dtype_of(x)), x)
 
 
 @lowering("aten::log_sigmoid_forward")

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import torch
 
 from . import lowering
-from ._util import as_float, canonical_dim, canonical_dims, cast, jdt, promote, tdt
+from ._util import as_float, canonical_dim, canonical_dims, cast, optional_jax_dtype, promote, torch_dtype_of
 
 
 def _accumulate_dtype(x, dtype):
@@ -21,7 +21,7 @@ def _accumulate_dtype(x, dtype):
     int64 for integral input, else the input's."""
     if dtype is not None:
         return dtype
-    d = tdt(x)
+    d = torch_dtype_of(x)
     return torch.int64 if not (d.is_floating_point or d.is_complex) else d
 
 
@@ -331,13 +331,13 @@ def safe_softmax(x, dim, dtype=None):
 def softmax_backward(grad_output, output, dim, input_dtype):
     g = grad_output * output
     out = g - output * jnp.sum(g, axis=dim, keepdims=True)
-    return out.astype(jdt(input_dtype))
+    return out.astype(optional_jax_dtype(input_dtype))
 
 
 @lowering("aten::_log_softmax_backward_data")
 def log_softmax_backward(grad_output, output, dim, input_dtype):
     out = grad_output - jnp.exp(output) * jnp.sum(grad_output, axis=dim, keepdims=True)
-    return out.astype(jdt(input_dtype))
+    return out.astype(optional_jax_dtype(input_dtype))
 
 
 @lowering("aten::mode")

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import lowering
-from ._util import canonical_dim, canonical_dims, cast, dense_gather_factor, result_type, take, tdt
+from ._util import canonical_dim, canonical_dims, cast, dense_gather_factor, result_type, take, torch_dtype_of
 
 
 def _view_lowering(*names: str):
@@ -173,7 +173,7 @@ def clone(x, *, memory_format=None):
 
 @lowering("aten::fill.Scalar", "aten::fill.Tensor")
 def fill(x, value):
-    return jnp.full(x.shape, cast(value, tdt(x)) if not hasattr(value, "dtype") else value.astype(x.dtype))
+    return jnp.full(x.shape, cast(value, torch_dtype_of(x)) if not hasattr(value, "dtype") else value.astype(x.dtype))
 
 
 @lowering("aten::zero")
@@ -397,7 +397,7 @@ def _scatter_operands(x, dim, index, src):
         x, index, dim = x.reshape(1), index.reshape(-1), 0
     dim = canonical_dim(dim, x.ndim)
     if not hasattr(src, "shape") or src.ndim == 0:
-        values = jnp.broadcast_to(cast(src, tdt(x)) if not hasattr(src, "dtype") else src.astype(x.dtype), index.shape)
+        values = jnp.broadcast_to(cast(src, torch_dtype_of(x)) if not hasattr(src, "dtype") else src.astype(x.dtype), index.shape)
     else:
         values = src.reshape((1,) * (index.ndim - src.ndim) + src.shape) if src.ndim < index.ndim else src
         values = values[tuple(slice(0, n) for n in index.shape)].astype(x.dtype).reshape(index.shape)
@@ -516,7 +516,7 @@ def _index_along(x, dim, index):
 def index_add(x, dim, index, source, *, alpha=1):
     if x.ndim == 0:
         return x + (source.reshape(()) * alpha).astype(x.dtype) * index.size
-    source = source.astype(x.dtype) * cast(alpha, tdt(x)) if alpha != 1 else source.astype(x.dtype)
+    source = source.astype(x.dtype) * cast(alpha, torch_dtype_of(x)) if alpha != 1 else source.astype(x.dtype)
     return _add_at(x.at[_index_along(x, dim, index)], source)
 
 
@@ -529,7 +529,7 @@ def index_copy(x, dim, index, source):
 
 @lowering("aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor")
 def index_fill(x, dim, index, value):
-    value = cast(value, tdt(x)) if not hasattr(value, "dtype") else value.astype(x.dtype)
+    value = cast(value, torch_dtype_of(x)) if not hasattr(value, "dtype") else value.astype(x.dtype)
     if x.ndim == 0:
         return jnp.where(index.size > 0, value, x)
     return x.at[_index_along(x, dim, index)].set(value)
@@ -577,13 +577,13 @@ def masked_scatter(x, mask, source):
     return jnp.where(mask, picked.astype(x.dtype), x.reshape(-1)).reshape(shape)
 
 
-@lowering("aten::masked_select")
+@lowering("aten::masked_select", data_dependent=True)
 def masked_select(x, mask):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     return jnp.broadcast_to(x, shape)[_values(jnp.broadcast_to(mask, shape))]
 
 
-@lowering("aten::nonzero")
+@lowering("aten::nonzero", data_dependent=True)
 def nonzero(x):
     if x.ndim == 0:
         return jnp.zeros((int(_values(x) != 0), 0), jnp.int64)
@@ -600,7 +600,7 @@ def nonzero_static(x, *, size, fill_value=-1):
     return jnp.stack(found, axis=-1).astype(jnp.int64)
 
 
-@lowering("aten::_unique2")
+@lowering("aten::_unique2", data_dependent=True)
 def unique2(x, sorted=True, return_inverse=False, return_counts=False):
     values, inverse, counts = np.unique(_values(x).reshape(-1), return_inverse=True, return_counts=True)
     return (jnp.asarray(values), jnp.asarray(inverse.reshape(x.shape).astype(np.int64)) if return_inverse
@@ -608,7 +608,7 @@ def unique2(x, sorted=True, return_inverse=False, return_counts=False):
             else jnp.zeros((0,), jnp.int64))
 
 
-@lowering("aten::unique_consecutive")
+@lowering("aten::unique_consecutive", data_dependent=True)
 def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     if dim is not None:
         raise NotImplementedError("unique_consecutive with dim= has no lowering yet")
@@ -621,7 +621,7 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
             jnp.asarray(counts) if return_counts else jnp.zeros((0,), jnp.int64))
 
 
-@lowering("aten::bincount")
+@lowering("aten::bincount", data_dependent=True)
 def bincount(x, weights=None, minlength=0):
     length = max(int(_values(x).max(initial=-1)) + 1, minlength)
     if weights is None:
