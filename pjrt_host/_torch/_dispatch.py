@@ -442,7 +442,8 @@ class _Compiled:
     def __init__(self, func: Any, lowering: Callable, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
         self.func = func
-        self.lowering = lowering
+        # The table holds Lowering records; this (pre-engine) dispatcher calls the function itself.
+        self.lowering = getattr(lowering, "fn", lowering)
         self.inplace = inplace
         self.out_names = out_names
         self.meta_op = meta_op if meta_op is not None else func
