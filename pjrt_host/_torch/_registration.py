@@ -114,6 +114,7 @@ def register() -> None:
         torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
         _register_kernels()
         _patch_pin_memory()
+        _install_dispatcher()
         _registered = True
 
 
@@ -142,6 +143,31 @@ def _patch_pin_memory() -> None:
     pin_memory.__doc__ = original.__doc__
     pin_memory._pjrt_host = True  # type: ignore[attr-defined]
     torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign]
+
+
+def _install_dispatcher() -> None:
+    """``JaxTensor.__torch_dispatch__`` as torch.compile needs it: hidden from
+    a thread while dynamo compiles in it (so dynamo traces 'jax' tensors as
+    plain tensors), and never traced by dynamo itself; plus AOTAutograd's
+    tangent hook.  Every C++ -> Python entry point of the device is marked
+    the same way."""
+    from .._compile import _hiding
+    from . import _tensor
+
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _tensor._dispatch_fn(func, args, kwargs or {})
+
+    _tensor.JaxTensor.__torch_dispatch__ = _hiding.DispatchDescriptor(
+        __torch_dispatch__, _hiding.refuse_real_op)  # type: ignore[assignment]
+    # AOTAutograd checks each runtime tangent against the metadata it guessed
+    # for a subclass; a 'jax' tensor is a plain tensor to it.
+    _tensor.JaxTensor.__coerce_same_metadata_as_tangent__ = _coerce_tangent  # type: ignore[attr-defined]
+    for fn in (_Hooks.is_available, _Hooks.has_primary_context, _Hooks.is_built, _DeviceGuard.type_):
+        _hiding.never_traced(fn)
+
+
+def _coerce_tangent(self, expected_metadata=None, expected_type=None):
+    return self
 
 
 def _register_kernels() -> None:
@@ -176,7 +202,7 @@ def _factory_kernel(name: str):
         return _factories.run_named(name, args, kwargs)
 
     kernel.__name__ = f"jax_{name.replace('.', '_')}"
-    return kernel
+    return _never_traced(kernel)
 
 
 def _device_kernel(name: str):
@@ -192,7 +218,7 @@ def _device_kernel(name: str):
         return _dispatch.dispatch(op, args, kwargs)
 
     kernel.__name__ = f"jax_{name.replace('.', '_')}"
-    return kernel
+    return _never_traced(kernel)
 
 
 def _autocast_kernel(name: str):
@@ -217,7 +243,13 @@ def _autocast_kernel(name: str):
             return op(*cast(args), **{k: cast(v) for k, v in kwargs.items()})
 
     kernel.__name__ = f"jax_autocast_{name.replace('.', '_')}"
-    return kernel
+    return _never_traced(kernel)
+
+
+def _never_traced(fn):
+    from .._compile import _hiding
+
+    return _hiding.never_traced(fn)
 
 
 def _factory_fallback(op, *args, **kwargs):
@@ -226,3 +258,6 @@ def _factory_fallback(op, *args, **kwargs):
     from . import _factories
 
     return _factories.run(op, args, kwargs)
+
+
+_never_traced(_factory_fallback)

@@ -1,0 +1,21 @@
+"""``torch.compile(model, backend='jax')``: whole graphs as one ``jax.jit``.
+
+torch finds the backend through the entry point group
+``torch_dynamo_backends`` (name ``jax``) the first time the name is used;
+importing this package is cheap (no jax, no dynamo): the backend's machinery
+loads on the first compile.  :mod:`._hiding` holds the part of the device's
+registration that makes dynamo see 'jax' tensors as plain tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["backend"]
+
+
+def backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+    """The ``jax`` torch.compile backend (see :mod:`._backend`)."""
+    from . import _backend
+
+    return _backend.backend(gm, example_inputs, **kwargs)

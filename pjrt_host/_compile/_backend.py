@@ -1,0 +1,98 @@
+"""The ``jax`` torch.compile backend: AOTAutograd to ATen graphs, each graph
+one jax.jit.
+
+Dynamo hands over a torch-level graph; AOTAutograd functionalises it, splits
+forward from backward (each compiled here, the backward on first use) and
+keeps input mutations in the graph (``keep_inference_input_mutations``: a
+BatchNorm's running statistics, an optimizer's state are written inside the
+compiled call).  Ops that have a lowering stay as they are; torch's core
+ATen decompositions break down the others.  A graph holding an op that still
+has no lowering runs op by op, with a warning naming the op.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from .. import _lowerings
+from . import _device, _graph_ops
+from ._interpreter import Program
+from ._runtime import REPORT, CompiledGraph, EagerGraph, warn_once
+
+__all__ = ["backend", "compile_graph"]
+
+logger = logging.getLogger("pjrt_host")
+
+
+@functools.lru_cache(maxsize=1)
+def decompositions() -> dict:
+    """torch's core ATen decompositions, less those of ops this backend
+    lowers directly (a lowering is one fused op; its decomposition several)."""
+    from torch._decomp import core_aten_decompositions
+
+    table = {}
+    for op, fn in core_aten_decompositions().items():
+        name = _short(op)
+        if name in _graph_ops.HANDLERS or _lowerings.lookup(op) is not None:
+            continue
+        table[op] = fn
+    return table
+
+
+def _short(op: Any) -> str:
+    try:
+        name = op.name()
+    except Exception:
+        return str(op)
+    return name[: -len(".default")] if name.endswith(".default") else name
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, what: str) -> Any:
+    """fw / bw / inference compiler: the ATen graph as a callable."""
+    program = Program(gm, _device.jax_dtype_of)
+    if program.unsupported:
+        ops = ", ".join(f"{op} ({why})" for op, why in sorted(program.unsupported.items()))
+        for op in program.unsupported:
+            warn_once(f"unsupported:{op}",
+                      f"pjrt_host: torch.compile(backend='jax'): {op} has no lowering to JAX in graph form, so a "
+                      f"{what} graph holding it ({program.num_ops} ops) runs op by op on the device instead of "
+                      f"as one jax.jit. Please report it at {REPORT} (warned once per op). All such ops of this "
+                      f"graph: {ops}.")
+        return EagerGraph(gm)
+    return CompiledGraph(gm, program, what)
+
+
+_aot_backend: Any = None
+
+
+def _make_aot_backend() -> Any:
+    from functorch.compile import make_boxed_func  # noqa: F401 - torch's boxed convention, used below
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(
+        fw_compiler=functools.partial(compile_graph, what="forward"),
+        bw_compiler=functools.partial(compile_graph, what="backward"),
+        inference_compiler=functools.partial(compile_graph, what="inference"),
+        decompositions=decompositions(),
+        keep_inference_input_mutations=True,
+    )
+
+
+_OPTIONS: dict[str, str] = {}
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Any:
+    """``torch.compile(model, backend='jax')``."""
+    global _aot_backend
+    options = kwargs.pop("options", None) or {}
+    if kwargs or options:
+        unknown = sorted(set(kwargs) | set(options))
+        raise TypeError(f"pjrt_host: torch.compile(backend='jax') takes no options; got {', '.join(unknown)}. "
+                        "Device settings (matmul precision) come from pjrt_host.config(...) around the call.")
+    if _aot_backend is None:
+        _aot_backend = _make_aot_backend()
+    return _aot_backend(gm, example_inputs)

@@ -1,0 +1,181 @@
+"""Everything the compile backend needs of the 'jax' torch device, in one
+place: taking a tensor's storage array and view, putting new values back,
+wrapping results, the device's random state, configuration and transfers.
+
+The rest of the backend works on jax arrays and these few functions only, so
+a change of the device's internals is a change here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._lowerings import LoweringContext
+from .._lowerings._dtypes import jax_dtype
+from .._torch import DEVICE_NAME, _config, _conversion, _device_module, _device_table, _dispatch, _rng, _tensor, _views
+from .._torch._tensor import JaxTensor
+
+__all__ = [
+    "DEVICE_NAME", "JaxTensor", "config", "current_index", "device_dtype", "device_index", "eager_dispatch_hooks",
+    "jax_device", "lowering_context", "next_key_args", "note_result", "put_storage", "storage_of", "to_jax_array",
+    "to_torch", "wrap",
+]
+
+
+def unwrap(args: list) -> tuple[tuple, list, list, list, int | None]:
+    """What one compiled call takes from its arguments, without a copy:
+    ``(layout, arrays, offsets, owners, device index)``.
+
+    ``arrays`` holds each distinct storage's jax array once (a view and its
+    base share one); ``layout`` has one entry per argument: the storage's
+    slot (an int) for a tensor that is its whole storage, ``("v", slot,
+    static)`` for a view (its run-time offset appended to ``offsets``),
+    ``("c", slot)`` for a torch tensor of another device (copied to the
+    device), ``("s", value)`` for a Python number (a size, in dynamic
+    graphs).  ``owners[slot]`` is the storage (or the foreign tensor)."""
+    layout: list[Any] = []
+    arrays: list[Any] = []
+    offsets: list[Any] = []
+    owners: list[Any] = []
+    seen: dict[int, int] = {}
+    index = None
+    for a in args:
+        if isinstance(a, JaxTensor):
+            st = a._st
+            slot = seen.get(id(st))
+            if slot is None:
+                slot = seen[id(st)] = len(arrays)
+                arr = st.array
+                arrays.append(arr if arr is not None else st.get())
+                owners.append(st)
+                if index is None:
+                    index = st.index
+            vw = a._vw
+            if vw is None:
+                layout.append(slot)
+            else:
+                layout.append(("v", slot, vw.static))
+                offsets.append(vw.offset if vw.kind == "gather" else 0)
+        elif isinstance(a, torch.Tensor):
+            layout.append(("c", len(arrays)))
+            arrays.append(a)  # converted by the caller, once the device is known
+            owners.append(a)
+        else:
+            layout.append(("s", a))
+    return tuple(layout), arrays, offsets, owners, index
+
+
+def storage_of(t: JaxTensor) -> tuple[Any, Any, tuple | None, Any]:
+    """(storage object, its array, the view's static layout or None, the
+    view's run-time offset) of a 'jax' tensor: what a compiled function
+    needs to read the tensor's values without a copy."""
+    st = t._st
+    arr = st.array
+    if arr is None:
+        arr = st.get()
+    vw = t._vw
+    if vw is None:
+        return st, arr, None, 0
+    return st, arr, vw.static, (vw.offset if vw.kind == "gather" else 0)
+
+
+def storage_key(st: Any) -> tuple:
+    """What a compiled function is specialised on for a storage: shape and dtype."""
+    return (st.shape, st.jdtype)
+
+
+def view_read(array: Any, static: tuple | None, offset: Any) -> Any:
+    """Traceable: a view's values from its storage array."""
+    return _views.read(array, static, offset)
+
+
+def view_write(array: Any, static: tuple | None, offset: Any, value: Any) -> Any:
+    """Traceable: the storage array with a view's elements replaced."""
+    return _views.write(array, static, offset, value)
+
+
+def put_storage(st: Any, array: Any) -> None:
+    """A storage's new values, written by a compiled call (one write)."""
+    st.array = array
+    st.version += 1
+
+
+def device_index(t: JaxTensor) -> int:
+    return t._st.index
+
+
+def current_index() -> int:
+    return _device_module.current_device()
+
+
+def wrap(array: Any, index: int, dtype: torch.dtype) -> JaxTensor:
+    """A new 'jax' tensor owning ``array`` (on device ``index``)."""
+    shape = tuple(array.shape)
+    return _tensor.make(_tensor.Storage(array, shape, array.dtype, index), shape, dtype)
+
+
+def note_result(index: int, array: Any) -> None:
+    """``torch.jax.synchronize()`` waits for ``array``."""
+    _dispatch._last[index] = array
+
+
+def jax_device(index: int) -> Any:
+    return _device_table.device(index)
+
+
+def device_dtype(dtype: torch.dtype) -> torch.dtype:
+    return _dispatch.device_dtype(dtype)
+
+
+def config() -> Any:
+    return _config.current()
+
+
+_contexts: dict[Any, LoweringContext] = {}
+_gather_factor: int | None = None
+
+
+def lowering_context(cfg: Any) -> LoweringContext:
+    """The context eager ops run lowerings with under ``cfg`` (no key)."""
+    global _gather_factor
+    ctx = _contexts.get(cfg)
+    if ctx is None:
+        if _gather_factor is None:
+            from .. import _runtime
+
+            _gather_factor = int(getattr(_runtime.plugin(), "dense_gather_factor", 0) or 0)
+        ctx = _contexts[cfg] = LoweringContext(matmul_precision=cfg.matmul_precision,
+                                               dense_gather_factor=_gather_factor)
+    return ctx
+
+
+def next_key_args(index: int) -> tuple[Any, int]:
+    """(key data uint32[2], counter) of the next draw from device ``index``'s
+    generator; advances it."""
+    return _rng.next_key_args(index)
+
+
+def to_jax_array(t: torch.Tensor, index: int) -> Any:
+    """A jax array on device ``index`` with a (non-'jax') torch tensor's
+    values (DLPack where the plugin allows it)."""
+    return _conversion.to_jax_array(t, index, device_dtype(t.dtype))
+
+
+def to_torch(array: Any, index: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A torch tensor on ``device`` (not 'jax') with ``array``'s values."""
+    return _conversion.to_torch(wrap(array, index, dtype), device, dtype)
+
+
+def jax_dtype_of(dtype: torch.dtype) -> Any:
+    return jax_dtype(device_dtype(dtype))
+
+
+def eager_dispatch_hooks() -> list[tuple[Any, str]]:
+    """(object, attribute) of every function through which an eager op
+    reaches the device: ``__torch_dispatch__``'s target and the C++
+    kernels' targets.  Tests wrap them to count eager ops."""
+    from .._torch import _factories
+
+    return [(_tensor, "_dispatch_fn"), (_dispatch, "dispatch"), (_factories, "run_named"), (_factories, "run")]

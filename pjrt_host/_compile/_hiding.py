@@ -1,0 +1,124 @@
+"""Keeping dynamo out of the 'jax' device's Python code, and letting it see
+'jax' tensors as plain tensors while it compiles.
+
+Two mechanisms, both cheap enough to install at ``import torch`` (neither
+imports ``torch._dynamo`` or jax):
+
+* :func:`never_traced` marks a function that C++ calls into (the
+  ``__torch_dispatch__`` handler, the PrivateUse1 kernels, hooks and device
+  guard) so that dynamo's frame hook runs it, and everything it calls, as
+  plain Python -- the frame-level effect of ``torch.compiler.disable``, set
+  on the code object itself, so it costs nothing per call and needs no
+  wrapper frame (which dynamo would itself intercept).
+
+* :class:`DispatchDescriptor` is ``JaxTensor.__torch_dispatch__``.  Dynamo
+  wraps a tensor subclass as a plain tensor only if
+  ``type(t).__torch_dispatch__ is torch.Tensor.__torch_dispatch__``
+  (torch/_dynamo/variables/builder.py); while *this thread* is inside a
+  dynamo compile the descriptor answers that, so the 'jax' tensors are traced
+  as plain tensors of device 'jax' and the backend receives them as they
+  are.  Every other thread, and this one outside a compile, gets the real
+  handler: a compile never breaks eager 'jax' ops elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["DispatchDescriptor", "compiling_in_this_thread", "never_traced"]
+
+logger = logging.getLogger("pjrt_host")
+
+_set_strategy: Any = None
+_SKIP_ALL: Any = None
+
+
+def _frame_skipper() -> bool:
+    global _set_strategy, _SKIP_ALL
+    if _set_strategy is None:
+        try:
+            from torch._C._dynamo import eval_frame as ef
+
+            action = ef._FrameAction.SKIP
+            _SKIP_ALL = ef._FrameExecStrategy(action, action)
+            _set_strategy = ef.set_code_exec_strategy
+        except Exception as err:  # pragma: no cover - depends on the torch build
+            logger.warning("pjrt_host: torch %s has no per-code dynamo skip (%s); torch.compile may trace the "
+                           "'jax' device's own code after a graph break", torch.__version__, err)
+            _set_strategy = False
+    return bool(_set_strategy)
+
+
+def never_traced(fn: Callable) -> Callable:
+    """Mark ``fn`` (called from C++) so that dynamo never compiles its frame
+    or any frame it calls.  Returns ``fn`` itself."""
+    code = getattr(fn, "__code__", None)
+    if code is not None and _frame_skipper():
+        _set_strategy(code, _SKIP_ALL)
+    return fn
+
+
+_compile_context = None
+
+
+def compiling_in_this_thread() -> bool:
+    """Whether this thread is inside a dynamo compile.
+
+    ``torch.compiler.is_compiling()`` is a process-wide flag (set for the
+    length of every dynamo compile, in any thread); dynamo's compile context
+    is thread-local.  Both together say "this thread is compiling"."""
+    global _compile_context
+    if not torch.compiler.is_compiling():
+        return False
+    if _compile_context is None:
+        from torch._guards import CompileContext
+
+        _compile_context = CompileContext
+    return _compile_context.try_get() is not None
+
+
+_PLAIN = torch.Tensor.__torch_dispatch__
+
+
+class DispatchDescriptor:
+    """``JaxTensor.__torch_dispatch__``: the real handler, except that a
+    thread compiling with dynamo sees ``torch.Tensor.__torch_dispatch__`` on
+    the class.  ``handler(cls, func, types, args, kwargs)``."""
+
+    def __init__(self, handler: Callable, during_compile: Callable | None = None) -> None:
+        self.handler = never_traced(handler)
+        self.during_compile = never_traced(during_compile) if during_compile is not None else self.handler
+        self._bound: dict[type, Any] = {}
+        self._bound_compile: dict[type, Any] = {}
+        never_traced(DispatchDescriptor.__get__)
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if owner is None:
+            owner = type(obj)
+        if torch.compiler.is_compiling() and compiling_in_this_thread():
+            if obj is None:
+                return _PLAIN
+            bound = self._bound_compile.get(owner)
+            if bound is None:
+                bound = self._bound_compile[owner] = types.MethodType(self.during_compile, owner)
+            return bound
+        bound = self._bound.get(owner)
+        if bound is None:
+            bound = self._bound[owner] = types.MethodType(self.handler, owner)
+        return bound
+
+
+def refuse_real_op(cls: type, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    """What an ATen op on real 'jax' tensors gets while this thread compiles:
+    a backend that runs real ops at compile time (inductor) cannot compile
+    them."""
+    import os
+    if os.environ.get("PJRT_DEBUG_REAL"):
+        import traceback; traceback.print_stack(limit=12)
+        print("REAL OP DURING COMPILE", func)
+    from .._torch import _tensor
+    return _tensor._dispatch_fn(func, args, kwargs or {})

@@ -1,0 +1,269 @@
+"""An ATen FX graph as one traceable jax function.
+
+:class:`Program` reads a graph once (which ops it has, which of them have no
+lowering, which inputs it writes to) and :meth:`Program.run` evaluates it on
+jax values, to be traced by ``jax.jit``: every op goes through the lowering
+table's :func:`~pjrt_host._lowerings.invoke` (or a graph-form lowering of
+:mod:`._graph_ops`), results take the dtype of torch's fake tensor for the
+node, random ops get ``fold_in(key, node number)``.  Nothing here knows about
+torch tensors or the device: inputs and outputs are jax values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Callable, NamedTuple
+
+import jax
+import torch
+import torch.fx
+
+from .. import _lowerings
+from .._lowerings import LoweringContext, invoke
+from . import _graph_ops
+from ._graph_ops import Out
+
+__all__ = ["GraphLoweringError", "Program"]
+
+
+class GraphLoweringError(Exception):
+    """An op of the graph failed while the graph was traced into jax."""
+
+    def __init__(self, op: str, node: str, error: BaseException) -> None:
+        super().__init__(f"{op} (node {node}): {type(error).__name__}: {error}")
+        self.op = op
+        self.node = node
+        self.error = error
+
+
+def op_name(target: Any) -> str:
+    try:
+        return target.name()
+    except Exception:
+        return getattr(target, "__qualname__", None) or str(target)
+
+
+class _InplaceName:
+    """Looks up the in-place lowering of a functional op (``aten::uniform``
+    -> ``aten::uniform_``): functionalization turns ``x.uniform_()`` into
+    the functional overload, which the table registers under the in-place
+    name (its lowering returns self's new value)."""
+
+    def __init__(self, name: str) -> None:
+        packet, _, overload = name.partition(".")
+        self._name = packet + "_" + ("." + overload if overload else "")
+
+    def name(self) -> str:
+        return self._name
+
+
+class _Step(NamedTuple):
+    kind: str  # input | lowering | graph | symbolic | noop | getitem | python | output
+    node: torch.fx.Node
+    fn: Any = None  # the Lowering, GraphOp or callable
+    random: int = -1  # index of the random op (its key is fold_in(key, random))
+    meta: Any = None  # result dtypes (lowering) / Out template (graph)
+    index: int = -1  # placeholder position (input), or mutated placeholder (copy_ into an input)
+
+
+_PYTHON_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
+               operator.pow, operator.neg, operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
+               operator.ge, operator.and_, operator.or_, operator.not_, abs, min, max}
+
+
+def _python_callable(target: Any) -> bool:
+    if target in _PYTHON_OPS:
+        return True
+    module = getattr(target, "__module__", "") or ""
+    return module in ("math", "_operator", "operator") or module.startswith("torch.fx.experimental.sym_node") or \
+        getattr(target, "__name__", "") in ("sym_max", "sym_min", "sym_not", "sym_float", "sym_int", "sym_ite",
+                                            "sym_sqrt", "sym_sum")
+
+
+class Program:
+    """One ATen graph, read once.  ``dtype_of(torch dtype) -> jax dtype``
+    maps result dtypes (the device may map some, e.g. float64 -> float32)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, dtype_of: Callable[[torch.dtype], Any]) -> None:
+        self.gm = gm
+        self.dtype_of = dtype_of
+        self.steps: list[_Step] = []
+        #: Ops with no lowering (name -> why): the graph cannot be one jax function.
+        self.unsupported: dict[str, str] = {}
+        self.num_inputs = 0
+        self.num_random = 0
+        #: Placeholders that the graph writes (copy_ into an input), in order.
+        self.mutated_inputs: list[int] = []
+        #: Per placeholder: the fake tensor torch traced with (None for sizes / scalars).
+        self.input_meta: list[Any] = []
+        self.symbolic = False
+        self.num_ops = 0
+        placeholders: dict[torch.fx.Node, int] = {}
+        for node in gm.graph.nodes:
+            step = self._read(node, placeholders)
+            if step is not None:
+                self.steps.append(step)
+
+    # ------------------------------------------------------------ reading
+
+    def _read(self, node: torch.fx.Node, placeholders: dict) -> _Step | None:
+        if node.op == "placeholder":
+            index = placeholders[node] = self.num_inputs
+            self.num_inputs += 1
+            val = node.meta.get("val")
+            self.input_meta.append(val if isinstance(val, torch.Tensor) else None)
+            if isinstance(val, torch.SymInt) or (isinstance(val, torch.Tensor) and _has_symbols(val)):
+                self.symbolic = True
+            return _Step("input", node, index=index)
+        if node.op == "output":
+            return _Step("output", node)
+        if node.op in ("get_attr",):
+            self.unsupported.setdefault(f"get_attr {node.target}", "a graph attribute")
+            return None
+        if node.op != "call_function":
+            self.unsupported.setdefault(f"{node.op} {node.target}", "not an ATen call")
+            return None
+        target = node.target
+        if target is operator.getitem:
+            return _Step("getitem", node)
+        if isinstance(target, torch._ops.OpOverload):
+            self.num_ops += 1
+            name = op_name(target)
+            short = name[: -len(".default")] if name.endswith(".default") else name
+            if short in _graph_ops.NO_OP:
+                return _Step("noop", node)
+            sym = _graph_ops.SYMBOLIC.get(short)
+            if sym is not None:
+                return _Step("symbolic", node, sym)
+            graph_op = _graph_ops.HANDLERS.get(short)
+            if graph_op is not None:
+                index = -1
+                if short == "aten::copy_":
+                    dst = node.args[0]
+                    if isinstance(dst, torch.fx.Node) and dst in placeholders:
+                        index = placeholders[dst]
+                        if index not in self.mutated_inputs:
+                            self.mutated_inputs.append(index)
+                return _Step("graph", node, graph_op, self._next_random(graph_op.random), index=index)
+            lowering = _lowerings.lookup(target)
+            writes = any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
+            if lowering is None and not writes:
+                lowering = _lowerings.lookup(_InplaceName(name))
+            if lowering is None:
+                self.unsupported.setdefault(name, "no lowering")
+                return None
+            if lowering.data_dependent:
+                self.unsupported.setdefault(name, "its result's shape depends on the values")
+                return None
+            if writes:
+                self.unsupported.setdefault(name, "it writes to an argument")
+                return None
+            return _Step("lowering", node, lowering, self._next_random(lowering.needs_rng),
+                         meta=self._result_dtypes(node))
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            self.unsupported.setdefault(f"higher-order op {target.name()}", "not supported in graph form")
+            return None
+        if _python_callable(target):
+            return _Step("python", node, target)
+        self.unsupported.setdefault(op_name(target), "not an ATen op")
+        return None
+
+    def _next_random(self, random: bool) -> int:
+        if not random:
+            return -1
+        self.num_random += 1
+        return self.num_random - 1
+
+    def _result_dtypes(self, node: torch.fx.Node) -> Any:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return self.dtype_of(val.dtype)
+        if isinstance(val, (tuple, list)):
+            return [self.dtype_of(v.dtype) if isinstance(v, torch.Tensor) else None for v in val]
+        return None
+
+    # ------------------------------------------------------------ running
+
+    def run(self, inputs: list[Any], key: Any, ctx: LoweringContext) -> tuple[list[Any], list[tuple[int, Any]]]:
+        """Evaluate the graph on jax values (traceable).  Returns (outputs,
+        [(placeholder, new value)] for each write into an input, in order)."""
+        env: dict[torch.fx.Node, Any] = {}
+        mutations: list[tuple[int, Any]] = []
+        bindings: dict[Any, int] = {}
+        outputs: list[Any] = []
+
+        def value(a: Any) -> Any:
+            return torch.fx.node.map_aggregate(a, lambda x: env[x] if isinstance(x, torch.fx.Node) else x)
+
+        for step in self.steps:
+            node = step.node
+            kind = step.kind
+            try:
+                if kind == "input":
+                    v = inputs[step.index]
+                    env[node] = v
+                    _bind(node.meta.get("val"), v, bindings)
+                elif kind == "lowering":
+                    args, kwargs = value(node.args), value(node.kwargs)
+                    c = ctx if step.random < 0 else dataclasses.replace(ctx, rng_key=jax.random.fold_in(key, step.random))
+                    env[node] = invoke(step.fn, args, kwargs, c, step.meta)
+                elif kind == "graph":
+                    args, kwargs = value(node.args), value(node.kwargs)
+                    k = None if step.random < 0 else jax.random.fold_in(key, step.random)
+                    with jax.default_matmul_precision(ctx.matmul_precision):
+                        result = step.fn.fn(self._out(node, bindings), k, *args, **kwargs)
+                    env[node] = result
+                    if step.index >= 0:
+                        mutations.append((step.index, result))
+                elif kind == "getitem":
+                    seq, i = value(node.args)
+                    env[node] = seq[i]
+                elif kind in ("symbolic", "python"):
+                    env[node] = step.fn(*value(node.args), **value(node.kwargs))
+                elif kind == "noop":
+                    env[node] = None
+                elif kind == "output":
+                    outputs = list(value(node.args[0]))
+            except GraphLoweringError:
+                raise
+            except Exception as err:
+                raise GraphLoweringError(op_name(node.target) if kind != "output" else "output", node.name,
+                                         err) from err
+        return outputs, mutations
+
+    def _out(self, node: torch.fx.Node, bindings: dict) -> Out:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise TypeError(f"no fake tensor recorded for {node.name}")
+        shape = tuple(_concrete(d, bindings) for d in val.shape)
+        return Out(shape, self.dtype_of(val.dtype))
+
+
+def _has_symbols(val: torch.Tensor) -> bool:
+    return any(not isinstance(d, int) for d in val.shape)
+
+
+def _bind(meta: Any, v: Any, bindings: dict) -> None:
+    """Record the concrete value of each symbolic size an input carries."""
+    if isinstance(meta, torch.SymInt):
+        expr = meta.node.expr
+        if getattr(expr, "is_Symbol", False):
+            bindings[expr] = int(v)
+    elif isinstance(meta, torch.Tensor):
+        for d, n in zip(meta.shape, getattr(v, "shape", ())):
+            if isinstance(d, torch.SymInt):
+                expr = d.node.expr
+                if getattr(expr, "is_Symbol", False):
+                    bindings[expr] = int(n)
+
+
+def _concrete(d: Any, bindings: dict) -> int:
+    if isinstance(d, int):
+        return d
+    expr = d.node.expr
+    value = expr.xreplace(bindings)
+    try:
+        return int(value)
+    except TypeError:
+        raise TypeError(f"the size {expr} is not determined by the inputs' sizes") from None

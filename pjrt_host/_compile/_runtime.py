@@ -1,0 +1,221 @@
+"""The callables torch.compile runs: one jitted call per graph.
+
+:class:`CompiledGraph` takes the jax arrays its 'jax' tensor arguments
+already hold (views as their storage array plus an offset: no copy), makes
+one call of a ``jax.jit`` of the graph, writes the graph's input mutations
+back into the arguments' storages (computed inside that call) and wraps the
+results.  The jitted function is specialised on the arguments' layout (which
+arguments share a storage, which are views); jax itself keys it on shapes,
+so each new shape compiles once and an earlier shape is reused.
+
+:class:`EagerGraph` runs a graph op by op on the device: the fallback for a
+graph holding an op with no lowering.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import torch
+
+from . import _device
+from ._interpreter import GraphLoweringError, Program
+
+__all__ = ["CompiledGraph", "EagerGraph", "REPORT"]
+
+logger = logging.getLogger("pjrt_host")
+
+REPORT = "https://github.com/pjrt-host/pjrt-host/issues"
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def warn_once(key: str, message: str) -> None:
+    with _warn_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+class _OutSpec(NamedTuple):
+    kind: str  # "tensor" | "value" (a Python number / None)
+    dtype: Any = None
+    device: Any = None  # None: the 'jax' device; else the torch device to return on
+
+
+class _Entry(NamedTuple):
+    fn: Any  # the jitted function
+    mutated_slots: tuple[int, ...]
+    static_outputs: dict  # position -> Python value, filled when traced
+
+
+class EagerGraph:
+    """Runs the graph's ops one by one (each on the device, eagerly)."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+        # AOTAutograd passes the argument list as it is (an instance
+        # attribute: wrappers copy __dict__, not class attributes).
+        self._boxed_call = True
+
+    def __call__(self, args: list) -> Any:
+        args = list(args)
+        return self.gm(*args)
+
+
+class CompiledGraph:
+    """One ATen graph as one jitted jax function."""
+
+    def __init__(self, gm: torch.fx.GraphModule, program: Program, what: str) -> None:
+        self.gm = gm
+        self._boxed_call = True  # see EagerGraph
+        self.program = program
+        self.what = what  # "forward", "backward", "inference"
+        self.cache: dict[Any, _Entry] = {}
+        self.eager: EagerGraph | None = None
+        self.out_specs = _output_specs(gm)
+        self.random = program.num_random > 0
+        self._lock = threading.Lock()
+
+    def __call__(self, args: list) -> Any:
+        if self.eager is not None:
+            return self.eager(args)
+        layout, arrays, offsets, owners, index = _device.unwrap(args)
+        if index is None:
+            index = _device.current_index()
+        cfg = _device.config()
+        key = (layout, cfg) if not self.program.symbolic else (layout, cfg, tuple(getattr(a, "shape", None) for a in args))
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self._build(key, layout, cfg, owners)
+        for i, spec in enumerate(layout):
+            if type(spec) is tuple and spec[0] == "c":
+                arrays[spec[1]] = _device.to_jax_array(arrays[spec[1]], index)
+        try:
+            if self.random:
+                kd, counter = _device.next_key_args(index)
+                outs, new = entry.fn(arrays, offsets, kd, counter)
+            else:
+                outs, new = entry.fn(arrays, offsets)
+        except GraphLoweringError as err:
+            return self._go_eager(err, args)
+        for slot, arr in zip(entry.mutated_slots, new):
+            owner = owners[slot]
+            if isinstance(owner, torch.Tensor):  # a tensor of another device: copy the values back
+                with torch.no_grad():
+                    owner.copy_(_device.to_torch(arr, index, owner.device, owner.dtype))
+            else:
+                _device.put_storage(owner, arr)
+        results = []
+        it = iter(outs)
+        last = None
+        for pos, spec in enumerate(self.out_specs):
+            if spec.kind != "tensor":
+                results.append(entry.static_outputs.get(pos))
+                continue
+            arr = next(it)
+            if spec.device is None:
+                results.append(_device.wrap(arr, index, spec.dtype))
+                last = arr
+            else:
+                results.append(_device.to_torch(arr, index, spec.device, spec.dtype))
+        if last is not None:
+            _device.note_result(index, last)
+        elif new:
+            _device.note_result(index, new[-1])
+        return results
+
+    # ------------------------------------------------------------ building
+
+    def _build(self, key: Any, layout: tuple, cfg: Any, owners: list) -> _Entry:
+        program = self.program
+        ctx = _device.lowering_context(cfg)
+        # Where each placeholder's values live: (slot, view static, offset position).
+        where: list[Any] = []
+        n_off = 0
+        for spec in layout:
+            if type(spec) is int:
+                where.append((spec, None, -1))
+            elif spec[0] == "v":
+                where.append((spec[1], spec[2], n_off))
+                n_off += 1
+            elif spec[0] == "c":
+                where.append((spec[1], None, -1))
+            else:
+                where.append(None)
+        mutated_slots: list[int] = []
+        for ph in program.mutated_inputs:
+            w = where[ph]
+            if w is None:
+                raise RuntimeError(f"pjrt_host: the {self.what} graph writes to its input {ph}, which is not a tensor")
+            if w[0] not in mutated_slots:
+                mutated_slots.append(w[0])
+        static_outputs: dict[int, Any] = {}
+        out_specs = self.out_specs
+        random = self.random
+
+        def fn(arrays: list, offsets: list, *rng: Any) -> Any:
+            inputs = []
+            for spec, w in zip(layout, where):
+                if w is None:
+                    inputs.append(spec[1])
+                elif w[1] is None:
+                    inputs.append(arrays[w[0]])
+                else:
+                    inputs.append(_device.view_read(arrays[w[0]], w[1], offsets[w[2]]))
+            rng_key = None
+            if random:
+                kd, counter = rng
+                rng_key = jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), counter)
+            outs, mutations = program.run(inputs, rng_key, ctx)
+            new: dict[int, Any] = {}
+            for ph, value in mutations:
+                slot, static, off = where[ph]
+                base = new.get(slot, arrays[slot])
+                value = value.astype(base.dtype)
+                if static is None:
+                    new[slot] = value.reshape(base.shape)
+                else:
+                    new[slot] = _device.view_write(base, static, offsets[off], value)
+            arrays_out = []
+            for pos, (spec, v) in enumerate(zip(out_specs, outs)):
+                if spec.kind == "tensor":
+                    arrays_out.append(v)
+                else:
+                    static_outputs[pos] = v if not hasattr(v, "shape") else None
+            return tuple(arrays_out), tuple(new[s] for s in mutated_slots)
+
+        entry = _Entry(jax.jit(fn), tuple(mutated_slots), static_outputs)
+        with self._lock:
+            if len(self.cache) > 64:  # layouts that never repeat: bound the memory
+                self.cache.clear()
+            self.cache[key] = entry
+        return entry
+
+    def _go_eager(self, err: GraphLoweringError, args: list) -> Any:
+        warn_once(f"lowering-failed:{err.op}",
+                  f"pjrt_host: torch.compile(backend='jax'): {err.op} failed in graph form ({err.error}); this "
+                  f"{self.what} graph runs op by op on the device instead of as one jax.jit. Please report it at "
+                  f"{REPORT} with the op name and your torch version (warned once per op).")
+        logger.debug("pjrt_host: graph-form lowering failed", exc_info=err)
+        self.eager = EagerGraph(self.gm)
+        return self.eager(args)
+
+
+def _output_specs(gm: torch.fx.GraphModule) -> list[_OutSpec]:
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    specs = []
+    for a in torch.fx.node.map_aggregate(out_node.args[0], lambda x: x):
+        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        if isinstance(val, torch.Tensor):
+            device = None if val.device.type == _device.DEVICE_NAME else val.device
+            specs.append(_OutSpec("tensor", _device.device_dtype(val.dtype), device))
+        else:
+            specs.append(_OutSpec("value"))
+    return specs
