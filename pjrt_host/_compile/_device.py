@@ -121,6 +121,11 @@ def note_result(index: int, array: Any) -> None:
     _dispatch._last[index] = array
 
 
+def last_result(index: int) -> Any:
+    """The array ``torch.jax.synchronize()`` would wait for on ``index``."""
+    return _dispatch._last.get(index)
+
+
 def jax_device(index: int) -> Any:
     return _device_table.device(index)
 

@@ -23,7 +23,9 @@ imports ``torch._dynamo`` or jax):
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import types
 from typing import Any, Callable
 
@@ -82,6 +84,20 @@ def compiling_in_this_thread() -> bool:
 
 
 _PLAIN = torch.Tensor.__torch_dispatch__
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def creating_tensors():
+    """Make 'jax' tensors while this thread compiles (dynamo runs some code
+    for real while tracing, e.g. an optimizer's state initialisation):
+    torch's wrapper-subclass constructor asks the class for its
+    ``__torch_dispatch__``, which this thread otherwise sees hidden."""
+    _local.creating = getattr(_local, "creating", 0) + 1
+    try:
+        yield
+    finally:
+        _local.creating -= 1
 
 
 class DispatchDescriptor:
@@ -100,7 +116,8 @@ class DispatchDescriptor:
         if owner is None:
             owner = type(obj)
         if torch.compiler.is_compiling() and compiling_in_this_thread():
-            if obj is None:
+            if obj is None and not getattr(_local, "creating", 0):
+                _check_backend(owner)
                 return _PLAIN
             bound = self._bound_compile.get(owner)
             if bound is None:
@@ -112,13 +129,39 @@ class DispatchDescriptor:
         return bound
 
 
-def refuse_real_op(cls: type, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-    """What an ATen op on real 'jax' tensors gets while this thread compiles:
-    a backend that runs real ops at compile time (inductor) cannot compile
-    them."""
-    import os
-    if os.environ.get("PJRT_DEBUG_REAL"):
-        import traceback; traceback.print_stack(limit=12)
-        print("REAL OP DURING COMPILE", func)
+#: Backends that run real ops on the graph's devices while compiling, which
+#: 'jax' tensors cannot take (inductor generates code per device type).
+_NEEDS_REAL_DEVICE = ("inductor",)
+
+
+def _check_backend(owner: type) -> None:
+    """Raise a clear error when the backend compiling in this thread is one
+    that cannot compile 'jax' tensors (asked while dynamo wraps a 'jax'
+    tensor as a graph input, before it fails somewhere inside)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        name = getattr(tx.output.compiler_fn, "__name__", None) if tx is not None else None
+    except Exception:
+        return
+    if name in _NEEDS_REAL_DEVICE:
+        raise BackendCannotCompile(name)
+
+
+class BackendCannotCompile(RuntimeError):
+    def __init__(self, backend: str) -> None:
+        super().__init__(
+            f"pjrt_host: torch.compile's {backend!r} backend cannot compile tensors on the 'jax' device (it generates "
+            f"code for the devices it knows). Use torch.compile(model, backend='jax'), which compiles each graph with "
+            f"jax.jit on the device's plugin; backend='eager' or 'aot_eager' also work, for debugging.")
+        self.backend = backend
+
+
+def real_op_during_compile(cls: type, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    """An ATen op on real 'jax' tensors while this thread compiles: dynamo
+    runs some code for real while tracing (an optimizer's state
+    initialisation), which runs on the device as usual."""
     from .._torch import _tensor
+
     return _tensor._dispatch_fn(func, args, kwargs or {})

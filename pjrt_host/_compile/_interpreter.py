@@ -150,6 +150,10 @@ class Program:
             writes = any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
             if lowering is None and not writes:
                 lowering = _lowerings.lookup(_InplaceName(name))
+            if lowering is None and short.startswith("aten::_foreach_") and not writes:
+                element = _foreach_element(short)
+                if element is not None:
+                    return _Step("foreach", node, element, meta=self._result_dtypes(node))
             if lowering is None:
                 self.unsupported.setdefault(name, "no lowering")
                 return None
@@ -216,6 +220,9 @@ class Program:
                     env[node] = result
                     if step.index >= 0:
                         mutations.append((step.index, result))
+                elif kind == "foreach":
+                    args, kwargs = value(node.args), value(node.kwargs)
+                    env[node] = _foreach(step.fn, args, kwargs, ctx, step.meta)
                 elif kind == "getitem":
                     seq, i = value(node.args)
                     env[node] = seq[i]
@@ -238,6 +245,46 @@ class Program:
             raise TypeError(f"no fake tensor recorded for {node.name}")
         shape = tuple(_concrete(d, bindings) for d in val.shape)
         return Out(shape, self.dtype_of(val.dtype))
+
+
+# _foreach_NAME.OVERLOAD -> the overload of NAME it applies per element.
+_FOREACH_ELEMENT = {"List": "Tensor", "ScalarList": "Scalar", "Scalar": "Scalar", "Tensor": "Tensor",
+                    "ScalarAndTensor": "Scalar", "": ""}
+
+
+def _foreach_element(name: str) -> Any:
+    """The lowering of the per-element op of a ``_foreach_`` op the table
+    has no lowering for (``_foreach_pow.ScalarAndTensor`` -> ``pow.Scalar``)."""
+    packet, _, overload = name.partition(".")
+    base = "aten::" + packet[len("aten::_foreach_"):]
+    element = _FOREACH_ELEMENT.get(overload)
+    if element is None:
+        return None
+    for candidate in ([f"{base}.{element}"] if element else []) + [base]:
+        found = _lowerings.lookup(_Named(candidate))
+        if found is not None and not found.needs_rng and not found.data_dependent:
+            return found
+    return None
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def name(self) -> str:
+        return self._name
+
+
+def _foreach(lowering: Any, args: tuple, kwargs: dict, ctx: LoweringContext, dtypes: Any) -> list:
+    """The per-element lowering over the lists of a ``_foreach_`` op (lists
+    are indexed, everything else passed to each element as it is)."""
+    n = next(len(a) for a in args if isinstance(a, (list, tuple)))
+    out = []
+    for i in range(n):
+        elem = [a[i] if isinstance(a, (list, tuple)) else a for a in args]
+        dtype = dtypes[i] if isinstance(dtypes, list) else dtypes
+        out.append(invoke(lowering, elem, kwargs, ctx, dtype))
+    return out
 
 
 def _has_symbols(val: torch.Tensor) -> bool:

@@ -195,10 +195,22 @@ def make(storage: Storage, size: tuple[int, ...], dtype: torch.dtype, stride: tu
     """A new tensor over ``storage``.  With ``stride`` None it is the
     storage itself (contiguous, offset 0)."""
     device = _devices.get(storage.index) or torch_device(storage.index)
-    if stride is None:
-        t = _make_wrapper(JaxTensor, size, dtype=dtype, device=device)
-    else:
-        t = _make_wrapper(JaxTensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=device)
+    try:
+        if stride is None:
+            t = _make_wrapper(JaxTensor, size, dtype=dtype, device=device)
+        else:
+            t = _make_wrapper(JaxTensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=device)
+    except TypeError:
+        # This thread is compiling with dynamo, which sees the class's
+        # __torch_dispatch__ hidden (pjrt_host._compile._hiding).
+        from .._compile import _hiding
+
+        with _hiding.creating_tensors():
+            if stride is None:
+                t = _make_wrapper(JaxTensor, size, dtype=dtype, device=device)
+            else:
+                t = _make_wrapper(JaxTensor, size, strides=stride, storage_offset=offset, dtype=dtype,
+                                  device=device)
     t._st = storage
     t._vw = view
     return t
