@@ -101,32 +101,31 @@ def creating_tensors():
 
 
 class DispatchDescriptor:
-    """``JaxTensor.__torch_dispatch__``: the real handler, except that a
-    thread compiling with dynamo sees ``torch.Tensor.__torch_dispatch__`` on
-    the class.  ``handler(cls, func, types, args, kwargs)``."""
+    """``JaxTensor.__torch_dispatch__``: the real handler
+    (``handler(cls, func, types, args, kwargs)``), except that a thread
+    compiling with dynamo sees ``torch.Tensor.__torch_dispatch__`` when it
+    asks the *class* (dynamo's check).  Ops on real 'jax' tensors (the C++
+    dispatcher asks the instance) always reach the handler: dynamo runs some
+    code for real while it traces (an optimizer's state initialisation)."""
 
-    def __init__(self, handler: Callable, during_compile: Callable | None = None) -> None:
+    def __init__(self, handler: Callable) -> None:
         self.handler = never_traced(handler)
-        self.during_compile = never_traced(during_compile) if during_compile is not None else self.handler
         self._bound: dict[type, Any] = {}
-        self._bound_compile: dict[type, Any] = {}
-        never_traced(DispatchDescriptor.__get__)
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if owner is None:
             owner = type(obj)
-        if torch.compiler.is_compiling() and compiling_in_this_thread():
-            if obj is None and not getattr(_local, "creating", 0):
-                _check_backend(owner)
-                return _PLAIN
-            bound = self._bound_compile.get(owner)
-            if bound is None:
-                bound = self._bound_compile[owner] = types.MethodType(self.during_compile, owner)
-            return bound
+        if obj is None and torch.compiler.is_compiling() and compiling_in_this_thread() \
+                and not getattr(_local, "creating", 0):
+            _check_backend(owner)
+            return _PLAIN
         bound = self._bound.get(owner)
         if bound is None:
             bound = self._bound[owner] = types.MethodType(self.handler, owner)
         return bound
+
+
+never_traced(DispatchDescriptor.__get__)
 
 
 #: Backends that run real ops on the graph's devices while compiling, which
@@ -156,12 +155,3 @@ class BackendCannotCompile(RuntimeError):
             f"code for the devices it knows). Use torch.compile(model, backend='jax'), which compiles each graph with "
             f"jax.jit on the device's plugin; backend='eager' or 'aot_eager' also work, for debugging.")
         self.backend = backend
-
-
-def real_op_during_compile(cls: type, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-    """An ATen op on real 'jax' tensors while this thread compiles: dynamo
-    runs some code for real while tracing (an optimizer's state
-    initialisation), which runs on the device as usual."""
-    from .._torch import _tensor
-
-    return _tensor._dispatch_fn(func, args, kwargs or {})

@@ -157,8 +157,7 @@ def _install_dispatcher() -> None:
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return _tensor._dispatch_fn(func, args, kwargs or {})
 
-    _tensor.JaxTensor.__torch_dispatch__ = _hiding.DispatchDescriptor(
-        __torch_dispatch__, _hiding.real_op_during_compile)  # type: ignore[assignment]
+    _tensor.JaxTensor.__torch_dispatch__ = _hiding.DispatchDescriptor(__torch_dispatch__)  # type: ignore[assignment]
     # AOTAutograd checks each runtime tangent against the metadata it guessed
     # for a subclass; a 'jax' tensor is a plain tensor to it.
     _tensor.JaxTensor.__coerce_same_metadata_as_tangent__ = _coerce_tangent  # type: ignore[attr-defined]
