@@ -1,0 +1,479 @@
+"""torch.compile(model, backend='jax'), and the private torch behaviours it
+relies on: if a torch upgrade changes one of them, a test here fails
+instead of every compile silently falling back to op-by-op execution.
+
+Pinned behaviours: dynamo wraps a tensor subclass as a plain tensor when
+``type(t).__torch_dispatch__ is torch.Tensor.__torch_dispatch__``
+(test_fullgraph_with_eager_backend); ``torch.compiler.is_compiling()`` plus
+dynamo's thread-local compile context say "this thread compiles"
+(test_compile_in_one_thread_eager_in_another); a code object marked SKIP
+for itself and its callees is never traced (test_graph_break_*); AOT's
+tangent hook (the backward tests); ``torch._dynamo.reset()`` keeps all of
+it (test_compile_after_reset); AOT keeps input mutations in the graph
+(the zero-eager-op tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+import torch._dynamo  # noqa: E402
+
+import pjrt_host  # noqa: E402,F401
+from pjrt_host._compile import _backend, _device, _runtime  # noqa: E402
+
+from conftest import run_python  # noqa: E402
+from test_torch_training import TinyTransformer, batches  # noqa: E402
+
+nn = torch.nn
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def eager_ops():
+    """Every ATen op that reaches the 'jax' device eagerly, counted where
+    the dispatcher and the device's C++ kernels enter Python."""
+    seen: list = []
+    saved = []
+    for obj, attr in _device.eager_dispatch_hooks():
+        original = getattr(obj, attr)
+
+        def counting(*args, _original=original, **kwargs):
+            seen.append(args[0])
+            return _original(*args, **kwargs)
+
+        saved.append((obj, attr, original))
+        setattr(obj, attr, counting)
+    try:
+        yield seen
+    finally:
+        for obj, attr, original in saved:
+            setattr(obj, attr, original)
+
+
+def counting_backend(inner="jax"):
+    """A backend that counts the graphs dynamo hands to ``inner``."""
+    graphs = []
+
+    def compiler(gm, example_inputs):
+        graphs.append(gm)
+        if inner == "jax":
+            return _backend.backend(gm, example_inputs)
+        return torch._dynamo.lookup_backend(inner)(gm, example_inputs)
+
+    return compiler, graphs
+
+
+def mlp(width=16):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 4))
+
+
+def assert_same(a, b, rtol=1e-6, atol=1e-6):
+    assert type(a) is type(b) and a.device == b.device, (type(a), a.device, type(b), b.device)
+    torch.testing.assert_close(a.cpu(), b.cpu(), rtol=rtol, atol=atol)
+
+
+# ------------------------------------------------------------ registration
+
+
+def test_backend_is_registered_and_loads_lazily():
+    code = (
+        "import sys, torch\n"
+        "assert 'jax' not in sys.modules, 'import torch imported jax'\n"
+        "assert 'pjrt_host._compile._backend' not in sys.modules\n"
+        "import torch._dynamo\n"
+        "assert 'jax' in torch._dynamo.list_backends(), torch._dynamo.list_backends()\n"
+        "f = torch.compile(lambda x: (x * 2).sin(), backend='jax', fullgraph=True)\n"
+        "x = torch.randn(5)\n"
+        "y = f(x)\n"
+        "assert type(y) is torch.Tensor and y.device.type == 'cpu'\n"
+        "torch.testing.assert_close(y, (x * 2).sin())\n"
+        "assert 'pjrt_host._compile._backend' in sys.modules\n"
+        "print('ok')\n")
+    proc = run_python(["-c", code], env={"JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ok" in proc.stdout
+
+
+def test_fullgraph_with_eager_backend():
+    # Dynamo wraps 'jax' tensors as tensors (builder.py's identity check on
+    # __torch_dispatch__): no graph break, the graph gets the JaxTensors.
+    model = mlp().to("jax")
+    x = torch.randn(3, 8, device="jax")
+    compiler, graphs = counting_backend("eager")
+    out = torch.compile(model, backend=compiler, fullgraph=True)(x)
+    assert len(graphs) == 1
+    assert_same(out, model(x))
+
+
+def test_aot_eager_backend_works():
+    model = mlp().to("jax")
+    x = torch.randn(3, 8, device="jax")
+    out = torch.compile(model, backend="aot_eager")(x)
+    assert_same(out, model(x))
+
+
+def test_inductor_names_the_jax_backend():
+    model = nn.Linear(4, 2).to("jax")
+    with pytest.raises(Exception, match=r"backend='jax'") as info:
+        torch.compile(model)(torch.randn(3, 4, device="jax"))
+    assert "inductor" in str(info.value)
+
+
+def test_unknown_options_are_refused():
+    with pytest.raises(Exception, match="takes no options"):
+        torch.compile(lambda x: x + 1, backend="jax", options={"fast": True})(torch.randn(2, device="jax"))
+
+
+# ------------------------------------------------------------ inference
+
+
+def test_inference_is_one_graph_with_zero_eager_ops():
+    model = mlp().to("jax")
+    x = torch.randn(3, 8, device="jax")
+    compiler, graphs = counting_backend()
+    compiled = torch.compile(model, backend=compiler, fullgraph=True)
+    with torch.no_grad():
+        expected = model(x)
+        compiled(x)
+        with eager_ops() as seen:
+            out = compiled(x)
+    assert seen == []
+    assert len(graphs) == 1
+    assert_same(out, expected)
+    # torch.jax.synchronize() waits for the compiled call's result.
+    assert _device.last_result(0) is _device.storage_of(out)[1]
+
+
+def test_compile_after_reset():
+    # The descriptor hides __torch_dispatch__ by the compile-session flag,
+    # not a dynamo callback, so torch._dynamo.reset() does not undo it.
+    model = mlp().to("jax")
+    x = torch.randn(3, 8, device="jax")
+    torch.compile(model, backend="jax")(x)
+    torch._dynamo.reset()
+    compiler, graphs = counting_backend()
+    out = torch.compile(model, backend=compiler, fullgraph=True)(x)
+    assert len(graphs) == 1
+    assert_same(out, model(x))
+
+
+def test_graph_break_at_item_compiles_each_piece():
+    def f(x, w):
+        h = torch.tanh(x @ w)
+        scale = h.abs().max().item()  # a graph break
+        return (h / scale).exp()
+
+    x = torch.randn(4, 6, device="jax")
+    w = torch.randn(6, 5, device="jax")
+    compiler, graphs = counting_backend()
+    compiled = torch.compile(f, backend=compiler)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no graph-level fallback
+        out = compiled(x, w)
+    assert_same(out, f(x, w), rtol=1e-5, atol=1e-6)
+    # Exactly the two pieces of f: none of pjrt_host's own frames (the eager
+    # .item() dispatch runs between them) was traced by dynamo.
+    assert len(graphs) == 2
+    for gm in graphs:
+        devices = {n.meta["example_value"].device.type for n in gm.graph.nodes
+                   if n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.Tensor)}
+        assert devices == {"jax"}
+
+
+def test_op_without_lowering_runs_op_by_op_with_a_warning():
+    # grid_sampler_2d has no lowering and no core ATen decomposition (the
+    # eager device runs it through torch's full decomposition table).
+    def f(x, grid):
+        return nn.functional.grid_sample(x.sin(), grid, align_corners=False) + 1
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 4, 4, device="jax")
+    grid = torch.rand(1, 3, 3, 2, device="jax") * 2 - 1
+    _runtime._warned.discard("unsupported:aten::grid_sampler_2d")
+    with pytest.warns(RuntimeWarning, match=r"aten::grid_sampler_2d has no lowering.*runs op by op"):
+        out = torch.compile(f, backend="jax")(x, grid)
+    assert_same(out, f(x, grid), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------ training
+
+
+def test_backward_equals_eager_and_the_forward_runs_no_eager_op():
+    model = mlp().to("jax")
+    reference = copy.deepcopy(model)
+    x = torch.randn(5, 8, device="jax")
+    compiled = torch.compile(model, backend="jax")
+    compiled(x)  # compile
+    with eager_ops() as seen:
+        out = compiled(x)
+    assert seen == []
+    params = list(model.parameters())
+    grad_out = torch.randn(5, 4, device="jax")
+    grads = torch.autograd.grad(out, params, grad_out)
+    with eager_ops() as seen:
+        grads = torch.autograd.grad(compiled(x), params, grad_out)
+    assert seen == []  # backward: one jitted call too
+    expected = torch.autograd.grad(reference(x), list(reference.parameters()), grad_out)
+    for g, e in zip(grads, expected):
+        assert_same(g, e, rtol=1e-5, atol=1e-6)
+
+
+def _train(model, make_batch, loss_fn, opt_cls, steps, compiled, **opt_kwargs):
+    model = copy.deepcopy(model).to("jax")
+    opt = opt_cls(model.parameters(), **opt_kwargs)
+    forward = torch.compile(model, backend="jax") if compiled else model
+    losses = []
+    for step in range(steps):
+        x, y = make_batch(step)
+        x, y = x.to("jax"), y.to("jax")
+        opt.zero_grad()
+        loss = loss_fn(forward(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def _transformer_case():
+    g = torch.Generator().manual_seed(1)
+    tokens = [torch.randint(0, 20, (3, 8), generator=g) for _ in range(4)]
+
+    def make_batch(step):
+        t = tokens[step % 4]
+        return t, t.roll(-1, dims=1)
+
+    def loss_fn(logits, target):
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+    return TinyTransformer(), make_batch, loss_fn, torch.optim.SGD, dict(lr=0.1, momentum=0.9)
+
+
+def _cases():
+    torch.manual_seed(0)
+    mlp_model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
+    cnn = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+    return {
+        "mlp": (mlp_model, batches((16, 10)), nn.functional.mse_loss, torch.optim.AdamW,
+                dict(lr=1e-2, weight_decay=0.01)),
+        "cnn_batchnorm": (cnn, batches((4, 3, 10, 10), classes=5), nn.functional.cross_entropy, torch.optim.Adam,
+                          dict(lr=1e-2)),
+        "transformer": _transformer_case(),
+    }
+
+
+@pytest.mark.parametrize("case", ["mlp", "cnn_batchnorm", "transformer"])
+def test_models_train_under_compile_like_eager(case):
+    torch.manual_seed(0)
+    model, make_batch, loss_fn, opt_cls, kwargs = _cases()[case]
+    eager_model, eager_losses = _train(model, make_batch, loss_fn, opt_cls, 3, False, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # every graph compiled whole
+        compiled_model, compiled_losses = _train(model, make_batch, loss_fn, opt_cls, 3, True, **kwargs)
+    torch.testing.assert_close(torch.tensor(compiled_losses), torch.tensor(eager_losses), rtol=1e-5, atol=1e-6)
+    # Parameters and buffers (BatchNorm's running statistics, written inside
+    # the compiled forward) as eager leaves them.
+    for (name, a), (_, b) in zip(eager_model.state_dict().items(), compiled_model.state_dict().items()):
+        assert b.device.type == "jax", name
+        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_batchnorm_running_stats_are_written_inside_the_call():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8)).to("jax")
+    reference = copy.deepcopy(model)
+    x = torch.randn(10, 6, device="jax")
+    compiled = torch.compile(model, backend="jax")
+    with torch.no_grad():
+        compiled(x)
+        reference(x)
+        version = model[1].running_mean._version
+        with eager_ops() as seen:
+            compiled(x)
+        reference(x)
+    assert seen == []
+    assert model[1].running_mean._version > version  # autograd sees the write
+    assert_same(model[1].running_mean, reference[1].running_mean)
+    assert_same(model[1].running_var, reference[1].running_var)
+    assert int(model[1].num_batches_tracked) == int(reference[1].num_batches_tracked) == 2
+
+
+@pytest.mark.parametrize("opt_cls,kwargs", [(torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.01)),
+                                            (torch.optim.SGD, dict(lr=1e-2, momentum=0.9))],
+                         ids=["adamw", "sgd_momentum"])
+def test_compiled_optimizer_step(opt_cls, kwargs):
+    model = mlp().to("jax")
+    reference = copy.deepcopy(model)
+    opt = opt_cls(model.parameters(), **kwargs)
+    ref_opt = opt_cls(reference.parameters(), **kwargs)
+    torch.manual_seed(1)
+    grads = [[torch.randn_like(p) for p in model.parameters()] for _ in range(4)]
+
+    @torch.compile(backend="jax")
+    def step():
+        opt.step()
+
+    for i, gs in enumerate(grads):
+        for p, rp, g in zip(model.parameters(), reference.parameters(), gs):
+            p.grad = g
+            rp.grad = g.clone()
+        if i == 3:
+            with eager_ops() as seen:
+                step()
+            assert seen == []  # the whole update, state included, in one call
+        else:
+            step()
+        ref_opt.step()
+    for p, rp in zip(model.parameters(), reference.parameters()):
+        assert_same(p.detach(), rp.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_is_fresh_per_call_and_reproducible_after_manual_seed():
+    model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.5)).to("jax")
+    x = torch.randn(8, 16, device="jax")
+    compiled = torch.compile(model, backend="jax")
+    with torch.no_grad():
+        a, b = compiled(x), compiled(x)
+        assert not torch.equal(a.cpu(), b.cpu())
+        zeros = (a.cpu() == 0).float().mean().item()
+        assert 0.35 < zeros < 0.65
+        torch.manual_seed(123)
+        c = compiled(x)
+        torch.manual_seed(123)
+        d = compiled(x)
+    assert torch.equal(c.cpu(), d.cpu())
+
+
+# ------------------------------------------------------------ inputs
+
+
+def test_inputs_aliasing_each_other():
+    def f(base, view):
+        view.mul_(2)  # writes through to base
+        return base + 1
+
+    def run(compiled):
+        base = torch.arange(12.0, device="jax").reshape(3, 4)
+        view = base[1:]
+        out = (torch.compile(f, backend="jax") if compiled else f)(base, view)
+        return base, view, out
+
+    expected = run(False)
+    got = run(True)
+    for e, g in zip(expected, got):
+        assert_same(g, e)
+
+
+def test_in_place_write_to_a_view_input():
+    def f(x):
+        x[:, 1].add_(10)
+        return x.sum()
+
+    x = torch.zeros(3, 4, device="jax")
+    x_ref = torch.zeros(3, 4, device="jax")
+    out = torch.compile(f, backend="jax")(x)
+    expected = f(x_ref)
+    assert_same(out, expected)
+    assert_same(x, x_ref)
+
+
+def test_cpu_tensors_run_on_the_plugin_and_come_back_on_cpu(monkeypatch):
+    calls = []
+    original = _runtime.CompiledGraph.__call__
+
+    def counting(self, args):
+        calls.append(self.what)
+        return original(self, args)
+
+    monkeypatch.setattr(_runtime.CompiledGraph, "__call__", counting)
+
+    def f(x, acc):
+        acc.add_(x.sum())
+        return torch.relu(x @ x.T)
+
+    x = torch.randn(4, 3)
+    acc, acc_ref = torch.zeros(()), torch.zeros(())
+    out = torch.compile(f, backend="jax")(x, acc)
+    expected = f(x, acc_ref)
+    assert calls == ["inference"]
+    assert type(out) is torch.Tensor and out.device.type == "cpu"
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(acc, acc_ref)
+
+
+def test_each_shape_compiles_once():
+    compiler, graphs = counting_backend()
+    f = torch.compile(lambda x: (x * 3).sum(0), backend=compiler, dynamic=False)
+    for n in (4, 8, 4, 8):
+        x = torch.randn(n, 5, device="jax")
+        assert_same(f(x), (x * 3).sum(0), rtol=1e-5, atol=1e-5)
+    assert len(graphs) == 2
+
+
+def test_dynamic_shapes_compile_per_shape():
+    compiler, graphs = counting_backend()
+    f = torch.compile(lambda x: torch.softmax(x * 2, dim=-1).reshape(-1), backend=compiler, dynamic=True)
+    for n in (3, 5, 3):
+        x = torch.randn(n, 4, device="jax")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            assert_same(f(x), torch.softmax(x * 2, dim=-1).reshape(-1))
+    assert len(graphs) == 1  # one symbolic graph, jitted per concrete shape
+
+
+# ------------------------------------------------------------ threads
+
+
+def test_compile_in_one_thread_eager_in_another():
+    # The hiding is per thread: while one thread compiles, eager 'jax' ops
+    # (and making 'jax' tensors) keep working in the others.
+    torch.manual_seed(0)
+    model, *_ = _transformer_case()
+    model = model.to("jax")
+    tokens = torch.randint(0, 20, (2, 8), device="jax")
+    done = threading.Event()
+    failures: list = []
+    eager_calls = [0]
+
+    def compile_it():
+        try:
+            torch.compile(model, backend="jax")(tokens).sum().backward()
+        except Exception as err:  # pragma: no cover - reported below
+            failures.append(("compile", err))
+        finally:
+            done.set()
+
+    def eager_loop():
+        a = torch.ones(3, 3, device="jax")
+        while not done.is_set():
+            try:
+                a = (a @ a).clamp(max=10.0) + torch.zeros(3, 3, device="jax")
+                eager_calls[0] += 1
+            except Exception as err:
+                failures.append(("eager", err))
+                return
+
+    threads = [threading.Thread(target=compile_it), threading.Thread(target=eager_loop)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+    assert eager_calls[0] > 0
