@@ -113,16 +113,18 @@ class DispatchDescriptor:
         self._bound: dict[type, Any] = {}
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if owner is None:
-            owner = type(obj)
+        # The hot path (every eager op: the C++ dispatcher asks the instance)
+        # is one dict lookup.
+        owner = type(obj) if obj is not None else owner
         if obj is None and torch.compiler.is_compiling() and compiling_in_this_thread() \
                 and not getattr(_local, "creating", 0):
             _check_backend(owner)
             return _PLAIN
-        bound = self._bound.get(owner)
-        if bound is None:
+        try:
+            return self._bound[owner]
+        except KeyError:
             bound = self._bound[owner] = types.MethodType(self.handler, owner)
-        return bound
+            return bound
 
 
 never_traced(DispatchDescriptor.__get__)

@@ -53,6 +53,7 @@ class _Entry(NamedTuple):
     fn: Any  # the jitted function
     mutated_slots: tuple[int, ...]
     static_outputs: dict  # position -> Python value, filled when traced
+    foreign_slots: tuple[int, ...]  # slots holding tensors of another device (copied in per call)
 
 
 class EagerGraph:
@@ -94,9 +95,8 @@ class CompiledGraph:
         entry = self.cache.get(key)
         if entry is None:
             entry = self._build(key, layout, cfg, owners)
-        for i, spec in enumerate(layout):
-            if type(spec) is tuple and spec[0] == "c":
-                arrays[spec[1]] = _device.to_jax_array(arrays[spec[1]], index)
+        for slot in entry.foreign_slots:
+            arrays[slot] = _device.to_jax_array(arrays[slot], index)
         try:
             if self.random:
                 kd, counter = _device.next_key_args(index)
@@ -191,7 +191,8 @@ class CompiledGraph:
                     static_outputs[pos] = v if not hasattr(v, "shape") else None
             return tuple(arrays_out), tuple(new[s] for s in mutated_slots)
 
-        entry = _Entry(jax.jit(fn), tuple(mutated_slots), static_outputs)
+        foreign = tuple(spec[1] for spec in layout if type(spec) is tuple and spec[0] == "c")
+        entry = _Entry(jax.jit(fn), tuple(mutated_slots), static_outputs, foreign)
         with self._lock:
             if len(self.cache) > 64:  # layouts that never repeat: bound the memory
                 self.cache.clear()
