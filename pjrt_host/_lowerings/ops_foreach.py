@@ -58,7 +58,7 @@ for _name in ("sqrt", "exp", "abs", "neg", "log", "log1p", "expm1", "sigmoid", "
               "floor", "ceil", "round", "trunc", "frac", "sign", "erf", "rsqrt", "log2", "log10", "exp2"):
     _fn = lookup(_Name(f"aten::{_name}"))
     if _fn is not None:
-        lowering(f"aten::_foreach_{_name}")(_unary(_fn))
+        lowering(f"aten::_foreach_{_name}")(_unary(_fn.fn))
 
 
 @lowering("aten::_foreach_zero")
