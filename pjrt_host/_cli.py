@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from . import _env, _launch, _registry
+from ._errors import EnvironmentSettingError
 from ._discovery import PluginRecord
 
 __all__ = ["main"]
@@ -28,7 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except EnvironmentSettingError as err:
+        print(f"pjrt_host: {err}", file=sys.stderr)
+        return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,7 +121,7 @@ def _library_text(row: dict[str, Any]) -> str:
 
 
 def _status_text(row: dict[str, Any]) -> str:
-    text = row["status"] if row["status"] != "ok" else "ok"
+    text = row["status"]
     if row["reason"]:
         text += f": {row['reason']}"
     probe = row.get("probe")

@@ -26,8 +26,8 @@ import functools
 import itertools
 from typing import Any, Callable
 
-from . import _process, _runtime
-from ._errors import PjrtHostError
+from . import _env, _process, _runtime
+from ._errors import PjrtHostError, cause_text
 
 __all__ = ["CollectiveError", "REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast", "register_array_type"]
 
@@ -87,14 +87,14 @@ def barrier(name: str = "", timeout: float | None = None) -> None:
         raise CollectiveError(
             "pjrt_host: barrier(): there are several processes but no coordinator "
             "(PJRT_HOST_XLA_COORDINATOR=off); unset it to use pjrt_host's collectives.")
-    seconds = timeout if timeout is not None else _process.coordinator_timeout()
+    seconds = timeout if timeout is not None else _env.coordinator_timeout()
     barrier_id = f"pjrt_host_barrier_{next(_barrier_counter)}_{name}"
     try:
         client.wait_at_barrier(barrier_id, max(1, int(seconds * 1000)))
     except Exception as err:
         raise CollectiveError(
             f"pjrt_host: barrier {barrier_id!r}: not every process arrived within {seconds:g} s: "
-            f"{type(err).__name__}: {' '.join(str(err).split())[:300]}. A process has died or is stuck; "
+            f"{cause_text(err, 300)}. A process has died or is stuck; "
             "see its log.") from err
 
 
@@ -214,6 +214,6 @@ def _run(kind: tuple[Any, ...], value: Any) -> Any:
     except Exception as err:
         raise CollectiveError(
             f"pjrt_host: {kind[0]} of an array of shape {tuple(local.shape[1:])} and dtype {local.dtype} "
-            f"failed on process {pm.index} of {pm.count}: {type(err).__name__}: "
-            f"{' '.join(str(err).split())[:300]}. Every process must pass the same shape and dtype.") from err
+            f"failed on process {pm.index} of {pm.count}: "
+            f"{cause_text(err, 300)}. Every process must pass the same shape and dtype.") from err
     return result.addressable_data(0)

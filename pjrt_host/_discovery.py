@@ -19,6 +19,7 @@ from typing import Any
 import importlib_metadata
 
 from . import _env
+from ._errors import cause_text
 from ._library import library_problem
 from ._plugin import DevicePlugin
 
@@ -32,7 +33,7 @@ __all__ = [
     "record_for_object",
 ]
 
-logger = logging.getLogger("pjrt_host")
+logger = logging.getLogger(__name__)
 
 TORCH_XLA_GROUP = "torch_xla.plugins"
 JAX_GROUP = "jax_plugins"
@@ -151,7 +152,7 @@ def _load_torch_xla_plugin(ep: Any) -> PluginRecord:
         if isinstance(err, KeyboardInterrupt):
             raise
         _fail(record, Status.IMPORT_FAILED, err,
-              f"importing {ep.value} raised {_one_line(err)}; reinstall or upgrade "
+              f"importing {ep.value} raised {cause_text(err)}; reinstall or upgrade "
               f"{record.distribution or 'the package'}, or uninstall it")
         return record
     _instantiate(record, cls)
@@ -167,7 +168,7 @@ def _instantiate(record: PluginRecord, cls: Any) -> None:
         record.plugin = cls()
     except Exception as err:
         _fail(record, Status.CONSTRUCTOR_FAILED, err,
-              f"{_qualname(cls)}() raised {_one_line(err)}")
+              f"{_qualname(cls)}() raised {cause_text(err)}")
 
 
 def _check_contract(record: PluginRecord, cls: Any) -> bool:
@@ -190,7 +191,7 @@ def _resolve_library(record: PluginRecord) -> None:
         path = plugin.library_path()
     except Exception as err:
         _fail(record, Status.LIBRARY_PATH_FAILED, err,
-              f"{type(plugin).__name__}.library_path() raised {_one_line(err)}")
+              f"{type(plugin).__name__}.library_path() raised {cause_text(err)}")
         return
     if path is None:
         return
@@ -337,8 +338,3 @@ def _dist_name_version(ep: Any) -> tuple[str | None, str | None]:
 def _qualname(obj: Any) -> str:
     target = obj if isinstance(obj, type) else type(obj)
     return f"{target.__module__}.{target.__qualname__}"
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

@@ -1,37 +1,105 @@
-"""Every environment variable pjrt_host reads, one small function each."""
+"""Every environment variable pjrt_host reads, one small function each, over
+one set of parsers.
+
+A value that cannot be read raises :class:`EnvironmentSettingError` (a
+``ValueError``) naming the variable, the
+value and what is accepted: a typo in a setting must not silently mean its
+default.  Booleans accept one vocabulary everywhere: 1/true/yes/on and
+0/false/no/off (any case).
+"""
 
 from __future__ import annotations
 
 import os
 
+from ._errors import EnvironmentSettingError
+
 __all__ = [
     "autoload_disabled",
+    "cluster_detection_enabled",
+    "coordinator_address",
+    "coordinator_mode",
+    "coordinator_port",
+    "coordinator_timeout",
+    "flag",
+    "heartbeat_timeout",
+    "integer",
     "plugin_allow_list",
     "probe_timeout",
     "requested_device",
+    "seconds",
+    "text",
 ]
 
-_TRUE = {"1", "true", "yes", "on"}
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+# -- the parsers -----------------------------------------------------------------
+
+
+def text(name: str) -> str | None:
+    """The variable's value, stripped; None when unset or blank."""
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def integer(name: str) -> int | None:
+    value = text(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise EnvironmentSettingError(f"{name}={value!r} is not a whole number") from None
+
+
+def seconds(name: str, default: float) -> float:
+    value = text(name)
+    if value is None:
+        return default
+    try:
+        result = float(value)
+    except ValueError:
+        raise EnvironmentSettingError(f"{name}={value!r} is not a number of seconds") from None
+    if result <= 0:
+        raise EnvironmentSettingError(f"{name}={value!r} must be more than 0 seconds")
+    return result
+
+
+def flag(name: str, default: bool) -> bool:
+    value = text(name)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise EnvironmentSettingError(f"{name}={value!r}: expected one of {', '.join(sorted(_TRUE | _FALSE))}")
+
+
+# -- plugins ---------------------------------------------------------------------
 
 
 def requested_device() -> str | None:
     """``PJRT_DEVICE``: the plugin name the user asks for, lower-cased.
     Default: unset, and the available plugin with the highest priority wins."""
-    value = os.environ.get("PJRT_DEVICE", "").strip()
-    return value.lower() or None
+    value = text("PJRT_DEVICE")
+    return value.lower() if value else None
 
 
 def autoload_disabled() -> bool:
     """``PJRT_HOST_DISABLE_PLUGIN_AUTOLOAD=1`` turns entry-point loading off;
     only plugins registered in code are seen.  Default: autoload on."""
-    return os.environ.get("PJRT_HOST_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() in _TRUE
+    return flag("PJRT_HOST_DISABLE_PLUGIN_AUTOLOAD", False)
 
 
 def plugin_allow_list() -> frozenset[str] | None:
     """``PJRT_HOST_PLUGINS=a,b``: load only these entry-point plugins
     (lower-cased names).  Default: unset, load all."""
-    value = os.environ.get("PJRT_HOST_PLUGINS", "").strip()
-    if not value:
+    value = text("PJRT_HOST_PLUGINS")
+    if value is None:
         return None
     return frozenset(part.strip().lower() for part in value.split(",") if part.strip())
 
@@ -39,8 +107,58 @@ def plugin_allow_list() -> frozenset[str] | None:
 def probe_timeout() -> float:
     """``PJRT_HOST_PROBE_TIMEOUT``: seconds ``list --probe`` gives each
     plugin's client.  Default: 60."""
-    value = os.environ.get("PJRT_HOST_PROBE_TIMEOUT", "").strip()
-    try:
-        return float(value) if value else 60.0
-    except ValueError:
-        return 60.0
+    return seconds("PJRT_HOST_PROBE_TIMEOUT", 60.0)
+
+
+# -- multi-process ---------------------------------------------------------------
+
+
+def coordinator_timeout() -> float:
+    """``PJRT_HOST_COORDINATOR_TIMEOUT``: seconds the processes of a job wait
+    for each other at start-up (reaching the coordinator, every process
+    joining it, the launcher's rendezvous).  Default: 300, as jax's."""
+    return seconds("PJRT_HOST_COORDINATOR_TIMEOUT", 300.0)
+
+
+def heartbeat_timeout() -> float:
+    """``PJRT_HOST_HEARTBEAT_TIMEOUT``: seconds without a heartbeat after
+    which the coordinator declares a process dead and every other process
+    exits with an error instead of waiting for it.  Default: 10."""
+    return seconds("PJRT_HOST_HEARTBEAT_TIMEOUT", 10.0)
+
+
+def coordinator_address() -> str | None:
+    """``PJRT_HOST_COORDINATOR_ADDRESS`` (``host:port``), else jax's own
+    ``JAX_COORDINATOR_ADDRESS``: where process 0 runs jax.distributed's
+    coordinator.  Default: unset, and it is derived from ``MASTER_ADDR``."""
+    return text("PJRT_HOST_COORDINATOR_ADDRESS") or text("JAX_COORDINATOR_ADDRESS")
+
+
+def coordinator_port() -> int | None:
+    """``PJRT_HOST_COORDINATOR_PORT``: port of the coordinator on
+    ``MASTER_ADDR``.  Default: unset, meaning ``MASTER_PORT + 1`` (torchrun's
+    own store already listens on ``MASTER_PORT``)."""
+    return integer("PJRT_HOST_COORDINATOR_PORT")
+
+
+def coordinator_mode() -> str:
+    """``PJRT_HOST_XLA_COORDINATOR``: ``auto`` (default; a true flag means the
+    same) starts jax's coordinator whenever there is more than one process,
+    so that jax sees every process's devices and cross-process collectives
+    work; ``off`` (a false flag) never starts it (each process then has its
+    own independent client), which a plugin that requires it refuses."""
+    value = text("PJRT_HOST_XLA_COORDINATOR")
+    if value is None or value.lower() == "auto":
+        return "auto"
+    if value.lower() in _TRUE:
+        return "auto"
+    if value.lower() in _FALSE:
+        return "off"
+    raise EnvironmentSettingError(f"PJRT_HOST_XLA_COORDINATOR={value!r}: expected 'auto' or 'off'")
+
+
+def cluster_detection_enabled() -> bool:
+    """``PJRT_HOST_CLUSTER_DETECTION=0`` stops pjrt_host from asking jax's
+    cluster detection (SLURM, Open MPI, ...) for the layout when no torchrun
+    variables are set.  Default: on."""
+    return flag("PJRT_HOST_CLUSTER_DETECTION", True)

@@ -3,17 +3,40 @@ message says what was expected, what the choices are and how to fix it."""
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "ClientCreationError",
+    "EnvironmentSettingError",
     "PjrtHostError",
     "PluginLoadError",
     "PluginNotFoundError",
     "SelectionError",
+    "cause_text",
 ]
+
+
+def cause_text(err: BaseException | None, limit: int = 400, strip: re.Pattern[str] | None = None) -> str:
+    """The cause an error message quotes: ``Type: text`` on one line
+    (whitespace collapsed, ``strip`` removed, cut at ``limit`` characters);
+    "" for None."""
+    if err is None:
+        return ""
+    text = " ".join(str(err).split())
+    if strip is not None:
+        text = strip.sub("", text).strip()
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 class PjrtHostError(RuntimeError):
     """Base class of every error pjrt_host raises on purpose."""
+
+
+class EnvironmentSettingError(PjrtHostError, ValueError):
+    """An environment variable whose value cannot be read; the message names
+    the variable, the value and what is accepted."""
 
 
 class PluginLoadError(PjrtHostError):

@@ -27,8 +27,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _process
-from ._errors import PjrtHostError
+from . import _env, _process, _runtime
+from ._errors import PjrtHostError, cause_text
 
 __all__ = ["LaunchError", "add_launch_arguments", "launch", "run_launch_command", "spawn"]
 
@@ -110,7 +110,7 @@ def launch(
     if master_port is None:
         master_port = free_port(master_addr)
     if coordinator_port is None:
-        coordinator_port = _process.coordinator_port_env()
+        coordinator_port = _env.coordinator_port()
     if coordinator_port is None and nnodes == 1:
         coordinator_port = free_port(master_addr, avoid={master_port})
     if coordinator_port is not None:
@@ -128,7 +128,7 @@ def launch(
         "--master-addr", master_addr,
         "--master-port", str(master_port),
         # Bounds how long host 0 waits for the other hosts' agents.
-        "--rdzv-conf", f"timeout={max(1, int(_process.coordinator_timeout()))}",
+        "--rdzv-conf", f"timeout={max(1, int(_env.coordinator_timeout()))}",
         "--max-restarts", str(max_restarts),
         *(["--module"] if module else []),
         script, *script_args,
@@ -144,10 +144,9 @@ def launch(
             f"(exit code {first.exitcode}): see its log above.",
             failures, first_rank) from err
     except Exception as err:  # the rendezvous: hosts that never came, a port in use
-        text = " ".join(str(err).split())[:400].rstrip(".")
         raise LaunchError(
             f"pjrt_host launch: host {node_rank} of {nnodes} could not start the job through "
-            f"{master_addr}:{master_port}: {type(err).__name__}: {text}. Run the same command on every host "
+            f"{master_addr}:{master_port}: {cause_text(err).rstrip('.')}. Run the same command on every host "
             f"with --node-rank 0 to {nnodes - 1}, with host 0's --master-addr and a --master-port reachable from "
             "every host; PJRT_HOST_COORDINATOR_TIMEOUT bounds the wait.") from err
 
@@ -185,7 +184,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, star
     import torch.multiprocessing as mp
 
     master_port = free_port()
-    coordinator_port = _process.coordinator_port_env() or free_port(avoid={master_port})
+    coordinator_port = _env.coordinator_port() or free_port(avoid={master_port})
     env = {
         "MASTER_ADDR": _LOOPBACK,
         "MASTER_PORT": str(master_port),
@@ -213,9 +212,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, star
 def _spawned(local_rank: int, fn: Callable[..., Any], args: tuple[Any, ...], env: dict[str, str]) -> None:
     os.environ.update(env)
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(local_rank)
-    from . import distributed
-
-    distributed.initialize()
+    _runtime.runtime()  # the multi-process set-up, then the client
     fn(local_rank, *args)
     # multiprocessing ends the process with os._exit, which skips jax's
     # atexit shutdown; without it rank 0 could take the coordinator away

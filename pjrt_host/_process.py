@@ -32,8 +32,9 @@ import threading
 import time
 from typing import Any
 
+from . import _env, _jax_settings
 from ._discovery import PluginRecord
-from ._errors import ClientCreationError
+from ._errors import ClientCreationError, cause_text
 
 __all__ = [
     "CoordinatorUnreachableError",
@@ -41,16 +42,13 @@ __all__ = [
     "ProcessLayout",
     "client_options",
     "configure",
-    "coordinator_mode",
-    "coordinator_timeout",
     "current_layout",
     "detect_layout",
-    "heartbeat_timeout",
     "is_coordinated",
     "leave_coordinator",
 ]
 
-logger = logging.getLogger("pjrt_host")
+logger = logging.getLogger(__name__)
 
 
 # -- errors ---------------------------------------------------------------------
@@ -71,86 +69,6 @@ class CoordinatorUnreachableError(DistributedSetupError):
         super().__init__(plugin, distribution, message)
         self.address = address
         self.timeout = timeout
-
-
-# -- environment ----------------------------------------------------------------
-
-
-def _env(name: str) -> str | None:
-    value = os.environ.get(name, "").strip()
-    return value or None
-
-
-def _int_env(name: str) -> int | None:
-    value = _env(name)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a whole number") from None
-
-
-def _seconds_env(name: str, default: float) -> float:
-    value = _env(name)
-    if value is None:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
-    if seconds <= 0:
-        raise ValueError(f"{name}={value!r} must be more than 0 seconds")
-    return seconds
-
-
-def coordinator_timeout() -> float:
-    """``PJRT_HOST_COORDINATOR_TIMEOUT``: seconds the processes of a job wait
-    for each other at start-up (reaching the coordinator, every process
-    joining it, the launcher's rendezvous).  Default: 300, as jax's."""
-    return _seconds_env("PJRT_HOST_COORDINATOR_TIMEOUT", 300.0)
-
-
-def heartbeat_timeout() -> float:
-    """``PJRT_HOST_HEARTBEAT_TIMEOUT``: seconds without a heartbeat after
-    which the coordinator declares a process dead and every other process
-    exits with an error instead of waiting for it.  Default: 10."""
-    return _seconds_env("PJRT_HOST_HEARTBEAT_TIMEOUT", 10.0)
-
-
-def coordinator_address_env() -> str | None:
-    """``PJRT_HOST_COORDINATOR_ADDRESS`` (``host:port``), else jax's own
-    ``JAX_COORDINATOR_ADDRESS``: where process 0 runs jax.distributed's
-    coordinator.  Default: unset, and it is derived from ``MASTER_ADDR``."""
-    return _env("PJRT_HOST_COORDINATOR_ADDRESS") or _env("JAX_COORDINATOR_ADDRESS")
-
-
-def coordinator_port_env() -> int | None:
-    """``PJRT_HOST_COORDINATOR_PORT``: port of the coordinator on
-    ``MASTER_ADDR``.  Default: unset, meaning ``MASTER_PORT + 1`` (torchrun's
-    own store already listens on ``MASTER_PORT``)."""
-    return _int_env("PJRT_HOST_COORDINATOR_PORT")
-
-
-def coordinator_mode() -> str:
-    """``PJRT_HOST_XLA_COORDINATOR``: ``auto`` (default) starts jax's
-    coordinator whenever there is more than one process, so that jax sees
-    every process's devices and cross-process collectives work; ``off``
-    never starts it (each process then has its own independent client),
-    which a plugin that requires it refuses."""
-    value = (_env("PJRT_HOST_XLA_COORDINATOR") or "auto").lower()
-    if value in {"auto", "1", "on", "true"}:
-        return "auto"
-    if value in {"off", "0", "false", "no"}:
-        return "off"
-    raise ValueError(f"PJRT_HOST_XLA_COORDINATOR={value!r}: expected 'auto' or 'off'")
-
-
-def cluster_detection_enabled() -> bool:
-    """``PJRT_HOST_CLUSTER_DETECTION=0`` stops pjrt_host from asking jax's
-    cluster detection (SLURM, Open MPI, ...) for the layout when no torchrun
-    variables are set.  Default: on."""
-    return (_env("PJRT_HOST_CLUSTER_DETECTION") or "1").lower() not in {"0", "off", "false", "no"}
 
 
 # -- the layout -----------------------------------------------------------------
@@ -203,7 +121,7 @@ def detect_layout(plugin: Any | None = None) -> ProcessLayout:
     """The layout from the launcher's environment; ``plugin.host_index()``
     wins over the launcher's node rank when it is not None."""
     layout = _torchrun_layout()
-    if layout is None and cluster_detection_enabled():
+    if layout is None and _env.cluster_detection_enabled():
         layout = _cluster_layout()
     if layout is None:
         layout = ProcessLayout()
@@ -216,36 +134,36 @@ def detect_layout(plugin: Any | None = None) -> ProcessLayout:
 
 
 def _torchrun_layout() -> ProcessLayout | None:
-    rank, world = _int_env("RANK"), _int_env("WORLD_SIZE")
+    rank, world = _env.integer("RANK"), _env.integer("WORLD_SIZE")
     if rank is None or world is None:
         return None
-    local_rank = _int_env("LOCAL_RANK")
-    local_world = _int_env("LOCAL_WORLD_SIZE")
+    local_rank = _env.integer("LOCAL_RANK")
+    local_world = _env.integer("LOCAL_WORLD_SIZE")
     if local_world is None:
         local_world = 1
     if local_rank is None:
         local_rank = rank % local_world
-    host = _int_env("GROUP_RANK")
+    host = _env.integer("GROUP_RANK")
     if host is None:
-        host = _int_env("NODE_RANK")
+        host = _env.integer("NODE_RANK")
     if host is None:
         host = rank // local_world
-    hosts = _int_env("GROUP_WORLD_SIZE")
+    hosts = _env.integer("GROUP_WORLD_SIZE")
     if hosts is None:
         hosts = math.ceil(world / local_world)
     return ProcessLayout(rank, world, local_rank, local_world, host, hosts, _torchrun_coordinator(), "torchrun")
 
 
 def _torchrun_coordinator() -> str | None:
-    explicit = coordinator_address_env()
+    explicit = _env.coordinator_address()
     if explicit is not None:
         return explicit
-    master = _env("MASTER_ADDR")
+    master = _env.text("MASTER_ADDR")
     if master is None:
         return None
-    port = coordinator_port_env()
+    port = _env.coordinator_port()
     if port is None:
-        master_port = _int_env("MASTER_PORT")
+        master_port = _env.integer("MASTER_PORT")
         if master_port is None:
             return None
         port = master_port + 1
@@ -262,7 +180,7 @@ def _cluster_layout() -> ProcessLayout | None:
     try:
         from jax._src import clusters
     except Exception as err:  # pragma: no cover - broken jax install
-        logger.info("pjrt_host: jax cluster detection unavailable (%s)", err)
+        logger.info("jax cluster detection unavailable (%s)", err)
         return None
     env = next((c for c in clusters.ClusterEnv._cluster_types
                 if not c.opt_in_only_method and c.is_env_present()), None)
@@ -278,18 +196,18 @@ def _cluster_layout() -> ProcessLayout | None:
     host = _first_count(_CLUSTER_HOST_INDEX.get(env.name, ()))
     if host is None:
         host = rank // local_world
-    address = coordinator_address_env()
+    address = _env.coordinator_address()
     if address is None and world > 1:
-        port = coordinator_port_env()
+        port = _env.coordinator_port()
         address = env.get_coordinator_address(
-            timeout_secs=int(coordinator_timeout()), override_coordinator_port=str(port) if port else None)
+            timeout_secs=int(_env.coordinator_timeout()), override_coordinator_port=str(port) if port else None)
     return ProcessLayout(rank, world, local_rank, local_world, host, math.ceil(world / local_world),
                          address, env.name or env.__name__)
 
 
 def _first_count(names: tuple[str, ...]) -> int | None:
     for name in names:
-        value = _env(name)
+        value = _env.text(name)
         if value is not None:
             # SLURM_TASKS_PER_NODE looks like "4(x2),3": this host's count is
             # the first group's when the job is uniform, which is what we need.
@@ -369,7 +287,7 @@ def configure(record: PluginRecord) -> None:
         _call_configure(record, layout)
         coordinated = _join_coordinator(record, layout)
         _setup = _Setup(layout, coordinated)
-        logger.info("pjrt_host: %r", layout)
+        logger.info("%r", layout)
 
 
 def leave_coordinator() -> None:
@@ -422,7 +340,7 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
         return False
     plugin = record.plugin
     required = bool(plugin.requires_xla_coordinator())
-    if coordinator_mode() == "off":
+    if _env.coordinator_mode() == "off":
         if required:
             raise _error(record, "the plugin requires jax.distributed's coordinator with several processes, "
                          "but PJRT_HOST_XLA_COORDINATOR=off", None, "Unset PJRT_HOST_XLA_COORDINATOR.")
@@ -436,7 +354,7 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
         raise _error(record, "jax's backends were initialised before the multi-process set-up", None,
                      "Call pjrt_host.distributed.initialize() (or pjrt_host.devices()) before any jax "
                      "computation or jax.devices().")
-    timeout = coordinator_timeout()
+    timeout = _env.coordinator_timeout()
     deadline = time.monotonic() + timeout
     if layout.rank != 0:
         _wait_reachable(record, layout, address, timeout, deadline)
@@ -444,10 +362,8 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
     host, port = _split_host_port(address)
     import jax
 
-    if not _env("JAX_ENABLE_PREEMPTION_SERVICE"):
-        # jax's preemption notifier catches SIGTERM (a preemption notice to
-        # checkpoint on); a launcher stopping the job sends SIGTERM and means it.
-        jax.config.update("jax_enable_preemption_service", False)
+    if not _env.text("JAX_ENABLE_PREEMPTION_SERVICE"):
+        _jax_settings.disable_preemption_service()
     # jax aborts the process, with a message of its own, when the other
     # processes do not all join in time; say first what that means here.
     # (Just before jax's own deadline, so the explanation comes first.)
@@ -462,7 +378,7 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
             process_id=layout.rank,
             cluster_detection_method="deactivate",  # the layout is already known
             initialization_timeout=remaining,
-            heartbeat_timeout_seconds=max(1, math.ceil(heartbeat_timeout())),
+            heartbeat_timeout_seconds=max(1, math.ceil(_env.heartbeat_timeout())),
             coordinator_bind_address=_bind_address(host, port),
         )
     except Exception as err:
@@ -471,7 +387,7 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
                      "Check that the port is free on the first host and reachable from every host.") from err
     finally:
         watchdog.cancel()
-    logger.info("pjrt_host: rank %d of %d joined the coordinator at %s (required by plugin: %s)",
+    logger.info("rank %d of %d joined the coordinator at %s (required by plugin: %s)",
                 layout.rank, layout.world_size, address, required)
     return True
 
@@ -488,7 +404,7 @@ def _bind_address(host: str, port: int) -> str | None:
     when it is a loopback one, so a one-host job never listens on other
     interfaces; otherwise jax's default (every interface) or
     ``JAX_COORDINATOR_BIND_ADDRESS``."""
-    if _env("JAX_COORDINATOR_BIND_ADDRESS"):
+    if _env.text("JAX_COORDINATOR_BIND_ADDRESS"):
         return None
     if host == "localhost" or host.startswith("127.") or host == "::1":
         return _join_host_port(host, port)
@@ -526,9 +442,6 @@ def _wait_reachable(record: PluginRecord, layout: ProcessLayout, address: str, t
 def _error(record: PluginRecord, what: str, err: BaseException | None, fix: str) -> DistributedSetupError:
     message = f"pjrt_host: plugin {record.name!r} (from {record.origin()}): {what}"
     if err is not None:
-        text = " ".join(str(err).split())
-        if len(text) > 400:
-            text = text[:400] + "..."
-        message += f": {type(err).__name__}: {text}" if text else f": {type(err).__name__}"
+        message += f": {cause_text(err)}"
     return DistributedSetupError(record.name, record.distribution, f"{message}. {fix}")
 

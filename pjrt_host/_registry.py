@@ -26,7 +26,7 @@ __all__ = [
     "selected_record",
 ]
 
-logger = logging.getLogger("pjrt_host")
+logger = logging.getLogger(__name__)
 
 INSTALL_HINT = (
     "Install a plugin distribution (e.g. `pip install pjrt-host-cpu-ref`), or "
@@ -212,7 +212,7 @@ def _default() -> PluginRecord:
             "", f"pjrt_host: no usable device plugin is installed. {_installed_text(records)} {INSTALL_HINT}")
     candidates.sort(key=lambda r: (-r.plugin.priority, r.name))  # type: ignore[union-attr]
     choice = candidates[0]
-    logger.info("pjrt_host: PJRT_DEVICE is not set; chose plugin %r from %s (priority %d)",
+    logger.info("PJRT_DEVICE is not set; chose plugin %r from %s (priority %d)",
                 choice.name, choice.origin(), choice.plugin.priority)  # type: ignore[union-attr]
     return choice
 

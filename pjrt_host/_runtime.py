@@ -15,13 +15,13 @@ import re
 import threading
 from typing import Any
 
-from . import _registry
+from . import _jax_settings, _registry
 from ._discovery import PluginRecord
-from ._errors import ClientCreationError, PjrtHostError
+from ._errors import ClientCreationError, PjrtHostError, cause_text
 
-__all__ = ["Runtime", "backend_name", "client", "devices", "plugin", "runtime"]
+__all__ = ["Runtime", "backend_name", "client", "devices", "is_initialized", "plugin", "runtime"]
 
-logger = logging.getLogger("pjrt_host")
+logger = logging.getLogger(__name__)
 
 
 class Runtime:
@@ -127,7 +127,7 @@ def _create(record: PluginRecord) -> Runtime:
         raise _error(record, "the PJRT client could not be created", err) from err
     if not devs:
         raise _error(record, "the PJRT client has no addressable devices", None)
-    logger.info("pjrt_host: plugin %r: %d device(s) on backend %r", record.name, len(devs), backend)
+    logger.info("plugin %r: %d device(s) on backend %r", record.name, len(devs), backend)
     pm.hook.pjrt_host_client_created(name=record.name, plugin=plugin, devices=list(devs))
     return Runtime(record, backend, client_obj, list(devs))
 
@@ -203,7 +203,7 @@ def _use_backend(backend: str, xla_bridge: Any, jax: Any) -> None:
     ``jax_platforms``; after, by initialising it alongside them."""
     if not xla_bridge._backends:
         platforms = backend if backend == "cpu" else f"{backend},cpu"
-        jax.config.update("jax_platforms", platforms)
+        _jax_settings.use_platforms(platforms)
         return
     if backend in xla_bridge._backends:
         return
@@ -213,7 +213,7 @@ def _use_backend(backend: str, xla_bridge: Any, jax: Any) -> None:
 
 def _error(record: PluginRecord, what: str, err: BaseException | None, fix: str | None = None) -> ClientCreationError:
     plugin = record.plugin
-    cause = _cause_text(err)
+    cause = cause_text(err, strip=_JAX_ADVICE)
     if fix is None:
         try:
             chips = plugin.physical_chip_count() if plugin is not None else None
@@ -236,12 +236,3 @@ def _error(record: PluginRecord, what: str, err: BaseException | None, fix: str 
 
 # jax's own advice names its own switches; ours is PJRT_DEVICE.
 _JAX_ADVICE = re.compile(r"\s*\((?:set JAX_PLATFORMS|you may need to uninstall)[^)]*\)\.?")
-
-
-def _cause_text(err: BaseException | None) -> str:
-    if err is None:
-        return ""
-    text = _JAX_ADVICE.sub("", " ".join(str(err).split()))
-    if len(text) > 400:
-        text = text[:400] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__

@@ -65,6 +65,17 @@ def eager_ops():
             setattr(obj, attr, original)
 
 
+def test_eager_op_counter_sees_every_way_into_the_device():
+    # The zero-op assertions below mean something only if this counts.
+    x = torch.randn(3, device="jax")
+    with eager_ops() as seen:
+        y = x + 1  # __torch_dispatch__
+        torch.zeros(2, device="jax")  # a factory kernel
+        x.to(torch.float64)  # _to_copy's device kernel
+        x.copy_(y)  # copy_'s device kernel
+    assert len(seen) == 4, seen
+
+
 def counting_backend(inner="jax"):
     """A backend that counts the graphs dynamo hands to ``inner``."""
     graphs = []

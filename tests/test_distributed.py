@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pjrt_host import _env as env_settings
 from pjrt_host import _process
 from pjrt_host._launch import free_port
 
@@ -269,10 +270,26 @@ def test_inconsistent_environment_is_explained(clean_env: pytest.MonkeyPatch) ->
 
 
 def test_timeouts_are_read_from_the_environment(clean_env: pytest.MonkeyPatch) -> None:
-    assert _process.coordinator_timeout() == 300.0 and _process.heartbeat_timeout() == 10.0
+    assert env_settings.coordinator_timeout() == 300.0 and env_settings.heartbeat_timeout() == 10.0
     clean_env.setenv("PJRT_HOST_COORDINATOR_TIMEOUT", "7.5")
     clean_env.setenv("PJRT_HOST_HEARTBEAT_TIMEOUT", "3")
-    assert _process.coordinator_timeout() == 7.5 and _process.heartbeat_timeout() == 3.0
+    assert env_settings.coordinator_timeout() == 7.5 and env_settings.heartbeat_timeout() == 3.0
     clean_env.setenv("PJRT_HOST_HEARTBEAT_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="PJRT_HOST_HEARTBEAT_TIMEOUT='soon' is not a number of seconds"):
-        _process.heartbeat_timeout()
+        env_settings.heartbeat_timeout()
+
+
+@pytest.mark.parametrize("value, expected", [("0", False), ("off", False), ("NO", False), ("1", True), ("on", True),
+                                             (" true ", True), ("", True)])
+def test_flags_share_one_vocabulary(clean_env: pytest.MonkeyPatch, value: str, expected: bool) -> None:
+    clean_env.setenv("PJRT_HOST_CLUSTER_DETECTION", value)
+    assert env_settings.cluster_detection_enabled() is expected
+
+
+def test_a_bad_flag_or_timeout_is_refused_not_defaulted(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("PJRT_HOST_CLUSTER_DETECTION", "maybe")
+    with pytest.raises(ValueError, match="PJRT_HOST_CLUSTER_DETECTION='maybe': expected one of"):
+        env_settings.cluster_detection_enabled()
+    clean_env.setenv("PJRT_HOST_PROBE_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="PJRT_HOST_PROBE_TIMEOUT='soon' is not a number of seconds"):
+        env_settings.probe_timeout()

@@ -14,7 +14,7 @@ import torch
 
 from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype
-from .._torch import DEVICE_NAME, _config, _conversion, _device_module, _device_table, _dispatch, _rng, _tensor, _views
+from .._torch import DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _rng, _tensor, _views
 from .._torch._tensor import JaxTensor
 
 __all__ = [
@@ -43,7 +43,7 @@ def unwrap(args: list) -> tuple[tuple, list, list, list, int | None]:
     index = None
     for a in args:
         if isinstance(a, JaxTensor):
-            st = a._st
+            st = a._storage
             slot = seen.get(id(st))
             if slot is None:
                 slot = seen[id(st)] = len(arrays)
@@ -51,13 +51,13 @@ def unwrap(args: list) -> tuple[tuple, list, list, list, int | None]:
                 arrays.append(arr if arr is not None else st.get())
                 owners.append(st)
                 if index is None:
-                    index = st.index
-            vw = a._vw
+                    index = st.device_index
+            vw = a._view
             if vw is None:
                 layout.append(slot)
             else:
                 layout.append(("v", slot, vw.static))
-                offsets.append(vw.offset if vw.kind == "gather" else 0)
+                offsets.append(vw.run_offset)
         elif isinstance(a, torch.Tensor):
             layout.append(("c", len(arrays)))
             arrays.append(a)  # converted by the caller, once the device is known
@@ -71,19 +71,19 @@ def storage_of(t: JaxTensor) -> tuple[Any, Any, tuple | None, Any]:
     """(storage object, its array, the view's static layout or None, the
     view's run-time offset) of a 'jax' tensor: what a compiled function
     needs to read the tensor's values without a copy."""
-    st = t._st
+    st = t._storage
     arr = st.array
     if arr is None:
         arr = st.get()
-    vw = t._vw
+    vw = t._view
     if vw is None:
         return st, arr, None, 0
-    return st, arr, vw.static, (vw.offset if vw.kind == "gather" else 0)
+    return st, arr, vw.static, vw.run_offset
 
 
 def storage_key(st: Any) -> tuple:
     """What a compiled function is specialised on for a storage: shape and dtype."""
-    return (st.shape, st.jdtype)
+    return (st.shape, st.jax_dtype)
 
 
 def view_read(array: Any, static: tuple | None, offset: Any) -> Any:
@@ -103,11 +103,11 @@ def put_storage(st: Any, array: Any) -> None:
 
 
 def device_index(t: JaxTensor) -> int:
-    return t._st.index
+    return t._storage.device_index
 
 
 def current_index() -> int:
-    return _device_module.current_device()
+    return _devices.current_index()
 
 
 def wrap(array: Any, index: int, dtype: torch.dtype) -> JaxTensor:
@@ -118,42 +118,29 @@ def wrap(array: Any, index: int, dtype: torch.dtype) -> JaxTensor:
 
 def note_result(index: int, array: Any) -> None:
     """``torch.jax.synchronize()`` waits for ``array``."""
-    _dispatch._last[index] = array
+    _tensor.note_result(index, array)
 
 
 def last_result(index: int) -> Any:
     """The array ``torch.jax.synchronize()`` would wait for on ``index``."""
-    return _dispatch._last.get(index)
+    return _tensor._last.get(index)
 
 
 def jax_device(index: int) -> Any:
-    return _device_table.device(index)
+    return _devices.jax_device(index)
 
 
 def device_dtype(dtype: torch.dtype) -> torch.dtype:
-    return _dispatch.device_dtype(dtype)
+    return _dtype_policy.device_dtype(dtype)
 
 
 def config() -> Any:
     return _config.current()
 
 
-_contexts: dict[Any, LoweringContext] = {}
-_gather_factor: int | None = None
-
-
 def lowering_context(cfg: Any) -> LoweringContext:
     """The context eager ops run lowerings with under ``cfg`` (no key)."""
-    global _gather_factor
-    ctx = _contexts.get(cfg)
-    if ctx is None:
-        if _gather_factor is None:
-            from .. import _runtime
-
-            _gather_factor = int(getattr(_runtime.plugin(), "dense_gather_factor", 0) or 0)
-        ctx = _contexts[cfg] = LoweringContext(matmul_precision=cfg.matmul_precision,
-                                               dense_gather_factor=_gather_factor)
-    return ctx
+    return _engine.lowering_context(cfg)
 
 
 def next_key_args(index: int) -> tuple[Any, int]:
@@ -181,6 +168,6 @@ def eager_dispatch_hooks() -> list[tuple[Any, str]]:
     """(object, attribute) of every function through which an eager op
     reaches the device: ``__torch_dispatch__``'s target and the C++
     kernels' targets.  Tests wrap them to count eager ops."""
-    from .._torch import _factories
+    from .._torch import _factories, _registration
 
-    return [(_tensor, "_dispatch_fn"), (_dispatch, "dispatch"), (_factories, "run_named"), (_factories, "run")]
+    return [(_tensor, "_dispatch"), (_registration, "_dispatch_fn"), (_factories, "run_named"), (_factories, "run")]

@@ -827,3 +827,16 @@ def bucketize(x, boundaries, *, out_int32=False, right=False):
     x = jnp.asarray(x) if not hasattr(x, "dtype") else x
     side = "right" if right else "left"
     return jnp.searchsorted(boundaries, x, side=side).astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+# ------------------------------------------------------------------- complex views
+
+
+@lowering("aten::view_as_real")
+def view_as_real(self):
+    return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
+
+
+@lowering("aten::view_as_complex")
+def view_as_complex(self):
+    return jax.lax.complex(self[..., 0], self[..., 1])

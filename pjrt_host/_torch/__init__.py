@@ -7,22 +7,41 @@ a handful of dispatcher kernels; it imports neither jax nor any plugin.  jax
 is imported, and the plugin's client created, when the first 'jax' tensor is
 made.
 
-One module per concept:
+Modules import strictly downward (tests/test_layers.py checks it); where a
+rule lives:
 
-- ``_registration``: the device name, the ``torch.jax`` module, the
-  PrivateUse1 hooks and the factory kernels (cheap; runs at autoload).
-- ``_device_module``: ``torch.jax`` itself, shaped like torch's built-in device modules.
-- ``_tensor``: the tensor subclass and its storage / view model.
-- ``_dispatch``: ATen op -> lowering table, decomposition, or a clear error.
-- ``_factories``: tensors made from nothing (``torch.zeros(..., device='jax')``).
-- ``_conversion``: torch CPU <-> device transfers (DLPack where the plugin allows).
-- ``_rng``: per-device random state behind ``torch.manual_seed``.
-- ``_config``: the configuration stack (``pjrt_host.config(...)``).
+=====  ===================  ====================================================
+layer  module               job
+=====  ===================  ====================================================
+5      ``_registration``    torch's side: PrivateUse1 name, hooks, kernels; loads
+                            the device on first use and installs the dispatcher
+5      ``_device_module``   ``torch.jax`` (device count, current device, seeds)
+4      ``_dispatch``        routing only: which handler runs an op
+3      ``_storage_ops``     copies, ``_to_copy``, ``item``, ``clone``, ``*_like``,
+                            ``set_``, ``resize_``, batch-norm statistics
+3      ``_factories``       ``torch.zeros(..., device='jax')`` and friends
+3      ``_cpu_fallback``    ``config(cpu_fallback=True)``
+3      ``_view_ops``        view ops: new tensors over the same storage
+2      ``_engine``          an op compiled per signature, run through
+                            ``_lowerings.invoke`` with :func:`lowering_context`
+2      ``_meta``            torch's meta kernels: result shapes, dtypes, errors
+2      ``_conversion``      torch <-> device transfers (DLPack where allowed)
+1      ``_tensor``          ``JaxTensor``, ``Storage``, ``View``; eager read,
+                            write, wrap; ``synchronize``
+0      ``_devices``         'jax:N' <-> jax device; the device-index normaliser
+0      ``_dtype_policy``    the plugin's dtype substitutions
+0      ``_views``           traceable read / write of a strided view
+0      ``_config``          ``pjrt_host.config(...)``, a per-thread stack
+0      ``_rng``             per-device seed and counter
+0      ``_printing``        ``repr`` of a tensor
+=====  ===================  ====================================================
+
+The math itself is :mod:`pjrt_host._lowerings` (no torch-device imports).
 """
 
 from __future__ import annotations
 
-__all__ = ["autoload", "DEVICE_NAME"]
+__all__ = ["DEVICE_NAME", "autoload"]
 
 #: The torch device type of the plugin's devices.
 DEVICE_NAME = "jax"
@@ -42,7 +61,7 @@ def autoload() -> None:
     except Exception as err:  # pragma: no cover - depends on the torch build
         import logging
 
-        logging.getLogger("pjrt_host").warning(
-            "pjrt_host: the 'jax' torch device could not be registered (%s: %s); torch works without it. "
+        logging.getLogger(__name__).warning(
+            "the 'jax' torch device could not be registered (%s: %s); torch works without it. "
             "Please report this with your torch version; TORCH_DEVICE_BACKEND_AUTOLOAD=0 skips the attempt.",
             type(err).__name__, err)

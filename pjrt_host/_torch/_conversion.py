@@ -15,27 +15,20 @@ import jax
 import numpy as np
 import torch
 
+from .. import _runtime
 from .._lowerings._dtypes import jax_dtype
-from . import _device_table
-from ._tensor import JaxTensor
+from ._devices import jax_device
+from ._tensor import JaxTensor, read
 
-__all__ = ["read", "to_jax_array", "to_torch", "to_numpy"]
-
-
-def read(t: JaxTensor) -> Any:
-    from . import _dispatch
-
-    return _dispatch.read(t)
-
+__all__ = ["to_jax_array", "to_torch", "zero_copy_devices"]
 
 _zero_copy: tuple[str, ...] | None = None
 
 
 def zero_copy_devices() -> tuple[str, ...]:
+    """torch device types the plugin exchanges arrays with through DLPack."""
     global _zero_copy
     if _zero_copy is None:
-        from .. import _runtime
-
         _zero_copy = tuple(getattr(_runtime.plugin(), "zero_copy_torch_devices", ()) or ())
     return _zero_copy
 
@@ -50,7 +43,7 @@ def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) 
         t = t.resolve_neg()
     if dtype is not None and dtype != t.dtype:
         t = t.to(dtype)
-    target = _device_table.device(index)
+    target = jax_device(index)
     if t.device.type in zero_copy_devices():
         try:
             arr = jax.dlpack.from_dlpack(t.clone(memory_format=torch.contiguous_format))
@@ -90,29 +83,3 @@ def to_torch(t: JaxTensor, device: torch.device, dtype: torch.dtype | None = Non
     if device.type != "cpu":
         out = out.to(device)
     return out if dtype is None else out.to(dtype)
-
-
-def to_numpy(t: JaxTensor) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        return t.cpu().numpy()  # raises torch's own TypeError
-    return np.array(read(t), copy=True)
-
-
-def _wrap_result(array: Any, like: JaxTensor) -> JaxTensor:
-    """A 'jax' tensor holding ``array`` (a collective's result) on ``like``'s
-    device."""
-    from .._lowerings._dtypes import torch_dtype
-    from ._tensor import Storage, make
-
-    shape = tuple(array.shape)
-    return make(Storage(array, shape, array.dtype, like._st.index), shape, torch_dtype(array.dtype))
-
-
-def _register_with_collectives() -> None:
-    # pjrt_host.distributed's collectives take 'jax' tensors as they are.
-    from .. import _collectives
-
-    _collectives.register_array_type(JaxTensor, to_jax=read, from_jax=_wrap_result)
-
-
-_register_with_collectives()

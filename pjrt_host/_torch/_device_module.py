@@ -9,12 +9,13 @@ which torch.accelerator and dynamo call in CPU-only programs too.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
 
-from . import DEVICE_NAME, _rng
+from .. import _registry, _runtime
+from . import _devices, _rng
+from ._devices import DEVICE_NAME
 
 __all__ = [
     "current_device",
@@ -36,7 +37,6 @@ __all__ = [
     "synchronize",
 ]
 
-_local = threading.local()
 _available: bool | None = None
 
 
@@ -44,14 +44,10 @@ def is_available() -> bool:
     """Whether a plugin is installed and reports a device on this machine.
     Does not create the client (and so imports no jax)."""
     global _available
-    from .. import _runtime
-
     if _runtime.is_initialized():
         return True
     if _available is None:
         try:
-            from .. import _registry
-
             record = _registry.selected_record()
             _available = bool(record.plugin is not None and record.plugin.physical_chip_count() > 0)
         except Exception:
@@ -61,15 +57,7 @@ def is_available() -> bool:
 
 def is_initialized() -> bool:
     """Whether the plugin's client exists."""
-    from .. import _runtime
-
     return _runtime.is_initialized()
-
-
-def _devices() -> list[Any]:
-    from .. import _runtime
-
-    return _runtime.devices()
 
 
 def device_count() -> int:
@@ -77,35 +65,21 @@ def device_count() -> int:
     Creates the client."""
     if not is_available():
         return 0
-    return len(_devices())
+    return _devices.count()
 
 
 def current_device() -> int:
     """Index of the device that device='jax' (no index) means in this thread."""
-    return getattr(_local, "index", 0)
-
-
-def _index(device: Any) -> int:
-    if device is None:
-        return current_device()
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != DEVICE_NAME:
-            raise ValueError(f"Expected a '{DEVICE_NAME}' device, but got: {device}")
-        return current_device() if device.index is None else device.index
-    raise TypeError(f"Expected an int, str or torch.device, got {type(device).__name__}")
+    return _devices.current_index()
 
 
 def set_device(device: Any) -> None:
     """Make ``device`` (int, 'jax:N' or torch.device) the current device."""
-    index = _index(device)
+    index = _devices.device_index(device)
     count = device_count()
     if not 0 <= index < count:
         raise RuntimeError(f"Invalid device index {index}: there are {count} '{DEVICE_NAME}' device(s)")
-    _local.index = index
+    _devices.set_current_index(index)
 
 
 class device:
@@ -113,7 +87,7 @@ class device:
     context manager of torch's built-in accelerator modules."""
 
     def __init__(self, device: Any) -> None:
-        self.index = None if device is None else _index(device)
+        self.index = None if device is None else _devices.device_index(device)
         self.previous = 0
 
     def __enter__(self) -> None:
@@ -122,16 +96,16 @@ class device:
             set_device(self.index)
 
     def __exit__(self, *exc: object) -> None:
-        _local.index = self.previous
+        _devices.set_current_index(self.previous)
 
 
 def synchronize(device: Any = None) -> None:
     """Wait for all work queued on the device(s) to finish."""
     if not is_initialized():
         return
-    from . import _tensor
+    from . import _tensor  # imports jax: loaded by the first call, not at autoload
 
-    _tensor.synchronize(None if device is None else _index(device))
+    _tensor.synchronize(None if device is None else _devices.device_index(device))
 
 
 # ---------------------------------------------------------------- random state
@@ -166,13 +140,13 @@ def initial_seed() -> int:
 
 def get_rng_state(device: Any = DEVICE_NAME) -> torch.Tensor:
     """The random state of one device as a CPU uint8 tensor."""
-    data = _rng.state(_index(device)).to_bytes()
+    data = _rng.state(_devices.device_index(device)).to_bytes()
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = DEVICE_NAME) -> None:
     data = bytes(new_state.detach().cpu().to(torch.uint8).numpy().tobytes())
-    _rng.set_state(_index(device), _rng.State.from_bytes(data))
+    _rng.set_state(_devices.device_index(device), _rng.State.from_bytes(data))
 
 
 def get_rng_state_all() -> list[torch.Tensor]:

@@ -12,11 +12,12 @@ import threading
 
 import torch
 
-from . import DEVICE_NAME
+from . import _device_module
+from ._devices import DEVICE_NAME
 
-__all__ = ["register", "is_registered"]
+__all__ = ["AUTOCAST_OPS", "DEVICE_OPS", "FACTORY_OPS", "is_registered", "register"]
 
-logger = logging.getLogger("pjrt_host")
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _registered = False
@@ -94,7 +95,7 @@ def register() -> None:
         current = torch._C._get_privateuse1_backend_name()
         if current not in ("privateuseone", DEVICE_NAME):
             logger.warning(
-                "pjrt_host: torch's PrivateUse1 device is already named %r by another backend; "
+                "torch's PrivateUse1 device is already named %r by another backend; "
                 "the 'jax' device is not available in this process. Uninstall that backend or "
                 "disable it to use pjrt_host's device.", current)
             return
@@ -103,8 +104,6 @@ def register() -> None:
         # tensor.jax(), tensor.is_jax, module.jax(), as torch's built-in devices have.
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
-        from . import _device_module
-
         if not hasattr(torch, DEVICE_NAME):
             torch._register_device_module(DEVICE_NAME, _device_module)
         # Without hooks and a device guard, torch.accelerator reports the
@@ -114,7 +113,6 @@ def register() -> None:
         torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
         _register_kernels()
         _patch_pin_memory()
-        _install_dispatcher()
         _registered = True
 
 
@@ -145,30 +143,6 @@ def _patch_pin_memory() -> None:
     torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign]
 
 
-def _install_dispatcher() -> None:
-    """``JaxTensor.__torch_dispatch__`` as torch.compile needs it: hidden from
-    a thread while dynamo compiles in it (so dynamo traces 'jax' tensors as
-    plain tensors), and never traced by dynamo itself; plus AOTAutograd's
-    tangent hook.  Every C++ -> Python entry point of the device is marked
-    the same way."""
-    from .._compile import _hiding
-    from . import _tensor
-
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _tensor._dispatch_fn(func, args, kwargs or {})
-
-    _tensor.JaxTensor.__torch_dispatch__ = _hiding.DispatchDescriptor(__torch_dispatch__)  # type: ignore[assignment]
-    # AOTAutograd checks each runtime tangent against the metadata it guessed
-    # for a subclass; a 'jax' tensor is a plain tensor to it.
-    _tensor.JaxTensor.__coerce_same_metadata_as_tangent__ = _coerce_tangent  # type: ignore[attr-defined]
-    for fn in (_Hooks.is_available, _Hooks.has_primary_context, _Hooks.is_built, _DeviceGuard.type_):
-        _hiding.never_traced(fn)
-
-
-def _coerce_tangent(self, expected_metadata=None, expected_type=None):
-    return self
-
-
 def _register_kernels() -> None:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_factory_fallback, "PrivateUse1")
@@ -177,28 +151,58 @@ def _register_kernels() -> None:
     fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     aten = torch.library.Library("aten", "IMPL")
     _libraries.append(aten)
-    for name in AUTOCAST_OPS:
-        try:
-            aten.impl(name, _autocast_kernel(name), "AutocastPrivateUse1")
-        except Exception as err:
-            logger.debug("pjrt_host: no autocast kernel for aten::%s: %s", name, err)
-    for name in FACTORY_OPS:
-        try:
-            aten.impl(name, _factory_kernel(name), "PrivateUse1")
-        except Exception as err:  # a renamed overload must not stop the device
-            logger.debug("pjrt_host: no device kernel for aten::%s: %s", name, err)
-    for name in DEVICE_OPS:
-        try:
-            aten.impl(name, _device_kernel(name), "PrivateUse1")
-        except Exception as err:
-            logger.debug("pjrt_host: no device kernel for aten::%s: %s", name, err)
+    for names, make_kernel, key in ((AUTOCAST_OPS, _autocast_kernel, "AutocastPrivateUse1"),
+                                    (FACTORY_OPS, _factory_kernel, "PrivateUse1"),
+                                    (DEVICE_OPS, _device_kernel, "PrivateUse1")):
+        for name in names:
+            try:
+                aten.impl(name, make_kernel(name), key)
+            except Exception as err:  # a renamed overload must not stop the device
+                logger.debug("no %s kernel for aten::%s: %s", key, name, err)
+
+
+# ---------------------------------------------------------------- the device, loaded on first use
+#
+# The kernels above are what torch calls first for 'jax' work; the device's
+# implementation (which imports jax) is loaded by the first of them to run.
+
+_engine_lock = threading.Lock()
+_dispatch_fn = None
+
+
+def _device():
+    """The dispatcher, after loading the device once: installs it on the
+    tensor class and lets the collectives take 'jax' tensors."""
+    global _dispatch_fn
+    if _dispatch_fn is None:
+        with _engine_lock:
+            if _dispatch_fn is None:
+                from .. import _collectives
+                from . import _dispatch, _tensor
+
+                _tensor.install_dispatcher(_dispatch.dispatch)
+                _collectives.register_array_type(
+                    _tensor.JaxTensor, to_jax=_tensor.read,
+                    from_jax=lambda array, like: _tensor.wrap_array(array, like._storage.device_index))
+                _dispatch_fn = _dispatch.dispatch
+    return _dispatch_fn
+
+
+def _factories():
+    _device()
+    from . import _factories as factories
+
+    return factories
+
+
+def _aten_op(name: str):
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
 
 
 def _factory_kernel(name: str):
     def kernel(*args, **kwargs):
-        from . import _factories
-
-        return _factories.run_named(name, args, kwargs)
+        return _factories().run_named(name, args, kwargs)
 
     kernel.__name__ = f"jax_{name.replace('.', '_')}"
     return _never_traced(kernel)
@@ -209,12 +213,9 @@ def _device_kernel(name: str):
 
     def kernel(*args, **kwargs):
         nonlocal op
-        from . import _dispatch
-
         if op is None:
-            packet, _, overload = name.partition(".")
-            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-        return _dispatch.dispatch(op, args, kwargs)
+            op = _aten_op(name)
+        return _device()(op, args, kwargs)
 
     kernel.__name__ = f"jax_{name.replace('.', '_')}"
     return _never_traced(kernel)
@@ -227,8 +228,7 @@ def _autocast_kernel(name: str):
     def kernel(*args, **kwargs):
         nonlocal op
         if op is None:
-            packet, _, overload = name.partition(".")
-            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+            op = _aten_op(name)
         dtype = torch.get_autocast_dtype(DEVICE_NAME)
 
         def cast(v):
@@ -246,6 +246,8 @@ def _autocast_kernel(name: str):
 
 
 def _never_traced(fn):
+    # C++ -> Python entry points: dynamo must never trace them, also when a
+    # compiled function's graph break runs an op eagerly.
     from .._compile import _hiding
 
     return _hiding.never_traced(fn)
@@ -254,9 +256,9 @@ def _never_traced(fn):
 def _factory_fallback(op, *args, **kwargs):
     # Reached by ops dispatched on the device key with no tensor of ours among
     # their inputs: factories without a kernel of their own.
-    from . import _factories
-
-    return _factories.run(op, args, kwargs)
+    return _factories().run(op, args, kwargs)
 
 
-_never_traced(_factory_fallback)
+for _entry in (_factory_fallback, _Hooks.is_available, _Hooks.has_primary_context, _Hooks.is_built,
+               _DeviceGuard.type_):
+    _never_traced(_entry)

@@ -11,39 +11,71 @@ write through a slice changes exactly the elements it changes on CPU.
 
 jax arrays are immutable: a write replaces the storage's array, and every
 tensor sharing the storage sees the new values on its next read.
+
+The functions here are the eager primitives every layer above uses: make a
+tensor over a storage, read a tensor's values, write them, wrap a result.
+Which function runs an ATen op is decided above (``_dispatch``), and
+installed on :class:`JaxTensor` once by ``_registration``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import torch
 
-__all__ = ["JaxTensor", "Storage", "View", "make", "synchronize", "torch_device"]
+from .._lowerings._dtypes import jax_dtype, torch_dtype
+from . import _printing, _views
+from ._devices import jax_device, torch_device
+from ._dtype_policy import device_dtype
+
+__all__ = [
+    "JaxTensor", "Storage", "TensorSpec", "View", "contiguous_strides", "install_dispatcher", "make", "new_tensor",
+    "note_result", "read", "synchronize", "view_for", "wrap_array", "write",
+]
+
+
+class TensorSpec(tuple):
+    """What a compiled op is keyed on for one tensor argument (the values
+    are passed at run time): ``(storage jax dtype, storage shape,
+    View.static or None)``.  A tuple subclass rather than a NamedTuple: one
+    is made per op result, and this costs a third as much."""
+
+    __slots__ = ()
+
+    @property
+    def view(self) -> tuple | None:
+        """``View.static``; None: the tensor is its storage."""
+        return self[2]
 
 
 class Storage:
     """The data shared by a base tensor and all its views: a jax array of
     shape ``shape`` (row-major; a view's strides index it flat), or None
-    while nothing has been written (an ``empty`` tensor).  ``version``
-    counts writes."""
+    while nothing has been written (an ``empty`` tensor)."""
 
-    __slots__ = ("array", "shape", "numel", "jdtype", "index", "version", "__weakref__")
+    __slots__ = ("array", "shape", "jax_dtype", "device_index", "version", "spec", "__weakref__")
 
-    def __init__(self, array: Any, shape: tuple[int, ...], jdtype: Any, index: int) -> None:
+    def __init__(self, array: Any, shape: tuple[int, ...], dtype: Any, device_index: int) -> None:
         self.array = array
         self.shape = shape
-        self.numel = math.prod(shape)
-        self.jdtype = jdtype
-        self.index = index  # device index
-        self.version = 0
+        self.jax_dtype = dtype
+        self.device_index = device_index
+        self.version = 0  #: counts writes
+        self.spec = TensorSpec((dtype, shape, None))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
     def get(self) -> Any:
+        """The array, made (zeros) on first use for an ``empty`` tensor."""
         if self.array is None:
-            from . import _dispatch
-
-            self.array = _dispatch.zeros_on(self.shape, self.jdtype, self.index)
+            self.array = jax.device_put(np.zeros(self.shape, dtype=self.jax_dtype), jax_device(self.device_index))
         return self.array
 
 
@@ -55,17 +87,20 @@ class View:
     storage's dims, e.g. ``.t()``: ``perm`` over ``perm_shape``) or
     ``"gather"`` (anything else: flat indices ``offset + sum(i_k *
     stride_k)``).  ``static`` is the hashable part that compiled ops are
-    keyed on; the offset of a gather is passed at run time, so ``x[i]`` for
-    many ``i`` compiles once."""
+    keyed on; the offset of a gather is passed at run time (``run_offset``),
+    so ``x[i]`` for many ``i`` compiles once."""
 
-    __slots__ = ("kind", "size", "stride", "offset", "static")
+    __slots__ = ("kind", "size", "stride", "offset", "run_offset", "static", "spec")
 
-    def __init__(self, kind: str, size: tuple[int, ...], stride: tuple[int, ...], offset: int, extra: Any) -> None:
+    def __init__(self, storage: Storage, kind: str, size: tuple[int, ...], stride: tuple[int, ...], offset: int,
+                 permutation: tuple | None = None) -> None:
         self.kind = kind
         self.size = size
         self.stride = stride
         self.offset = offset
-        self.static = (kind, size, stride if kind == "gather" else None, extra)
+        self.run_offset = offset if kind == "gather" else 0
+        self.static = (kind, size, stride if kind == "gather" else None, permutation)
+        self.spec = TensorSpec((storage.jax_dtype, storage.shape, self.static))
 
 
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
@@ -85,14 +120,14 @@ def view_for(storage: Storage, size: tuple[int, ...], stride: tuple[int, ...], o
         if size == storage.shape and (numel <= 1 or stride == contiguous_strides(size)):
             return None
         if numel <= 1 or _is_contiguous(size, stride):
-            return View("reshape", size, stride, 0, None)
+            return View(storage, "reshape", size, stride, 0)
         # A permutation of a contiguous layout (t(), transpose, permute).
         dims = sorted(range(len(size)), key=lambda d: (-stride[d], d))
         sorted_size = tuple(size[d] for d in dims)
         if tuple(stride[d] for d in dims) == contiguous_strides(sorted_size) and all(s > 0 for s in size):
             inverse = tuple(dims.index(d) for d in range(len(size)))
-            return View("perm", size, stride, 0, (sorted_size, inverse))
-    return View("gather", size, stride, offset, None)
+            return View(storage, "perm", size, stride, 0, (sorted_size, inverse))
+    return View(storage, "gather", size, stride, offset)
 
 
 def _is_contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -104,16 +139,8 @@ def _is_contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return True
 
 
-_devices: dict[int, torch.device] = {}
-
-
-def torch_device(index: int) -> torch.device:
-    dev = _devices.get(index)
-    if dev is None:
-        from . import DEVICE_NAME
-
-        dev = _devices[index] = torch.device(DEVICE_NAME, index)
-    return dev
+def _no_dispatcher(func: Any, args: tuple, kwargs: dict) -> Any:
+    raise RuntimeError("pjrt_host: the 'jax' device is not registered with torch (import pjrt_host)")
 
 
 class JaxTensor(torch.Tensor):
@@ -124,8 +151,11 @@ class JaxTensor(torch.Tensor):
     # directly, which is where the work happens.
     __torch_function__ = torch._C._disabled_torch_function_impl
 
-    _st: Storage
-    _vw: View | None
+    # Slots: set on every op result, and a slot is cheaper than the instance
+    # dict (which torch tensors still have, for attributes such as _is_param).
+    __slots__ = ("_storage", "_view")
+    _storage: Storage
+    _view: View | None
 
     @staticmethod
     def __new__(cls, *args: Any, **kwargs: Any) -> JaxTensor:
@@ -133,11 +163,9 @@ class JaxTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch_fn(func, args, kwargs or {})
+        return _no_dispatcher(func, args, kwargs)  # replaced by install_dispatcher
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        from . import _printing
-
         return _printing.tensor_repr(self)
 
     def __reduce_ex__(self, proto: int):
@@ -158,15 +186,15 @@ class JaxTensor(torch.Tensor):
         # (nn.Module.double() / .to(dtype) on a 'jax' module come this way).
         _data_descriptor.__set__(self, value)
         if isinstance(value, JaxTensor):
-            self._st = value._st
-            self._vw = value._vw
+            self._storage = value._storage
+            self._view = value._view
 
     def numpy(self, *, force: bool = False):
         if self.requires_grad:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
-        from . import _conversion
-
-        return _conversion.to_numpy(self)
+        if self.dtype == torch.bfloat16:
+            return self.cpu().numpy()  # raises torch's own TypeError
+        return np.array(read(self), copy=True)
 
     def tolist(self):
         return self.detach().cpu().tolist()
@@ -176,14 +204,37 @@ class JaxTensor(torch.Tensor):
         return arr if dtype is None else arr.astype(dtype)
 
     def __dlpack__(self, *args: Any, **kwargs: Any):
-        from . import _conversion
-
-        return _conversion.read(self).__dlpack__(*args, **kwargs)
+        return read(self).__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
-        from . import _conversion
+        return read(self).__dlpack_device__()
 
-        return _conversion.read(self).__dlpack_device__()
+
+def install_dispatcher(dispatch: Callable[[Any, tuple, dict], Any]) -> None:
+    """Make ``dispatch(func, args, kwargs)`` run every ATen op on 'jax'
+    tensors.  Called once, by ``_registration``, before the first tensor.
+
+    ``__torch_dispatch__`` becomes the descriptor of
+    :mod:`pjrt_host._compile._hiding`: dynamo, while it compiles in a
+    thread, sees 'jax' tensors as plain tensors there, and never traces the
+    handler.  AOTAutograd's tangent hook treats them as plain tensors too."""
+    global _dispatch
+    from .._compile import _hiding
+
+    _dispatch = dispatch
+
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs or {})
+
+    JaxTensor.__torch_dispatch__ = _hiding.DispatchDescriptor(__torch_dispatch__)  # type: ignore[assignment]
+    JaxTensor.__coerce_same_metadata_as_tangent__ = _coerce_tangent  # type: ignore[attr-defined]
+
+
+_dispatch: Callable[[Any, tuple, dict], Any] = _no_dispatcher
+
+
+def _coerce_tangent(self, expected_metadata: Any = None, expected_type: Any = None) -> JaxTensor:
+    return self
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
@@ -194,7 +245,7 @@ def make(storage: Storage, size: tuple[int, ...], dtype: torch.dtype, stride: tu
          offset: int = 0, view: View | None = None) -> JaxTensor:
     """A new tensor over ``storage``.  With ``stride`` None it is the
     storage itself (contiguous, offset 0)."""
-    device = _devices.get(storage.index) or torch_device(storage.index)
+    device = torch_device(storage.device_index)
     try:
         if stride is None:
             t = _make_wrapper(JaxTensor, size, dtype=dtype, device=device)
@@ -211,23 +262,84 @@ def make(storage: Storage, size: tuple[int, ...], dtype: torch.dtype, stride: tu
             else:
                 t = _make_wrapper(JaxTensor, size, strides=stride, storage_offset=offset, dtype=dtype,
                                   device=device)
-    t._st = storage
-    t._vw = view
+    t._storage = storage
+    t._view = view
     return t
+
+
+def wrap_array(array: Any, index: int, dtype: torch.dtype | None = None) -> JaxTensor:
+    """A new tensor owning ``array`` (already on device ``index``)."""
+    if dtype is None:
+        dtype = torch_dtype(array.dtype)
+    shape = tuple(array.shape)
+    _last[index] = array
+    return make(Storage(array, shape, array.dtype, index), shape, dtype)
+
+
+def new_tensor(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> JaxTensor:
+    """An uninitialised (lazily zero) tensor, as ``torch.empty`` makes."""
+    dtype = device_dtype(dtype)
+    shape = tuple(shape)
+    return make(Storage(None, shape, jax_dtype(dtype), index), shape, dtype)
+
+
+# ---------------------------------------------------------------- eager read / write
+
+
+_read_cache: dict[tuple, Any] = {}
+_write_cache: dict[tuple, Any] = {}
+
+
+def read(t: JaxTensor) -> Any:
+    """The values of a 'jax' tensor as a jax array (for a view: computed
+    from its storage by one cached jitted function)."""
+    view = t._view
+    arr = t._storage.get()
+    if view is None:
+        return arr
+    fn = _read_cache.get(view.static)
+    if fn is None:
+        static = view.static
+        fn = _read_cache[static] = jax.jit(lambda a, off: _views.read(a, static, off))
+    return fn(arr, view.run_offset)
+
+
+def write(t: JaxTensor, value: Any) -> None:
+    """Replace the values of ``t`` (through its view) with ``value``, an
+    array broadcastable to t's shape, cast here to the storage's dtype."""
+    storage = t._storage
+    view = t._view
+    if value.dtype != storage.jax_dtype:
+        value = value.astype(storage.jax_dtype)
+    if view is None:
+        if tuple(value.shape) != storage.shape:
+            value = jnp.broadcast_to(value, storage.shape)
+        storage.array = value
+    else:
+        fn = _write_cache.get(view.static)
+        if fn is None:
+            static = view.static
+            fn = _write_cache[static] = jax.jit(
+                lambda a, off, v: _views.write(a, static, off, jnp.broadcast_to(v, static[1])))
+        storage.array = fn(storage.get(), view.run_offset, value)
+    storage.version += 1
+    _last[storage.device_index] = storage.array
+
+
+# ---------------------------------------------------------------- synchronize
+
+_last: dict[int, Any] = {}  # device index -> last array produced there
+
+
+def note_result(index: int, array: Any) -> None:
+    """Record ``array`` as the latest result on device ``index``, for
+    :func:`synchronize` (a device runs its computations in order)."""
+    _last[index] = array
 
 
 def synchronize(index: int | None = None) -> None:
     """Block until the computations queued so far on the device (all devices
-    with None) have finished: the last array each produced is waited for
-    (a device runs its computations in order)."""
-    from . import _dispatch
-
-    for i, arr in list(_dispatch._last.items()):
+    with None) have finished."""
+    for i, arr in list(_last.items()):
         if index is None or i == index:
             arr.block_until_ready()
-
-
-def _dispatch_fn(func, args, kwargs):  # replaced by _dispatch on import
-    from . import _dispatch
-
-    return _dispatch.dispatch(func, args, kwargs)

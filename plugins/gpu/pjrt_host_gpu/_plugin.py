@@ -16,7 +16,7 @@ from . import _env, _hardware
 
 __all__ = ["CudaPlugin", "library_candidates"]
 
-logger = logging.getLogger("pjrt_host_gpu")
+logger = logging.getLogger(__name__)
 
 #: jax's PJRT wheels, newest CUDA first: (jax_plugins module, distribution).
 #: Each ships its library as ``jax_plugins/<module>/xla_cuda_plugin.so``.
@@ -98,7 +98,7 @@ class CudaPlugin(DevicePlugin):
         extension = _cuda_extension(self._extension_packages())
         if extension is None:
             logger.info(
-                "pjrt_host_gpu: no jax CUDA extension (jax-cuda13-plugin or jax-cuda12-plugin) is installed: "
+                "no jax CUDA extension (jax-cuda13-plugin or jax-cuda12-plugin) is installed: "
                 "jax's CUDA custom calls (linear algebra, FFI, Pallas) are unavailable; "
                 "pip install 'pjrt-host-gpu[cuda13-with-cuda]' to have them")
             return

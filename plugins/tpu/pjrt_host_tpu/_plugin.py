@@ -12,7 +12,7 @@ from . import _env, _hardware, _topology
 
 __all__ = ["TpuPlugin"]
 
-logger = logging.getLogger("pjrt_host_tpu")
+logger = logging.getLogger(__name__)
 
 _INSTALL_HINT = (
     "Install it with `pip install 'pjrt-host-tpu[libtpu]'` (or `pip install libtpu`), "
@@ -102,7 +102,7 @@ class TpuPlugin(DevicePlugin):
         try:
             return self._topology_source().worker_id
         except (RuntimeError, OSError, ValueError) as err:
-            logger.info("pjrt_host_tpu: no TPU worker id (%s); the host derives the host index", err)
+            logger.info("no TPU worker id (%s); the host derives the host index", err)
             return None
 
     # -- processes ----------------------------------------------------------

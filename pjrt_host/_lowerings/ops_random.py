@@ -1,4 +1,4 @@
-"""Core lowerings the 'jax' device itself needs: random ops.
+"""Random ops: lowerings that take a jax PRNG key (``needs_rng``).
 
 A random lowering is marked ``needs_rng``: the dispatcher passes a jax PRNG
 key as its first argument, drawn from the device's random state
@@ -86,8 +86,6 @@ def _random_range(key, shape, dtype, low, high):
     if jnp.issubdtype(dtype, jnp.floating):
         # Integers in [low, high), as torch draws them for float tensors.
         return jnp.floor(jax.random.uniform(key, shape, jnp.float64, low, high)).astype(dtype)
-    if dtype == jnp.bool_:
-        return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
     return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
 
 
@@ -167,13 +165,3 @@ def randint_like(key, self, low, high=None, *, dtype=None, layout=None, device=N
 # -------------------------------------------------- dtype-changing "views"
 # The device computes these as new tensors (a write through the result does
 # not reach the input); they are views on CPU.
-
-
-@lowering("aten::view_as_real")
-def view_as_real(self):
-    return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
-
-
-@lowering("aten::view_as_complex")
-def view_as_complex(self):
-    return jax.lax.complex(self[..., 0], self[..., 1])

@@ -1,0 +1,42 @@
+"""Which dtype a tensor has on the device: torch's, unless the plugin maps
+it (``DevicePlugin.unsupported_dtypes``, e.g. float64 -> float32 on a chip
+without 64-bit floats), which is warned once per dtype."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .. import _runtime
+
+__all__ = ["device_dtype"]
+
+_dtype_map: dict[torch.dtype, torch.dtype] | None = None
+_warned: set[torch.dtype] = set()
+
+
+def _mapping() -> dict[torch.dtype, torch.dtype]:
+    global _dtype_map
+    if _dtype_map is None:
+        mapping = {}
+        for src, dst in dict(getattr(_runtime.plugin(), "unsupported_dtypes", {}) or {}).items():
+            s, d = getattr(torch, src, None), getattr(torch, dst, None)
+            if isinstance(s, torch.dtype) and isinstance(d, torch.dtype):
+                mapping[s] = d
+        _dtype_map = mapping
+    return _dtype_map
+
+
+def device_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tensor of ``dtype`` has on the device."""
+    mapping = _mapping()
+    if not mapping:
+        return dtype
+    mapped = mapping.get(dtype, dtype)
+    if mapped is not dtype and dtype not in _warned:
+        _warned.add(dtype)
+        warnings.warn(
+            f"pjrt_host: the {_runtime.runtime().record.name!r} device does not support {dtype}; "
+            f"such tensors are {mapped} on it (warned once)", stacklevel=3)
+    return mapped

@@ -1,0 +1,517 @@
+"""The compiled-op engine: one ATen op (or its in-place / out= form) run
+through its lowering, compiled with ``jax.jit`` once per static signature.
+
+A call flattens the arguments into a hashable *key* (dtypes, storage shapes,
+views, Python scalars, the device configuration) and the *dynamic* values
+passed to the compiled function (storage arrays, gather offsets, random key
+data).  The first call with a key asks torch's meta kernel for the result
+dtypes and shapes (and torch's errors), builds a function that reads each
+input through its view, calls the lowering through
+:func:`pjrt_host._lowerings.invoke` and writes in-place / out= results back
+through the target's view, and jits it.  Later calls with the same key cost
+one dictionary lookup, one jitted call and one wrapper tensor.
+
+The :class:`~pjrt_host._lowerings.LoweringContext` a lowering sees comes from
+:func:`lowering_context`, which the compile backend uses too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .. import _lowerings, _runtime
+from .._lowerings import Lowering, LoweringContext
+from .._lowerings._dtypes import jax_dtype, torch_dtype
+from . import _config, _meta, _rng, _views
+from ._devices import device_mismatch, torch_device
+from ._dtype_policy import device_dtype
+from ._tensor import JaxTensor, Storage, TensorSpec, note_result, read, wrap_array
+
+__all__ = ["CompiledOp", "lowering_context", "missing_lowering", "op_name"]
+
+logger = logging.getLogger(__name__)
+
+
+def op_name(func: Any) -> str:
+    try:
+        return func.name()
+    except Exception:
+        return str(func)
+
+
+# ---------------------------------------------------------------- context
+
+_contexts: dict[Any, LoweringContext] = {}
+_gather_factor: int | None = None
+
+
+def lowering_context(cfg: _config.Config) -> LoweringContext:
+    """The context lowerings run with under device configuration ``cfg``
+    (no random key: a caller that runs random ops adds its own)."""
+    ctx = _contexts.get(cfg)
+    if ctx is None:
+        global _gather_factor
+        if _gather_factor is None:
+            _gather_factor = int(getattr(_runtime.plugin(), "dense_gather_factor", 0) or 0)
+        ctx = _contexts[cfg] = LoweringContext(matmul_precision=cfg.matmul_precision,
+                                               dense_gather_factor=_gather_factor)
+    return ctx
+
+
+# ---------------------------------------------------------------- argument encoding
+#
+# Each argument becomes a key entry; the values the compiled function takes
+# at run time are appended to ``dyn`` in order.  'jax' tensors are keyed by
+# their TensorSpec (precomputed on the storage / view); a Python scalar
+# compiled in as a constant by a plain ``(type, value)`` tuple (1, 1.0 and
+# True are distinct keys; a Python tuple argument is a Sequence, so a plain
+# tuple can mean nothing else); everything else by one of these markers.
+
+
+class DynamicScalar(NamedTuple):
+    """A Python scalar passed at run time (ops whose scalars change every
+    call, such as an optimizer's step size)."""
+
+    type: type
+
+
+class HostScalar(NamedTuple):
+    """A 0-dim CPU tensor (torch lets it meet device tensors), passed as a value."""
+
+    dtype: torch.dtype
+
+
+class Sequence(tuple):
+    """A list / tuple argument (TensorList, int[]): its items' keys."""
+
+    __slots__ = ()
+
+
+class _Generator:
+    """A torch.Generator argument (random lowerings take the draw's key instead)."""
+
+
+GENERATOR = _Generator()
+
+
+class _ForeignFirst(Exception):
+    """A non-'jax' tensor came before any 'jax' tensor: the caller names both."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+
+def _encode(v: Any, dyn: list, devs: list) -> Any:
+    if isinstance(v, JaxTensor):
+        storage = v._storage
+        devs.append(storage.device_index)
+        arr = storage.array
+        dyn.append(arr if arr is not None else storage.get())
+        view = v._view
+        if view is None:
+            return storage.spec
+        dyn.append(view.run_offset)
+        return view.spec
+    t = type(v)
+    if t is float or t is int or t is bool or t is complex:
+        return (t, v)
+    if t is list or t is tuple:
+        return Sequence([_encode(x, dyn, devs) for x in v])
+    if isinstance(v, torch.Tensor):
+        if v.dim() == 0 and v.device.type == "cpu":
+            dyn.append(np.asarray(v.item(), dtype=jax_dtype(v.dtype)))
+            return HostScalar(v.dtype)
+        if devs:
+            raise device_mismatch(torch_device(devs[0]), v.device)
+        raise _ForeignFirst(v.device)
+    if isinstance(v, torch.Generator):
+        return GENERATOR
+    return v
+
+
+def _encode_dynamic(v: Any, dyn: list, devs: list) -> Any:
+    t = type(v)
+    if t is float or t is int:
+        dyn.append(v)
+        return DynamicScalar(t)
+    return _encode(v, dyn, devs)
+
+
+def _decode(x: Any, it: Any, inputs: list) -> Any:
+    t = type(x)
+    if t is TensorSpec:
+        arr = next(it)
+        offset = next(it) if x.view is not None else 0
+        inputs.append((arr, offset))
+        return _views.read(arr, x.view, offset)
+    if t is tuple:
+        return x[1]
+    if t is Sequence:
+        return [_decode(y, it, inputs) for y in x]
+    if t is DynamicScalar or t is HostScalar:
+        inputs.append((None, 0))
+        return next(it)
+    if x is GENERATOR:
+        return None
+    return x
+
+
+# Tensor positions too: torch passes a Python number there as it is (x / 2.0).
+_SCALAR_TYPES = ("Scalar", "Scalar?", "float", "float?", "Tensor", "Tensor?")
+
+
+def _scalar_slots(func: Any) -> frozenset:
+    """Positions and names of the arguments that may hold a Python number."""
+    slots: set = set()
+    try:
+        for i, a in enumerate(func._schema.arguments):
+            if str(a.type) in _SCALAR_TYPES or str(a.type).startswith("number"):
+                slots.add(a.name)
+                if not a.kwarg_only:
+                    slots.add(i)
+    except Exception:
+        pass
+    return frozenset(slots)
+
+
+def _has_dynamic(key: Any) -> bool:
+    if type(key) is DynamicScalar:
+        return True
+    if isinstance(key, tuple) and type(key) is not TensorSpec:
+        return any(_has_dynamic(k) for k in key)
+    return False
+
+
+def _first_jax_device(values: Any) -> Any:
+    for v in values:
+        if isinstance(v, JaxTensor):
+            return v.device
+        if isinstance(v, (list, tuple)):
+            found = _first_jax_device(v)
+            if found is not None:
+                return found
+    return None
+
+
+# ---------------------------------------------------------------- the engine
+
+# The lowering needs concrete values (a data-dependent shape): such an op
+# runs op by op in jax eager mode instead.
+_CONCRETE_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+                    jax.errors.TracerIntegerConversionError, jax.errors.NonConcreteBooleanIndexError,
+                    jax.errors.TracerArrayConversionError)
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+_lock = threading.Lock()
+
+
+class _Entry(NamedTuple):
+    fn: Any  #: (*dyn) -> the op's result arrays
+    plan: _meta.OutputPlan  #: how they come back (ignored for in-place / out=)
+
+
+class CompiledOp:
+    """One op (or its in-place / out= form) compiled per static signature.
+
+    ``inplace``: the position of the tensor an in-place op writes (its
+    lowering returns the new value); ``out_names``: the ``out=`` arguments,
+    written with the results of the functional lowering; ``meta_op``: the
+    op whose meta kernel gives the results (the functional one)."""
+
+    __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "scalar_slots",
+                 "dynamic", "misses", "in_trial", "simple")
+
+    def __init__(self, func: Any, lowering: Lowering, inplace: int | None = None,
+                 out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
+        self.func = func
+        self.lowering = lowering
+        self.inplace = inplace
+        self.out_names = out_names
+        self.meta_op = meta_op if meta_op is not None else func
+        self.cache: dict[Any, _Entry] = {}
+        self.eager = lowering.data_dependent
+        self.name = op_name(func)
+        # Arguments typed Scalar / float: an optimizer passes a new value every
+        # step (Adam's step size), which must not mean a new compile every step.
+        self.scalar_slots = _scalar_slots(func)
+        self.dynamic: bool | None = None  # scalars traced (True), static (False), undecided (None)
+        self.misses = 0
+        self.in_trial = False
+        # No out= targets, no random key, scalars static: the common case.
+        self.simple = not out_names and not lowering.needs_rng
+
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        dyn: list[Any] = []
+        devs: list[int] = []
+        out_targets: list[JaxTensor] = []
+        generator = None
+        if not self.simple or self.dynamic:
+            kwargs, out_targets, generator = self._split_kwargs(kwargs)
+        try:
+            if self.dynamic:
+                slots = self.scalar_slots
+                key_args = tuple([_encode_dynamic(v, dyn, devs) if i in slots else _encode(v, dyn, devs)
+                                  for i, v in enumerate(args)])
+                key_kwargs = tuple([(k, _encode_dynamic(v, dyn, devs) if k in slots else _encode(v, dyn, devs))
+                                    for k, v in kwargs.items()])
+            else:
+                key_args = tuple([_encode(v, dyn, devs) for v in args])
+                key_kwargs = tuple([(k, _encode(v, dyn, devs)) for k, v in kwargs.items()]) if kwargs else ()
+        except _ForeignFirst as err:
+            raise device_mismatch(_first_jax_device(list(args) + list(kwargs.values())), err.device) from None
+        if not devs:
+            raise RuntimeError(f"pjrt_host: {self.name} reached the 'jax' device without a 'jax' tensor")
+        index = devs[0]
+        targets_key = ()
+        if out_targets:
+            targets_key = self._encode_targets(out_targets, dyn, devs, index)
+        for d in devs:
+            if d != index:
+                raise device_mismatch(torch_device(index), torch_device(d))
+        if self.lowering.needs_rng:
+            dyn.extend(_rng.next_key_args(index, generator))
+        cfg = _config.current()
+        key = (key_args, key_kwargs, targets_key, cfg)
+        entry = self.cache.get(key)
+        if entry is None:
+            self.misses += 1
+            if self.misses > 3 and self.dynamic is None and self.scalar_slots and self.simple \
+                    and not self.in_trial and not self.eager:
+                return self._trial_dynamic(args, kwargs)
+            entry = self._build(key, args, kwargs, out_targets, cfg)
+        try:
+            result = entry.fn(*dyn)
+        except _CONCRETE_ERRORS:
+            self.eager = True
+            self.cache.clear()
+            entry = self._build(key, args, kwargs, out_targets, cfg)
+            result = entry.fn(*dyn)
+        if self.inplace is not None:
+            target = args[self.inplace]
+            storage = target._storage
+            storage.array = result
+            storage.version += 1
+            note_result(index, result)
+            return target
+        if out_targets:
+            for t, arr in zip(out_targets, result):
+                t._storage.array = arr
+                t._storage.version += 1
+            note_result(index, result[0])
+            return out_targets[0] if len(out_targets) == 1 else tuple(out_targets)
+        plan = entry.plan
+        outputs = plan.outputs
+        if outputs is not None and plan.container == "single" and outputs[0].kind == "tensor":
+            # The hot path: one tensor result.
+            note_result(index, result)
+            spec = outputs[0]
+            t = _make_wrapper(JaxTensor, spec.shape, dtype=spec.dtype, device=torch_device(index))
+            t._storage = Storage(result, spec.shape, result.dtype, index)
+            t._view = None
+            return t
+        return _wrap_results(result, plan, index)
+
+    def _split_kwargs(self, kwargs: dict) -> tuple[dict, list, Any]:
+        out_targets = []
+        generator = None
+        if self.out_names or (self.lowering.needs_rng and "generator" in kwargs):
+            kwargs = dict(kwargs)
+            for n in self.out_names:
+                out_targets.append(kwargs.pop(n))
+            if self.lowering.needs_rng:
+                generator = kwargs.pop("generator", None)
+        return kwargs, out_targets, generator
+
+    @staticmethod
+    def _encode_targets(out_targets: list, dyn: list, devs: list, index: int) -> tuple:
+        keys = []
+        for t in out_targets:
+            if not isinstance(t, JaxTensor):
+                raise device_mismatch(torch_device(index), t.device)
+            storage = t._storage
+            devs.append(storage.device_index)
+            dyn.append(storage.get())
+            view = t._view
+            dyn.append(view.run_offset if view is not None else 0)
+            keys.append((t.dtype, tuple(t.shape), storage.spec if view is None else view.spec))
+        return tuple(keys)
+
+    def _trial_dynamic(self, args: tuple, kwargs: dict) -> Any:
+        """Try tracing this op's scalars instead of compiling per value: keep
+        it if the lowering traces and gives the same result (a lowering that
+        branches on a scalar's value cannot)."""
+        target = args[self.inplace] if self.inplace is not None else None
+        saved = target._storage.get() if target is not None else None
+        self.in_trial = True
+        try:
+            static_out = self(args, kwargs)
+        finally:
+            self.in_trial = False
+        if target is not None:
+            static_value = target._storage.array
+            target._storage.array = saved
+        self.dynamic = True
+        try:
+            dyn_out = self(args, kwargs)
+            if target is not None:
+                same = _same(static_value, target._storage.array)
+            else:
+                same = _same_outputs(static_out, dyn_out)
+        except Exception as err:
+            logger.debug("%s keeps static scalars: %s", self.name, err)
+            same = False
+        if same:
+            return dyn_out
+        self.dynamic = False
+        for k in [k for k in self.cache if _has_dynamic(k)]:
+            del self.cache[k]
+        if target is not None:
+            target._storage.array = static_value
+        return static_out
+
+    def _build(self, key: Any, args: tuple, kwargs: dict, out_targets: list, cfg: _config.Config) -> _Entry:
+        known, meta = _meta.run_meta(self.meta_op, args, kwargs)
+        lowering = self.lowering
+        needs_rng = lowering.needs_rng
+        base_ctx = lowering_context(cfg)
+        key_args, key_kwargs = key[0], key[1]
+        n_targets = len(out_targets)
+
+        def decode(dyn: tuple) -> tuple[list, dict, list, LoweringContext]:
+            it = iter(dyn)
+            inputs: list[tuple[Any, Any]] = []
+            call_args = [_decode(x, it, inputs) for x in key_args]
+            call_kwargs = {k: _decode(x, it, inputs) for k, x in key_kwargs}
+            targets = [(next(it), next(it)) for _ in range(n_targets)]
+            ctx = base_ctx
+            if needs_rng:
+                key_data, counter = next(it), next(it)
+                rng_key = jax.random.fold_in(
+                    jax.random.wrap_key_data(key_data.astype(jnp.uint32), impl="threefry2x32"), counter)
+                ctx = dataclasses.replace(base_ctx, rng_key=rng_key)
+            return call_args, call_kwargs, inputs, targets, ctx
+
+        if self.inplace is not None:
+            target = args[self.inplace]
+            target_view = None if target._view is None else target._view.static
+            target_dtype = jax_dtype(target.dtype)
+            target_shape = tuple(target.shape)
+            if known and self.meta_op is not self.func and isinstance(meta, torch.Tensor):
+                _meta.check_inplace(meta, target)
+            position = self.inplace
+            plan = _meta.OutputPlan("single", None)
+
+            def fn(*dyn):
+                call_args, call_kwargs, inputs, _, ctx = decode(dyn)
+                value = _lowerings.invoke(lowering, call_args, call_kwargs, ctx)
+                if isinstance(value, (tuple, list)):
+                    value = value[0]
+                value = jnp.broadcast_to(jnp.asarray(value).astype(target_dtype), target_shape)
+                arr, offset = inputs[position]
+                return _views.write(arr, target_view, offset, value)
+        elif out_targets:
+            views = [None if t._view is None else t._view.static for t in out_targets]
+            shapes = [(jax_dtype(t.dtype), tuple(t.shape)) for t in out_targets]
+            plan = _meta.OutputPlan("tuple", None)
+
+            def fn(*dyn):
+                call_args, call_kwargs, _, targets, ctx = decode(dyn)
+                value = _lowerings.invoke(lowering, call_args, call_kwargs, ctx)
+                values = value if isinstance(value, (tuple, list)) else (value,)
+                return tuple(_views.write(arr, view, offset, jnp.broadcast_to(jnp.asarray(v).astype(d), s))
+                             for (arr, offset), view, (d, s), v in zip(targets, views, shapes, values))
+        else:
+            plan = _meta.output_plan(known, meta)
+            if plan.outputs is not None:
+                plan = dataclasses.replace(plan, outputs=tuple(
+                    dataclasses.replace(o, dtype=device_dtype(o.dtype)) if o.kind == "tensor" else o
+                    for o in plan.outputs))
+                dtypes = [jax_dtype(o.dtype) if o.kind == "tensor" else None for o in plan.outputs]
+                result_dtypes = dtypes[0] if plan.container == "single" else dtypes
+                if result_dtypes is None:  # a single scalar result
+                    result_dtypes = None
+            else:
+                result_dtypes = None
+
+            def fn(*dyn):
+                call_args, call_kwargs, _, _, ctx = decode(dyn)
+                return _lowerings.invoke(lowering, call_args, call_kwargs, ctx, result_dtypes)
+        entry = _Entry(fn if (self.eager or not cfg.jit) else jax.jit(fn), plan)
+        with _lock:
+            if len(self.cache) > 512:  # shapes that never repeat: bound the memory
+                self.cache.clear()
+            self.cache[key] = entry
+        return entry
+
+
+def _wrap_results(result: Any, plan: _meta.OutputPlan, index: int) -> Any:
+    outputs = plan.outputs
+    if outputs is None:
+        return _wrap_dynamic(result, index)
+    if plan.container == "single":
+        return _to_python(result)  # a Python scalar result
+    wrapped = []
+    for spec, arr in zip(outputs, result):
+        if spec.kind == "tensor":
+            note_result(index, arr)
+            wrapped.append(wrap_array(arr, index, spec.dtype))
+        elif spec.kind == "none":
+            wrapped.append(None)
+        else:
+            wrapped.append(_to_python(arr))
+    return tuple(wrapped) if plan.container == "tuple" else wrapped
+
+
+def _wrap_dynamic(result: Any, index: int) -> Any:
+    """Results of an op torch cannot describe in advance, wrapped as they come."""
+    if isinstance(result, (tuple, list)):
+        return type(result)(_wrap_dynamic(r, index) for r in result)
+    if result is None or isinstance(result, (bool, int, float, complex)):
+        return result
+    if getattr(result, "ndim", None) is None:
+        return result
+    arr = result
+    dtype = torch_dtype(arr.dtype)
+    mapped = device_dtype(dtype)
+    if mapped is not dtype:
+        arr = arr.astype(jax_dtype(mapped))
+    return wrap_array(arr, index, mapped)
+
+
+def _to_python(x: Any) -> Any:
+    if isinstance(x, (bool, int, float, complex)) or x is None:
+        return x
+    return np.asarray(x).item()
+
+
+def _same(a: Any, b: Any) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind in "fc":
+        return bool(np.allclose(a, b, rtol=1e-6, atol=0, equal_nan=True))
+    return bool(np.array_equal(a, b))
+
+
+def _same_outputs(x: Any, y: Any) -> bool:
+    if isinstance(x, JaxTensor) and isinstance(y, JaxTensor):
+        return x.dtype == y.dtype and x.shape == y.shape and _same(read(x), read(y))
+    if isinstance(x, (tuple, list)) and isinstance(y, (tuple, list)):
+        return len(x) == len(y) and all(_same_outputs(a, b) for a, b in zip(x, y))
+    return x == y
+
+
+def missing_lowering(func: Any) -> NotImplementedError:
+    """The error for an op the device cannot run: what, why, and the two ways on."""
+    return NotImplementedError(
+        f"pjrt_host: the ATen op {op_name(func)} has no lowering to JAX and no decomposition in torch "
+        f"{torch.__version__}, so it cannot run on the 'jax' device. To run such ops on torch CPU meanwhile "
+        "(slow: two transfers per call), wrap the code in `with pjrt_host.config(cpu_fallback=True):`. "
+        "How to report the gap, and how to add a lowering: docs/op-coverage.md in the pjrt_host sources.")

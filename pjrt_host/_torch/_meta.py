@@ -1,0 +1,110 @@
+"""torch's own answer for an op's results, from its meta kernels.
+
+A compiled op asks once per signature: the result's shapes and dtypes (so
+dtypes are torch's, whatever jnp would promote to), and torch's own errors
+for bad arguments (shapes, dtypes) are raised as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from ._tensor import JaxTensor
+
+__all__ = ["OutputPlan", "OutputSpec", "check_inplace", "meta_view_of", "output_plan", "run_meta"]
+
+
+def meta_view_of(t: JaxTensor) -> torch.Tensor:
+    """A meta tensor with ``t``'s sizes, strides and offset into a storage
+    as large as t's."""
+    base = torch.empty(t._storage.numel, dtype=t.dtype, device="meta")
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def _to_meta(v: Any) -> Any:
+    if isinstance(v, JaxTensor):
+        return meta_view_of(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_meta(x) for x in v)
+    return v
+
+
+_DATA_DEPENDENT = ("DynamicOutputShapeException", "DataDependentOutputException", "GuardOnDataDependentSymNode")
+
+
+def run_meta(func: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    """(known, result): ``func`` on meta versions of the arguments; known is
+    False when the op has no meta kernel or a data-dependent shape."""
+    try:
+        out = func(*_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
+    except NotImplementedError:
+        return False, None
+    except RuntimeError as err:
+        text = str(err)
+        if "meta" in text.lower() or "data-dependent" in text or "data dependent" in text or "nonzero" in text:
+            return False, None
+        raise
+    except Exception as err:
+        if type(err).__name__ in _DATA_DEPENDENT:
+            return False, None
+        raise
+    return True, out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutputSpec:
+    """One result of an op: a tensor (shape, dtype), None, or a Python scalar."""
+
+    kind: str  #: "tensor", "none" or "scalar"
+    shape: tuple[int, ...] | None = None
+    dtype: torch.dtype | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutputPlan:
+    """How an op's results come back: ``container`` is "single", "tuple" or
+    "list"; ``outputs`` is None when torch cannot say (no meta kernel, a
+    data-dependent shape): the results are then wrapped as they come."""
+
+    container: str
+    outputs: tuple[OutputSpec, ...] | None
+
+
+def _spec(o: Any) -> OutputSpec:
+    if isinstance(o, torch.Tensor):
+        return OutputSpec("tensor", tuple(o.shape), o.dtype)
+    if o is None:
+        return OutputSpec("none")
+    return OutputSpec("scalar")
+
+
+def output_plan(known: bool, out: Any) -> OutputPlan:
+    if not known:
+        return OutputPlan("single", None)
+    if isinstance(out, (tuple, list)):
+        return OutputPlan("tuple" if isinstance(out, tuple) else "list", tuple(_spec(o) for o in out))
+    if isinstance(out, (torch.Tensor, bool, int, float)):
+        return OutputPlan("single", (_spec(out),))
+    return OutputPlan("single", None)
+
+
+SCALAR_NAMES = {
+    torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
+    torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float",
+    torch.float64: "Double", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+}
+
+
+def check_inplace(result: torch.Tensor, target: JaxTensor) -> None:
+    """torch's errors for an in-place result that ``target`` cannot hold
+    (``int_tensor.add_(0.5)``) or that would broadcast it."""
+    if not torch.can_cast(result.dtype, target.dtype):
+        raise RuntimeError(
+            f"result type {SCALAR_NAMES.get(result.dtype, result.dtype)} can't be cast to the desired output "
+            f"type {SCALAR_NAMES.get(target.dtype, target.dtype)}")
+    if tuple(result.shape) != tuple(target.shape):
+        raise RuntimeError(
+            f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(result.shape)}")

@@ -1,0 +1,255 @@
+"""Ops about a tensor and its storage rather than math, which the device
+runs itself: copies between devices, ``_to_copy``, reading a scalar,
+cloning (free: jax arrays are immutable), ``set_``, ``resize_``, ``*_like``
+factories, and batch norm's running-statistics update.
+
+Declared with :func:`storage_op`; the dispatcher routes these names here
+before anything else.  The lowering table has graph forms of some of them
+(``clone``, ``lift_fresh``) for callers that trace whole graphs; eager calls
+never reach those.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .. import _lowerings
+from .._lowerings._dtypes import jax_dtype
+from ._conversion import to_jax_array, to_torch
+from ._devices import DEVICE_NAME, device_index, jax_device
+from ._dtype_policy import device_dtype
+from ._engine import CompiledOp, missing_lowering
+from ._meta import meta_view_of
+from ._tensor import JaxTensor, Storage, contiguous_strides, make, read, wrap_array, write
+from ._view_ops import run_inplace_view
+
+__all__ = ["STORAGE_OPS", "storage_op"]
+
+StorageOp = Callable[[Any, tuple, dict], Any]
+
+#: ATen name (exact overload, or packet for all overloads) -> handler(func, args, kwargs).
+STORAGE_OPS: dict[str, StorageOp] = {}
+
+
+def storage_op(*names: str) -> Callable[[StorageOp], StorageOp]:
+    def register(fn: StorageOp) -> StorageOp:
+        for name in names:
+            if name in STORAGE_OPS:
+                raise RuntimeError(f"pjrt_host: storage op {name} is declared twice")
+            STORAGE_OPS[name] = fn
+        return fn
+
+    return register
+
+
+def lookup(name: str) -> StorageOp | None:
+    """The handler for the op named ``name`` ("aten::add.Tensor"), or None."""
+    found = STORAGE_OPS.get(name)
+    if found is None:
+        found = STORAGE_OPS.get(name.split(".", 1)[0])
+    return found
+
+
+@storage_op("aten::_to_copy")
+def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
+    self = args[0]
+    dtype = kwargs.get("dtype") or self.dtype
+    device = kwargs.get("device")
+    device = self.device if device is None else torch.device(device)
+    if not isinstance(self, JaxTensor):
+        # A torch tensor coming to the device (torch.tensor(data, device='jax')).
+        index = device_index(device)
+        dtype = device_dtype(dtype)
+        return wrap_array(to_jax_array(self, index, dtype), index, dtype)
+    if device.type != DEVICE_NAME:
+        return to_torch(self, device, dtype)
+    index = device_index(device)
+    dtype = device_dtype(dtype)
+    arr = read(self)
+    if arr.dtype != jax_dtype(dtype):
+        arr = _cast(arr, dtype)
+    if index != self._storage.device_index:
+        arr = jax.device_put(arr, jax_device(index))
+    return wrap_array(arr, index, dtype)
+
+
+_cast_cache: dict[torch.dtype, Any] = {}
+
+
+def _cast(arr: Any, dtype: torch.dtype) -> Any:
+    fn = _cast_cache.get(dtype)
+    if fn is None:
+        target = jax_dtype(dtype)
+        fn = _cast_cache[dtype] = jax.jit(lambda a: a.astype(target))
+    return fn(arr)
+
+
+@storage_op("aten::copy_")
+def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
+    dst, src = args[0], args[1]
+    if not isinstance(dst, JaxTensor):
+        # A torch tensor (CPU, ...) receiving a 'jax' tensor's values.
+        return dst.copy_(to_torch(src, dst.device))
+    index = dst._storage.device_index
+    if isinstance(src, JaxTensor):
+        value = read(src)
+        if src._storage.device_index != index:
+            value = jax.device_put(value, jax_device(index))
+    elif isinstance(src, torch.Tensor):
+        value = to_jax_array(src, index, device_dtype(src.dtype))
+    else:
+        value = jnp.asarray(src)
+    shape = tuple(dst.shape)
+    if tuple(value.shape) != shape:
+        try:
+            np.broadcast_shapes(tuple(value.shape), shape)
+        except ValueError:
+            raise RuntimeError(
+                f"The size of tensor a ({shape[-1] if shape else 1}) must match the size of tensor b "
+                f"({value.shape[-1] if value.shape else 1}) at non-singleton dimension") from None
+        if dst._view is None:
+            value = jnp.broadcast_to(value, shape)
+    write(dst, value)
+    return dst
+
+
+@storage_op("aten::_local_scalar_dense", "aten::item")  # item: reached directly in inference mode
+def local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
+    value = np.asarray(read(args[0])).item()
+    dtype = args[0].dtype
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_floating_point:
+        return float(value)
+    if dtype.is_complex:
+        return complex(value)
+    return int(value)
+
+
+@storage_op("aten::clone")
+def clone(func: Any, args: tuple, kwargs: dict) -> Any:
+    self = args[0]
+    storage = self._storage
+    if self._view is None:
+        # jax arrays never change: the clone shares the array until one of
+        # the two is written (a write replaces the storage's array).
+        return make(Storage(storage.array, storage.shape, storage.jax_dtype, storage.device_index),
+                    tuple(self.shape), self.dtype)
+    return wrap_array(read(self), storage.device_index, self.dtype)
+
+
+@storage_op("aten::lift_fresh")
+def lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
+    return args[0]
+
+
+@storage_op("aten::is_pinned")
+def is_pinned(func: Any, args: tuple, kwargs: dict) -> Any:
+    return False
+
+
+@storage_op("aten::record_stream")
+def record_stream(func: Any, args: tuple, kwargs: dict) -> Any:
+    return None
+
+
+@storage_op("aten::resize_")
+def resize_(func: Any, args: tuple, kwargs: dict) -> Any:
+    """torch's resize_ within the tensor's storage (same or fewer elements):
+    a contiguous reinterpretation of the same values, as on CPU.  Growing a
+    'jax' tensor in place is not supported (torch's metadata of a tensor
+    without torch storage cannot grow past it)."""
+    self, size = args[0], tuple(args[1])
+    if tuple(self.shape) == size:
+        return self
+    offset = self.storage_offset()
+    if offset + math.prod(size) > self._storage.numel:
+        raise NotImplementedError(
+            f"pjrt_host: growing a 'jax' tensor in place (resize_ from {tuple(self.shape)} to {size}) is not "
+            "supported; make a new tensor instead (e.g. pass no out= argument)")
+    return run_inplace_view(torch.ops.aten.as_strided_.default, (self, size, contiguous_strides(size), offset), {})
+
+
+@storage_op("aten::set_.source_Tensor")
+def set_(func: Any, args: tuple, kwargs: dict) -> Any:
+    self = args[0]
+    if len(args) == 2 and isinstance(args[1], JaxTensor):
+        src = args[1]
+        if tuple(src.shape) == tuple(self.shape) and src.dtype == self.dtype:
+            self._storage = src._storage
+            self._view = src._view
+            return self
+    raise NotImplementedError("pjrt_host: tensor.set_() is only supported between 'jax' tensors of one shape")
+
+
+# ---------------------------------------------------------------- *_like / new_*
+
+# name -> (the factory it amounts to, position of its fill value in the op's arguments)
+_LIKE: dict[str, tuple[Callable[..., torch.Tensor], int | None]] = {
+    "aten::zeros_like": (torch.zeros, None),
+    "aten::ones_like": (torch.ones, None),
+    "aten::empty_like": (torch.empty, None),
+    "aten::full_like": (torch.full, 1),
+    "aten::rand_like": (torch.rand, None),
+    "aten::randn_like": (torch.randn, None),
+    "aten::new_empty": (torch.empty, None),
+    "aten::new_empty_strided": (torch.empty, None),
+    "aten::new_zeros": (torch.zeros, None),
+    "aten::new_ones": (torch.ones, None),
+    "aten::new_full": (torch.full, 2),
+}
+
+
+@storage_op(*_LIKE)
+def like(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A factory shaped after a tensor: torch's meta kernel gives the shape
+    and dtype, the device's factory the values."""
+    self = args[0]
+    device = kwargs.get("device")
+    device = self.device if device is None else torch.device(device)
+    meta_kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory", "memory_format", "generator")}
+    meta = func(meta_view_of(self), *args[1:], device="meta", **meta_kwargs)
+    factory, fill = _LIKE[func.name()]
+    factory_kwargs = {"dtype": meta.dtype, "device": device}
+    if "generator" in kwargs:
+        factory_kwargs["generator"] = kwargs["generator"]
+    shape = tuple(meta.shape)
+    return factory(shape, args[fill], **factory_kwargs) if fill is not None else factory(shape, **factory_kwargs)
+
+
+# ---------------------------------------------------------------- batch norm
+
+_batch_norm_plain: dict[Any, CompiledOp] = {}
+
+
+@storage_op("aten::native_batch_norm")
+def native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
+    """native_batch_norm updates running_mean / running_var in training, but
+    its schema does not say so (no alias annotation) and its lowering is
+    functional: the update is done here, as torch CPU does it."""
+    bound = dict(zip(("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps"),
+                     args))
+    bound.update(kwargs)
+    running_mean, running_var = bound.get("running_mean"), bound.get("running_var")
+    if not bound.get("training") or running_mean is None or running_var is None:
+        op = _batch_norm_plain.get(func)
+        if op is None:
+            lowering = _lowerings.lookup(func)
+            if lowering is None:
+                raise missing_lowering(func)
+            op = _batch_norm_plain[func] = CompiledOp(func, lowering)
+        return op(args, kwargs)
+    functional = torch.ops.aten._native_batch_norm_legit_functional.default
+    out, mean, rstd, new_mean, new_var = functional(
+        bound["input"], bound.get("weight"), bound.get("bias"), running_mean, running_var, True,
+        bound["momentum"], bound["eps"])
+    with torch.no_grad():
+        running_mean.copy_(new_mean)
+        running_var.copy_(new_var)
+    return out, mean, rstd
