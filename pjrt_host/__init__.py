@@ -20,6 +20,7 @@ __all__ = [
     "PluginRecord",
     "SelectionError",
     "Status",
+    "assume_pure",
     "backend_name",
     "client",
     "config",
@@ -27,6 +28,7 @@ __all__ = [
     "distributed",
     "hookimpl",
     "hookspec",
+    "interop",
     "plugin_manager",
     "plugins",
     "register_plugin",
@@ -48,6 +50,7 @@ _LAZY = {
     "PluginRecord": ("._discovery", "PluginRecord"),
     "SelectionError": ("._errors", "SelectionError"),
     "Status": ("._discovery", "Status"),
+    "assume_pure": ("._compile._pure", "assume_pure"),
     "backend_name": ("._runtime", "backend_name"),
     "client": ("._runtime", "client"),
     "config": ("._torch._config", "config"),
@@ -55,6 +58,7 @@ _LAZY = {
     "distributed": (".distributed", None),  # the submodule itself
     "hookimpl": ("._hookspecs", "hookimpl"),
     "hookspec": ("._hookspecs", "hookspec"),
+    "interop": (".interop", None),  # the submodule itself
     "plugin_manager": ("._registry", "plugin_manager"),
     "plugins": ("._registry", "plugins"),
     "register_plugin": ("._registry", "register_plugin"),

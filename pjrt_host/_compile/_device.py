@@ -19,7 +19,7 @@ from .._torch._tensor import JaxTensor
 
 __all__ = [
     "DEVICE_NAME", "JaxTensor", "config", "current_index", "device_dtype", "device_index", "eager_dispatch_hooks",
-    "jax_device", "lowering_context", "next_key_args", "note_result", "put_storage", "storage_of", "to_jax_array",
+    "index_of_array", "jax_device", "lowering_context", "read", "torch_device", "write", "next_key_args", "note_result", "put_storage", "storage_of", "to_jax_array",
     "to_torch", "wrap",
 ]
 
@@ -128,6 +128,34 @@ def last_result(index: int) -> Any:
 
 def jax_device(index: int) -> Any:
     return _devices.jax_device(index)
+
+
+def index_of_array(array: Any) -> int | None:
+    """The 'jax' device index of an array on one of the selected plugin's
+    devices (None for an array elsewhere, or on several devices)."""
+    devices = array.devices()
+    if len(devices) != 1:
+        return None
+    (device,) = devices
+    for i in range(_devices.count()):
+        if _devices.jax_device(i) == device:
+            return i
+    return None
+
+
+def torch_device(index: int) -> torch.device:
+    return _devices.torch_device(index)
+
+
+def read(t: JaxTensor) -> Any:
+    """A 'jax' tensor's values as a jax array (its storage array itself for
+    a tensor that is its whole storage: no copy)."""
+    return _tensor.read(t)
+
+
+def write(t: JaxTensor, value: Any) -> None:
+    """Replace a 'jax' tensor's values (through its view) with ``value``."""
+    _tensor.write(t, value)
 
 
 def device_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -19,7 +19,9 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["GraphOp", "HANDLERS", "NO_OP", "SYMBOLIC"]
+from . import _handles
+
+__all__ = ["GraphOp", "HANDLERS", "NO_OP", "OPAQUE", "SYMBOLIC"]
 
 
 class GraphOp(NamedTuple):
@@ -209,3 +211,13 @@ NO_OP = frozenset({
     "aten::_functional_sym_constrain_range_for_size", "aten::_assert_tensor_metadata",
     "aten::record_stream",
 })
+
+
+# ------------------------------------------------------------ this package's own ops
+
+#: Ops whose arguments are passed as they are (no ``out``, no key): a JAX
+#: function called from torch (:mod:`._jax_ops`), by its handle.
+OPAQUE: dict[str, Callable[..., Any]] = {
+    "pjrt_host::call_jax": lambda args, handle: _handles.get(handle).flat(list(args)),
+    "pjrt_host::call_jax_vjp": lambda args, cts, handle: _handles.get(handle).vjp(list(args), list(cts)),
+}

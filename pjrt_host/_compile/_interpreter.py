@@ -133,6 +133,9 @@ class Program:
             short = name[: -len(".default")] if name.endswith(".default") else name
             if short in _graph_ops.NO_OP:
                 return _Step("noop", node)
+            opaque = _graph_ops.OPAQUE.get(short)
+            if opaque is not None:
+                return _Step("python", node, opaque)
             sym = _graph_ops.SYMBOLIC.get(short)
             if sym is not None:
                 return _Step("symbolic", node, sym)

@@ -1,0 +1,178 @@
+"""``call_jax``: a JAX function called on 'jax' tensors inside a torch program.
+
+Eagerly, a call takes the arrays its tensors already hold (no copy), makes
+one call of a ``jax.jit`` of the function (cached per argument signature:
+the function, the arguments' structure, shapes and dtypes, which tensors
+require grad, the non-tensor arguments' values) and wraps the results; when
+a gradient is needed the call is one autograd node whose backward is
+``jax.vjp``'s.  Inside a traced torch program (an ``@assume_pure`` trace,
+``torch.compile``) the call is the op ``pjrt_host::call_jax``, which the
+graph interpreter runs as the jax function itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import warnings
+from typing import Any, Callable
+
+import jax
+import torch
+
+from .._lowerings._dtypes import torch_dtype
+from . import _device, _handles
+from ._pure import CacheInfo, _Entry, run
+
+__all__ = ["call_jax", "cache_info", "cache_clear"]
+
+MAXSIZE = 512
+#: Traces of one function (code object) before a warning (then at 2x, 4x, ...).
+RETRACE_WARNING = 8
+
+_lock = threading.Lock()
+_cache: collections.OrderedDict[Any, _Entry] = collections.OrderedDict()
+_counts = {"hits": 0, "misses": 0, "traces": 0}
+_per_code: dict[Any, list[int]] = {}  # code object -> [traces, next warning at]
+
+
+def cache_info() -> CacheInfo:
+    with _lock:
+        return CacheInfo(_counts["hits"], _counts["misses"], _counts["traces"], len(_cache), MAXSIZE)
+
+
+def cache_clear() -> None:
+    with _lock:
+        _cache.clear()
+        _per_code.clear()
+        for k in _counts:
+            _counts[k] = 0
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def call_jax(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with 'jax' tensors passed as jax arrays and
+    the results returned as 'jax' tensors (see the module docstring)."""
+    if torch.compiler.is_compiling():
+        # dynamo cannot trace into jax; the call runs eagerly, between two
+        # compiled graphs (a graph break).
+        return _outside_dynamo(fn, *args, **kwargs)
+    return _call(fn, args, kwargs)
+
+
+def _call(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    if not callable(fn):
+        raise TypeError(f"pjrt_host.interop.call_jax: the first argument must be a JAX function, got "
+                        f"{type(fn).__name__}")
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    tensors: list[torch.Tensor] = []
+    parts: list[Any] = []
+    statics: list[tuple[int, Any]] = []
+    grad = torch.is_grad_enabled()
+    index = None
+    JaxTensor = _device.JaxTensor
+    for pos, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            if type(leaf) is not JaxTensor:
+                if leaf.device.type == _device.DEVICE_NAME:
+                    return _as_op(fn, args, kwargs)  # inside a trace (fake / functional tensors)
+                raise RuntimeError(
+                    f"pjrt_host.interop.call_jax({_name(fn)}): a tensor argument is on {leaf.device} (shape "
+                    f"{tuple(leaf.shape)}, {leaf.dtype}); JAX functions run on the '{_device.DEVICE_NAME}' device: "
+                    f"move it there first (t.to('{_device.DEVICE_NAME}')).")
+            i = leaf._storage.device_index
+            if index is None:
+                index = i
+            elif i != index:
+                raise RuntimeError(f"pjrt_host.interop.call_jax({_name(fn)}): the tensor arguments are on two "
+                                   f"devices, {_device.DEVICE_NAME}:{index} and {_device.DEVICE_NAME}:{i}")
+            tensors.append(leaf)
+            parts.append((leaf.dtype, leaf.shape, grad and leaf.requires_grad))
+        else:
+            statics.append((pos, leaf))
+            parts.append((type(leaf), leaf))
+    sig = (fn, treedef, tuple(parts))
+    try:
+        entry = _cache.get(sig)
+    except TypeError:
+        bad = next((type(v).__name__ for _, v in statics if not _hashable(v)), "?")
+        raise TypeError(f"pjrt_host.interop.call_jax({_name(fn)}): a non-tensor argument is a {bad}, which is not "
+                        f"hashable; non-tensor arguments are static (part of the cache key): pass a tuple instead of "
+                        f"a list, or pass the values as tensors.") from None
+    if entry is None:
+        entry = _build(sig, fn, treedef, tuple(statics), tensors, index, grad)
+    else:
+        with _lock:
+            _counts["hits"] += 1
+            try:
+                _cache.move_to_end(sig)
+            except KeyError:
+                pass
+    return run(entry, tensors)
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+        return True
+    except TypeError:
+        return False
+
+
+def _build(sig: Any, fn: Callable, treedef: Any, statics: tuple, tensors: list, index: int | None,
+           grad: bool) -> _Entry:
+    if index is None:
+        index = _device.current_index()
+    call = _handles.JaxCall(fn, treedef, statics)
+    name = call.name
+    with _lock:
+        _counts["misses"] += 1
+    specs = [jax.ShapeDtypeStruct(tuple(t.shape), _device.jax_dtype_of(t.dtype)) for t in tensors]
+    try:
+        out = jax.eval_shape(call.flat, specs)
+    except Exception as err:
+        raise RuntimeError(f"pjrt_host.interop.call_jax({name}) failed while JAX traced it for arguments "
+                           f"{[f'{tuple(s.shape)} {s.dtype}' for s in specs]}: {type(err).__name__}: {err}") from err
+    out_treedef = call.out_treedef
+    out_dtypes = [torch_dtype(o.dtype) for o in out]
+    diff = tuple(n for n, t in enumerate(tensors) if grad and t.requires_grad)
+
+    def body(arrays: list, key: Any) -> Any:
+        return call.flat(arrays), []
+
+    entry = _Entry(body, out_dtypes, [t.dtype for t in tensors], [], False,
+                   lambda outs: jax.tree_util.tree_unflatten(out_treedef, outs), index, diff, name)
+    code = getattr(fn, "__code__", fn)
+    with _lock:
+        _counts["traces"] += 1
+        _cache[sig] = entry
+        while len(_cache) > MAXSIZE:
+            _cache.popitem(last=False)
+        count = _per_code.setdefault(code, [0, RETRACE_WARNING])
+        count[0] += 1
+        warn = count[0] >= count[1]
+        if warn:
+            count[1] *= 2
+    if warn:
+        warnings.warn(f"pjrt_host.interop.call_jax({name}) has been traced {count[0]} times. Each new argument "
+                      f"signature (shapes, dtypes, non-tensor values) traces and compiles again, and so does each new "
+                      f"function object: define the function once, outside the loop, rather than as a lambda or "
+                      f"nested def per call.", RuntimeWarning, stacklevel=3)
+    return entry
+
+
+@torch._disable_dynamo
+def _outside_dynamo(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    return _call(fn, args, kwargs)
+
+
+# ---------------------------------------------------------------- as a torch op
+
+def _as_op(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """call_jax inside a traced torch program: the op ``pjrt_host::call_jax``."""
+    from . import _jax_ops
+
+    return _jax_ops.call(fn, args, kwargs)

@@ -1,0 +1,502 @@
+"""``@assume_pure``: a torch function run as one jitted call, its backward
+from ``jax.vjp``.
+
+A :class:`PureFunction` traces its function once per argument signature
+(:mod:`._trace`: shapes, dtypes, devices, which tensors require grad, the
+values of the non-tensor arguments, the device configuration) and keeps,
+per signature, the jitted forward (with the vjp's residuals as outputs when
+a gradient is needed) and the jitted backward.  Everything a signature needs
+lives in its own cache entry, so calls with shapes A, B, A use A's trace
+each time.
+
+Writes into arguments (``x.add_()``, BatchNorm's running statistics) come
+back from the jitted call and are written into the arguments' storages, as
+eager would leave them; a write into a tensor that requires grad is
+refused.  Random ops draw a fresh key from the device's generator on every
+call.  Called on fake tensors (inside an outer ``@assume_pure`` trace, or
+while ``torch.compile`` traces), the function runs as it is, so it becomes
+part of the outer graph.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import threading
+import warnings
+from typing import Any, Callable, NamedTuple
+
+import jax
+import torch
+
+from . import _device
+from ._trace import NotTraceable, Traced, fake_tensors, trace
+
+__all__ = ["CacheInfo", "PureFunction", "PureModule", "PurityError", "assume_pure"]
+
+logger = logging.getLogger(__name__)
+
+#: A function traced this many times gets a warning (and again at 2x, 4x, ...).
+RETRACE_WARNING = 8
+
+
+class PurityError(RuntimeError):
+    """The function does something a pure function cannot (see the message)."""
+
+
+class CacheInfo(NamedTuple):
+    """Counters of one pure function's trace cache."""
+
+    hits: int  #: calls that found their signature's trace
+    misses: int  #: calls that had to trace
+    traces: int  #: traces made (== misses, less failed traces)
+    size: int  #: signatures held now
+    maxsize: int  #: least recently used signatures beyond this are dropped
+
+
+class _Entry:
+    """One argument signature of a jax-backed call: ``body(arrays, key) ->
+    (outputs, [(argument number, new value)])`` (traceable) and its jitted
+    forms."""
+
+    __slots__ = ("body", "out_dtypes", "in_dtypes", "mutated", "needs_rng", "unflatten", "index", "diff", "other",
+                 "float_outs", "other_outs", "name", "_plain", "_fwd", "_bwd", "res_treedef")
+
+    def __init__(self, body: Callable, out_dtypes: list, in_dtypes: list, mutated: list, needs_rng: bool,
+                 unflatten: Callable, index: int, diff: tuple[int, ...], name: str) -> None:
+        self.body = body
+        self.out_dtypes = out_dtypes  # torch dtype of each tensor output
+        self.in_dtypes = in_dtypes  # torch dtype of each tensor argument
+        self.mutated = mutated  # the tensor arguments written, in the order body returns them
+        self.needs_rng = needs_rng
+        self.unflatten = unflatten  # tensor outputs -> the caller's result
+        self.index = index
+        self.diff = diff  # tensor arguments the gradient is taken for
+        self.other = tuple(i for i in range(len(in_dtypes)) if i not in set(diff))
+        self.float_outs = tuple(i for i, d in enumerate(out_dtypes) if d.is_floating_point or d.is_complex)
+        self.other_outs = tuple(i for i in range(len(out_dtypes)) if i not in set(self.float_outs))
+        self.name = name
+        self._plain = self._fwd = self._bwd = None
+        self.res_treedef = None
+
+    @staticmethod
+    def _key(rng: Any) -> Any:
+        if rng is None:
+            return None
+        kd, counter = rng
+        return jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), counter)
+
+    def plain(self) -> Any:
+        """jit: (arrays, rng) -> (outputs, new values of the written arguments)."""
+        if self._plain is None:
+            body, name = self.body, self.name
+
+            def fn(arrays: list, rng: Any) -> Any:
+                with jax.named_scope(name):
+                    outs, muts = body(arrays, self._key(rng))
+                return outs, [_like(v, arrays[i]) for i, v in muts]
+
+            self._plain = jax.jit(fn)
+        return self._plain
+
+    def forward(self) -> Any:
+        """jit: (diff arrays, other arrays, rng) -> (float outputs, other
+        outputs, written values, vjp residuals)."""
+        if self._fwd is None:
+            body, name, diff, other = self.body, self.name, self.diff, self.other
+            float_outs, other_outs = self.float_outs, self.other_outs
+
+            def fn(d_arrays: list, o_arrays: list, rng: Any) -> Any:
+                key = self._key(rng)
+
+                def f(d: list) -> Any:
+                    arrays = [None] * (len(diff) + len(other))
+                    for i, a in zip(diff, d):
+                        arrays[i] = a
+                    for i, a in zip(other, o_arrays):
+                        arrays[i] = a
+                    with jax.named_scope(name):
+                        outs, muts = body(arrays, key)
+                    return [outs[i] for i in float_outs], ([outs[i] for i in other_outs],
+                                                          [_like(v, arrays[i]) for i, v in muts])
+
+                fl, pullback, (rest, muts) = jax.vjp(f, list(d_arrays), has_aux=True)
+                res, self.res_treedef = jax.tree_util.tree_flatten(pullback)
+                return fl, rest, muts, res
+
+            self._fwd = jax.jit(fn)
+        return self._fwd
+
+    def backward(self) -> Any:
+        """jit: (residuals, float output cotangents) -> gradients of the diff arrays."""
+        if self._bwd is None:
+            name = self.name
+
+            def fn(res: list, cts: list) -> Any:
+                with jax.named_scope(name + ".backward"):
+                    return jax.tree_util.tree_unflatten(self.res_treedef, res)(cts)[0]
+
+            self._bwd = jax.jit(fn)
+        return self._bwd
+
+
+def run(entry: _Entry, tensors: list) -> Any:
+    """One call: the jitted forward on the tensors' arrays (as one autograd
+    node when a gradient is needed), the written arguments updated, the
+    outputs wrapped and put in the caller's structure."""
+    arrays = [_device.read(t) for t in tensors]
+    rng = _device.next_key_args(entry.index) if entry.needs_rng else None
+    if entry.diff:
+        box: list = []
+        outs = _Call.apply(entry, arrays, rng, box, *tensors)
+        muts = box[0]
+    else:
+        arrs, muts = entry.plain()(arrays, rng)
+        outs = [_device.wrap(a, entry.index, dt) for a, dt in zip(arrs, entry.out_dtypes)]
+    for i, value in zip(entry.mutated, muts):
+        t = tensors[i]
+        _device.write(t, value)
+        torch.autograd.graph.increment_version(t)
+    if outs:
+        _device.note_result(entry.index, _device.read(outs[-1]))
+    return entry.unflatten(list(outs))
+
+
+def _like(value: Any, base: Any) -> Any:
+    return value.astype(base.dtype).reshape(base.shape)
+
+
+class _Call(torch.autograd.Function):
+    """One call of a pure function as one autograd node."""
+
+    @staticmethod
+    def forward(ctx: Any, entry: _Entry, arrays: list, rng: Any, box: list, *tensors: torch.Tensor) -> Any:
+        d = [arrays[i] for i in entry.diff]
+        o = [arrays[i] for i in entry.other]
+        fl, rest, muts, res = entry.forward()(d, o, rng)
+        ctx.entry = entry
+        ctx.res = res
+        box.append(muts)
+        outs: list[Any] = [None] * len(entry.out_dtypes)
+        for i, a in zip(entry.float_outs, fl):
+            outs[i] = a
+        for i, a in zip(entry.other_outs, rest):
+            outs[i] = a
+        results = tuple(_device.wrap(a, entry.index, dt) for a, dt in zip(outs, entry.out_dtypes))
+        ctx.mark_non_differentiable(*(results[i] for i in entry.other_outs))
+        return results
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, *grads: Any) -> Any:
+        entry: _Entry = ctx.entry
+        # torch materialises the gradient of an unused output as zeros.
+        cts = [_as_array(grads[i], entry.index).astype(_device.jax_dtype_of(entry.out_dtypes[i]))
+               for i in entry.float_outs]
+        grads_in = entry.backward()(ctx.res, cts)
+        ctx.res = None  # free the residuals (a second backward is an error, as in eager)
+        out: list[Any] = [None] * len(entry.in_dtypes)
+        for i, g in zip(entry.diff, grads_in):
+            out[i] = _device.wrap(g, entry.index, entry.in_dtypes[i])
+        return (None, None, None, None, *out)
+
+
+def _as_array(t: torch.Tensor, index: int) -> Any:
+    if isinstance(t, _device.JaxTensor):
+        return _device.read(t)
+    return _device.to_jax_array(t, index)
+
+
+# ---------------------------------------------------------------- the cache
+
+
+class _Signature(NamedTuple):
+    treedef: Any
+    leaves: tuple
+    grad: bool
+    cfg: Any
+
+
+class PureFunction:
+    """``fn`` traced once per argument signature, each call one jitted call."""
+
+    def __init__(self, fn: Callable, *, name: str | None = None, maxsize: int = 128) -> None:
+        if not callable(fn):
+            raise TypeError(f"pjrt_host.assume_pure: expected a function or an nn.Module, got {type(fn).__name__}")
+        if maxsize < 1:
+            raise ValueError(f"pjrt_host.assume_pure: maxsize must be at least 1, got {maxsize}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
+        self.maxsize = maxsize
+        self._cache: collections.OrderedDict[_Signature, _Entry] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._hits = self._misses = self._traces = 0
+        self._warn_at = RETRACE_WARNING
+        self._last: _Signature | None = None
+        functools.update_wrapper(self, fn)
+
+    # -------------------------------------------------------- public
+
+    def cache_info(self) -> CacheInfo:
+        with self._lock:
+            return CacheInfo(self._hits, self._misses, self._traces, len(self._cache), self.maxsize)
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self._hits = self._misses = self._traces = 0
+            self._warn_at = RETRACE_WARNING
+
+    def __repr__(self) -> str:
+        return f"<pjrt_host.assume_pure {self.name}>"
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:  # decorating a method
+        return self if obj is None else functools.partial(self, obj)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            # torch.compile traces through: the function becomes part of
+            # the compiled graph (itself one jitted call).
+            return self.fn(*args, **kwargs)
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        tensors: list[torch.Tensor] = []
+        parts: list[Any] = []
+        grad = torch.is_grad_enabled()
+        index = None
+        JaxTensor = _device.JaxTensor
+        for pos, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                if type(leaf) is not JaxTensor:
+                    if leaf.device.type == _device.DEVICE_NAME:
+                        # A fake or functional 'jax' tensor: an outer trace
+                        # is running; be part of it.
+                        return self.fn(*args, **kwargs)
+                    raise _not_on_device(self.name, leaf, pos, treedef)
+                i = leaf._storage.device_index
+                if index is None:
+                    index = i
+                elif i != index:
+                    raise RuntimeError(
+                        f"pjrt_host.assume_pure({self.name}): the tensor arguments are on two devices, "
+                        f"{_device.DEVICE_NAME}:{index} and {_device.DEVICE_NAME}:{i}; move them to one device")
+                tensors.append(leaf)
+                parts.append((leaf.dtype, leaf.shape, grad and leaf.requires_grad))
+            else:
+                parts.append((type(leaf), leaf))
+        if index is None:
+            index = _device.current_index()
+        sig = _Signature(treedef, tuple(parts), grad, _device.config())
+        try:
+            entry = self._cache.get(sig)
+        except TypeError:
+            raise _unhashable(self.name, leaves, treedef) from None
+        if entry is None:
+            entry = self._trace(sig, leaves, tensors, index)
+        else:
+            with self._lock:
+                self._hits += 1
+                try:
+                    self._cache.move_to_end(sig)
+                except KeyError:
+                    pass
+        return run(entry, tensors)
+
+    # -------------------------------------------------------- tracing
+
+    def _trace(self, sig: _Signature, leaves: list, tensors: list, index: int) -> _Entry:
+        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        fakes = fake_tensors([(tuple(t.shape), t.dtype, index) for t in tensors])
+        fn = self.fn
+        treedef = sig.treedef
+
+        def flat_fn(*ts: Any) -> Any:
+            ls = list(leaves)
+            for p, t in zip(positions, ts):
+                ls[p] = t
+            args, kwargs = jax.tree_util.tree_unflatten(treedef, ls)
+            return fn(*args, **kwargs)
+
+        with self._lock:
+            self._misses += 1
+        try:
+            traced = trace(flat_fn, fakes, f"pjrt_host.assume_pure({self.name})")
+        except NotTraceable as err:
+            raise PurityError(f"{err}. A pure function must be one graph of torch ops for each argument "
+                              f"signature (see docs/interop.md).{captured_hint(fn)}") from err.__cause__
+        diff = tuple(n for n, t in enumerate(tensors) if sig.grad and t.requires_grad)
+        for n in traced.mutated:
+            t = tensors[n]
+            if sig.grad and t.requires_grad:
+                raise PurityError(
+                    f"pjrt_host.assume_pure({self.name}) writes in place into its argument "
+                    f"{_describe(leaves, treedef, positions[n])} (shape {tuple(t.shape)}, {t.dtype}), which "
+                    f"requires grad; torch's autograd cannot differentiate that write. Write into a copy "
+                    f"(x = x.clone()) or call it under torch.no_grad().")
+        ctx = _device.lowering_context(sig.cfg)
+        entry = _Entry(functools.partial(traced.run, ctx=ctx), [d for d in traced.out_dtypes if d is not None],
+                       [t.dtype for t in tensors], traced.mutated, traced.needs_rng, traced.unflatten, index, diff,
+                       self.name)
+        with self._lock:
+            self._traces += 1
+            self._cache[sig] = entry
+            while len(self._cache) > self.maxsize:
+                self._cache.popitem(last=False)
+            warn = self._traces >= self._warn_at
+            if warn:
+                self._warn_at *= 2
+            last, self._last = self._last, sig
+        if warn:
+            warnings.warn(f"pjrt_host.assume_pure({self.name}) has been traced {self._traces} times, once per new "
+                          f"argument signature{_what_changed(last, sig, leaves)}. Each trace costs a compilation; "
+                          f"keep shapes and Python arguments fixed (pass varying numbers as tensors).",
+                          RuntimeWarning, stacklevel=3)
+        return entry
+
+
+def captured_hint(fn: Callable) -> str:
+    """A hint naming the modules and 'jax' tensors ``fn`` reads from its
+    closure or globals: a pure function's tensors must be its arguments."""
+    names = []
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ""
+    cells = {n: c.cell_contents for n, c in zip(code.co_freevars, fn.__closure__ or ()) if _filled(c)}
+    glob = getattr(fn, "__globals__", {})
+    for name in code.co_freevars + code.co_names:
+        obj = cells.get(name, glob.get(name))
+        if isinstance(obj, torch.nn.Module) or (isinstance(obj, torch.Tensor) and obj.device.type == _device.DEVICE_NAME):
+            names.append(name)
+    if not names:
+        return ""
+    return (f" It reads {', '.join(sorted(set(names)))} from outside its arguments: the tensors of a pure function "
+            f"must be arguments. Pass them in, or wrap the module itself: pjrt_host.assume_pure(module) makes its "
+            f"parameters and buffers arguments.")
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def _describe(leaves: list, treedef: Any, pos: int) -> str:
+    """'argument 0' / 'keyword argument w' / 'argument 1[2]' for a flat leaf position."""
+    try:
+        paths = jax.tree_util.tree_flatten_with_path(jax.tree_util.tree_unflatten(treedef, list(range(len(leaves)))))
+        path = paths[0][pos][0]
+    except Exception:
+        return f"leaf {pos}"
+    if not path:
+        return f"leaf {pos}"
+    head = path[0]
+    rest = "".join(str(k) for k in path[2:])
+    if getattr(head, "idx", None) == 0:
+        return f"argument {path[1].idx}{rest}"
+    key = getattr(path[1], "key", path[1])
+    return f"keyword argument {key!s}{rest}"
+
+
+def _not_on_device(name: str, t: torch.Tensor, pos: int, treedef: Any) -> RuntimeError:
+    n = treedef.num_leaves
+    where = _describe([None] * n, treedef, pos)
+    return RuntimeError(
+        f"pjrt_host.assume_pure({name}): {where} is a tensor on {t.device} (shape {tuple(t.shape)}, {t.dtype}); a "
+        f"pure function runs on the '{_device.DEVICE_NAME}' device: move it there first (t.to('{_device.DEVICE_NAME}')).")
+
+
+def _unhashable(name: str, leaves: list, treedef: Any) -> TypeError:
+    for pos, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            continue
+        try:
+            hash(leaf)
+        except TypeError:
+            return TypeError(
+                f"pjrt_host.assume_pure({name}): {_describe(leaves, treedef, pos)} is a {type(leaf).__name__}, which "
+                f"is not hashable; non-tensor arguments are part of the trace's cache key, so they must be hashable "
+                f"(a tuple instead of a list, a frozen dataclass), or be passed as tensors.")
+    return TypeError(f"pjrt_host.assume_pure({name}): the arguments' structure is not hashable")
+
+
+def _what_changed(last: _Signature | None, sig: _Signature, leaves: list) -> str:
+    if last is None:
+        return ""
+    if last.treedef != sig.treedef:
+        return f"; the last one changed the arguments' structure ({last.treedef} -> {sig.treedef})"
+    for pos, (a, b) in enumerate(zip(last.leaves, sig.leaves)):
+        if a != b:
+            where = _describe(leaves, sig.treedef, pos)
+            return f"; the last one changed {where}: {_show(a)} -> {_show(b)}"
+    if last.grad != sig.grad:
+        return "; the last one changed torch.is_grad_enabled()"
+    return "; the last one changed the device configuration (pjrt_host.config)"
+
+
+def _show(part: tuple) -> str:
+    if isinstance(part[0], torch.dtype):
+        return f"tensor {tuple(part[1])} {part[0]}" + (" requiring grad" if part[2] else "")
+    return repr(part[1])
+
+
+# ---------------------------------------------------------------- modules
+
+
+class PureModule(torch.nn.Module):
+    """An ``nn.Module`` whose forward runs as one pure function: its
+    parameters and buffers (the module's own tensors, tied ones once) are
+    arguments of the trace, so torch.optim trains them and buffer writes
+    (BatchNorm's running statistics) land in the module's buffers."""
+
+    def __init__(self, module: torch.nn.Module, *, maxsize: int = 128) -> None:
+        super().__init__()
+        self.module = module
+        name = type(module).__qualname__
+        self._pure = PureFunction(self._functional, name=name, maxsize=maxsize)
+
+    def _functional(self, state: dict, training: tuple, *args: Any, **kwargs: Any) -> Any:
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        with _reparametrize_module(self.module, state, tie_weights=True):
+            return self.module(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module
+        if torch.compiler.is_compiling():
+            return module(*args, **kwargs)
+        state = dict(module.named_parameters())
+        state.update(module.named_buffers())
+        training = tuple(m.training for m in module.modules())
+        return self._pure(state, training, *args, **kwargs)
+
+    def cache_info(self) -> CacheInfo:
+        return self._pure.cache_info()
+
+    def cache_clear(self) -> None:
+        self._pure.cache_clear()
+
+    # The wrapped module's state, under its own names.
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module.load_state_dict(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["module"], name)
+
+
+def assume_pure(fn: Any = None, *, maxsize: int = 128) -> Any:
+    """Run ``fn`` (a function, or an ``nn.Module``) as one jitted call per
+    argument signature, its backward from ``jax.vjp``.  Usable as
+    ``@assume_pure`` or ``@assume_pure(maxsize=...)``."""
+    if fn is None:
+        return functools.partial(assume_pure, maxsize=maxsize)
+    if isinstance(fn, torch.nn.Module):
+        return PureModule(fn, maxsize=maxsize)
+    return PureFunction(fn, maxsize=maxsize)
