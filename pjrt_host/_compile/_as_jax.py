@@ -94,7 +94,7 @@ class TorchAsJax:
             raise PurityError(f"{err}. A torch function run as JAX must be one graph of torch ops for each argument "
                               f"signature (see docs/interop.md).") from err.__cause__
         if traced.mutated:
-            where = _describe(leaves, treedef, positions[traced.mutated[0]])
+            where = ", ".join(_describe(leaves, treedef, positions[n]) for n in traced.mutated)
             raise PurityError(self.mutation_message(where))
         with self._lock:
             self.traces += 1

@@ -15,6 +15,7 @@ the behaviour used here (input writes kept as ``copy_`` into the inputs).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Callable
 
 import torch
@@ -65,6 +66,10 @@ class Traced:
         return pytree.tree_unflatten(leaves, self.out_spec)
 
 
+#: torch's tracing state (fake modes, functionalisation) is process-wide: one trace at a time.
+_trace_lock = threading.RLock()
+
+
 def fake_tensors(specs: list[tuple[tuple[int, ...], torch.dtype, int]]) -> list[torch.Tensor]:
     """Fake 'jax' tensors (shape, dtype, device index) in one fresh fake mode."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -83,7 +88,7 @@ def trace(flat_fn: Callable, tensors: list[torch.Tensor], what: str) -> Traced:
     from torch._functorch.aot_autograd import _aot_export_function
 
     try:
-        with torch.no_grad():
+        with _trace_lock, torch.no_grad():
             gm, meta, _, out_spec = _aot_export_function(flat_fn, tuple(tensors), decompositions=decompositions(),
                                                          keep_input_mutations=True)
     except Exception as err:
