@@ -466,10 +466,34 @@ class PureModule(torch.nn.Module):
         module = self.module
         if torch.compiler.is_compiling():
             return module(*args, **kwargs)
-        state = dict(module.named_parameters())
-        state.update(module.named_buffers())
-        training = tuple(m.training for m in module.modules())
+        state, training = self._state()
         return self._pure(state, training, *args, **kwargs)
+
+    def _state(self) -> tuple[dict, tuple]:
+        """The module's parameters and buffers (tied ones once) by name, and
+        every submodule's training flag.  Where they live is read once (a
+        module walk costs tens of microseconds); the tensors themselves are
+        read on every call, so a replaced parameter or buffer is seen."""
+        where = self.__dict__.get("_where")
+        if where is None:
+            module = self.module
+            where = []
+            seen: set[int] = set()
+            for prefix, m in module.named_modules(remove_duplicate=False):
+                for table in ("_parameters", "_buffers"):
+                    for attr, t in getattr(m, table).items():
+                        if t is None or id(t) in seen:
+                            continue
+                        seen.add(id(t))
+                        where.append((f"{prefix}.{attr}" if prefix else attr, m, table, attr))
+            self.__dict__["_where"] = where
+            self.__dict__["_submodules"] = list(module.modules())
+        try:
+            state = {name: getattr(m, table)[attr] for name, m, table, attr in where}
+        except KeyError:  # a parameter or buffer was removed: read the module again
+            del self.__dict__["_where"]
+            return self._state()
+        return state, tuple(m.training for m in self.__dict__["_submodules"])
 
     def cache_info(self) -> CacheInfo:
         return self._pure.cache_info()
