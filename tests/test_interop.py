@@ -486,3 +486,13 @@ def test_jax_jit_outputs_train_with_torch_optim():
         losses.append(loss.item())
     assert losses[-1] < losses[0]
     assert step.cache_info().traces == 1
+
+
+def test_an_object_argument_holding_tensors_is_named():
+    class Holder:
+        def __init__(self, t):
+            self.t = t
+
+    f = pjrt_host.assume_pure(lambda x, h: x + h.t)
+    with pytest.raises(interop.PurityError, match="Its arguments include Holder objects"):
+        f(torch.ones(2, device=DEV), Holder(torch.ones(2, device=DEV)))

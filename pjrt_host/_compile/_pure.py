@@ -323,7 +323,8 @@ class PureFunction:
             traced = trace(flat_fn, fakes, f"pjrt_host.assume_pure({self.name})")
         except NotTraceable as err:
             raise PurityError(f"{err}. A pure function must be one graph of torch ops for each argument "
-                              f"signature (see docs/interop.md).{captured_hint(fn)}") from err.__cause__
+                              f"signature (see docs/interop.md).{captured_hint(fn)}{_object_hint(leaves)}") \
+                from err.__cause__
         diff = tuple(n for n, t in enumerate(tensors) if sig.grad and t.requires_grad)
         for n in traced.mutated:
             t = tensors[n]
@@ -372,6 +373,21 @@ def captured_hint(fn: Callable) -> str:
     return (f" It reads {', '.join(sorted(set(names)))} from outside its arguments: the tensors of a pure function "
             f"must be arguments. Pass them in, or wrap the module itself: pjrt_host.assume_pure(module) makes its "
             f"parameters and buffers arguments.")
+
+
+_PLAIN = (int, float, bool, complex, str, bytes, type(None), type(Ellipsis), slice, torch.dtype, torch.device,
+          torch.memory_format, torch.layout)
+
+
+def _object_hint(leaves: list) -> str:
+    """A hint naming the objects among the non-tensor arguments (a cache
+    object, a config): constants of the trace, their tensors not arguments."""
+    kinds = sorted({type(x).__name__ for x in leaves if not isinstance(x, (torch.Tensor,) + _PLAIN)})
+    if not kinds:
+        return ""
+    return (f" Its arguments include {', '.join(kinds)} objects: a non-tensor argument is a constant of the trace, "
+            f"and tensors inside it are not arguments. Pass the tensors themselves (a transformers model: call it "
+            f"with use_cache=False).")
 
 
 def _filled(cell: Any) -> bool:
