@@ -12,7 +12,7 @@ import threading
 
 import torch
 
-from . import _device_module
+from . import _device_module, _modules
 from ._devices import DEVICE_NAME
 
 __all__ = ["AUTOCAST_OPS", "DEVICE_OPS", "FACTORY_OPS", "is_registered", "register"]
@@ -113,6 +113,8 @@ def register() -> None:
         torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
         _register_kernels()
         _patch_pin_memory()
+        # module.to('jax') keeps tied parameters tied (and parameter objects).
+        _modules.install()
         _registered = True
 
 
