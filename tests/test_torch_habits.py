@@ -116,3 +116,53 @@ def test_load_state_dict_keeps_ties():
     assert model.lm_head.weight is model.wte.weight
     assert model.wte.weight.device.type == "jax"
     torch.testing.assert_close(model.lm_head.weight.cpu(), torch.full((17, 8), 0.5))
+
+
+# ---------------------------------------------------------------- 2. memory statistics
+
+
+def test_memory_statistics_follow_tensors():
+    torch.jax.empty_cache()
+    base = torch.jax.memory_allocated()
+    x = torch.ones(256, 1024, device="jax")  # 1 MiB
+    y = x * 2
+    assert torch.jax.memory_allocated() - base >= 2 * 2**20
+    torch.jax.reset_peak_memory_stats()
+    peak_before = torch.jax.max_memory_allocated()
+    assert peak_before >= base + 2 * 2**20
+    del x, y
+    torch.jax.empty_cache()
+    assert torch.jax.memory_allocated() <= base
+    assert torch.jax.max_memory_allocated() == peak_before  # the peak stays until reset
+    torch.jax.reset_peak_memory_stats("jax:0")
+    assert torch.jax.max_memory_allocated(0) == torch.jax.memory_allocated(torch.device("jax:0"))
+    stats = torch.jax.memory_stats()
+    assert stats["allocated_bytes.all.current"] == torch.jax.memory_allocated()
+    assert {"allocated_bytes.all.peak", "reserved_bytes.all.current", "num_ooms"} <= set(stats)
+    assert torch.jax.memory_reserved() >= torch.jax.memory_allocated()
+    free, total = torch.jax.mem_get_info()
+    assert 0 < free <= total
+    with pytest.raises(RuntimeError, match="Invalid device index 7"):
+        torch.jax.memory_allocated(7)
+
+
+# ---------------------------------------------------------------- 3. out of memory
+
+
+@pytest.mark.parametrize("allocate", [
+    lambda: torch.empty(2**42, device="jax"),
+    lambda: torch.zeros(2**42, device="jax"),
+    lambda: torch.ones(2**21, device="jax").expand(2**21, 2**21).contiguous().sum().item(),
+    lambda: print(torch.ones(2**21, device="jax").expand(2**21, 2**21) * 2),
+    lambda: torch.randn(2**42, device="jax").sum().item(),
+], ids=["empty", "zeros", "contiguous", "mul", "randn"])
+def test_out_of_memory_is_torchs_error_and_the_device_keeps_working(allocate):
+    ooms = torch.jax.memory_stats()["num_ooms"]
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        allocate()
+    text = str(info.value)
+    assert "out of memory on jax:0" in text and "plugin" in text
+    assert "tried to allocate 16.00 TiB" in text, text
+    assert "in use" in text and "empty_cache" in text
+    assert torch.jax.memory_stats()["num_ooms"] == ooms + 1
+    assert (torch.arange(3, device="jax") + 1).tolist() == [1, 2, 3]

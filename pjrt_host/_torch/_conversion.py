@@ -65,6 +65,10 @@ def to_torch(t: JaxTensor, device: torch.device, dtype: torch.dtype | None = Non
     """A torch tensor on ``device`` (not 'jax') with the values of ``t``."""
     arr = read(t)
     if device.type in zero_copy_devices():
+        # Wait first: a result whose computation failed (out of memory) then
+        # raises here, where exporting it through DLPack would abort the
+        # process (jaxlib checks the buffer is concrete).
+        arr.block_until_ready()
         try:
             out = torch.from_dlpack(arr)
             if out.device != device and device.index is not None:

@@ -35,7 +35,7 @@ from ._dtype_policy import device_dtype
 
 __all__ = [
     "JaxTensor", "Storage", "TensorSpec", "View", "contiguous_strides", "install_dispatcher", "make", "new_tensor",
-    "note_result", "read", "synchronize", "view_for", "wrap_array", "write",
+    "forget_results", "note_result", "read", "synchronize", "view_for", "wrap_array", "write",
 ]
 
 
@@ -338,6 +338,14 @@ def note_result(index: int, array: Any) -> None:
     """Record ``array`` as the latest result on device ``index``, for
     :func:`synchronize` (a device runs its computations in order)."""
     _last[index] = array
+
+
+def forget_results(index: int | None = None) -> None:
+    """Drop the last result kept for :func:`synchronize` (all devices with
+    None), so no array stays alive only because of it."""
+    for i in list(_last):
+        if index is None or i == index:
+            _last.pop(i, None)
 
 
 def synchronize(index: int | None = None) -> None:
