@@ -133,7 +133,7 @@ def _rand(name, args, shape, dtype):
 
 @factory("randint", random=True)
 def _randint(name, args, shape, dtype):
-    low, high = (0, args[0]) if name == "randint" else (args[0], args[1])
+    low, high = (0, args[0]) if name in ("randint", "randint.generator") else (args[0], args[1])
     return lambda key: jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
 
 
@@ -183,7 +183,8 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
     index = _target_index(kwargs)
     meta_kwargs = dict(kwargs, device="meta")
     meta_kwargs.pop("pin_memory", None)
-    meta_kwargs.pop("generator", None)
+    if "generator" in meta_kwargs:
+        meta_kwargs["generator"] = None  # the meta kernel needs no random state
     meta = _aten(name)(*args, **meta_kwargs)
     dtype = device_dtype(meta.dtype)
     shape = tuple(meta.shape)
