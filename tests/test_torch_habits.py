@@ -166,3 +166,105 @@ def test_out_of_memory_is_torchs_error_and_the_device_keeps_working(allocate):
     assert "in use" in text and "empty_cache" in text
     assert torch.jax.memory_stats()["num_ooms"] == ooms + 1
     assert (torch.arange(3, device="jax") + 1).tolist() == [1, 2, 3]
+
+
+# ---------------------------------------------------------------- 4. device generators
+
+
+def test_device_generator_drives_the_devices_random_ops():
+    g = torch.Generator(device="jax")
+    assert isinstance(g, torch.Generator) and g.device == torch.device("jax:0")
+    assert torch.Generator(torch.device("jax:0")).device.type == "jax"
+    assert g.manual_seed(123) is g and g.initial_seed() == 123
+
+    def draws():
+        x = torch.empty(4, device="jax")
+        return [torch.randn(3, device="jax", generator=g), torch.rand(2, 3, device="jax", generator=g),
+                torch.randint(0, 100, (5,), device="jax", generator=g), torch.randint(7, (2,), device="jax", generator=g),
+                torch.randperm(6, device="jax", generator=g), x.normal_(generator=g).clone(),
+                x.uniform_(generator=g).clone(), x.bernoulli_(0.5, generator=g).clone(),
+                torch.multinomial(torch.ones(5, device="jax"), 3, generator=g)]
+
+    first = draws()
+    assert all(t.device.type == "jax" for t in first)
+    g.manual_seed(123)
+    again = draws()
+    for a, b in zip(first, again):
+        assert torch.equal(a.cpu(), b.cpu())
+    state = g.get_state()
+    after = draws()
+    g.set_state(state)
+    for a, b in zip(after, draws()):
+        assert torch.equal(a.cpu(), b.cpu())
+    assert not torch.equal(first[0].cpu(), after[0].cpu())
+    assert copy.deepcopy(g).device.type == "jax"
+
+
+def test_cpu_generators_are_torchs():
+    g = torch.Generator()
+    assert type(g) is torch._C.Generator and g.device.type == "cpu"
+    assert torch.equal(torch.randn(3, generator=torch.Generator().manual_seed(0)),
+                       torch.randn(3, generator=torch.Generator("cpu").manual_seed(0)))
+
+
+# ---------------------------------------------------------------- 5. out-of-range indices
+
+
+def _setitem(x, index):
+    x[index] = 0.0
+    return x
+
+
+def _index_programs(device):
+    x = torch.arange(6.0, device=device).reshape(2, 3)
+    five = torch.tensor([5], device=device)
+    return {
+        "index": lambda: torch.arange(3, device=device)[five],
+        "negative": lambda: x[torch.tensor([-3], device=device)],
+        "index_put_": lambda: x.clone().index_put_((five,), torch.tensor(1.0, device=device)),
+        "setitem": lambda: _setitem(x.clone(), five),
+        "index_select": lambda: x.index_select(1, five),
+        "gather": lambda: x.gather(1, five.reshape(1, 1)),
+        "scatter": lambda: x.scatter(1, five.reshape(1, 1), 1.0),
+        "scatter_add_": lambda: x.clone().scatter_add_(1, five.reshape(1, 1), x),
+        "index_add": lambda: x.index_add(1, five, torch.ones(2, 1, device=device)),
+        "index_fill": lambda: x.index_fill(1, five, 0.0),
+        "embedding": lambda: nn.functional.embedding(five, x),
+        "take": lambda: x.take(torch.tensor([6], device=device)),
+    }
+
+
+def _outcome(fn):
+    try:
+        return "ok", fn().cpu().tolist()
+    except (IndexError, RuntimeError) as err:
+        return type(err).__name__, str(err).split(" (raised by ")[0]
+
+
+@pytest.mark.parametrize("mode", [True, "sync"])
+@pytest.mark.parametrize("program", sorted(_index_programs("cpu")))
+def test_out_of_range_indices_raise_cpus_error(program, mode):
+    expected = _outcome(_index_programs("cpu")[program])
+    assert expected[0] != "ok"
+    with pjrt_host.config(check_indices=mode):
+        got = _outcome(_index_programs("jax")[program])
+    assert got[0] == expected[0]
+    if program != "index":  # CPU's text counts the dimension of x[:, i] oddly
+        assert got[1] == expected[1]
+    assert (torch.arange(3, device="jax")[torch.tensor([-1, 2], device="jax")]).tolist() == [2, 2]
+
+
+def test_index_errors_by_default_at_the_next_synchronisation():
+    bad = torch.arange(3, device="jax")[torch.tensor([5], device="jax")]  # queued, not yet checked
+    with pytest.raises(IndexError, match=r"index 5 is out of bounds .* \(raised by aten::index.Tensor on jax:0"):
+        print(bad)
+    with pjrt_host.config(check_indices="sync"), pytest.raises(IndexError, match="out of bounds"):
+        torch.arange(3, device="jax")[torch.tensor([5], device="jax")]
+    torch.arange(3, device="jax")[torch.tensor([5], device="jax")]
+    with pytest.raises(IndexError):
+        torch.jax.synchronize()
+    with pjrt_host.config(check_indices=False):
+        assert torch.arange(3, device="jax")[torch.tensor([5], device="jax")].tolist() == [2]  # clipped
+    with pytest.raises(ValueError, match="check_indices"):
+        with pjrt_host.config(check_indices="always"):
+            pass

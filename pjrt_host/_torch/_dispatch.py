@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _lowerings
-from . import _config, _memory, _storage_ops
+from . import _config, _index_checks, _memory, _storage_ops
 from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_view
@@ -60,6 +60,22 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def handler_for(func: Any) -> Handler:
     """The handler of ``func`` (uncached)."""
+    handler = _handler_for(func)
+    name = op_name(func)
+    check = _index_checks.checker_for(name)
+    if check is None:
+        return handler
+
+    def checked(args: tuple, kwargs: dict) -> Any:
+        mode = _config.current().check_indices
+        if mode:
+            _index_checks.check(name, check, mode, args, kwargs)
+        return handler(args, kwargs)
+
+    return checked
+
+
+def _handler_for(func: Any) -> Handler:
     storage_handler = _storage_ops.lookup(op_name(func))
     if storage_handler is not None:
         return lambda args, kwargs: storage_handler(func, args, kwargs)

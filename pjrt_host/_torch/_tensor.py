@@ -34,8 +34,8 @@ from ._devices import jax_device, torch_device
 from ._dtype_policy import device_dtype
 
 __all__ = [
-    "JaxTensor", "Storage", "TensorSpec", "View", "contiguous_strides", "install_dispatcher", "make", "new_tensor",
-    "forget_results", "note_result", "read", "synchronize", "view_for", "wrap_array", "write",
+    "JaxTensor", "Storage", "TensorSpec", "View", "contiguous_strides", "defer_check", "install_dispatcher", "make", "new_tensor",
+    "forget_results", "note_result", "read", "run_deferred_checks", "synchronize", "view_for", "wrap_array", "write",
 ]
 
 
@@ -340,6 +340,35 @@ def note_result(index: int, array: Any) -> None:
     _last[index] = array
 
 
+# Checks whose verdict is computed on the device and read at the next
+# synchronisation point (index checks: see _index_checks), so they do not
+# stall the queue.  Each is a callable that raises if its check failed.
+_deferred: list[Callable[[bool], bool]] = []
+_DEFERRED_LIMIT = 64
+
+
+def defer_check(check: Callable[[bool], bool]) -> None:
+    """Queue ``check(wait)``: it returns False while its values are not
+    ready (only with ``wait`` False) and raises if they show an error."""
+    _deferred.append(check)
+    if len(_deferred) > _DEFERRED_LIMIT:
+        run_deferred_checks(wait=False)
+
+
+def run_deferred_checks(wait: bool = True) -> None:
+    """Run queued checks (all of them, waiting, with ``wait``; else those
+    whose values are ready).  The first failure raises; the rest are dropped
+    (as torch drops work queued after a device-side assert)."""
+    if not _deferred:
+        return
+    pending = list(_deferred)
+    _deferred.clear()
+    for i, check in enumerate(pending):
+        if not check(wait):
+            _deferred.extend(pending[i:])
+            return
+
+
 def forget_results(index: int | None = None) -> None:
     """Drop the last result kept for :func:`synchronize` (all devices with
     None), so no array stays alive only because of it."""
@@ -354,3 +383,4 @@ def synchronize(index: int | None = None) -> None:
     for i, arr in list(_last.items()):
         if index is None or i == index:
             arr.block_until_ready()
+    run_deferred_checks()
