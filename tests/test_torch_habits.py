@@ -268,3 +268,36 @@ def test_index_errors_by_default_at_the_next_synchronisation():
     with pytest.raises(ValueError, match="check_indices"):
         with pjrt_host.config(check_indices="always"):
             pass
+
+
+# ---------------------------------------------------------------- 6. profiling
+
+
+def test_profile_records_a_trace_with_torch_names(tmp_path):
+    import glob
+    import gzip
+    import json
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).to("jax")
+    with pjrt_host.profile(tmp_path) as logdir:
+        model(torch.randn(4, 8, device="jax")).sum().backward()
+    assert logdir == str(tmp_path)
+    traces = glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.trace.json.gz"))
+    assert traces and glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))
+    names = {e.get("name") for e in json.load(gzip.open(traces[0]))["traceEvents"]}
+    assert {"aten::addmm", "aten::relu", "aten::threshold_backward", "nn.Linear", "nn.Sequential"} <= names
+    assert (torch.ones(2, device="jax") * 2).tolist() == [2.0, 2.0]  # no profiling cost left behind
+
+
+# ---------------------------------------------------------------- 7. dtypes the device cannot hold
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.zeros(2, dtype=torch.complex32, device="jax"),
+    lambda: torch.empty(2, dtype=torch.complex32, device="jax"),
+    lambda: torch.zeros(2, dtype=torch.complex32).to("jax"),
+    lambda: torch.ones(2, device="jax").to(torch.complex32),
+])
+def test_a_dtype_the_device_cannot_hold_names_what_to_use(make):
+    with pytest.raises(TypeError, match=r"torch.complex32 .* 'jax' device cannot hold it; use torch.complex64"):
+        make()
