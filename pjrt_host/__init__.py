@@ -31,6 +31,7 @@ __all__ = [
     "interop",
     "plugin_manager",
     "plugins",
+    "profile",
     "register_plugin",
     "select",
     "selected",
@@ -61,6 +62,7 @@ _LAZY = {
     "interop": (".interop", None),  # the submodule itself
     "plugin_manager": ("._registry", "plugin_manager"),
     "plugins": ("._registry", "plugins"),
+    "profile": ("._torch._profile", "profile"),
     "register_plugin": ("._registry", "register_plugin"),
     "select": ("._registry", "select"),
     "selected": ("._registry", "selected_record"),
@@ -110,3 +112,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._launch import spawn
     from ._runtime import backend_name, client, devices
     from ._torch._config import config
+    from ._torch._profile import profile

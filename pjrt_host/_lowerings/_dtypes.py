@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-__all__ = ["jax_dtype", "torch_dtype"]
+__all__ = ["instead_of", "jax_dtype", "torch_dtype"]
 
 _TORCH_TO_JAX: dict[torch.dtype, Any] = {
     torch.bool: jnp.bool_,
@@ -34,12 +34,25 @@ for _name, _jax_name in (("uint16", "uint16"), ("uint32", "uint32"), ("uint64", 
 _JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
 
 
+def instead_of(dtype: torch.dtype) -> str:
+    """What to use for a torch dtype jax cannot hold (for error messages)."""
+    if dtype.is_complex:
+        return "torch.complex64 (convert with .to(torch.complex64) before moving to the device)"
+    if "float8" in str(dtype) or dtype.is_floating_point:
+        return "torch.float16, torch.bfloat16 or torch.float32"
+    if "int" in str(dtype) and not dtype.is_signed:
+        return "the next wider integer type, e.g. torch.int64"
+    return "a dtype jax has (float16/bfloat16/float32/float64, int8...int64, uint8, bool, complex64/complex128)"
+
+
 def jax_dtype(dtype: torch.dtype) -> Any:
-    """The jax dtype for a torch dtype; TypeError naming it if there is none."""
+    """The jax dtype for a torch dtype; TypeError naming it, and what to use
+    instead, if there is none."""
     try:
         return _TORCH_TO_JAX[dtype]
     except KeyError:
-        raise TypeError(f"pjrt_host: torch dtype {dtype} has no jax equivalent") from None
+        raise TypeError(f"pjrt_host: torch dtype {dtype} has no jax equivalent, so tensors on the 'jax' device "
+                        f"cannot hold it; use {instead_of(dtype)}") from None
 
 
 def torch_dtype(dtype: Any) -> torch.dtype:

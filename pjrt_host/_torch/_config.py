@@ -34,6 +34,13 @@ class Config:
     #: Compile each op (jax.jit, cached per op and static arguments).  Off
     #: runs the lowerings op by op in jax eager mode, for debugging.
     jit: bool = True
+    #: Out-of-range indices of indexing, gather/scatter, index_* and embedding
+    #: ops raise torch CPU's IndexError / RuntimeError instead of giving the
+    #: clipped / wrapped values of an XLA gather.  True: found on the device,
+    #: raised at the next synchronisation point (.item(), .cpu(), print,
+    #: torch.jax.synchronize()), never stalling the queue; "sync": raised at
+    #: the op (waits for the device per checked op); False: unchecked.
+    check_indices: bool | str = True
 
 
 DEFAULTS = Config()
@@ -62,7 +69,7 @@ def current() -> Config:
     return _stack()[-1]
 
 
-_VALID = {"matmul_precision": ("highest", "high", "default")}
+_VALID = {"matmul_precision": ("highest", "high", "default"), "check_indices": (True, False, "sync")}
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ import torch
 from .. import _runtime
 from .._lowerings._dtypes import jax_dtype
 from ._devices import jax_device
-from ._tensor import JaxTensor, read
+from ._tensor import JaxTensor, read, run_deferred_checks
 
 __all__ = ["to_jax_array", "to_torch", "zero_copy_devices"]
 
@@ -64,7 +64,12 @@ def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) 
 def to_torch(t: JaxTensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A torch tensor on ``device`` (not 'jax') with the values of ``t``."""
     arr = read(t)
+    run_deferred_checks()  # a synchronisation point: errors found on the device surface here
     if device.type in zero_copy_devices():
+        # Wait first: a result whose computation failed (out of memory) then
+        # raises here, where exporting it through DLPack would abort the
+        # process (jaxlib checks the buffer is concrete).
+        arr.block_until_ready()
         try:
             out = torch.from_dlpack(arr)
             if out.device != device and device.index is not None:

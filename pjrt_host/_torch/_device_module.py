@@ -21,6 +21,7 @@ __all__ = [
     "current_device",
     "device",
     "device_count",
+    "empty_cache",
     "get_amp_supported_dtype",
     "get_rng_state",
     "get_rng_state_all",
@@ -28,6 +29,14 @@ __all__ = [
     "is_available",
     "is_initialized",
     "manual_seed",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_max_memory_allocated",
+    "reset_peak_memory_stats",
     "manual_seed_all",
     "seed",
     "seed_all",
@@ -106,6 +115,77 @@ def synchronize(device: Any = None) -> None:
     from . import _tensor  # imports jax: loaded by the first call, not at autoload
 
     _tensor.synchronize(None if device is None else _devices.device_index(device))
+
+
+# ---------------------------------------------------------------- memory
+#
+# From the device's own statistics where the plugin reports them, else from
+# the host's count of live arrays on the device (see _memory).
+
+
+def _memory_module():
+    from . import _memory  # imports jax: loaded by the first call, not at autoload
+
+    return _memory
+
+
+def _index(device: Any) -> int:
+    index = _devices.device_index(device)
+    count = device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(f"Invalid device index {index}: there are {count} '{DEVICE_NAME}' device(s)")
+    return index
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes in use by tensors (arrays) on the device now."""
+    return _memory_module().allocated(_index(device))
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """The highest :func:`memory_allocated` since the start or the last
+    :func:`reset_peak_memory_stats`.  Exact where the device reports its
+    peak; on devices that report no statistics (cpu_ref) the highest value
+    seen by the memory calls (sampled, not every op)."""
+    return _memory_module().peak_allocated(_index(device))
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes the device's allocator holds (its ``bytes_reserved``), at least
+    :func:`memory_allocated`."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    _memory_module().reset_peak(_index(device))
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """torch.cuda.memory_stats' keys that apply (``allocated_bytes.all.current``
+    / ``.peak``, ``reserved_bytes.all.*``, ``num_ooms``), the source of the
+    figures, and the device's own statistics as ``device.<name>``."""
+    return _memory_module().memory_stats(_index(device))
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes of the device; for a device in host memory, the
+    machine's available and physical memory."""
+    return _memory_module().mem_get_info(_index(device))
+
+
+def empty_cache() -> None:
+    """Wait for queued work and release device memory that no tensor holds."""
+    if not is_initialized():
+        return
+    _memory_module().empty_cache(None)
 
 
 # ---------------------------------------------------------------- random state

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _lowerings
-from . import _config, _storage_ops
+from . import _config, _index_checks, _memory, _profile, _storage_ops
 from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_view
@@ -49,11 +49,36 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     handler = _handlers.get(func)
     if handler is None:
         handler = _handlers[func] = handler_for(func)
-    return handler(args, kwargs)
+    try:
+        if _profile.active:
+            with _profile.op_scope(op_name(func)):
+                return handler(args, kwargs)
+        return handler(args, kwargs)
+    except (MemoryError, RuntimeError) as err:  # free when nothing is raised
+        oom = _memory.as_out_of_memory(err, op_name(func), args, kwargs)
+        if oom is None:
+            raise
+        raise oom from err
 
 
 def handler_for(func: Any) -> Handler:
     """The handler of ``func`` (uncached)."""
+    handler = _handler_for(func)
+    name = op_name(func)
+    check = _index_checks.checker_for(name)
+    if check is None:
+        return handler
+
+    def checked(args: tuple, kwargs: dict) -> Any:
+        mode = _config.current().check_indices
+        if mode:
+            _index_checks.check(name, check, mode, args, kwargs)
+        return handler(args, kwargs)
+
+    return checked
+
+
+def _handler_for(func: Any) -> Handler:
     storage_handler = _storage_ops.lookup(op_name(func))
     if storage_handler is not None:
         return lambda args, kwargs: storage_handler(func, args, kwargs)

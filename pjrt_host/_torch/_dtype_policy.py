@@ -13,6 +13,16 @@ from .. import _runtime
 __all__ = ["device_dtype"]
 
 _dtype_map: dict[torch.dtype, torch.dtype] | None = None
+# torch dtypes jax has no type for (lookups by name: newer torch releases add some).
+_UNHELD = frozenset(getattr(torch, n) for n in ("complex32", "quint8", "qint8", "qint32", "quint4x2", "quint2x4",
+                                               "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2")
+                    if isinstance(getattr(torch, n, None), torch.dtype))
+
+
+def _unheld(dtype: torch.dtype) -> None:
+    from .._lowerings._dtypes import jax_dtype  # raises the error naming the dtype and what to use
+
+    jax_dtype(dtype)
 _warned: set[torch.dtype] = set()
 
 
@@ -29,7 +39,10 @@ def _mapping() -> dict[torch.dtype, torch.dtype]:
 
 
 def device_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a tensor of ``dtype`` has on the device."""
+    """The dtype a tensor of ``dtype`` has on the device; TypeError naming
+    the dtype and what to use instead for one the device cannot hold."""
+    if dtype in _UNHELD:
+        _unheld(dtype)
     mapping = _mapping()
     if not mapping:
         return dtype

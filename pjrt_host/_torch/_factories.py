@@ -17,6 +17,7 @@ test keeps the two in step.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Callable
 
 import jax
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import torch
 
 from .._lowerings._dtypes import jax_dtype
-from . import _rng
+from . import _memory, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, sharding
 from ._dtype_policy import device_dtype
@@ -132,7 +133,7 @@ def _rand(name, args, shape, dtype):
 
 @factory("randint", random=True)
 def _randint(name, args, shape, dtype):
-    low, high = (0, args[0]) if name == "randint" else (args[0], args[1])
+    low, high = (0, args[0]) if name in ("randint", "randint.generator") else (args[0], args[1])
     return lambda key: jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
 
 
@@ -169,14 +170,28 @@ def _freeze(v: Any) -> Any:
 
 def run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
     """The device kernel of the factory overload ``name`` ("arange.start")."""
+    try:
+        return _run_named(name, args, kwargs)
+    except (MemoryError, RuntimeError) as err:
+        oom = _memory.as_out_of_memory(err, f"aten::{name}", (), kwargs)
+        if oom is None:
+            raise
+        raise oom from err
+
+
+def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
     index = _target_index(kwargs)
     meta_kwargs = dict(kwargs, device="meta")
     meta_kwargs.pop("pin_memory", None)
-    meta_kwargs.pop("generator", None)
+    if "generator" in meta_kwargs:
+        meta_kwargs["generator"] = None  # the meta kernel needs no random state
     meta = _aten(name)(*args, **meta_kwargs)
     dtype = device_dtype(meta.dtype)
     shape = tuple(meta.shape)
     if name.startswith("empty"):
+        # Made lazily (zeros on first use): a size the device can never hold
+        # fails here, as it would on cuda, not at some later op.
+        _memory.check_fits(math.prod(shape) * meta.element_size(), index, f"aten::{name}")
         return new_tensor(shape, dtype, index)
     builder = BUILDERS.get(name.split(".", 1)[0])
     if builder is None or any(isinstance(a, torch.Tensor) for a in args):
@@ -220,4 +235,10 @@ def run(op: Any, args: tuple, kwargs: dict) -> Any:
         return run_named(name, args, kwargs)
     index = _target_index(kwargs)
     logger.debug("factory %s computed on torch CPU and moved to the device", name)
-    return _on_cpu(op, args, kwargs, index)
+    try:
+        return _on_cpu(op, args, kwargs, index)
+    except (MemoryError, RuntimeError) as err:
+        oom = _memory.as_out_of_memory(err, f"aten::{name}", (), kwargs, index)
+        if oom is None:
+            raise
+        raise oom from err

@@ -12,7 +12,7 @@ import threading
 
 import torch
 
-from . import _device_module
+from . import _device_module, _generators, _modules
 from ._devices import DEVICE_NAME
 
 __all__ = ["AUTOCAST_OPS", "DEVICE_OPS", "FACTORY_OPS", "is_registered", "register"]
@@ -45,6 +45,13 @@ FACTORY_OPS = (
     "randint",
     "randint.low",
     "randperm",
+    # With generator= (torch.Generator(device='jax') or a CPU one): drawn on
+    # the device, the key seeded from the generator.
+    "randn.generator",
+    "rand.generator",
+    "randint.generator",
+    "randint.low_generator",
+    "randperm.generator",
 )
 
 # Ops that run in the autocast dtype under torch.autocast('jax') (torch's
@@ -113,6 +120,10 @@ def register() -> None:
         torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
         _register_kernels()
         _patch_pin_memory()
+        # module.to('jax') keeps tied parameters tied (and parameter objects).
+        _modules.install()
+        # torch.Generator(device='jax'), which torch builds only through C++ hooks.
+        _generators.install()
         _registered = True
 
 

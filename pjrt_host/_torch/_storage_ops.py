@@ -26,7 +26,7 @@ from ._devices import DEVICE_NAME, device_index, jax_device
 from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import meta_view_of
-from ._tensor import JaxTensor, Storage, contiguous_strides, make, read, wrap_array, write
+from ._tensor import JaxTensor, Storage, contiguous_strides, make, read, run_deferred_checks, wrap_array, write
 from ._view_ops import run_inplace_view
 
 __all__ = ["STORAGE_OPS", "storage_op"]
@@ -122,6 +122,7 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
 @storage_op("aten::_local_scalar_dense", "aten::item")  # item: reached directly in inference mode
 def local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
     value = np.asarray(read(args[0])).item()
+    run_deferred_checks()
     dtype = args[0].dtype
     if dtype == torch.bool:
         return bool(value)

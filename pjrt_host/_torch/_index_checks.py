@@ -1,0 +1,166 @@
+"""Out-of-range indices raise torch CPU's error
+(``pjrt_host.config(check_indices=...)``).
+
+The lowerings index with clipping or wrapping (an XLA gather cannot fail),
+so without a check ``torch.arange(3, device='jax')[torch.tensor([5],
+device='jax')]`` returns a value where CPU raises.  Per checked op, one
+small compiled min/max per index tensor runs on the device; its verdict is
+read on the host:
+
+- ``True`` (the default): at the next synchronisation point (``.item()``,
+  ``.cpu()``, printing, ``torch.jax.synchronize()``), so the check never
+  stalls the device's queue -- as cuda reports a device-side assert at a
+  later call.  The error names the op it comes from.
+- ``"sync"``: at the op itself (a device-to-host read per checked op, which
+  waits for the queue): the traceback points at the offending line.
+- ``False``: no check; indices are clipped / wrapped.
+
+See docs/torch-device.md for the measured cost.
+
+Checked ops (and their in-place / out= forms): advanced indexing and index
+puts, index_select, gather, scatter (all forms), index_add / index_copy /
+index_fill, embedding, take.  The error types and texts are CPU's.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ._tensor import JaxTensor, defer_check, read
+
+__all__ = ["check", "checker_for"]
+
+_minmax = jax.jit(lambda a: jnp.stack([jnp.min(a), jnp.max(a)]).astype(jnp.int64))
+
+
+_local = threading.local()  # .op: the op being checked, .deferred: check at the next sync point
+
+
+def _first_bad(values: Any, low: int, high: int) -> int:
+    values = np.asarray(values).reshape(-1)
+    return int(values[(values < low) | (values >= high)][0])
+
+
+def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[int, int, int], Exception]) -> None:
+    if not isinstance(index, JaxTensor) or index.numel() == 0 or index.dtype.is_floating_point:
+        return
+    low = -size if negative_ok else 0
+    values = read(index)
+    bounds = _minmax(values)
+    if not _local.deferred:
+        lo, hi = np.asarray(bounds).tolist()
+        if lo < low or hi >= size:
+            raise error(_first_bad(values, low, size), dim, size)
+        return
+    op, device = _local.op, index.device
+
+    def verdict(wait: bool) -> bool:
+        if not wait and not bounds.is_ready():
+            return False
+        lo, hi = np.asarray(bounds).tolist()
+        if lo < low or hi >= size:
+            err = error(_first_bad(values, low, size), dim, size)
+            raise type(err)(f"{err} (raised by {op} on {device}, found at the next synchronisation point; "
+                            "pjrt_host.config(check_indices='sync') raises at the op itself)")
+        return True
+
+    defer_check(verdict)
+
+
+def check(func_name: str, check_fn: Callable[[tuple, dict], None], mode: Any, args: tuple, kwargs: dict) -> None:
+    """Run ``check_fn`` for op ``func_name`` in ``mode`` (True: deferred,
+    "sync": now)."""
+    _local.op = func_name
+    _local.deferred = mode != "sync"
+    check_fn(args, kwargs)
+
+
+def _located(exc: type, text: Callable[[int, int, int], str]) -> Callable[[int, int, int], Exception]:
+    return lambda value, dim, size: exc(text(value, dim, size))
+
+
+_OUT_OF_BOUNDS = "index {0} is out of bounds for dimension {1} with size {2}"
+_index_error = _located(IndexError, lambda v, d, s: _OUT_OF_BOUNDS.format(v, d, s))
+_runtime_error = _located(RuntimeError, lambda v, d, s: _OUT_OF_BOUNDS.format(v, d, s))
+_index_select_error = _located(RuntimeError, lambda v, d, s: f"INDICES element is out of DATA bounds, id={v} axis_dim={s}")
+_index_copy_error = _located(IndexError, lambda v, d, s: "index_copy_(): " + _OUT_OF_BOUNDS.format(v, d, s))
+_embedding_error = _located(IndexError, lambda v, d, s: "index out of range in self")
+_take_error = _located(IndexError, lambda v, d, s: f"out of range: tried to access index {v} on a tensor of {s} elements.")
+
+
+def _size(x: Any, dim: int) -> tuple[int, int]:
+    if x.dim() == 0:
+        return 1, 0
+    dim = dim % x.dim()
+    return x.shape[dim], dim
+
+
+def _advanced(args: tuple, kwargs: dict) -> None:
+    x = args[0]
+    indices = args[1] if len(args) > 1 else kwargs.get("indices")
+    dim = 0
+    for idx in indices or ():
+        if idx is None:
+            dim += 1
+        elif idx.dtype.is_floating_point or idx.dtype in _MASKS:
+            dim += max(idx.dim(), 1)
+        else:
+            _check(idx, x.shape[dim] if dim < x.dim() else 1, dim, True, _index_error)
+            dim += 1
+
+
+def _along(error: Callable[[int, int, int], Exception]) -> Callable[[tuple, dict], None]:
+    def check(args: tuple, kwargs: dict) -> None:
+        x = args[0]
+        dim = args[1] if len(args) > 1 else kwargs["dim"]
+        index = args[2] if len(args) > 2 else kwargs["index"]
+        if isinstance(dim, str):
+            return  # named dimensions: left to torch
+        size, dim = _size(x, dim)
+        _check(index, size, dim, False, error)
+
+    return check
+
+
+def _embedding(args: tuple, kwargs: dict) -> None:
+    weight = args[0]
+    indices = args[1] if len(args) > 1 else kwargs["indices"]
+    _check(indices, weight.shape[0], 0, False, _embedding_error)
+
+
+def _take(args: tuple, kwargs: dict) -> None:
+    x = args[0]
+    index = args[1] if len(args) > 1 else kwargs["index"]
+    _check(index, x.numel(), 0, True, _take_error)
+
+
+_MASKS = (torch.bool, torch.uint8)
+
+# op name without namespace, overload and trailing underscore -> check
+_CHECKS: dict[str, Callable[[tuple, dict], None]] = {
+    "index": _advanced,
+    "index_put": _advanced,
+    "_index_put_impl": _advanced,
+    "index_select": _along(_index_select_error),
+    "gather": _along(_runtime_error),
+    "scatter": _along(_runtime_error),
+    "scatter_add": _along(_runtime_error),
+    "scatter_reduce": _along(_runtime_error),
+    "index_add": _along(_runtime_error),
+    "index_copy": _along(_index_copy_error),
+    "index_fill": _along(_index_error),
+    "embedding": _embedding,
+    "take": _take,
+}
+
+
+def checker_for(name: str) -> Callable[[tuple, dict], None] | None:
+    """The index check of ATen op ``name`` ("aten::gather.out"), or None."""
+    base = name.split("::", 1)[-1].split(".", 1)[0].rstrip("_")
+    return _CHECKS.get(base)

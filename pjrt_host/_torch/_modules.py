@@ -1,0 +1,108 @@
+"""``nn.Module`` conversions that involve the 'jax' device keep parameters
+as torch keeps them for cuda: same objects, ties intact.
+
+``nn.Module._apply`` (behind ``.to()``, ``.jax()``, ``.cpu()``, ``.half()``
+...) keeps a parameter object only when torch's C++
+``_has_compatible_shallow_copy_type`` holds for the old and the moved tensor
+(then ``param.data = moved``).  It holds between any two dense tensors of
+torch's built-in backends, never between a CPU and a PrivateUse1 tensor, so
+each module that holds a parameter gets a new ``Parameter`` of its own: a
+weight tied between two modules (GPT-2's ``lm_head.weight is wte.weight``)
+becomes two independent parameters, and training silently diverges.
+
+The fix wraps ``nn.Module._apply``.  For the outermost call it notes which
+module slots hold which parameter objects, lets torch convert, and then, for
+each parameter whose old or new tensor is on 'jax' and whose object changed:
+swaps the converted values into the original object
+(``torch.utils.swap_tensors``, torch's own mechanism for
+``torch.__future__.set_swap_module_params_on_conversion``) and puts that
+object back into every slot that held it.  Where a swap is impossible (a
+weak reference or an autograd graph holds the old tensor) the first
+converted parameter goes into every slot, so ties survive anyway.
+
+Conversions with no 'jax' tensor on either side are left exactly as torch
+did them.  Buffers are not touched (torch makes new buffer objects for cuda
+too).  Cheap to import: no jax.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from ._devices import DEVICE_NAME
+
+__all__ = ["install"]
+
+_local = threading.local()
+
+# Attributes of a 'jax' tensor that belong to its class, not to the user.
+_INTERNAL = frozenset(("_storage", "_view", "_is_param"))
+
+
+def _on_device(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == DEVICE_NAME
+
+
+def _slots(module: torch.nn.Module, recurse: bool) -> dict[int, tuple[torch.Tensor, list[tuple[Any, str]]]]:
+    """id(param) -> (param, [(module, name), ...]) for every parameter slot."""
+    found: dict[int, tuple[torch.Tensor, list[tuple[Any, str]]]] = {}
+    for m in (module.modules() if recurse else (module,)):
+        for name, p in m._parameters.items():
+            if p is not None:
+                found.setdefault(id(p), (p, []))[1].append((m, name))
+    return found
+
+
+def _restore(before: dict[int, tuple[torch.Tensor, list[tuple[Any, str]]]]) -> None:
+    for old, places in before.values():
+        first_module, first_name = places[0]
+        new = first_module._parameters.get(first_name)
+        if new is old or new is None:
+            continue  # torch kept the object (same-type conversions), or the slot was emptied
+        if not (_on_device(old) or _on_device(new)):
+            continue  # not ours: exactly what torch did
+        keep = new
+        grad = old.grad
+        attrs = {k: v for k, v in old.__dict__.items() if k not in _INTERNAL}
+        try:
+            # swap_tensors refuses while a .grad is attached (use count 2);
+            # the converted gradient already sits on ``new``.
+            old.grad = None
+            torch.utils.swap_tensors(old, new)
+            keep = old
+        except RuntimeError:
+            old.grad = grad
+        else:
+            # Attributes users (and libraries) set on the parameter stay on
+            # it, as they do through cuda's ``param.data = moved``.
+            for k, v in attrs.items():
+                old.__dict__.setdefault(k, v)
+        for m, name in places:
+            m._parameters[name] = keep
+
+
+def install() -> None:
+    """Wrap ``nn.Module._apply`` once (idempotent)."""
+    original = torch.nn.Module._apply
+    if getattr(original, "_pjrt_host", False):
+        return
+
+    def _apply(self, fn, recurse=True):
+        if getattr(_local, "depth", 0):
+            return original(self, fn, recurse)  # a child of the call being handled
+        before = _slots(self, recurse)
+        _local.depth = 1
+        try:
+            result = original(self, fn, recurse)
+        finally:
+            _local.depth = 0
+        _restore(before)
+        return result
+
+    _apply.__doc__ = original.__doc__
+    _apply._pjrt_host = True  # type: ignore[attr-defined]
+    _apply.__wrapped__ = original  # type: ignore[attr-defined]
+    torch.nn.Module._apply = _apply  # type: ignore[method-assign]
