@@ -24,24 +24,11 @@ import jax.numpy as jnp
 import torch
 
 import pjrt_host
+from bench_compile import best_per_call  # the same interleaved timing (this directory is on sys.path)
 from pjrt_host import interop
 
 nn = torch.nn
 HIDDEN, INTER, HEADS, BATCH, SEQ = 128, 1024, 4, 2, 8
-
-
-def best_per_call(fns: dict, calls: int, rounds: int) -> dict:
-    best = {k: float("inf") for k in fns}
-    for fn in fns.values():  # warm up (traces and compiles)
-        for _ in range(2):
-            fn()
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best[k] = min(best[k], (time.perf_counter() - t) / calls)
-    return best
 
 
 class Layer(nn.Module):

@@ -24,7 +24,7 @@ import torch
 from .._lowerings._dtypes import torch_dtype
 from . import _device
 from ._pure import PurityError, _describe
-from ._trace import NotTraceable, Traced, fake_tensors, trace
+from ._trace import NotTraceable, Traced, call_with_leaves, fake_tensors, trace
 
 __all__ = ["TorchAsJax"]
 
@@ -78,14 +78,7 @@ class TorchAsJax:
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
         index = _device.current_index()
         fakes = fake_tensors([(tuple(a.shape), torch_dtype(a.dtype), index) for a in arrays])
-        fn = self.fn
-
-        def flat_fn(*ts: Any) -> Any:
-            ls = list(leaves)
-            for p, t in zip(positions, ts):
-                ls[p] = t
-            args, kwargs = jax.tree_util.tree_unflatten(treedef, ls)
-            return fn(*args, **kwargs)
+        flat_fn = call_with_leaves(self.fn, leaves, treedef, positions)
 
         what = f"pjrt_host.interop.{self.what}({self.name})"
         try:

@@ -31,7 +31,7 @@ import jax
 import torch
 
 from . import _device
-from ._trace import NotTraceable, Traced, fake_tensors, trace
+from ._trace import NotTraceable, call_with_leaves, fake_tensors, trace
 
 __all__ = ["CacheInfo", "PureFunction", "PureModule", "PurityError", "assume_pure"]
 
@@ -308,14 +308,7 @@ class PureFunction:
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
         fakes = fake_tensors([(tuple(t.shape), t.dtype, index) for t in tensors])
         fn = self.fn
-        treedef = sig.treedef
-
-        def flat_fn(*ts: Any) -> Any:
-            ls = list(leaves)
-            for p, t in zip(positions, ts):
-                ls[p] = t
-            args, kwargs = jax.tree_util.tree_unflatten(treedef, ls)
-            return fn(*args, **kwargs)
+        flat_fn = call_with_leaves(fn, leaves, sig.treedef, positions)
 
         with self._lock:
             self._misses += 1
@@ -331,7 +324,7 @@ class PureFunction:
             if sig.grad and t.requires_grad:
                 raise PurityError(
                     f"pjrt_host.assume_pure({self.name}) writes in place into its argument "
-                    f"{_describe(leaves, treedef, positions[n])} (shape {tuple(t.shape)}, {t.dtype}), which "
+                    f"{_describe(leaves, sig.treedef, positions[n])} (shape {tuple(t.shape)}, {t.dtype}), which "
                     f"requires grad; torch's autograd cannot differentiate that write. Write into a copy "
                     f"(x = x.clone()) or call it under torch.no_grad().")
         ctx = _device.lowering_context(sig.cfg)

@@ -26,7 +26,7 @@ from . import _device
 from ._backend import decompositions
 from ._interpreter import Program
 
-__all__ = ["NotTraceable", "Traced", "trace"]
+__all__ = ["NotTraceable", "Traced", "call_with_leaves", "fake_tensors", "trace"]
 
 
 class NotTraceable(RuntimeError):
@@ -80,6 +80,22 @@ def fake_tensors(specs: list[tuple[tuple[int, ...], torch.dtype, int]]) -> list[
         for shape, dtype, index in specs:
             out.append(torch.empty(shape, dtype=dtype, device=_device.torch_device(index)))
     return out
+
+
+def call_with_leaves(fn: Callable, leaves: list, treedef: Any, positions: list[int]) -> Callable:
+    """``flat_fn(*tensors)``: ``fn(*args, **kwargs)`` where ``(args, kwargs)``
+    is the jax pytree ``treedef`` over ``leaves`` with ``tensors`` put at
+    ``positions`` (the non-tensor leaves stay as they are)."""
+    import jax
+
+    def flat_fn(*ts: Any) -> Any:
+        ls = list(leaves)
+        for p, t in zip(positions, ts):
+            ls[p] = t
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, ls)
+        return fn(*args, **kwargs)
+
+    return flat_fn
 
 
 def trace(flat_fn: Callable, tensors: list[torch.Tensor], what: str) -> Traced:
