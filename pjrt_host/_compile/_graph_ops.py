@@ -209,3 +209,14 @@ NO_OP = frozenset({
     "aten::_functional_sym_constrain_range_for_size", "aten::_assert_tensor_metadata",
     "aten::record_stream",
 })
+
+
+# ------------------------------------------------------------ sharding
+
+
+@_reg("pjrt_host::sharding_constraint")
+def _sharding_constraint(out: Out, key: Any, x: Any, mesh: str, spec: str) -> Any:
+    # pjrt_host.spmd.mark_sharding / with_sharding_constraint inside a compiled function.
+    from .._torch import _sharding
+
+    return jax.lax.with_sharding_constraint(x, _sharding.constraint_sharding(mesh, spec))
