@@ -262,14 +262,38 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[A
     if storage.device_index != place.index:
         raise ShardingError(
             f"pjrt_host.spmd.mark_sharding: the tensor of shape {tuple(t.shape)} is on {t.device}, but tensors "
-            f"sharded over {mesh} report 'jax:{place.index}' (the first of its devices in this process); move it "
+            f"sharded over {mesh} report 'jax:{place.index}' (the lowest-numbered of its devices in this process); move it "
             f"there first (t.to('jax:{place.index}'), model.to('jax:{place.index}'))")
     arr = jax.device_put(storage.get(), NamedSharding(mesh.jax_mesh, PartitionSpec(*spec)))
     storage.array = arr
     storage.place = place
     storage.version += 1
     _tensor.note_result(storage.device_index, arr)
+    if t.requires_grad and t.is_leaf and not getattr(t, "_pjrt_host_grad_follows", False):
+        t.register_post_accumulate_grad_hook(_grad_follows_parameter)
+        t._pjrt_host_grad_follows = True
     return t
+
+
+def _grad_follows_parameter(p: torch.Tensor) -> None:
+    """A sharded leaf's gradient, once accumulated, is sharded like it:
+    what XLA propagates to a gradient may be replicated (an embedding's,
+    a bias's), and an optimizer's state made from it (SGD's momentum
+    ``clone(grad)``) would then be whole on every device."""
+    g = p.grad
+    if not isinstance(g, JaxTensor) or g.shape != p.shape or p._view is not None:
+        return
+    target = p._storage
+    if type(target.place) is int and type(g._storage.place) is int:
+        return
+    if g._view is None:
+        g._storage.array = _sharding.settle(g._storage.get(), target.get())
+        g._storage.place = target.place
+    elif g.is_contiguous() and g.storage_offset() == 0:
+        # A view (e.g. a slice of a fused gradient): the gradient gets its own storage.
+        arr = _sharding.settle(_tensor.read(g), target.get())
+        g._storage = _tensor.Storage(arr, tuple(g.shape), arr.dtype, target.device_index, target.place)
+        g._view = None
 
 
 def with_sharding_constraint(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[Any]) -> torch.Tensor:

@@ -38,7 +38,8 @@ class MeshPlacement:
     """A mesh's devices, in the mesh's (row-major) order: what jax requires
     to be the same for every committed argument of one jitted call.
     ``index`` is the 'jax:N' index a sharded tensor reports as its torch
-    device (the first of the mesh's devices this process holds)."""
+    device (the lowest-numbered of the mesh's devices this process holds:
+    jax:0 for any mesh over all devices)."""
 
     __slots__ = ("mesh", "ids", "index", "replicated", "_hash")
 
@@ -79,7 +80,8 @@ def placement(mesh: Any) -> MeshPlacement:
     """The placement of arrays sharded over the jax mesh ``mesh``."""
     p = _placements.get(mesh)
     if p is None:
-        index = next((i for i in (local_index(d) for d in mesh.devices.flat) if i is not None), None)
+        local = [i for i in (local_index(d) for d in mesh.devices.flat) if i is not None]
+        index = min(local) if local else None
         if index is None:
             raise ValueError(f"pjrt_host: the mesh {dict(mesh.shape)} holds none of this process's devices")
         p = _placements[mesh] = MeshPlacement(mesh, index)
