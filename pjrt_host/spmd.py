@@ -37,7 +37,7 @@ import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _runtime
-from ._torch import _devices, _sharding, _tensor
+from ._torch import _devices, _registration, _sharding, _tensor
 from ._torch._tensor import JaxTensor
 
 __all__ = [
@@ -54,6 +54,7 @@ class ShardingError(ValueError):
 
 def _global_devices() -> list[Any]:
     """The plugin's devices in every process of the job, device id i = i-th."""
+    _registration._device()  # the device's dispatcher: tensors may be made here first
     _devices._all()  # the client, and jax's settings for the device
     return list(jax.devices(_runtime.backend_name()))
 
@@ -264,7 +265,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[A
             f"pjrt_host.spmd.mark_sharding: the tensor of shape {tuple(t.shape)} is on {t.device}, but tensors "
             f"sharded over {mesh} report 'jax:{place.index}' (the lowest-numbered of its devices in this process); move it "
             f"there first (t.to('jax:{place.index}'), model.to('jax:{place.index}'))")
-    arr = jax.device_put(storage.get(), NamedSharding(mesh.jax_mesh, PartitionSpec(*spec)))
+    arr = _sharding.device_put(storage.get(), NamedSharding(mesh.jax_mesh, PartitionSpec(*spec)))
     storage.array = arr
     storage.place = place
     storage.version += 1
@@ -313,12 +314,7 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     t = _jax_tensor(t, "clear_sharding")
     storage = t._storage
     if type(storage.place) is not int:
-        arr = storage.get()
-        if not arr.is_fully_addressable:
-            from jax.experimental import multihost_utils
-
-            arr = multihost_utils.process_allgather(arr, tiled=True)
-        storage.array = jax.device_put(arr, _devices.jax_device(storage.device_index))
+        storage.array = _sharding.device_put(storage.get(), _devices.sharding(storage.device_index))
         storage.place = storage.device_index
         storage.version += 1
     return t

@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from . import _devices
 
 __all__ = [
-    "MeshPlacement", "constraint_sharding", "local_index", "mesh_by_key", "placement", "placement_of_array", "put",
+    "MeshPlacement", "constraint_sharding", "device_put", "local_index", "mesh_by_key", "placement", "placement_of_array", "put",
     "register_mesh", "settle", "spec_key", "unify",
 ]
 
@@ -112,16 +112,34 @@ def _assignment(s: Any) -> tuple[int, ...]:
     return tuple(int(d.id) for d in s._device_assignment)
 
 
+def device_put(value: Any, sharding: Any) -> Any:
+    """``jax.device_put`` that also reaches a mesh spanning several processes
+    from an array this process holds whole (each process supplies its own
+    shards from its copy: every process holds the same values, as for any
+    tensor a program computes alike everywhere), and a single device from
+    an array spread over several processes (gathered)."""
+    if sharding.is_fully_addressable:
+        if not getattr(value, "is_fully_addressable", True):
+            from jax.experimental import multihost_utils
+
+            value = multihost_utils.process_allgather(value, tiled=True)
+        return jax.device_put(value, sharding)
+    if getattr(value, "is_fully_addressable", True):
+        host = np.asarray(value)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return jax.device_put(value, sharding)
+
+
 def _onto(array: Any, place: MeshPlacement) -> Any:
     """``array`` on ``place``'s devices: with the same partition spec when it
     is sharded over a mesh of the same axes, else replicated."""
     s = array.sharding
     if isinstance(s, NamedSharding) and s.spec and array.ndim:
         try:
-            return jax.device_put(array, NamedSharding(place.mesh, s.spec))
+            return device_put(array, NamedSharding(place.mesh, s.spec))
         except Exception:
             pass
-    return jax.device_put(array, place.replicated)
+    return device_put(array, place.replicated)
 
 
 def unify(devs: list, dyn: list) -> MeshPlacement | None:
@@ -146,7 +164,7 @@ def settle(result: Any, previous: Any) -> Any:
     target = previous.sharding
     if result.sharding == target:
         return result
-    return jax.device_put(result, target)
+    return device_put(result, target)
 
 
 def put(value: Any, storage: Any) -> Any:
@@ -156,7 +174,7 @@ def put(value: Any, storage: Any) -> Any:
     if type(place) is int:
         target = _devices.sharding(place)
         if value.sharding != target:
-            value = jax.device_put(value, target)
+            value = device_put(value, target)
         return value
     if _assignment(value.sharding) != place.ids:
         value = _onto(value, place)

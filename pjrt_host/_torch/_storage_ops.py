@@ -77,7 +77,7 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         arr = _cast(arr, dtype)
     if index != self._storage.device_index:
         # To another device: a sharded tensor is gathered there.
-        arr = jax.device_put(arr, jax_device(index))
+        arr = _sharding.device_put(arr, jax_device(index))
         return wrap_array(arr, index, dtype)
     return wrap_array(arr, index, dtype, self._storage.place)
 
@@ -232,7 +232,7 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
         if arr is None:  # empty_like: zeros, made on the host and sent shard by shard
             arr = np.zeros(shape, dtype=out._storage.jax_dtype)
         out._storage.place = storage.place
-        out._storage.array = jax.device_put(arr, storage.get().sharding)
+        out._storage.array = _sharding.device_put(arr, storage.get().sharding)
     return out
 
 
@@ -285,4 +285,4 @@ def sharding_constraint(func: Any, args: tuple, kwargs: dict) -> Any:
     if type(x._storage.place) is int and x._storage.device_index != place.index:
         raise RuntimeError(f"pjrt_host.spmd: a tensor on {x.device} cannot be sharded over a mesh whose tensors "
                            f"report jax:{place.index}; move it there first")
-    return wrap_array(jax.device_put(value, sharding), place.index, x.dtype, place)
+    return wrap_array(_sharding.device_put(value, sharding), place.index, x.dtype, place)

@@ -82,7 +82,7 @@ class Storage:
         if self.array is None:
             place = self.place
             target = jax_device(place) if type(place) is int else place.replicated
-            self.array = jax.device_put(np.zeros(self.shape, dtype=self.jax_dtype), target)
+            self.array = _sharding.device_put(np.zeros(self.shape, dtype=self.jax_dtype), target)
         return self.array
 
     @property
