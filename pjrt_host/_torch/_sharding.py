@@ -117,8 +117,9 @@ def device_put(value: Any, sharding: Any) -> Any:
     from an array this process holds whole (each process supplies its own
     shards from its copy: every process holds the same values, as for any
     tensor a program computes alike everywhere), and a single device from
-    an array spread over several processes (gathered)."""
-    if sharding.is_fully_addressable:
+    an array spread over several processes (gathered).  ``sharding`` may
+    be a device."""
+    if not isinstance(sharding, jax.sharding.Sharding) or sharding.is_fully_addressable:
         if not getattr(value, "is_fully_addressable", True):
             from jax.experimental import multihost_utils
 
