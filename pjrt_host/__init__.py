@@ -36,6 +36,7 @@ __all__ = [
     "select",
     "selected",
     "spawn",
+    "spmd",
 ]
 
 __version__ = "0.1.0"
@@ -67,6 +68,7 @@ _LAZY = {
     "select": ("._registry", "select"),
     "selected": ("._registry", "selected_record"),
     "spawn": ("._launch", "spawn"),
+    "spmd": (".spmd", None),  # the submodule itself (imports torch and jax)
 }
 
 
@@ -110,6 +112,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._registry import selected_record as selected
     from . import distributed
     from ._launch import spawn
+    from . import spmd
     from ._runtime import backend_name, client, devices
     from ._torch._config import config
     from ._torch._profile import profile

@@ -137,6 +137,17 @@ class DevicePlugin:
         """
         return None
 
+    def mesh_device_order(self, mesh_shape: tuple[int, ...], devices: list[Any]) -> list[int] | None:
+        """The order in which ``devices`` (all the plugin's jax devices of
+        the job, ``devices[i]`` being device id i) should fill an SPMD mesh
+        of shape ``mesh_shape`` (row-major), as device ids; called by
+        ``pjrt_host.spmd.create_mesh`` / ``get_1d_mesh`` when the mesh spans
+        every device.  A device whose interconnect has a shape (a torus)
+        returns an order that keeps neighbours adjacent along each mesh
+        axis.  May import jax.  Default: None, the devices in id order.
+        """
+        return None
+
     # -- helpers for the host; not meant to be overridden -------------------
 
     def describe(self) -> str:

@@ -14,7 +14,7 @@ import torch
 
 from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype
-from .._torch import DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _rng, _tensor, _views
+from .._torch import DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _rng, _sharding, _tensor, _views
 from .._torch._tensor import JaxTensor
 
 __all__ = [
@@ -24,9 +24,11 @@ __all__ = [
 ]
 
 
-def unwrap(args: list) -> tuple[tuple, list, list, list, int | None]:
+def unwrap(args: list) -> tuple[tuple, list, list, list, Any, bool]:
     """What one compiled call takes from its arguments, without a copy:
-    ``(layout, arrays, offsets, owners, device index)``.
+    ``(layout, arrays, offsets, owners, place, mixed)``: ``place`` is the
+    first storage's (its device index, or a mesh placement when sharded),
+    ``mixed`` whether another storage lives elsewhere.
 
     ``arrays`` holds each distinct storage's jax array once (a view and its
     base share one); ``layout`` has one entry per argument: the storage's
@@ -40,7 +42,8 @@ def unwrap(args: list) -> tuple[tuple, list, list, list, int | None]:
     offsets: list[Any] = []
     owners: list[Any] = []
     seen: dict[int, int] = {}
-    index = None
+    place = None
+    mixed = False
     for a in args:
         if isinstance(a, JaxTensor):
             st = a._storage
@@ -50,8 +53,11 @@ def unwrap(args: list) -> tuple[tuple, list, list, list, int | None]:
                 arr = st.array
                 arrays.append(arr if arr is not None else st.get())
                 owners.append(st)
-                if index is None:
-                    index = st.device_index
+                p = st.place
+                if place is None:
+                    place = p
+                elif p != place:
+                    mixed = True
             vw = a._view
             if vw is None:
                 layout.append(slot)
@@ -64,7 +70,36 @@ def unwrap(args: list) -> tuple[tuple, list, list, list, int | None]:
             owners.append(a)
         else:
             layout.append(("s", a))
-    return tuple(layout), arrays, offsets, owners, index
+    return tuple(layout), arrays, offsets, owners, place, mixed
+
+
+def index_of(place: Any) -> int:
+    """The torch device index of a place (a device index or a mesh placement)."""
+    return place if type(place) is int else place.index
+
+
+def onto_mesh(arrays: list, owners: list, place: Any, required: Any = None) -> Any:
+    """Put every array of one compiled call on one mesh when any is sharded
+    (or the graph constrains values onto ``required``'s mesh): arrays on a
+    single device are replicated over it.  Returns the call's place."""
+    places = [required, place] + [o.place for o in owners if isinstance(o, _tensor.Storage)]
+    found = _sharding.unify(places, arrays)
+    return place if found is None else found
+
+
+def settle(array: Any, st: Any) -> Any:
+    """A storage's new array laid out as its previous one (an input written
+    by a graph keeps its placement and sharding)."""
+    previous = st.array
+    return array if previous is None else _sharding.settle(array, previous)
+
+
+def graph_placement(gm: torch.fx.GraphModule) -> Any:
+    """The mesh a graph's sharding constraints name (None: it has none)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "sharding_constraint" in str(node.target) and len(node.args) >= 2:
+            return _sharding.placement(_sharding.mesh_by_key(node.args[1]))
+    return None
 
 
 def storage_of(t: JaxTensor) -> tuple[Any, Any, tuple | None, Any]:
@@ -110,10 +145,11 @@ def current_index() -> int:
     return _devices.current_index()
 
 
-def wrap(array: Any, index: int, dtype: torch.dtype) -> JaxTensor:
-    """A new 'jax' tensor owning ``array`` (on device ``index``)."""
+def wrap(array: Any, index: int, dtype: torch.dtype, place: Any = None) -> JaxTensor:
+    """A new 'jax' tensor owning ``array`` (on device ``index``, or on
+    ``place``'s mesh)."""
     shape = tuple(array.shape)
-    return _tensor.make(_tensor.Storage(array, shape, array.dtype, index), shape, dtype)
+    return _tensor.make(_tensor.Storage(array, shape, array.dtype, index, place), shape, dtype)
 
 
 def note_result(index: int, array: Any) -> None:

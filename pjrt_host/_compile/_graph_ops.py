@@ -213,6 +213,17 @@ NO_OP = frozenset({
 })
 
 
+# ------------------------------------------------------------ sharding
+
+
+@_reg("pjrt_host::sharding_constraint")
+def _sharding_constraint(out: Out, key: Any, x: Any, mesh: str, spec: str) -> Any:
+    # pjrt_host.spmd.mark_sharding / with_sharding_constraint inside a compiled function.
+    from .._torch import _sharding
+
+    return jax.lax.with_sharding_constraint(x, _sharding.constraint_sharding(mesh, spec))
+
+
 # ------------------------------------------------------------ this package's own ops
 
 #: Ops whose arguments are passed as they are (no ``out``, no key): a JAX

@@ -82,14 +82,17 @@ class CompiledGraph:
         self.eager: EagerGraph | None = None
         self.out_specs = _output_specs(gm)
         self.random = program.num_random > 0
+        #: The mesh the graph's sharding constraints name (None: none).
+        self.mesh = _device.graph_placement(gm)
         self._lock = threading.Lock()
 
     def __call__(self, args: list) -> Any:
         if self.eager is not None:
             return self.eager(args)
-        layout, arrays, offsets, owners, index = _device.unwrap(args)
-        if index is None:
-            index = _device.current_index()
+        layout, arrays, offsets, owners, place, mixed = _device.unwrap(args)
+        if place is None:
+            place = _device.current_index()
+        index = _device.index_of(place)
         cfg = _device.config()
         key = (layout, cfg) if not self.program.symbolic else (layout, cfg, tuple(getattr(a, "shape", None) for a in args))
         entry = self.cache.get(key)
@@ -97,6 +100,10 @@ class CompiledGraph:
             entry = self._build(key, layout, cfg, owners)
         for slot in entry.foreign_slots:
             arrays[slot] = _device.to_jax_array(arrays[slot], index)
+        if mixed or type(place) is not int or self.mesh is not None:
+            # Sharded arguments (or constraints): one mesh for the whole call.
+            place = _device.onto_mesh(arrays, owners, place, self.mesh)
+        sharded = type(place) is not int
         try:
             if self.random:
                 kd, counter = _device.next_key_args(index)
@@ -111,7 +118,7 @@ class CompiledGraph:
                 with torch.no_grad():
                     owner.copy_(_device.to_torch(arr, index, owner.device, owner.dtype))
             else:
-                _device.put_storage(owner, arr)
+                _device.put_storage(owner, _device.settle(arr, owner) if sharded else arr)
         results = []
         it = iter(outs)
         last = None
@@ -121,7 +128,7 @@ class CompiledGraph:
                 continue
             arr = next(it)
             if spec.device is None:
-                results.append(_device.wrap(arr, index, spec.dtype))
+                results.append(_device.wrap(arr, index, spec.dtype, place))
                 last = arr
             else:
                 results.append(_device.to_torch(arr, index, spec.device, spec.dtype))

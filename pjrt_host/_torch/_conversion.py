@@ -78,6 +78,11 @@ def to_torch(t: JaxTensor, device: torch.device, dtype: torch.dtype | None = Non
             return out if dtype is None else out.to(dtype)
         except Exception:
             pass
+    if type(t._storage.place) is not int and not arr.is_fully_addressable:
+        # Sharded over several processes' devices: every process gathers the whole.
+        from jax.experimental import multihost_utils
+
+        arr = multihost_utils.process_allgather(arr, tiled=True)
     host = np.asarray(arr)
     if t.dtype == torch.bfloat16:
         out = torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)

@@ -30,7 +30,7 @@ import torch
 from .. import _lowerings, _runtime
 from .._lowerings import Lowering, LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from . import _config, _meta, _rng, _views
+from . import _config, _meta, _rng, _sharding, _views
 from ._devices import device_mismatch, torch_device
 from ._dtype_policy import device_dtype
 from ._tensor import JaxTensor, Storage, TensorSpec, note_result, read, wrap_array
@@ -112,7 +112,7 @@ class _ForeignFirst(Exception):
 def _encode(v: Any, dyn: list, devs: list) -> Any:
     if isinstance(v, JaxTensor):
         storage = v._storage
-        devs.append(storage.device_index)
+        devs.append(storage.place)
         arr = storage.array
         dyn.append(arr if arr is not None else storage.get())
         view = v._view
@@ -268,13 +268,20 @@ class CompiledOp:
             raise device_mismatch(_first_jax_device(list(args) + list(kwargs.values())), err.device) from None
         if not devs:
             raise RuntimeError(f"pjrt_host: {self.name} reached the 'jax' device without a 'jax' tensor")
-        index = devs[0]
+        place = devs[0]
         targets_key = ()
         if out_targets:
-            targets_key = self._encode_targets(out_targets, dyn, devs, index)
+            targets_key = self._encode_targets(out_targets, dyn, devs, place)
         for d in devs:
-            if d != index:
-                raise device_mismatch(torch_device(index), torch_device(d))
+            if d != place:
+                # Operands on several places: a mesh among them takes the others.
+                place = _sharding.unify(devs, dyn)
+                if place is None:
+                    raise device_mismatch(torch_device(devs[0]), torch_device(d))
+                break
+        # ``index``: the torch device; ``place`` is ``index`` itself unless the
+        # op runs on a mesh (an operand is sharded).
+        index = place if type(place) is int else place.index
         if self.lowering.needs_rng:
             dyn.extend(_rng.next_key_args(index, generator))
         cfg = _config.current()
@@ -296,12 +303,16 @@ class CompiledOp:
         if self.inplace is not None:
             target = args[self.inplace]
             storage = target._storage
+            if place is not index:
+                result = _sharding.settle(result, storage.get())
             storage.array = result
             storage.version += 1
             note_result(index, result)
             return target
         if out_targets:
             for t, arr in zip(out_targets, result):
+                if place is not index:
+                    arr = _sharding.settle(arr, t._storage.get())
                 t._storage.array = arr
                 t._storage.version += 1
             note_result(index, result[0])
@@ -313,10 +324,10 @@ class CompiledOp:
             note_result(index, result)
             spec = outputs[0]
             t = _make_wrapper(JaxTensor, spec.shape, dtype=spec.dtype, device=torch_device(index))
-            t._storage = Storage(result, spec.shape, result.dtype, index)
+            t._storage = Storage(result, spec.shape, result.dtype, index, place)
             t._view = None
             return t
-        return _wrap_results(result, plan, index)
+        return _wrap_results(result, plan, index, place)
 
     def _split_kwargs(self, kwargs: dict) -> tuple[dict, list, Any]:
         out_targets = []
@@ -330,13 +341,13 @@ class CompiledOp:
         return kwargs, out_targets, generator
 
     @staticmethod
-    def _encode_targets(out_targets: list, dyn: list, devs: list, index: int) -> tuple:
+    def _encode_targets(out_targets: list, dyn: list, devs: list, place: Any) -> tuple:
         keys = []
         for t in out_targets:
             if not isinstance(t, JaxTensor):
-                raise device_mismatch(torch_device(index), t.device)
+                raise device_mismatch(torch_device(place if type(place) is int else place.index), t.device)
             storage = t._storage
-            devs.append(storage.device_index)
+            devs.append(storage.place)
             dyn.append(storage.get())
             view = t._view
             dyn.append(view.run_offset if view is not None else 0)
@@ -451,17 +462,17 @@ class CompiledOp:
         return entry
 
 
-def _wrap_results(result: Any, plan: _meta.OutputPlan, index: int) -> Any:
+def _wrap_results(result: Any, plan: _meta.OutputPlan, index: int, place: Any = None) -> Any:
     outputs = plan.outputs
     if outputs is None:
-        return _wrap_dynamic(result, index)
+        return _wrap_dynamic(result, index, place)
     if plan.container == "single":
         return _to_python(result)  # a Python scalar result
     wrapped = []
     for spec, arr in zip(outputs, result):
         if spec.kind == "tensor":
             note_result(index, arr)
-            wrapped.append(wrap_array(arr, index, spec.dtype))
+            wrapped.append(wrap_array(arr, index, spec.dtype, place))
         elif spec.kind == "none":
             wrapped.append(None)
         else:
@@ -469,10 +480,10 @@ def _wrap_results(result: Any, plan: _meta.OutputPlan, index: int) -> Any:
     return tuple(wrapped) if plan.container == "tuple" else wrapped
 
 
-def _wrap_dynamic(result: Any, index: int) -> Any:
+def _wrap_dynamic(result: Any, index: int, place: Any = None) -> Any:
     """Results of an op torch cannot describe in advance, wrapped as they come."""
     if isinstance(result, (tuple, list)):
-        return type(result)(_wrap_dynamic(r, index) for r in result)
+        return type(result)(_wrap_dynamic(r, index, place) for r in result)
     if result is None or isinstance(result, (bool, int, float, complex)):
         return result
     if getattr(result, "ndim", None) is None:
@@ -482,7 +493,7 @@ def _wrap_dynamic(result: Any, index: int) -> Any:
     mapped = device_dtype(dtype)
     if mapped is not dtype:
         arr = arr.astype(jax_dtype(mapped))
-    return wrap_array(arr, index, mapped)
+    return wrap_array(arr, index, mapped, place)
 
 
 def _to_python(x: Any) -> Any:

@@ -194,7 +194,8 @@ def _device():
                 _tensor.install_dispatcher(_dispatch.dispatch)
                 _collectives.register_array_type(
                     _tensor.JaxTensor, to_jax=_tensor.read,
-                    from_jax=lambda array, like: _tensor.wrap_array(array, like._storage.device_index))
+                    from_jax=lambda array, like: _tensor.wrap_array(array, like._storage.device_index, None,
+                                                                   like._storage.place))
                 _dispatch_fn = _dispatch.dispatch
     return _dispatch_fn
 

@@ -26,6 +26,7 @@ from ._devices import DEVICE_NAME, device_index, jax_device
 from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import meta_view_of
+from . import _sharding
 from ._tensor import JaxTensor, Storage, contiguous_strides, make, read, run_deferred_checks, wrap_array, write
 from ._view_ops import run_inplace_view
 
@@ -75,8 +76,10 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     if arr.dtype != jax_dtype(dtype):
         arr = _cast(arr, dtype)
     if index != self._storage.device_index:
-        arr = jax.device_put(arr, jax_device(index))
-    return wrap_array(arr, index, dtype)
+        # To another device: a sharded tensor is gathered there.
+        arr = _sharding.device_put(arr, jax_device(index))
+        return wrap_array(arr, index, dtype)
+    return wrap_array(arr, index, dtype, self._storage.place)
 
 
 _cast_cache: dict[torch.dtype, Any] = {}
@@ -99,8 +102,8 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
     index = dst._storage.device_index
     if isinstance(src, JaxTensor):
         value = read(src)
-        if src._storage.device_index != index:
-            value = jax.device_put(value, jax_device(index))
+        if src._storage.place != dst._storage.place:
+            value = _sharding.put(value, dst._storage)
     elif isinstance(src, torch.Tensor):
         value = to_jax_array(src, index, device_dtype(src.dtype))
     else:
@@ -140,9 +143,9 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
     if self._view is None:
         # jax arrays never change: the clone shares the array until one of
         # the two is written (a write replaces the storage's array).
-        return make(Storage(storage.array, storage.shape, storage.jax_dtype, storage.device_index),
+        return make(Storage(storage.array, storage.shape, storage.jax_dtype, storage.device_index, storage.place),
                     tuple(self.shape), self.dtype)
-    return wrap_array(read(self), storage.device_index, self.dtype)
+    return wrap_array(read(self), storage.device_index, self.dtype, storage.place)
 
 
 @storage_op("aten::lift_fresh")
@@ -221,7 +224,17 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
     if "generator" in kwargs:
         factory_kwargs["generator"] = kwargs["generator"]
     shape = tuple(meta.shape)
-    return factory(shape, args[fill], **factory_kwargs) if fill is not None else factory(shape, **factory_kwargs)
+    out = factory(shape, args[fill], **factory_kwargs) if fill is not None else factory(shape, **factory_kwargs)
+    storage = self._storage
+    if type(storage.place) is not int and self._view is None and device == self.device and shape == storage.shape:
+        # Shaped like a sharded tensor (an optimizer's state of a sharded
+        # parameter): sharded like it.
+        arr = out._storage.array
+        if arr is None:  # empty_like: zeros, made on the host and sent shard by shard
+            arr = np.zeros(shape, dtype=out._storage.jax_dtype)
+        out._storage.place = storage.place
+        out._storage.array = _sharding.device_put(arr, storage.get().sharding)
+    return out
 
 
 # ---------------------------------------------------------------- batch norm
@@ -254,3 +267,23 @@ def native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
         running_mean.copy_(new_mean)
         running_var.copy_(new_var)
     return out, mean, rstd
+
+
+# ---------------------------------------------------------------- sharding
+
+
+@storage_op("pjrt_host::sharding_constraint")
+def sharding_constraint(func: Any, args: tuple, kwargs: dict) -> Any:
+    """pjrt_host.spmd.with_sharding_constraint on a tensor, eagerly: its
+    values resharded (a new tensor).  Compiled graphs lower the same op to
+    ``jax.lax.with_sharding_constraint``."""
+    bound = dict(zip(("x", "mesh", "spec"), args))
+    bound.update(kwargs)
+    x = bound["x"]
+    sharding = _sharding.constraint_sharding(bound["mesh"], bound["spec"])
+    place = _sharding.placement(sharding.mesh)
+    value = read(x)
+    if type(x._storage.place) is int and x._storage.device_index != place.index:
+        raise RuntimeError(f"pjrt_host.spmd: a tensor on {x.device} cannot be sharded over a mesh whose tensors "
+                           f"report jax:{place.index}; move it there first")
+    return wrap_array(_sharding.device_put(value, sharding), place.index, x.dtype, place)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from . import _printing, _views
+from . import _printing, _sharding, _views
 from ._devices import jax_device, torch_device
 from ._dtype_policy import device_dtype
 
@@ -56,15 +56,20 @@ class TensorSpec(tuple):
 class Storage:
     """The data shared by a base tensor and all its views: a jax array of
     shape ``shape`` (row-major; a view's strides index it flat), or None
-    while nothing has been written (an ``empty`` tensor)."""
+    while nothing has been written (an ``empty`` tensor).
 
-    __slots__ = ("array", "shape", "jax_dtype", "device_index", "version", "spec", "__weakref__")
+    ``place`` is where the array lives (``_sharding``): ``device_index``
+    itself for one device, a ``MeshPlacement`` for an array sharded over a
+    mesh (``device_index`` is then the torch device the tensor reports)."""
 
-    def __init__(self, array: Any, shape: tuple[int, ...], dtype: Any, device_index: int) -> None:
+    __slots__ = ("array", "shape", "jax_dtype", "device_index", "place", "version", "spec", "__weakref__")
+
+    def __init__(self, array: Any, shape: tuple[int, ...], dtype: Any, device_index: int, place: Any = None) -> None:
         self.array = array
         self.shape = shape
         self.jax_dtype = dtype
         self.device_index = device_index
+        self.place = device_index if place is None else place
         self.version = 0  #: counts writes
         self.spec = TensorSpec((dtype, shape, None))
 
@@ -75,8 +80,14 @@ class Storage:
     def get(self) -> Any:
         """The array, made (zeros) on first use for an ``empty`` tensor."""
         if self.array is None:
-            self.array = jax.device_put(np.zeros(self.shape, dtype=self.jax_dtype), jax_device(self.device_index))
+            place = self.place
+            target = jax_device(place) if type(place) is int else place.replicated
+            self.array = _sharding.device_put(np.zeros(self.shape, dtype=self.jax_dtype), target)
         return self.array
+
+    @property
+    def sharded(self) -> bool:
+        return type(self.place) is not int
 
 
 class View:
@@ -270,13 +281,14 @@ def make(storage: Storage, size: tuple[int, ...], dtype: torch.dtype, stride: tu
     return t
 
 
-def wrap_array(array: Any, index: int, dtype: torch.dtype | None = None) -> JaxTensor:
-    """A new tensor owning ``array`` (already on device ``index``)."""
+def wrap_array(array: Any, index: int, dtype: torch.dtype | None = None, place: Any = None) -> JaxTensor:
+    """A new tensor owning ``array`` (already on device ``index``, or on
+    ``place``'s mesh with ``index`` its torch device)."""
     if dtype is None:
         dtype = torch_dtype(array.dtype)
     shape = tuple(array.shape)
     _last[index] = array
-    return make(Storage(array, shape, array.dtype, index), shape, dtype)
+    return make(Storage(array, shape, array.dtype, index, place), shape, dtype)
 
 
 def new_tensor(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> JaxTensor:
@@ -314,6 +326,9 @@ def write(t: JaxTensor, value: Any) -> None:
     view = t._view
     if value.dtype != storage.jax_dtype:
         value = value.astype(storage.jax_dtype)
+    if type(storage.place) is not int:
+        _write_sharded(storage, view, value)
+        return
     if view is None:
         if tuple(value.shape) != storage.shape:
             value = jnp.broadcast_to(value, storage.shape)
@@ -325,6 +340,27 @@ def write(t: JaxTensor, value: Any) -> None:
             fn = _write_cache[static] = jax.jit(
                 lambda a, off, v: _views.write(a, static, off, jnp.broadcast_to(v, static[1])))
         storage.array = fn(storage.get(), view.run_offset, value)
+    storage.version += 1
+    _last[storage.device_index] = storage.array
+
+
+def _write_sharded(storage: Storage, view: View | None, value: Any) -> None:
+    """write() into a storage sharded over a mesh: the storage keeps its
+    sharding whatever the value's placement."""
+    previous = storage.get()
+    value = _sharding.put(value, storage)
+    if view is None:
+        if tuple(value.shape) != storage.shape:
+            value = jnp.broadcast_to(value, storage.shape)
+        new = value
+    else:
+        fn = _write_cache.get(view.static)
+        if fn is None:
+            static = view.static
+            fn = _write_cache[static] = jax.jit(
+                lambda a, off, v: _views.write(a, static, off, jnp.broadcast_to(v, static[1])))
+        new = fn(previous, view.run_offset, value)
+    storage.array = _sharding.settle(new, previous)
     storage.version += 1
     _last[storage.device_index] = storage.array
 

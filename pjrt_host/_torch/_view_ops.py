@@ -80,7 +80,7 @@ def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
         # conj() / _neg_view(): the device computes the values (a new tensor).
         arr = read(self)
         arr = jnp.conj(arr) if metas[0].lazy_bit == "conj" else -arr
-        return wrap_array(arr, self._storage.device_index, self.dtype)
+        return wrap_array(arr, self._storage.device_index, self.dtype, self._storage.place)
     storage = self._storage
     outs = []
     for r in metas:
@@ -122,4 +122,5 @@ def _view_dtype(self: JaxTensor, dtype: torch.dtype) -> JaxTensor:
         raise NotImplementedError(
             f"pjrt_host: tensor.view({dtype}) of a {self.dtype} tensor (different element size) is not "
             f"supported on the 'jax' device; use .cpu().view(...) instead")
-    return wrap_array(jax.lax.bitcast_convert_type(arr, target), self._storage.device_index, dtype)
+    return wrap_array(jax.lax.bitcast_convert_type(arr, target), self._storage.device_index, dtype,
+                      self._storage.place)
