@@ -240,6 +240,11 @@ def _jax_tensor(t: Any, what: str) -> JaxTensor:
 # ---------------------------------------------------------------- sharding tensors
 
 
+def _traced(t: Any) -> bool:
+    """A fake or functional 'jax' tensor: a trace (``assume_pure``) is running."""
+    return isinstance(t, torch.Tensor) and not isinstance(t, JaxTensor) and t.device.type == _devices.DEVICE_NAME
+
+
 def mark_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[Any]) -> torch.Tensor:
     """Shard ``t`` over ``mesh`` (None: the global mesh): entry i of
     ``partition_spec`` says which mesh axis (a name, an axis index, a tuple
@@ -247,11 +252,12 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[A
     than dimensions (the rest are not split).
 
     Eagerly ``t`` itself is resharded (every view of it sees the new
-    placement) and returned.  Inside ``torch.compile`` it is a sharding
-    constraint on the value: the result is the constrained tensor."""
+    placement) and returned.  Inside ``torch.compile`` or an
+    ``assume_pure`` function it is a sharding constraint on the value: the
+    result is the constrained tensor."""
     mesh = _mesh(mesh, "mark_sharding")
     spec = _spec(tuple(t.shape), mesh, partition_spec, "mark_sharding")
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _traced(t):
         return torch.ops.pjrt_host.sharding_constraint(t, mesh._key, _sharding.spec_key(spec))
     t = _jax_tensor(t, "mark_sharding")
     if t._view is not None:

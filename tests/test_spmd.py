@@ -570,3 +570,41 @@ def test_two_processes_of_four_devices_make_one_mesh(tmp_path):
     results = [(tmp_path / f"rank{r}.txt").read_text().split() for r in range(2)]
     assert results[0] == results[1], results
     assert results[0][0] == "8"
+
+
+# ---------------------------------------------------------------- assume_pure, call_jax and jax_view
+
+
+def test_assume_pure_and_call_jax_keep_shardings_and_gradients(xs, mesh1d):
+    import jax.numpy as jnp
+
+    from pjrt_host import interop
+
+    w_cpu = torch.randn(16, 8)
+    x_cpu = torch.randn(32, 16)
+    w = w_cpu.to("jax").requires_grad_()
+    x = xs.mark_sharding(x_cpu.to("jax"), mesh1d, ("data", None))
+    assert interop.jax_view(x).sharding == xs.get_sharding(x)
+
+    @pjrt_host.assume_pure
+    def f(x, w):
+        return interop.call_jax(jnp.tanh, x @ w)
+
+    y = f(x, w)
+    assert xs.get_partition_spec(y)[0] == "data"  # the batch stays split over the mesh
+    y.square().sum().backward()
+    wc = w_cpu.clone().requires_grad_()
+    torch.tanh(x_cpu @ wc).square().sum().backward()
+    torch.testing.assert_close(y.detach().cpu(), torch.tanh(x_cpu @ w_cpu), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad.cpu(), wc.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_mark_sharding_inside_assume_pure_constrains_the_value(xs, mesh1d):
+    @pjrt_host.assume_pure
+    def f(x):
+        return xs.mark_sharding(x * 2, mesh1d, ("data",))
+
+    x = torch.arange(16.0, device="jax")
+    y = f(x)
+    assert xs.get_partition_spec(y)[0] == "data"
+    torch.testing.assert_close(y.cpu(), torch.arange(16.0) * 2)

@@ -61,11 +61,12 @@ class _Entry:
     forms."""
 
     __slots__ = ("body", "out_dtypes", "in_dtypes", "mutated", "needs_rng", "unflatten", "index", "diff", "other",
-                 "float_outs", "other_outs", "name", "_plain", "_fwd", "_bwd", "res_treedef")
+                 "float_outs", "other_outs", "name", "_plain", "_fwd", "_bwd", "res_treedef", "mesh")
 
     def __init__(self, body: Callable, out_dtypes: list, in_dtypes: list, mutated: list, needs_rng: bool,
-                 unflatten: Callable, index: int, diff: tuple[int, ...], name: str) -> None:
+                 unflatten: Callable, index: int, diff: tuple[int, ...], name: str, mesh: Any = None) -> None:
         self.body = body
+        self.mesh = mesh  # the mesh the body's sharding constraints name (None: none)
         self.out_dtypes = out_dtypes  # torch dtype of each tensor output
         self.in_dtypes = in_dtypes  # torch dtype of each tensor argument
         self.mutated = mutated  # the tensor arguments written, in the order body returns them
@@ -144,16 +145,26 @@ class _Entry:
 def run(entry: _Entry, tensors: list) -> Any:
     """One call: the jitted forward on the tensors' arrays (as one autograd
     node when a gradient is needed), the written arguments updated, the
-    outputs wrapped and put in the caller's structure."""
+    outputs wrapped and put in the caller's structure.  With a sharded
+    tensor among the arguments the call runs on its mesh (the others are
+    replicated onto it) and the outputs keep the shardings XLA gives them."""
     arrays = [_device.read(t) for t in tensors]
+    place = entry.mesh
+    if place is None:
+        for t in tensors:
+            if type(t._storage.place) is not int:
+                place = t._storage.place
+                break
+    if place is not None:
+        place = _device.onto_mesh(arrays, [t._storage for t in tensors], place)
     rng = _device.next_key_args(entry.index) if entry.needs_rng else None
     if entry.diff:
         box: list = []
-        outs = _Call.apply(entry, arrays, rng, box, *tensors)
+        outs = _Call.apply(entry, arrays, rng, box, place, *tensors)
         muts = box[0]
     else:
         arrs, muts = entry.plain()(arrays, rng)
-        outs = [_device.wrap(a, entry.index, dt) for a, dt in zip(arrs, entry.out_dtypes)]
+        outs = [_device.wrap(a, entry.index, dt, place) for a, dt in zip(arrs, entry.out_dtypes)]
     for i, value in zip(entry.mutated, muts):
         t = tensors[i]
         _device.write(t, value)
@@ -171,19 +182,21 @@ class _Call(torch.autograd.Function):
     """One call of a pure function as one autograd node."""
 
     @staticmethod
-    def forward(ctx: Any, entry: _Entry, arrays: list, rng: Any, box: list, *tensors: torch.Tensor) -> Any:
+    def forward(ctx: Any, entry: _Entry, arrays: list, rng: Any, box: list, place: Any,
+                *tensors: torch.Tensor) -> Any:
         d = [arrays[i] for i in entry.diff]
         o = [arrays[i] for i in entry.other]
         fl, rest, muts, res = entry.forward()(d, o, rng)
         ctx.entry = entry
         ctx.res = res
+        ctx.place = place
         box.append(muts)
         outs: list[Any] = [None] * len(entry.out_dtypes)
         for i, a in zip(entry.float_outs, fl):
             outs[i] = a
         for i, a in zip(entry.other_outs, rest):
             outs[i] = a
-        results = tuple(_device.wrap(a, entry.index, dt) for a, dt in zip(outs, entry.out_dtypes))
+        results = tuple(_device.wrap(a, entry.index, dt, place) for a, dt in zip(outs, entry.out_dtypes))
         ctx.mark_non_differentiable(*(results[i] for i in entry.other_outs))
         return results
 
@@ -194,12 +207,14 @@ class _Call(torch.autograd.Function):
         # torch materialises the gradient of an unused output as zeros.
         cts = [_as_array(grads[i], entry.index).astype(_device.jax_dtype_of(entry.out_dtypes[i]))
                for i in entry.float_outs]
+        if ctx.place is not None:  # a sharded call: the cotangents join its mesh
+            _device.onto_mesh(cts, [], ctx.place)
         grads_in = entry.backward()(ctx.res, cts)
         ctx.res = None  # free the residuals (a second backward is an error, as in eager)
         out: list[Any] = [None] * len(entry.in_dtypes)
         for i, g in zip(entry.diff, grads_in):
-            out[i] = _device.wrap(g, entry.index, entry.in_dtypes[i])
-        return (None, None, None, None, *out)
+            out[i] = _device.wrap(g, entry.index, entry.in_dtypes[i], ctx.place)
+        return (None, None, None, None, None, *out)
 
 
 def _as_array(t: torch.Tensor, index: int) -> Any:
@@ -330,7 +345,7 @@ class PureFunction:
         ctx = _device.lowering_context(sig.cfg)
         entry = _Entry(functools.partial(traced.run, ctx=ctx), [d for d in traced.out_dtypes if d is not None],
                        [t.dtype for t in tensors], traced.mutated, traced.needs_rng, traced.unflatten, index, diff,
-                       self.name)
+                       self.name, traced.mesh)
         with self._lock:
             self._traces += 1
             self._cache[sig] = entry

@@ -46,6 +46,8 @@ class Traced:
     out_spec: Any  # torch pytree spec of fn's result
     #: Which tensor arguments (their order among the tensor leaves) fn writes in place.
     mutated: list[int]
+    #: The mesh placement the graph's sharding constraints name (None: none).
+    mesh: Any = None
 
     def run(self, arrays: list[Any], key: Any, ctx: LoweringContext) -> tuple[list[Any], list[tuple[int, Any]]]:
         """``arrays``: the tensor arguments' values, in order.  Returns (tensor
@@ -126,7 +128,8 @@ def trace(flat_fn: Callable, tensors: list[torch.Tensor], what: str) -> Traced:
         else:
             out_dtypes.append(None)
             static_outputs[i] = val if not isinstance(a, torch.fx.Node) else None
-    return Traced(program, out_dtypes, static_outputs, out_spec, list(program.mutated_inputs))
+    return Traced(program, out_dtypes, static_outputs, out_spec, list(program.mutated_inputs),
+                  _device.graph_placement(gm))
 
 
 def _first_line(err: BaseException) -> str:
