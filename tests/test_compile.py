@@ -31,7 +31,7 @@ import pjrt_host  # noqa: E402,F401
 from pjrt_host._compile import _backend, _device, _runtime  # noqa: E402
 
 from conftest import run_python  # noqa: E402
-from test_torch_training import TinyTransformer, batches  # noqa: E402
+from test_torch_training import TinyTransformer, batches, token_batches  # noqa: E402
 
 nn = torch.nn
 
@@ -262,16 +262,7 @@ def _train(model, make_batch, loss_fn, opt_cls, steps, compiled, **opt_kwargs):
 
 
 def _transformer_case():
-    g = torch.Generator().manual_seed(1)
-    tokens = [torch.randint(0, 20, (3, 8), generator=g) for _ in range(4)]
-
-    def make_batch(step):
-        t = tokens[step % 4]
-        return t, t.roll(-1, dims=1)
-
-    def loss_fn(logits, target):
-        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-
+    make_batch, loss_fn = token_batches()
     return TinyTransformer(), make_batch, loss_fn, torch.optim.SGD, dict(lr=0.1, momentum=0.9)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import io
-import math
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
 import pjrt_host  # noqa: E402,F401
+from test_torch_training import TinyTransformer  # noqa: E402
 
 nn = torch.nn
 REPO = Path(__file__).resolve().parent.parent
@@ -384,22 +384,6 @@ def train(model, batches, loss_fn, opt_cls, steps, prepare=None, place_batch=Non
     return model, opt, losses
 
 
-class TinyTransformer(nn.Module):
-    def __init__(self, vocab=32, dim=32, heads=4):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.pos = nn.Parameter(torch.randn(1, 8, dim) * 0.02)
-        layer = nn.TransformerEncoderLayer(dim, heads, dim * 2, dropout=0.0, batch_first=True, norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, tokens):
-        h = self.embed(tokens) + self.pos[:, : tokens.shape[1]]
-        mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], device=tokens.device)
-        return self.head(self.norm(self.encoder(h, mask=mask, is_causal=True)))
-
-
 def _mlp_case():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 8))
@@ -417,7 +401,7 @@ def _transformer_case():
     def loss_fn(logits, target):
         return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
-    return TinyTransformer(), batches, loss_fn, torch.optim.SGD, dict(lr=0.1, momentum=0.9)
+    return TinyTransformer(vocab=32, dim=32, heads=4), batches, loss_fn, torch.optim.SGD, dict(lr=0.1, momentum=0.9)
 
 
 CASES = {"mlp": _mlp_case, "transformer": _transformer_case}
@@ -555,8 +539,6 @@ def test_two_processes_of_four_devices_make_one_mesh(tmp_path):
     """python -m pjrt_host launch, 2 processes x 4 cpu_ref devices on
     loopback: one mesh of 8 devices, a global tensor from each process's
     rows, results and training identical in both processes."""
-    from conftest import run_python  # noqa: F401  (the suite's helper for children)
-
     worker = REPO / "tests" / "spmd_worker.py"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PJRT_", "PYTEST_", "TORCHELASTIC_")) and k not in

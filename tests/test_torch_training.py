@@ -84,12 +84,11 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(self.encoder(h, mask=mask, is_causal=True)))
 
 
-def test_transformer_sgd():
-    # SGD, not Adam: the attention's key bias gets a ~0 gradient (softmax
-    # ignores it) that Adam would blow up into rounding noise on either device.
-    torch.manual_seed(0)
+def token_batches(vocab=20):
+    """(make_batch, loss_fn): next-token training of TinyTransformer on 4
+    fixed batches of 3 sequences of 8 tokens."""
     g = torch.Generator().manual_seed(1)
-    tokens = [torch.randint(0, 20, (3, 8), generator=g) for _ in range(4)]
+    tokens = [torch.randint(0, vocab, (3, 8), generator=g) for _ in range(4)]
 
     def make_batch(step):
         t = tokens[step % 4]
@@ -97,6 +96,15 @@ def test_transformer_sgd():
 
     def loss_fn(logits, target):
         return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+    return make_batch, loss_fn
+
+
+def test_transformer_sgd():
+    # SGD, not Adam: the attention's key bias gets a ~0 gradient (softmax
+    # ignores it) that Adam would blow up into rounding noise on either device.
+    torch.manual_seed(0)
+    make_batch, loss_fn = token_batches()
 
     assert_same_training(TinyTransformer(), make_batch, loss_fn, torch.optim.SGD, steps=3,
                          rtol=1e-3, atol=1e-4, lr=0.1, momentum=0.9)

@@ -22,7 +22,7 @@ import torch
 
 from .._lowerings._dtypes import torch_dtype
 from . import _device, _handles
-from ._pure import CacheInfo, _Entry, run
+from ._pure import CacheInfo, _Entry, _unhashable, read_arguments, run
 
 __all__ = ["call_jax", "cache_info", "cache_clear"]
 
@@ -68,42 +68,19 @@ def _call(fn: Callable, args: tuple, kwargs: dict) -> Any:
         raise TypeError(f"pjrt_host.interop.call_jax: the first argument must be a JAX function, got "
                         f"{type(fn).__name__}")
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    tensors: list[torch.Tensor] = []
-    parts: list[Any] = []
-    statics: list[tuple[int, Any]] = []
     grad = torch.is_grad_enabled()
-    index = None
-    JaxTensor = _device.JaxTensor
-    for pos, leaf in enumerate(leaves):
-        if isinstance(leaf, torch.Tensor):
-            if type(leaf) is not JaxTensor:
-                if leaf.device.type == _device.DEVICE_NAME:
-                    return _as_op(fn, args, kwargs)  # inside a trace (fake / functional tensors)
-                raise RuntimeError(
-                    f"pjrt_host.interop.call_jax({_name(fn)}): a tensor argument is on {leaf.device} (shape "
-                    f"{tuple(leaf.shape)}, {leaf.dtype}); JAX functions run on the '{_device.DEVICE_NAME}' device: "
-                    f"move it there first (t.to('{_device.DEVICE_NAME}')).")
-            i = leaf._storage.device_index
-            if index is None:
-                index = i
-            elif i != index:
-                raise RuntimeError(f"pjrt_host.interop.call_jax({_name(fn)}): the tensor arguments are on two "
-                                   f"devices, {_device.DEVICE_NAME}:{index} and {_device.DEVICE_NAME}:{i}")
-            tensors.append(leaf)
-            parts.append((leaf.dtype, leaf.shape, grad and leaf.requires_grad))
-        else:
-            statics.append((pos, leaf))
-            parts.append((type(leaf), leaf))
-    sig = (fn, treedef, tuple(parts))
+    what = f"pjrt_host.interop.call_jax({_name(fn)})"
+    read = read_arguments(leaves, treedef, what, grad)
+    if read is None:  # inside a trace (fake / functional tensors)
+        return _as_op(fn, args, kwargs)
+    tensors, statics, index = read.tensors, read.statics, read.index
+    sig = (fn, treedef, read.parts)
     try:
         entry = _cache.get(sig)
     except TypeError:
-        bad = next((type(v).__name__ for _, v in statics if not _hashable(v)), "?")
-        raise TypeError(f"pjrt_host.interop.call_jax({_name(fn)}): a non-tensor argument is a {bad}, which is not "
-                        f"hashable; non-tensor arguments are static (part of the cache key): pass a tuple instead of "
-                        f"a list, or pass the values as tensors.") from None
+        raise _unhashable(what, leaves, treedef) from None
     if entry is None:
-        entry = _build(sig, fn, treedef, tuple(statics), tensors, index, grad)
+        entry = _build(sig, fn, treedef, statics, tensors, index, grad)
     else:
         with _lock:
             _counts["hits"] += 1
@@ -114,18 +91,7 @@ def _call(fn: Callable, args: tuple, kwargs: dict) -> Any:
     return run(entry, tensors)
 
 
-def _hashable(v: Any) -> bool:
-    try:
-        hash(v)
-        return True
-    except TypeError:
-        return False
-
-
-def _build(sig: Any, fn: Callable, treedef: Any, statics: tuple, tensors: list, index: int | None,
-           grad: bool) -> _Entry:
-    if index is None:
-        index = _device.current_index()
+def _build(sig: Any, fn: Callable, treedef: Any, statics: tuple, tensors: list, index: int, grad: bool) -> _Entry:
     call = _handles.JaxCall(fn, treedef, statics)
     name = call.name
     with _lock:

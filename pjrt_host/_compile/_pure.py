@@ -244,6 +244,7 @@ class PureFunction:
         self.fn = fn
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
         self.maxsize = maxsize
+        self._what = f"pjrt_host.assume_pure({self.name})"
         self._cache: collections.OrderedDict[_Signature, _Entry] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._hits = self._misses = self._traces = 0
@@ -275,37 +276,17 @@ class PureFunction:
             # the compiled graph (itself one jitted call).
             return self.fn(*args, **kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        tensors: list[torch.Tensor] = []
-        parts: list[Any] = []
         grad = torch.is_grad_enabled()
-        index = None
-        JaxTensor = _device.JaxTensor
-        for pos, leaf in enumerate(leaves):
-            if isinstance(leaf, torch.Tensor):
-                if type(leaf) is not JaxTensor:
-                    if leaf.device.type == _device.DEVICE_NAME:
-                        # A fake or functional 'jax' tensor: an outer trace
-                        # is running; be part of it.
-                        return self.fn(*args, **kwargs)
-                    raise _not_on_device(self.name, leaf, pos, treedef)
-                i = leaf._storage.device_index
-                if index is None:
-                    index = i
-                elif i != index:
-                    raise RuntimeError(
-                        f"pjrt_host.assume_pure({self.name}): the tensor arguments are on two devices, "
-                        f"{_device.DEVICE_NAME}:{index} and {_device.DEVICE_NAME}:{i}; move them to one device")
-                tensors.append(leaf)
-                parts.append((leaf.dtype, leaf.shape, grad and leaf.requires_grad))
-            else:
-                parts.append((type(leaf), leaf))
-        if index is None:
-            index = _device.current_index()
-        sig = _Signature(treedef, tuple(parts), grad, _device.config())
+        what = self._what
+        read = read_arguments(leaves, treedef, what, grad)
+        if read is None:  # fake or functional 'jax' tensors: an outer trace is running; be part of it
+            return self.fn(*args, **kwargs)
+        tensors, index = read.tensors, read.index
+        sig = _Signature(treedef, read.parts, grad, _device.config())
         try:
             entry = self._cache.get(sig)
         except TypeError:
-            raise _unhashable(self.name, leaves, treedef) from None
+            raise _unhashable(what, leaves, treedef) from None
         if entry is None:
             entry = self._trace(sig, leaves, tensors, index)
         else:
@@ -423,15 +404,49 @@ def _describe(leaves: list, treedef: Any, pos: int) -> str:
     return f"keyword argument {key!s}{rest}"
 
 
-def _not_on_device(name: str, t: torch.Tensor, pos: int, treedef: Any) -> RuntimeError:
-    n = treedef.num_leaves
-    where = _describe([None] * n, treedef, pos)
-    return RuntimeError(
-        f"pjrt_host.assume_pure({name}): {where} is a tensor on {t.device} (shape {tuple(t.shape)}, {t.dtype}); a "
-        f"pure function runs on the '{_device.DEVICE_NAME}' device: move it there first (t.to('{_device.DEVICE_NAME}')).")
+class Arguments(NamedTuple):
+    """The flat arguments of one call, read for its cache key."""
+
+    tensors: list  #: the 'jax' tensors, in order
+    parts: tuple  #: per leaf: (dtype, shape, needs grad) for a tensor, (type, value) otherwise
+    statics: tuple  #: (position, value) of each non-tensor leaf
+    index: int  #: the tensors' device index
 
 
-def _unhashable(name: str, leaves: list, treedef: Any) -> TypeError:
+def read_arguments(leaves: list, treedef: Any, what: str, grad: bool) -> Arguments | None:
+    """Split a call's flat arguments into 'jax' tensors and static values.
+    None when a tensor is a fake or functional 'jax' tensor (a trace is
+    running); a tensor of another device, or two devices, is an error."""
+    tensors: list[torch.Tensor] = []
+    parts: list[Any] = []
+    statics: list[tuple[int, Any]] = []
+    index = None
+    JaxTensor = _device.JaxTensor
+    for pos, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            if type(leaf) is not JaxTensor:
+                if leaf.device.type == _device.DEVICE_NAME:
+                    return None
+                where = _describe([None] * len(leaves), treedef, pos)
+                raise RuntimeError(
+                    f"{what}: {where} is a tensor on {leaf.device} (shape {tuple(leaf.shape)}, {leaf.dtype}); it "
+                    f"runs on the '{_device.DEVICE_NAME}' device: move it there first "
+                    f"(t.to('{_device.DEVICE_NAME}')).")
+            i = leaf._storage.device_index
+            if index is None:
+                index = i
+            elif i != index:
+                raise RuntimeError(f"{what}: the tensor arguments are on two devices, {_device.DEVICE_NAME}:{index} "
+                                   f"and {_device.DEVICE_NAME}:{i}; move them to one device")
+            tensors.append(leaf)
+            parts.append((leaf.dtype, leaf.shape, grad and leaf.requires_grad))
+        else:
+            statics.append((pos, leaf))
+            parts.append((type(leaf), leaf))
+    return Arguments(tensors, tuple(parts), tuple(statics), _device.current_index() if index is None else index)
+
+
+def _unhashable(what: str, leaves: list, treedef: Any) -> TypeError:
     for pos, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
             continue
@@ -439,10 +454,10 @@ def _unhashable(name: str, leaves: list, treedef: Any) -> TypeError:
             hash(leaf)
         except TypeError:
             return TypeError(
-                f"pjrt_host.assume_pure({name}): {_describe(leaves, treedef, pos)} is a {type(leaf).__name__}, which "
+                f"{what}: {_describe(leaves, treedef, pos)} is a {type(leaf).__name__}, which "
                 f"is not hashable; non-tensor arguments are part of the trace's cache key, so they must be hashable "
                 f"(a tuple instead of a list, a frozen dataclass), or be passed as tensors.")
-    return TypeError(f"pjrt_host.assume_pure({name}): the arguments' structure is not hashable")
+    return TypeError(f"{what}: the arguments' structure is not hashable")
 
 
 def _what_changed(last: _Signature | None, sig: _Signature, leaves: list) -> str:

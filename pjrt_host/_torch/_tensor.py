@@ -334,14 +334,19 @@ def write(t: JaxTensor, value: Any) -> None:
             value = jnp.broadcast_to(value, storage.shape)
         storage.array = value
     else:
-        fn = _write_cache.get(view.static)
-        if fn is None:
-            static = view.static
-            fn = _write_cache[static] = jax.jit(
-                lambda a, off, v: _views.write(a, static, off, jnp.broadcast_to(v, static[1])))
-        storage.array = fn(storage.get(), view.run_offset, value)
+        storage.array = _view_writer(view.static)(storage.get(), view.run_offset, value)
     storage.version += 1
     _last[storage.device_index] = storage.array
+
+
+def _view_writer(static: tuple) -> Any:
+    """jit: (storage array, run-time offset, value) -> the storage array with
+    the view's elements replaced (one per view layout)."""
+    fn = _write_cache.get(static)
+    if fn is None:
+        fn = _write_cache[static] = jax.jit(
+            lambda a, off, v: _views.write(a, static, off, jnp.broadcast_to(v, static[1])))
+    return fn
 
 
 def _write_sharded(storage: Storage, view: View | None, value: Any) -> None:
@@ -354,12 +359,7 @@ def _write_sharded(storage: Storage, view: View | None, value: Any) -> None:
             value = jnp.broadcast_to(value, storage.shape)
         new = value
     else:
-        fn = _write_cache.get(view.static)
-        if fn is None:
-            static = view.static
-            fn = _write_cache[static] = jax.jit(
-                lambda a, off, v: _views.write(a, static, off, jnp.broadcast_to(v, static[1])))
-        new = fn(previous, view.run_offset, value)
+        new = _view_writer(view.static)(previous, view.run_offset, value)
     storage.array = _sharding.settle(new, previous)
     storage.version += 1
     _last[storage.device_index] = storage.array
