@@ -37,6 +37,7 @@ import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _runtime
+from ._compile import _hiding
 from ._torch import _devices, _registration, _sharding, _tensor
 from ._torch._tensor import JaxTensor
 
@@ -257,7 +258,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[A
     result is the constrained tensor."""
     mesh = _mesh(mesh, "mark_sharding")
     spec = _spec(tuple(t.shape), mesh, partition_spec, "mark_sharding")
-    if torch.compiler.is_compiling() or _traced(t):
+    if _hiding.dynamo_compiling() or _traced(t):
         return torch.ops.pjrt_host.sharding_constraint(t, mesh._key, _sharding.spec_key(spec))
     t = _jax_tensor(t, "mark_sharding")
     if t._view is not None:
@@ -309,7 +310,7 @@ def with_sharding_constraint(t: torch.Tensor, mesh: Mesh | None, partition_spec:
     Differentiable: the gradient is constrained the same way."""
     mesh = _mesh(mesh, "with_sharding_constraint")
     spec = _spec(tuple(t.shape), mesh, partition_spec, "with_sharding_constraint")
-    if not torch.compiler.is_compiling():
+    if not _hiding.dynamo_compiling() and not _traced(t):
         _jax_tensor(t, "with_sharding_constraint")
     return torch.ops.pjrt_host.sharding_constraint(t, mesh._key, _sharding.spec_key(spec))
 

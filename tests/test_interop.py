@@ -496,3 +496,18 @@ def test_an_object_argument_holding_tensors_is_named():
     f = pjrt_host.assume_pure(lambda x, h: x + h.t)
     with pytest.raises(interop.PurityError, match="Its arguments include Holder objects"):
         f(torch.ones(2, device=DEV), Holder(torch.ones(2, device=DEV)))
+
+
+def test_is_compiling_is_true_while_tracing_as_under_torch_export():
+    """Pins torch's private ``_compiling_state_context``: library code that
+    avoids data-dependent branches under ``torch.compiler.is_compiling()``
+    (transformers' attention masks) traces as it does under torch.export."""
+
+    @pjrt_host.assume_pure
+    def f(x):
+        if not torch.compiler.is_compiling() and bool((x > 0).all()):  # a data-dependent branch
+            return x
+        return x.relu()
+
+    close(f(torch.tensor([-1.0, 2.0], device=DEV)), torch.tensor([0.0, 2.0]))
+    assert not torch.compiler.is_compiling()

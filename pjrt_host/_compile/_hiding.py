@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["DispatchDescriptor", "compiling_in_this_thread", "never_traced"]
+__all__ = ["DispatchDescriptor", "compiling_in_this_thread", "dynamo_compiling", "never_traced"]
 
 logger = logging.getLogger("pjrt_host")
 
@@ -65,6 +65,21 @@ def never_traced(fn: Callable) -> Callable:
 
 
 _compile_context = None
+
+#: How many of pjrt_host's own traces (assume_pure, call_torch: AOT export,
+#: as under torch.export) are running, in any thread.  They turn
+#: ``torch.compiler.is_compiling()`` on process-wide for library code.
+traces_running = 0
+
+
+def dynamo_compiling() -> bool:
+    """``torch.compiler.is_compiling()``, less pjrt_host's own traces: true
+    while dynamo traces (the question ``assume_pure``, ``call_jax`` and
+    ``mark_sharding`` ask to choose their in-graph form).  Inside one of our
+    traces the arguments themselves (fake tensors) say so, and another
+    thread's eager calls must not take the in-graph form."""
+    return torch.compiler.is_compiling() and not traces_running
+
 
 
 def compiling_in_this_thread() -> bool:

@@ -30,7 +30,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import torch
 
-from . import _device
+from . import _device, _hiding
 from ._trace import NotTraceable, call_with_leaves, fake_tensors, trace
 
 __all__ = ["CacheInfo", "PureFunction", "PureModule", "PurityError", "assume_pure"]
@@ -271,7 +271,7 @@ class PureFunction:
         return self if obj is None else functools.partial(self, obj)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
+        if _hiding.dynamo_compiling():
             # torch.compile traces through: the function becomes part of
             # the compiled graph (itself one jitted call).
             return self.fn(*args, **kwargs)
@@ -503,7 +503,7 @@ class PureModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module
-        if torch.compiler.is_compiling():
+        if _hiding.dynamo_compiling():
             return module(*args, **kwargs)
         state, training = self._state()
         return self._pure(state, training, *args, **kwargs)

@@ -8,8 +8,10 @@ graph on jax values: traceable, so it works under ``jax.jit``, ``jax.vjp``,
 ``jax.grad`` and ``jax.vmap``.  ``@assume_pure``, ``jax_jit``,
 ``call_torch`` and ``extract_jax`` all run torch code this way.
 
-``_aot_export_function`` is private torch API; tests/test_interop.py pins
-the behaviour used here (input writes kept as ``copy_`` into the inputs).
+``_aot_export_function`` and ``_compiling_state_context`` are private torch
+API; tests/test_interop.py pins the behaviour used here (input writes kept
+as ``copy_`` into the inputs; ``torch.compiler.is_compiling()`` true while
+tracing).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .._lowerings import LoweringContext
-from . import _device
+from . import _device, _hiding
 from ._backend import decompositions
 from ._interpreter import Program
 
@@ -103,12 +105,21 @@ def call_with_leaves(fn: Callable, leaves: list, treedef: Any, positions: list[i
 def trace(flat_fn: Callable, tensors: list[torch.Tensor], what: str) -> Traced:
     """Trace ``flat_fn(*tensors)`` (``tensors``: fake tensors, from
     :func:`fake_tensors`); ``what`` names the function in errors."""
+    from torch._export.utils import _compiling_state_context
     from torch._functorch.aot_autograd import _aot_export_function
 
     try:
-        with _trace_lock, torch.no_grad():
-            gm, meta, _, out_spec = _aot_export_function(flat_fn, tuple(tensors), decompositions=decompositions(),
-                                                         keep_input_mutations=True)
+        # torch.compiler.is_compiling() is true while tracing, as under
+        # torch.export's (equally make_fx-based) non-strict tracing: library
+        # code (transformers' masks) takes its traceable paths.
+        with _trace_lock, torch.no_grad(), _compiling_state_context():
+            _hiding.traces_running += 1
+            try:
+                gm, meta, _, out_spec = _aot_export_function(flat_fn, tuple(tensors),
+                                                             decompositions=decompositions(),
+                                                             keep_input_mutations=True)
+            finally:
+                _hiding.traces_running -= 1
     except Exception as err:
         raise NotTraceable(f"{what} could not be traced into one graph: {type(err).__name__}: "
                            f"{_first_line(err)}") from err
