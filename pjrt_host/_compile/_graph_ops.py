@@ -19,6 +19,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .._lowerings._util import linspace_values
 from . import _handles
 
 __all__ = ["GraphOp", "HANDLERS", "NO_OP", "OPAQUE", "SYMBOLIC"]
@@ -104,14 +105,7 @@ def _arange_start_step(out: Out, key: Any, start: Any, end: Any, step: Any = 1, 
 
 @_reg("aten::linspace")
 def _linspace(out: Out, key: Any, start: Any, end: Any, steps: int, **kwargs: Any) -> Any:
-    # torch's formula: the first half counts up from start, the second down
-    # from end (so both ends are exact).
-    i = jnp.arange(steps, dtype=jnp.float64)
-    step = (end - start) / max(steps - 1, 1)
-    vals = jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
-    if jnp.issubdtype(out.dtype, jnp.integer):
-        vals = jnp.trunc(vals)
-    return vals.astype(out.dtype)
+    return linspace_values(start, end, steps, out.dtype)
 
 
 @_reg("aten::eye", "aten::eye.m")

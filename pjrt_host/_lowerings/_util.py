@@ -19,7 +19,7 @@ from ._dtypes import jax_dtype, torch_dtype
 from ._invoke import current_context
 
 __all__ = [
-    "as_float", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "float_dtype",
+    "as_float", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "float_dtype", "linspace_values",
     "optional_jax_dtype", "promote", "result_type", "take", "torch_dtype_of", "to_jax",
 ]
 
@@ -153,3 +153,23 @@ def take(x: jax.Array, index: jax.Array, axis: int) -> jax.Array:
         out = out.reshape(index.shape + tuple(np.delete(np.array(x.shape, dtype=np.int64), axis).tolist()))
         return jnp.moveaxis(out, tuple(range(index.ndim)), tuple(range(axis, axis + index.ndim)))
     return jnp.take(x, index, axis=axis, mode="clip")
+
+
+def linspace_values(start: Any, end: Any, steps: int, dtype: Any) -> jax.Array:
+    """``torch.linspace(start, end, steps)`` in jax dtype ``dtype``; start and
+    end may be Python numbers or (traced) 0-dim arrays.  torch's kernel: the
+    bounds are first converted to the result dtype; the first half counts up
+    from start, the second down from end (both ends exact), in the result
+    dtype (in float64 for integer results, then truncated); one step is start."""
+    integral = jnp.issubdtype(dtype, jnp.integer)
+    acc = jnp.float64 if integral else dtype
+    start = jnp.asarray(start).astype(dtype).astype(acc)
+    end = jnp.asarray(end).astype(dtype).astype(acc)
+    if steps == 1:
+        return jnp.broadcast_to(start, (1,)).astype(dtype)
+    i = jnp.arange(steps).astype(acc)
+    # XLA turns a division by a constant into a multiplication by its
+    # reciprocal (-49 * (1/49) != -1); the barrier keeps torch's true division.
+    step = (end - start) / jax.lax.optimization_barrier(jnp.asarray(steps - 1, acc))
+    vals = jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
+    return (jnp.trunc(vals) if integral else vals).astype(dtype)

@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 from . import lowering
-from ._util import canonical_dim, canonical_dims, cast, dense_gather_factor, result_type, take, torch_dtype_of
+from ._dtypes import jax_dtype
+from ._util import (canonical_dim, canonical_dims, cast, dense_gather_factor, linspace_values, result_type, take,
+                    torch_dtype_of)
 
 
 def _view_lowering(*names: str):
@@ -171,6 +173,12 @@ def clone(x, *, memory_format=None):
     return x
 
 
+@lowering("aten::copy")
+def copy(x, src, non_blocking=False):
+    """The functional ``copy_``: ``src`` broadcast to ``x``'s shape, in ``x``'s dtype."""
+    return jnp.broadcast_to(src.astype(x.dtype), x.shape)
+
+
 @lowering("aten::fill.Scalar", "aten::fill.Tensor")
 def fill(x, value):
     return jnp.full(x.shape, cast(value, torch_dtype_of(x)) if not hasattr(value, "dtype") else value.astype(x.dtype))
@@ -264,6 +272,14 @@ def repeat(x, repeats):
     repeats = tuple(repeats)
     x = x.reshape((1,) * (len(repeats) - x.ndim) + x.shape)
     return jnp.tile(x, repeats)
+
+
+@lowering("aten::repeat_interleave.Tensor", data_dependent=True)
+def repeat_interleave(repeats, *, output_size=None):
+    """Index ``i`` repeated ``repeats[i]`` times; the length is the sum of
+    the repeats, so it needs their values unless ``output_size`` gives it."""
+    total = int(_values(repeats).sum()) if output_size is None else output_size
+    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=jnp.int64), repeats, total_repeat_length=total)
 
 
 @lowering("aten::tril")
@@ -653,6 +669,12 @@ def take_along_dim(x, indices, dim=None):
     xs[dim], ids[dim] = x.shape[dim], indices.shape[dim]
     return jnp.take_along_axis(jnp.broadcast_to(x, xs), jnp.broadcast_to(indices, ids) % max(x.shape[dim], 1),
                                axis=dim)
+
+
+@lowering("aten::linspace.Tensor_Tensor", "aten::linspace.Tensor_Scalar", "aten::linspace.Scalar_Tensor")
+def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """linspace with 0-dim tensor bounds (the number overloads are device factories)."""
+    return linspace_values(start, end, steps, jax_dtype(dtype or torch.get_default_dtype()))
 
 
 # ----------------------------------------------------------------- padding

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import torch
 
 from .._lowerings._dtypes import jax_dtype
+from .._lowerings._util import linspace_values
 from . import _memory, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, sharding
@@ -108,17 +109,7 @@ def _arange(name, args, shape, dtype):
 @factory("linspace")
 def _linspace(name, args, shape, dtype):
     start, end, steps = args[0], args[1], args[2]
-
-    def values(key):
-        i = jnp.arange(steps, dtype=jnp.float64)
-        step = (end - start) / max(steps - 1, 1)
-        half = steps // 2
-        vals = jnp.where(i < half, start + step * i, end - step * (steps - 1 - i))
-        if jnp.issubdtype(dtype, jnp.integer):
-            vals = jnp.trunc(vals)
-        return vals.astype(dtype)
-
-    return values
+    return lambda key: linspace_values(start, end, steps, dtype)
 
 
 @factory("randn", random=True)
