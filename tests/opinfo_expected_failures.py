@@ -57,15 +57,11 @@ EXPECTED_FAILURES: dict[str, str] = {
     "linalg.lstsq.grad_oriented-float32": "lstsq has no lowering yet",
     "histogramdd-float32": "histogramdd has no lowering yet",
     "hash_tensor": "hash_tensor has no lowering yet",
-    "nn.functional.embedding_bag-float32": "_embedding_bag has no lowering yet",
-    "nn.functional.ctc_loss-float32": "ctc_loss has no lowering yet",
     "nn.functional.linear_cross_entropy.chunked-float32": "torch_nn's chunked linear cross-entropy op has no lowering",
     "nn.functional.linear_cross_entropy.chunked_none-float32":
         "torch_nn's chunked linear cross-entropy op has no lowering",
     "_upsample_bilinear2d_aa-float32": "antialiased bilinear resampling has no lowering yet",
     "grid_sampler_3d-float32": "3-d grid sampling has no lowering yet",
-    "_segment_reduce.lengths-float32": "segment_reduce has no lowering yet",
-    "_segment_reduce.offsets-float32": "segment_reduce has no lowering yet",
     **{f"special.{name}": "jax has no implementation of this special function"
        for name in ("airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_k0",
                     "modified_bessel_k1", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1")},
