@@ -66,7 +66,4 @@ EXPECTED_FAILURES: dict[str, str] = {
     "grid_sampler_3d-float32": "3-d grid sampling has no lowering yet",
     "_segment_reduce.lengths-float32": "segment_reduce has no lowering yet",
     "_segment_reduce.offsets-float32": "segment_reduce has no lowering yet",
-    **{f"special.{name}": "jax has no implementation of this special function"
-       for name in ("airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_k0",
-                    "modified_bessel_k1", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1")},
 }
