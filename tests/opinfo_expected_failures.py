@@ -62,7 +62,4 @@ EXPECTED_FAILURES: dict[str, str] = {
         "torch_nn's chunked linear cross-entropy op has no lowering",
     "_upsample_bilinear2d_aa-float32": "antialiased bilinear resampling has no lowering yet",
     "grid_sampler_3d-float32": "3-d grid sampling has no lowering yet",
-    **{f"special.{name}": "jax has no implementation of this special function"
-       for name in ("airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_k0",
-                    "modified_bessel_k1", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1")},
 }
