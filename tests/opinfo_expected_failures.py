@@ -57,9 +57,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     "linalg.lstsq.grad_oriented-float32": "lstsq has no lowering yet",
     "histogramdd-float32": "histogramdd has no lowering yet",
     "hash_tensor": "hash_tensor has no lowering yet",
-    "nn.functional.linear_cross_entropy.chunked-float32": "torch_nn's chunked linear cross-entropy op has no lowering",
-    "nn.functional.linear_cross_entropy.chunked_none-float32":
-        "torch_nn's chunked linear cross-entropy op has no lowering",
     "_upsample_bilinear2d_aa-float32": "antialiased bilinear resampling has no lowering yet",
     "grid_sampler_3d-float32": "3-d grid sampling has no lowering yet",
 }

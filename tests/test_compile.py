@@ -222,6 +222,55 @@ def test_op_without_lowering_runs_op_by_op_with_a_warning():
     assert_same(out, f(x, grid), rtol=1e-5, atol=1e-6)
 
 
+@torch.library.custom_op("pjrt_host_test::scaled_tanh", mutates_args=())
+def scaled_tanh(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """A user's custom op: one implementation in torch ops for every device."""
+    return torch.tanh(x) * scale
+
+
+@scaled_tanh.register_fake
+def _(x, scale):
+    return torch.empty_like(x)
+
+
+def _scaled_tanh_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.scale = inputs[1]
+
+
+def _scaled_tanh_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return grad * ctx.scale * (1 - torch.tanh(x) ** 2) * 2, None  # x2: the registered formula, not tanh's
+
+
+scaled_tanh.register_autograd(_scaled_tanh_backward, setup_context=_scaled_tanh_setup)
+
+
+def test_a_users_custom_op_runs_eagerly_and_inside_the_compiled_graph():
+    """torch.library.custom_op's device-generic implementation runs on 'jax'
+    tensors (through OpOverload._op_dk, a torch internal this pins), and a
+    compiled graph traces through it: one jit, no eager op, the registered
+    autograd formula for the backward."""
+    x = torch.randn(6, requires_grad=True)
+    scaled_tanh(x, 3.0).sum().backward()
+    xj = x.detach().to("jax").requires_grad_()
+    scaled_tanh(xj, 3.0).sum().backward()
+    torch.testing.assert_close(xj.grad.cpu(), x.grad)
+    eager_grad, xj.grad = xj.grad, None
+    compiler, graphs = counting_backend()
+    compiled = torch.compile(lambda t: scaled_tanh(t, 3.0).sum(), backend="jax", fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no op-by-op fallback
+        compiled(xj)
+        plain = xj.detach()
+        with torch.no_grad(), eager_ops() as seen:
+            out = compiled(plain)
+        compiled(xj).backward()
+    assert seen == []
+    torch.testing.assert_close(out.cpu(), scaled_tanh(x, 3.0).sum().detach())
+    assert_same(xj.grad, eager_grad)
+
+
 # ------------------------------------------------------------ training
 
 

@@ -60,7 +60,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, what: str) -> A
             warn_once(f"unsupported:{op}",
                       f"pjrt_host: torch.compile(backend='jax'): {op} has no lowering to JAX in graph form, so a "
                       f"{what} graph holding it ({program.num_ops} ops) runs op by op on the device instead of "
-                      f"as one jax.jit. Please report it at {REPORT} (warned once per op). All such ops of this "
+                      f"as one jax.jit. How to report it or add a lowering: {REPORT} (warned once per op). All such ops of this "
                       f"graph: {ops}.")
         return EagerGraph(gm)
     return CompiledGraph(gm, program, what)
@@ -69,17 +69,41 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, what: str) -> A
 _aot_backend: Any = None
 
 
-def _make_aot_backend() -> Any:
-    from functorch.compile import make_boxed_func  # noqa: F401 - torch's boxed convention, used below
+def _make_aot_backend(extra: dict | None = None) -> Any:
     from torch._dynamo.backends.common import aot_autograd
 
     return aot_autograd(
         fw_compiler=functools.partial(compile_graph, what="forward"),
         bw_compiler=functools.partial(compile_graph, what="backward"),
         inference_compiler=functools.partial(compile_graph, what="inference"),
-        decompositions=decompositions(),
+        decompositions={**decompositions(), **extra} if extra else decompositions(),
         keep_inference_input_mutations=True,
     )
+
+
+def _custom_op_decompositions(gm: torch.fx.GraphModule) -> dict:
+    """Custom ops (outside aten) in dynamo's graph that have one
+    implementation for every device: AOTAutograd traces through it, so the
+    op's torch code becomes part of the jitted graph (its autograd formula,
+    registered above, still gives the backward)."""
+    from .._torch._dispatch import custom_op_kernel
+
+    table = {}
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function":
+            continue
+        if isinstance(target, torch._ops.OpOverloadPacket):
+            overloads = [getattr(target, name) for name in target.overloads()]
+        elif isinstance(target, torch._ops.OpOverload):
+            overloads = [target]
+        else:
+            continue
+        for op in overloads:
+            kernel = custom_op_kernel(op)
+            if kernel is not None:
+                table[op] = kernel
+    return table
 
 
 _OPTIONS: dict[str, str] = {}
@@ -93,6 +117,9 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> An
         unknown = sorted(set(kwargs) | set(options))
         raise TypeError(f"pjrt_host: torch.compile(backend='jax') takes no options; got {', '.join(unknown)}. "
                         "Device settings (matmul precision) come from pjrt_host.config(...) around the call.")
+    custom = _custom_op_decompositions(gm)
+    if custom:
+        return _make_aot_backend(custom)(gm, example_inputs)
     if _aot_backend is None:
         _aot_backend = _make_aot_backend()
     return _aot_backend(gm, example_inputs)

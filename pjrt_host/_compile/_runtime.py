@@ -29,7 +29,8 @@ __all__ = ["CompiledGraph", "EagerGraph", "REPORT"]
 
 logger = logging.getLogger("pjrt_host")
 
-REPORT = "https://github.com/pjrt-host/pjrt-host/issues"
+#: Where the warnings below send a user: how to report a gap and add a lowering.
+REPORT = "docs/op-coverage.md in the pjrt_host sources"
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
@@ -209,8 +210,8 @@ class CompiledGraph:
     def _go_eager(self, err: GraphLoweringError, args: list) -> Any:
         warn_once(f"lowering-failed:{err.op}",
                   f"pjrt_host: torch.compile(backend='jax'): {err.op} failed in graph form ({err.error}); this "
-                  f"{self.what} graph runs op by op on the device instead of as one jax.jit. Please report it at "
-                  f"{REPORT} with the op name and your torch version (warned once per op).")
+                  f"{self.what} graph runs op by op on the device instead of as one jax.jit. How to report it "
+                  f"(with the op name and your torch version): {REPORT} (warned once per op).")
         logger.debug("pjrt_host: graph-form lowering failed", exc_info=err)
         self.eager = EagerGraph(self.gm)
         return self.eager(args)

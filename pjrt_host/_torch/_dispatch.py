@@ -13,7 +13,9 @@ For each op the dispatcher picks a handler once, in this order:
    written back through the target's view in the same compiled function, or
    the functional op's decomposition followed by a copy;
 5. an op without a lowering: torch's decomposition (each piece re-dispatched
-   here);
+   here); for an op outside ``aten`` (a ``torch.library.custom_op``), its
+   device-generic implementation (CompositeExplicitAutograd), run on the
+   'jax' tensors like a decomposition;
 6. otherwise torch CPU under ``pjrt_host.config(cpu_fallback=True)``, else
    NotImplementedError naming the op and the ways on.
 
@@ -23,6 +25,7 @@ torch release that drops an overload cannot break import.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 from typing import Any, Callable
@@ -35,7 +38,7 @@ from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_view
 
-__all__ = ["dispatch", "handler_for"]
+__all__ = ["custom_op_kernel", "dispatch", "handler_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +179,27 @@ def _decomposition(func: Any) -> Callable | None:
         except Exception as err:  # pragma: no cover - torch internals moved
             logger.warning("torch's decomposition table is unavailable: %s", err)
             _decomposition_table = {}
-    return _decomposition_table.get(func)
+    found = _decomposition_table.get(func)
+    return found if found is not None else custom_op_kernel(func)
+
+
+def custom_op_kernel(func: Any) -> Callable | None:
+    """The implementation of an op outside ``aten`` registered for every
+    device (``torch.library.custom_op`` without device_types, or
+    CompositeExplicitAutograd): written in torch ops, it runs on 'jax'
+    tensors as they are, eagerly and -- as a decomposition -- in compiled
+    graphs.  None for aten ops (their such kernels often just call their
+    ``out=`` form, which the device runs through the functional op: that
+    would go round in circles) and for ops without one."""
+    try:
+        name = func.name()
+        if name.startswith("aten::") or not torch._C._dispatch_has_kernel_for_dispatch_key(
+                name, "CompositeExplicitAutograd"):
+            return None
+    except (AttributeError, RuntimeError):
+        return None
+    # OpOverload._op_dk: the kernel of one dispatch key (what OpOverload.decompose uses; pinned by a test)
+    return functools.partial(func._op_dk, torch._C.DispatchKey.CompositeExplicitAutograd)
 
 
 def _has_composite_kernel(func: Any) -> bool:
