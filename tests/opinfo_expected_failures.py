@@ -55,8 +55,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     "linalg.ldl_solve-float32": "LDL factorisation has no lowering yet",
     "linalg.lstsq-float32": "lstsq has no lowering yet",
     "linalg.lstsq.grad_oriented-float32": "lstsq has no lowering yet",
-    "histogramdd-float32": "histogramdd has no lowering yet",
-    "hash_tensor": "hash_tensor has no lowering yet",
     "_upsample_bilinear2d_aa-float32": "antialiased bilinear resampling has no lowering yet",
     "grid_sampler_3d-float32": "3-d grid sampling has no lowering yet",
 }

@@ -165,3 +165,20 @@ def randint_like(key, self, low, high=None, *, dtype=None, layout=None, device=N
 # -------------------------------------------------- dtype-changing "views"
 # The device computes these as new tensors (a write through the result does
 # not reach the input); they are views on CPU.
+
+
+@random_lowering("aten::rrelu_with_noise_functional")
+def rrelu_with_noise_functional(key, x, noise, lower=0.125, upper=1 / 3, training=False, *, generator=None):
+    """(output, noise): in training each negative element is scaled by its
+    own U(lower, upper) draw (recorded in noise, 1 elsewhere, for the
+    backward); in eval by the mean slope (noise unchanged)."""
+    if not training:
+        return jnp.where(x >= 0, x, x * ((lower + upper) / 2)).astype(x.dtype), noise
+    slope = jax.random.uniform(key, x.shape, _float(x), lower, upper)
+    new_noise = jnp.where(x >= 0, 1, slope).astype(noise.dtype)
+    return (x * new_noise.astype(x.dtype)).astype(x.dtype), new_noise
+
+
+@random_lowering("aten::rrelu_with_noise")
+def rrelu_with_noise(key, x, noise, lower=0.125, upper=1 / 3, training=False, *, generator=None):
+    return rrelu_with_noise_functional(key, x, noise, lower, upper, training)[0]

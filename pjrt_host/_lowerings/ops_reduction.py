@@ -8,12 +8,16 @@ norm need floating input; any / all give bool (uint8 for uint8 input).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from . import lowering
-from ._util import as_float, canonical_dim, canonical_dims, cast, optional_jax_dtype, promote, torch_dtype_of
+from ._util import (as_float, canonical_dim, canonical_dims, cast, linspace_values, optional_jax_dtype, promote,
+                    torch_dtype_of)
 
 
 def _accumulate_dtype(x, dtype):
@@ -370,7 +374,7 @@ def dist(x, other, p=2):
 @lowering("aten::histc")
 def histc(x, bins=100, min=0, max=0):
     lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
-    if min == 0 and max == 0:  # torch: the data's own range
+    if min == 0 and max == 0 and x.size:  # torch: the data's own range
         lo, hi = jnp.min(x), jnp.max(x)
     lo, hi = jnp.where(lo == hi, lo - 1, lo), jnp.where(lo == hi, hi + 1, hi)
     inside = (x >= lo) & (x <= hi)
@@ -410,3 +414,73 @@ def histogram_edges(x, bins, *, weight=None, density=False):
     if density:
         counts = counts / (jnp.sum(counts) * jnp.diff(bins))
     return counts, bins
+
+
+def _histogramdd_edges(x, bins, range_):
+    """One edge array per column of x [N, D]: ``bins[d]`` equal bins over
+    ``range_`` (pairs) or the column's min and max, widened by 0.5 each way
+    when they are equal (torch's rule)."""
+    edges = []
+    for d, count in enumerate(bins):
+        if range_ is not None:
+            lo, hi = jnp.asarray(range_[2 * d], x.dtype), jnp.asarray(range_[2 * d + 1], x.dtype)
+        elif x.shape[0]:
+            lo, hi = jnp.min(x[:, d]), jnp.max(x[:, d])
+        else:  # no data: [0, 1]
+            lo, hi = jnp.zeros((), x.dtype), jnp.ones((), x.dtype)
+        lo, hi = jnp.where(lo == hi, lo - 0.5, lo), jnp.where(lo == hi, hi + 0.5, hi)
+        edges.append(linspace_values(lo, hi, count + 1, x.dtype))
+    return edges
+
+
+def _histogramdd(x, edges, weight, density):
+    """Counts over the cells of the given per-dimension edges: each bin
+    closed on the left, the last also on the right; points outside are
+    dropped (torch finds bins by searching the edges, as here)."""
+    x = x.reshape(-1, len(edges))
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    flat = jnp.zeros((x.shape[0],), jnp.int64)
+    inside = jnp.ones((x.shape[0],), bool)
+    for d, e in enumerate(edges):
+        col = x[:, d]
+        n = e.shape[0] - 1
+        index = jnp.clip(jnp.searchsorted(e, col, side="right") - 1, 0, max(n - 1, 0))
+        inside &= (col >= e[0]) & (col <= e[-1])
+        flat = flat * n + index
+    w = jnp.ones((x.shape[0],), x.dtype) if weight is None else weight.reshape(-1).astype(x.dtype)
+    hist = jnp.zeros((math.prod(shape),), x.dtype).at[flat].add(jnp.where(inside, w, 0)).reshape(shape)
+    if density:
+        hist = hist / jnp.sum(hist)
+        for d, e in enumerate(edges):
+            widths = jnp.diff(e).reshape(tuple(-1 if i == d else 1 for i in range(len(edges))))
+            hist = hist / widths
+    return hist
+
+
+@lowering("aten::_histogramdd_bin_edges")
+def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_edges(x.reshape(-1, len(bins)), bins, range)
+
+
+@lowering("aten::_histogramdd_from_bin_cts")
+def histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False):
+    return _histogramdd(x, _histogramdd_edges(x.reshape(-1, len(bins)), bins, range), weight, density)
+
+
+@lowering("aten::_histogramdd_from_bin_tensors")
+def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
+    return _histogramdd(x, list(bins), weight, density)
+
+
+@lowering("aten::hash_tensor")
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    """torch's mode 0: each element widened to its 64-bit float / integer
+    type, its bits read as uint64, xor-reduced over ``dim`` (all if empty)."""
+    if mode != 0:
+        raise NotImplementedError(f"hash_tensor(mode={mode}): torch defines only mode 0 (xor)")
+    wide = x.astype(jnp.float64 if jnp.issubdtype(x.dtype, jnp.floating) else
+                    jnp.uint64 if jnp.issubdtype(x.dtype, jnp.unsignedinteger) else jnp.int64)
+    bits = jax.lax.bitcast_convert_type(wide, jnp.uint64)
+    dims = canonical_dims(dim, x.ndim)
+    out = jax.lax.reduce(bits, np.uint64(0), jax.lax.bitwise_xor, dims)
+    return jnp.expand_dims(out, dims) if keepdim else out

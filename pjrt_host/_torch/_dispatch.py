@@ -11,7 +11,8 @@ For each op the dispatcher picks a handler once, in this order:
    writes its result back into self;
 4. an in-place or ``out=`` op without one: its functional op's lowering,
    written back through the target's view in the same compiled function, or
-   the functional op's decomposition followed by a copy;
+   the functional op's decomposition followed by a copy; an op writing into
+   another argument: its ``X_functional`` twin, then copies;
 5. an op without a lowering: torch's decomposition (each piece re-dispatched
    here); for an op outside ``aten`` (a ``torch.library.custom_op``), its
    device-generic implementation (CompositeExplicitAutograd), run on the
@@ -120,6 +121,9 @@ def _handler_for(func: Any) -> Handler:
             decomposition = _decomposition(functional_op)
             if decomposition is not None:
                 return lambda args, kwargs: _via_functional(decomposition, out_names, args, kwargs)
+        twin = _functional_twin(schema)
+        if twin is not None:
+            return functools.partial(_via_functional_twin, twin, schema, mutable)
     decomposition = _decomposition(func)
     if decomposition is not None:
         return lambda args, kwargs: decomposition(*args, **kwargs)
@@ -155,6 +159,28 @@ def _functional_of(func: Any, schema: Any, mutable: list) -> tuple[Any, tuple[st
     except (AttributeError, RuntimeError):  # no functional overload in this torch
         return None
     return None
+
+
+def _functional_twin(schema: Any) -> Any:
+    """``aten::X_functional``: the form torch gives an op that writes into an
+    argument other than self or out= (``rrelu_with_noise``'s noise); it
+    returns the op's results followed by the written values."""
+    name = schema.name.split("::", 1)[1]
+    try:
+        return getattr(getattr(torch.ops.aten, name + "_functional"), schema.overload_name or "default")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _via_functional_twin(twin: Any, schema: Any, mutable: list, args: tuple, kwargs: dict) -> Any:
+    results = twin(*args, **kwargs)
+    count = len(schema.returns)
+    positions = {a.name: i for i, a in enumerate(schema.arguments)}
+    for argument, value in zip(mutable, results[count:]):
+        i = positions[argument.name]
+        target = args[i] if i < len(args) else kwargs[argument.name]
+        target.copy_(value)
+    return results[0] if count == 1 else tuple(results[:count])
 
 
 _decomposition_table: dict | None = None
