@@ -183,7 +183,7 @@ def pinv(a, atol=None, rtol=None, hermitian=False):
         s, u, vh = jnp.abs(w), v * jnp.sign(w)[..., None, :], _mT(v).conj()
     else:
         u, s, vh = jnp.linalg.svd(a, full_matrices=False)
-    smax = jnp.max(s, axis=-1, keepdims=True)
+    smax = jnp.max(s, axis=-1, keepdims=True, initial=0.0)  # an empty matrix has no singular value
     atol = 0.0 if atol is None else jnp.asarray(atol)[..., None] if hasattr(atol, "shape") else atol
     if rtol is None:
         rtol = 0.0 if atol is not None and not (isinstance(atol, float) and atol == 0.0) else (
@@ -215,3 +215,38 @@ def lu_solve(lu_data, pivots, b, *, left=True, adjoint=False):
     a = p @ lower @ upper
     a = _mT(a).conj() if adjoint else a
     return jnp.linalg.solve(a, b) if left else _mT(jnp.linalg.solve(_mT(a), _mT(b)))
+
+
+@lowering("aten::geqrf")
+def geqrf(a):
+    """LAPACK's geqrf: R above the diagonal, the Householder vectors below it,
+    and their scalar factors tau.  jnp's "raw" QR is geqrf, transposed."""
+    h, tau = jnp.linalg.qr(a, mode="raw")
+    return _mT(h), tau
+
+
+@lowering("aten::ormqr")
+def ormqr(a, tau, other, left=True, transpose=False):
+    """``other`` times Q (or Q^H) of geqrf's Householder form, Q never formed."""
+    if other.size == 0 or tau.shape[-1] == 0:  # no reflector: Q is the identity
+        return jnp.broadcast_to(other, jnp.broadcast_shapes(a.shape[:-2], other.shape[:-2]) + other.shape[-2:])
+    return jax.lax.linalg.ormqr(a[..., : tau.shape[-1]], tau, other, left=left, transpose=transpose)
+
+
+@lowering("aten::linalg_eig")
+def eig(a):
+    """LAPACK's geev, as torch CPU calls it: complex eigenvalues in geev's
+    order, eigenvectors of unit norm with their largest component real (which
+    leaves each one's sign free: LAPACK builds differ there)."""
+    if a.shape[-1] == 0:
+        dtype = jnp.result_type(a.dtype, jnp.complex64)
+        return jnp.zeros(a.shape[:-1], dtype), jnp.zeros(a.shape, dtype)
+    w, v = jnp.linalg.eig(a)
+    return w, v
+
+
+@lowering("aten::linalg_eigvals", "aten::_linalg_eigvals")
+def eigvals(a):
+    if a.shape[-1] == 0:
+        return jnp.zeros(a.shape[:-1], jnp.result_type(a.dtype, jnp.complex64))
+    return jnp.linalg.eigvals(a)
