@@ -60,8 +60,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     "linalg.ldl_factor-float32": "LDL factorisation has no lowering yet",
     "linalg.ldl_factor_ex-float32": "LDL factorisation has no lowering yet",
     "linalg.ldl_solve-float32": "LDL factorisation has no lowering yet",
-    "linalg.lstsq-float32": "lstsq has no lowering yet",
-    "linalg.lstsq.grad_oriented-float32": "lstsq has no lowering yet",
     "histogramdd-float32": "histogramdd has no lowering yet",
     "hash_tensor": "hash_tensor has no lowering yet",
     "nn.functional.embedding_bag-float32": "_embedding_bag has no lowering yet",

@@ -9,6 +9,8 @@ a jitted function cannot raise on singular input, so, as with torch's
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
@@ -250,3 +252,98 @@ def eigvals(a):
     if a.shape[-1] == 0:
         return jnp.zeros(a.shape[:-1], jnp.result_type(a.dtype, jnp.complex64))
     return jnp.linalg.eigvals(a)
+
+
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+@lowering("aten::linalg_lstsq")
+def lstsq(a, b, rcond=None, *, driver=None):
+    """torch's ``(solution, residuals, rank, singular_values)`` per LAPACK driver.
+
+    ``gels`` is LAPACK's algorithm: a QR (an LQ when A is wide) that assumes
+    full rank.  ``gelsy``, ``gelss`` and ``gelsd`` give the minimum-norm
+    solution through the SVD, singular values at most ``rcond * s_max``
+    taken as zero; for full-rank A that is the solution LAPACK computes, up
+    to rounding.  ``gelsy``'s rank comes from LAPACK's pivoted QR and its
+    condition estimate, the lowering's from the same singular value
+    threshold; they can differ only for a matrix within rounding of that
+    threshold.  Residuals (``||A x - B||^2`` per column) exist, as in torch,
+    when A is tall, for gels, and for gelss / gelsd only if every matrix has
+    full column rank -- a shape that depends on the values, so that case
+    runs eagerly (see ``_lstsq_core``)."""
+    driver = "gelsy" if driver is None else driver  # torch CPU's default
+    if a.ndim < 2:
+        raise RuntimeError("torch.linalg.lstsq: input must have at least 2 dimensions.")
+    if not 0 <= a.ndim - b.ndim <= 1:
+        raise RuntimeError("torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and "
+                           "(input.dim() - other.dim()) <= 1")
+    if driver not in _LSTSQ_DRIVERS:
+        raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
+    vector = a.ndim - b.ndim == 1
+    b2 = b[..., None] if vector else b
+    m, n = a.shape[-2:]
+    if b2.shape[-2] != m:
+        raise RuntimeError("torch.linalg.lstsq: input.size(-2) should match other.size(-2)")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got "
+                           f"input's dtype {a.dtype} and other's dtype {b.dtype}")
+    eps = float(jnp.finfo(a.dtype).eps)
+    rcond = eps * max(m, n) if rcond is None else (eps if rcond < 0 else float(rcond))
+    solution, residuals, rank, sv = _lstsq_core(a, b2, rcond=rcond, driver=driver)
+    if driver in ("gelss", "gelsd") and m > n and rank.size:
+        # Residuals only if every matrix has full column rank: under jax.jit
+        # this raises a concretization error and the op is rerun eagerly.
+        if not bool(jnp.all(rank == n)):
+            residuals = jnp.zeros((0,), residuals.dtype)
+    return (solution[..., 0] if vector else solution), residuals, rank, sv
+
+
+@functools.partial(jax.jit, static_argnames=("rcond", "driver"))
+def _lstsq_core(a, b, *, rcond, driver):
+    """lstsq's arrays, with gelss / gelsd residuals as if every matrix had
+    full rank (:func:`lstsq` drops them where not).  Jitted on its own, so
+    an eager rerun of lstsq still compiles the arithmetic."""
+    m, n = a.shape[-2:]
+    k = b.shape[-1]
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    real = jnp.finfo(a.dtype).dtype
+    with_rank, with_sv = driver != "gels", driver in ("gelss", "gelsd")
+    with_residuals = m > n and driver != "gelsy"
+    if a.size == 0 or b.size == 0:  # LAPACK's quick return: x = 0, rank 0; gels also zeroes b
+        solution = jnp.zeros(batch + (n, k), a.dtype)
+        residuals = jnp.sum(jnp.abs(jnp.broadcast_to(b, batch + (m, k))) ** 2, axis=-2).astype(real)
+        residuals = (residuals * (driver != "gels")) if with_residuals else jnp.zeros((0,), real)
+        rank = jnp.zeros(a.shape[:-2] if with_rank else (0,), jnp.int64)
+        sv = jnp.zeros(a.shape[:-2] + (min(m, n),) if with_sv else (0,), real)
+        return solution, residuals, rank, sv
+    if driver == "gels":
+        if m >= n:  # A = Q R: x = R^-1 (Q^H b)[:n]
+            h, tau = geqrf(jnp.broadcast_to(a, batch + (m, n)))
+            c = jax.lax.linalg.ormqr(h, tau, jnp.broadcast_to(b, batch + (m, k)), left=True, transpose=True)
+            solution = jax.lax.linalg.triangular_solve(jnp.triu(h[..., :n, :]), c[..., :n, :], left_side=True,
+                                                       lower=False)
+        else:  # A^H = Q R, A = R^H Q^H: x = Q [R^-H b; 0], the minimum-norm solution
+            h, tau = geqrf(jnp.broadcast_to(_mT(a).conj(), batch + (n, m)))
+            y = jax.lax.linalg.triangular_solve(jnp.triu(h[..., :m, :]), jnp.broadcast_to(b, batch + (m, k)),
+                                                left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+            y = jnp.concatenate([y, jnp.zeros(batch + (n - m, k), a.dtype)], axis=-2)
+            solution = jax.lax.linalg.ormqr(h, tau, y, left=True, transpose=False)
+        rank, sv = jnp.zeros((0,), jnp.int64), jnp.zeros((0,), real)
+    else:
+        u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+        keep = s > rcond * s[..., :1]
+        rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
+        s_inv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
+        solution = _mT(vh).conj() @ (s_inv[..., :, None] * (_mT(u).conj() @ b))
+        sv = s if with_sv else jnp.zeros((0,), real)
+        if not with_rank:
+            rank = jnp.zeros((0,), jnp.int64)
+        if with_residuals:
+            h, tau = geqrf(jnp.broadcast_to(a, batch + (m, n)))
+            c = jax.lax.linalg.ormqr(h, tau, jnp.broadcast_to(b, batch + (m, k)), left=True, transpose=True)
+    if with_residuals:  # the part of b outside A's column space, as LAPACK leaves it in rows n: of Q^H b
+        residuals = jnp.sum(jnp.abs(c[..., n:, :]) ** 2, axis=-2).astype(real)
+    else:
+        residuals = jnp.zeros((0,), real)
+    return jnp.broadcast_to(solution, batch + (n, k)), residuals, rank, sv
