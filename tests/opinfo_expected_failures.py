@@ -57,9 +57,6 @@ EXPECTED_FAILURES: dict[str, str] = {
                     "polygamma.polygamma_n_2-float32", "polygamma.polygamma_n_3-float32",
                     "polygamma.polygamma_n_4-float32", "special.polygamma.special_polygamma_n_0-float32")},
     # No lowering yet (TODO: each is a self-contained addition to pjrt_host/_lowerings).
-    "linalg.ldl_factor-float32": "LDL factorisation has no lowering yet",
-    "linalg.ldl_factor_ex-float32": "LDL factorisation has no lowering yet",
-    "linalg.ldl_solve-float32": "LDL factorisation has no lowering yet",
     "histogramdd-float32": "histogramdd has no lowering yet",
     "hash_tensor": "hash_tensor has no lowering yet",
     "nn.functional.embedding_bag-float32": "_embedding_bag has no lowering yet",
