@@ -2,9 +2,13 @@
 
 torch's linalg ops return auxiliary outputs (``info`` codes, LU factors,
 1-based int32 pivots) that its Python API then drops or checks; the
-lowerings produce them with torch's shapes and dtypes.  ``info`` is always 0:
-a jitted function cannot raise on singular input, so, as with torch's
-``check_errors=False``, a singular matrix shows up as inf / NaN.
+lowerings produce them with torch's shapes and dtypes.  ``info`` is 0 (LDL
+aside, whose algorithm gives LAPACK's info as it goes): a jitted function
+cannot raise on singular input, so, as with torch's ``check_errors=False``, a
+singular matrix shows up as inf / NaN.
+
+Where torch CPU's LAPACK leaves a free choice the lowerings take jaxlib's:
+the sign of an eigenvector (``eig``, ``eigh``) or of a singular vector.
 """
 
 from __future__ import annotations
