@@ -272,7 +272,10 @@ def lstsq(a, b, rcond=None, *, driver=None):
     to rounding.  ``gelsy``'s rank comes from LAPACK's pivoted QR and its
     condition estimate, the lowering's from the same singular value
     threshold; they can differ only for a matrix within rounding of that
-    threshold.  Residuals (``||A x - B||^2`` per column) exist, as in torch,
+    threshold.  (torch CPU hands gelsy an uninitialised ``jpvt``, which pins
+    random columns first, so for a rank-deficient matrix its own rank and
+    solution change from call to call; the lowering's are those with every
+    column free.)  Residuals (``||A x - B||^2`` per column) exist, as in torch,
     when A is tall, for gels, and for gelss / gelsd only if every matrix has
     full column rank -- a shape that depends on the values, so that case
     runs eagerly (see ``_lstsq_core``)."""
@@ -452,7 +455,6 @@ def _ldl_factor_one(a, herm):
 def ldl_factor_ex(a, *, hermitian=False, check_errors=False):
     """LAPACK's sytrf / hetrf, lower triangle, as torch CPU calls it (see
     above); info is LAPACK's too: k > 0 where D(k, k) is exactly zero."""
-    n = a.shape[-1]
     if a.size == 0:
         return jnp.zeros(a.shape, a.dtype), jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
     herm = bool(hermitian) and jnp.iscomplexobj(a)
