@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import socket
 import sys

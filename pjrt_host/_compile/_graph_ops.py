@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._lowerings._util import linspace_values
+from .._lowerings._util import arange_values, linspace_values
 from . import _handles
 
 __all__ = ["GraphOp", "HANDLERS", "NO_OP", "OPAQUE", "SYMBOLIC"]
@@ -82,10 +82,7 @@ def _scalar_tensor(out: Out, key: Any, value: Any, **kwargs: Any) -> Any:
 
 
 def _range_values(start: Any, step: Any, out: Out) -> Any:
-    n = out.shape[0]
-    integral = jnp.issubdtype(out.dtype, jnp.integer)
-    acc = jnp.int64 if integral and all(isinstance(v, int) for v in (start, step)) else jnp.float64
-    return (start + jnp.arange(n, dtype=acc) * step).astype(out.dtype)
+    return arange_values(start, step, out.shape[0], out.dtype)
 
 
 @_reg("aten::arange")

@@ -20,6 +20,7 @@ from ._invoke import current_context
 
 __all__ = [
     "as_float", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "float_dtype", "linspace_values",
+    "arange_values",
     "optional_jax_dtype", "promote", "result_type", "take", "torch_dtype_of", "to_jax",
 ]
 
@@ -173,3 +174,14 @@ def linspace_values(start: Any, end: Any, steps: int, dtype: Any) -> jax.Array:
     step = (end - start) / jax.lax.optimization_barrier(jnp.asarray(steps - 1, acc))
     vals = jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
     return (jnp.trunc(vals) if integral else vals).astype(dtype)
+
+
+def arange_values(start: Any, step: Any, n: int, dtype: Any) -> jax.Array:
+    """``n`` values of ``torch.arange(start, ..., step)`` in jax dtype
+    ``dtype``: torch's kernel converts start and step to an integer result
+    dtype first (``arange(2.1, -2.9, -1.0, dtype=int64)`` is 2, 1, 0, -1),
+    and accumulates floats in double."""
+    if jnp.issubdtype(dtype, jnp.integer):
+        start, step = (jnp.asarray(v).astype(jnp.int64) for v in (start, step))  # truncates, as C++ casts
+        return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(dtype)
+    return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(dtype)

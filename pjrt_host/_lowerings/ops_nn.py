@@ -16,10 +16,9 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 
 from . import lowering
-from ._util import canonical_dim, cast, optional_jax_dtype, promote, take, torch_dtype_of
+from ._util import cast, promote, take, torch_dtype_of
 
 def _matmul(a, b):
     """Matrix product.  Its float precision is the device configuration's
@@ -272,7 +271,7 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
 
 
 def _group_norm(x, weight, bias, n, c, group, eps):
-    grouped = x.reshape(n, group, -1)
+    grouped = x.reshape(n, group, math.prod(x.shape[1:]) // group)  # not -1: n may be 0
     mean = jnp.mean(grouped, axis=-1)
     var = jnp.mean(jnp.square(grouped - mean[..., None]), axis=-1)
     rstd = jax.lax.rsqrt(var + eps)
@@ -777,12 +776,18 @@ def _attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa=False
     return scores
 
 
-@lowering("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math")
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_mask=None,
-                                 *, scale=None, enable_gqa=False):
+@lowering("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math", needs_rng=True)
+def scaled_dot_product_attention(rng, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 dropout_mask=None, *, scale=None, enable_gqa=False):
+    """Reached undecomposed in inference mode (autograd decomposes it
+    otherwise), where dropout still applies as torch's math kernel applies
+    it: to the attention weights, the kept ones scaled by 1 / (1 - p)."""
     scores = _attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa)
     masked_rows = jnp.all(scores == -jnp.inf, axis=-1, keepdims=True)
     weights = jnp.where(masked_rows, 0, jax.nn.softmax(scores, axis=-1)).astype(query.dtype)
+    if dropout_p > 0:
+        keep = dropout_mask if dropout_mask is not None else jax.random.bernoulli(rng, 1 - dropout_p, weights.shape)
+        weights = jnp.where(keep, weights / (1 - dropout_p), 0).astype(query.dtype)
     if enable_gqa and value.shape[-3] != query.shape[-3]:
         value = jnp.repeat(value, query.shape[-3] // value.shape[-3], axis=-3)
     out = _matmul(weights, value)
@@ -791,6 +796,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 @lowering("aten::_scaled_dot_product_flash_attention_for_cpu")
 def sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    if dropout_p > 0:  # its backward could not know which weights were dropped
+        raise NotImplementedError("_scaled_dot_product_flash_attention_for_cpu with dropout_p > 0 has no lowering; "
+                                  "scaled_dot_product_attention runs dropout on the device")
     scores = _attention_weights(query, key, attn_mask, is_causal, scale)
     logsumexp = jax.nn.logsumexp(scores, axis=-1)
     out = _matmul(jax.nn.softmax(scores, axis=-1), value)

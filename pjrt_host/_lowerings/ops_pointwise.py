@@ -311,14 +311,6 @@ def logit(x, eps=None):
     return jnp.log(x / (1 - x))
 
 
-@lowering("aten::polygamma")
-def polygamma(n, x):
-    x = as_float(x)
-    if n == 0:
-        return jsp.digamma(x)
-    return jsp.polygamma(n, x).astype(x.dtype)
-
-
 @lowering("aten::mvlgamma")
 def mvlgamma(x, p):
     x = as_float(x)
@@ -348,7 +340,6 @@ for _names, _fn in (
     (("copysign.Tensor", "copysign.Scalar"), jnp.copysign),
     (("xlogy.Tensor", "xlogy.Scalar_Self", "xlogy.Scalar_Other", "special_xlogy.default"), jsp.xlogy),
     (("special_xlog1py.default", "special_xlog1py.self_scalar", "special_xlog1py.other_scalar"), jsp.xlog1py),
-    (("special_zeta.default", "special_zeta.self_scalar", "special_zeta.other_scalar"), jsp.zeta),
     (("igamma.default", "special_gammainc.default"), jsp.gammainc),
     (("igammac.default", "special_gammaincc.default"), jsp.gammaincc),
 ):

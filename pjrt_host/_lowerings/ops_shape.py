@@ -381,6 +381,8 @@ def _index_grid(index, dim):
 
 @lowering("aten::gather")
 def gather(x, dim, index, *, sparse_grad=False):
+    if index.size == 0:  # torch accepts any empty index, whatever its rank
+        return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
         return x.reshape(index.shape)
     dim = canonical_dim(dim, x.ndim)
@@ -609,6 +611,8 @@ def nonzero(x):
 
 @lowering("aten::nonzero_static")
 def nonzero_static(x, *, size, fill_value=-1):
+    if x.size == 0:  # jnp.nonzero pads an empty input with 0, not fill_value
+        return jnp.full((size, max(x.ndim, 1) if x.ndim else 0), fill_value, jnp.int64)
     if x.ndim == 0:
         x = x.reshape(1)
         return jnp.zeros((size, 0), jnp.int64)
@@ -624,10 +628,39 @@ def unique2(x, sorted=True, return_inverse=False, return_counts=False):
             else jnp.zeros((0,), jnp.int64))
 
 
+def _slices_along(x, dim):
+    """(x's slices along ``dim`` as rows of a 2-d array, a function putting
+    such rows back into x's layout)."""
+    v = np.moveaxis(_values(x), dim, 0)
+    rest = v.shape[1:]
+    rows = v.reshape(v.shape[0], math.prod(rest))  # not -1: the selected dim may be empty
+    return rows, lambda r: jnp.asarray(np.moveaxis(r.reshape((r.shape[0],) + rest), 0, dim))
+
+
+@lowering("aten::unique_dim", data_dependent=True)
+def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
+    """The distinct slices along ``dim``, sorted lexicographically (torch
+    sorts them whatever ``sorted`` says), the inverse and the counts."""
+    dim = canonical_dim(dim, x.ndim)
+    rows, back = _slices_along(x, dim)
+    values, inverse, counts = np.unique(rows, axis=0, return_inverse=True, return_counts=True)
+    return back(values), jnp.asarray(inverse.reshape(-1).astype(np.int64)), jnp.asarray(counts.astype(np.int64))
+
+
+@lowering("aten::unique_dim_consecutive", data_dependent=True)
+def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
+    dim = canonical_dim(dim, x.ndim)
+    rows, back = _slices_along(x, dim)
+    starts = np.concatenate([[True], np.any(rows[1:] != rows[:-1], axis=1)]) if rows.shape[0] else np.zeros(0, bool)
+    inverse = (np.cumsum(starts) - 1).astype(np.int64)
+    counts = np.diff(np.append(np.nonzero(starts)[0], rows.shape[0])).astype(np.int64)
+    return back(rows[starts]), jnp.asarray(inverse), jnp.asarray(counts)
+
+
 @lowering("aten::unique_consecutive", data_dependent=True)
 def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     if dim is not None:
-        raise NotImplementedError("unique_consecutive with dim= has no lowering yet")
+        return unique_dim_consecutive(x, dim, return_inverse, return_counts)
     flat = _values(x).reshape(-1)
     starts = np.concatenate([[True], flat[1:] != flat[:-1]]) if flat.size else np.zeros(0, bool)
     values = flat[starts]

@@ -1,4 +1,5 @@
-"""Bessel and Airy functions jax has no implementation of
+"""The Hurwitz zeta function and polygamma where jax's differ from torch's
+(arguments q <= 0), and Bessel and Airy functions jax has no implementation of
 (``torch.special.bessel_j0`` / ``j1`` / ``y0`` / ``y1``, ``modified_bessel_k0``
 / ``k1`` and their exponentially scaled forms, ``airy_ai``).
 
@@ -22,8 +23,10 @@ import math
 import jax
 import jax.numpy as jnp
 
+import jax.scipy.special as jsp
+
 from . import lowering
-from ._util import as_float
+from ._util import as_float, cast, float_dtype, result_type
 
 _SQRT_2_OVER_PI = 0.797884560802865355879892119868763737
 _TWO_OVER_PI = 0.636619772367581343075535053490057448
@@ -377,3 +380,68 @@ def airy_ai(x):
                               _airy_series(_safe(negative | positive, 0.0, x))))  # NaN stays NaN here
     out = jnp.where(x > _AI_ZERO_ABOVE, 0.0, out)
     return jnp.where(jnp.isinf(x), jnp.nan, out)
+
+
+# ------------------------------------------------------- zeta and polygamma
+
+
+def _zeta(x, q):
+    """Hurwitz zeta(x, q) = sum over k >= 0 of (q + k)^-x, with torch's
+    (Cephes') rules: inf at x = 1, NaN for x < 1; for q <= 0, inf at
+    integer q and NaN unless x is an integer -- otherwise the series still
+    converges, and the terms up to q + m > 0 are summed before jax's zeta
+    takes over (jax gives NaN for every q <= 0)."""
+    negative = q <= 0
+    steps = jnp.where(negative & (q != jnp.floor(q)), jnp.ceil(-q) + 1, 0)
+
+    def body(state):
+        k, total = state
+        base = q + k
+        term = jnp.where(k < steps, jnp.abs(base) ** -x, 0)
+        odd_power = jnp.mod(x, 2) == 1
+        return k + 1, total + jnp.where((base < 0) & odd_power, -term, term)
+
+    zero = jnp.zeros(jnp.broadcast_shapes(x.shape, q.shape), x.dtype)
+    _, head = jax.lax.while_loop(lambda s: s[0] < jnp.max(steps, initial=0), body, (jnp.asarray(0, x.dtype), zero))
+    tail = jsp.zeta(x, jnp.where(negative, q + steps, q))
+    out = head + tail
+    out = jnp.where(negative & (x != jnp.floor(x)), jnp.nan, out)
+    out = jnp.where(negative & (q == jnp.floor(q)), jnp.inf, out)
+    out = jnp.where(x < 1, jnp.nan, out)
+    return jnp.where(x == 1, jnp.inf, out).astype(x.dtype)
+
+
+@lowering("aten::special_zeta", "aten::special_zeta.self_scalar", "aten::special_zeta.other_scalar")
+def zeta(x, q):
+    dtype = float_dtype(result_type(x, q))
+    return _zeta(cast(x, dtype), cast(q, dtype))
+
+
+def _trigamma(x):
+    """torch's trigamma: reflection below 1/2, six recurrence steps, then
+    the asymptotic series."""
+    reflect = x < 0.5
+    shift = jnp.where(reflect, -jnp.pi ** 2 / jnp.sin(jnp.pi * x) ** 2, 0).astype(x.dtype)
+    y = jnp.where(reflect, 1 - x, x)
+    total = shift
+    for _ in range(6):
+        total = total + 1 / (y * y)
+        y = y + 1
+    iyy = 1 / (y * y)
+    total = total + (1 + 1 / (2 * y) + iyy * (1 / 6 - iyy * (1 / 30 - iyy * (1 / 42)))) / y
+    return jnp.where(reflect, -total, total)
+
+
+@lowering("aten::polygamma", "aten::special_polygamma")
+def polygamma(n, x):
+    """torch's forms: digamma, its trigamma, and for n >= 2
+    (-1)^(n+1) n! zeta(n + 1, x) -- defined for negative x too."""
+    from .ops_pointwise import digamma
+
+    x = as_float(x)
+    if n == 0:
+        return digamma(x)
+    if n == 1:
+        return _trigamma(x)
+    factor = (1.0 if n % 2 else -1.0) * math.exp(math.lgamma(n + 1.0))
+    return (factor * _zeta(jnp.full_like(x, n + 1), x)).astype(x.dtype)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import torch
 
 from .._lowerings._dtypes import jax_dtype
-from .._lowerings._util import linspace_values
+from .._lowerings._util import arange_values, linspace_values
 from . import _memory, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, sharding
@@ -97,13 +97,11 @@ def _eye(name, args, shape, dtype):
 @factory("arange")
 def _arange(name, args, shape, dtype):
     if name == "arange":
-        start, end, step = 0, args[0], 1
+        start, step = 0, 1
     else:
-        start, end = args[0], args[1]
+        start = args[0]
         step = args[2] if len(args) > 2 else 1
-    n = shape[0]
-    accumulate = jnp.int64 if jnp.issubdtype(dtype, jnp.integer) else jnp.float64
-    return lambda key: (start + jnp.arange(n, dtype=accumulate) * step).astype(dtype)
+    return lambda key: arange_values(start, step, shape[0], dtype)
 
 
 @factory("linspace")
