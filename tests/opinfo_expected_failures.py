@@ -31,6 +31,8 @@ TOLERANCES: dict[str, tuple[dict, str]] = {
     "matrix_exp-float32": (dict(rtol=1e-4, atol=1e-3),
                            "entries near 0 of a result with entries near 1e4 come from cancellation: float32 "
                            "rounding of the scaling-and-squaring steps leaves ~1e-8 of the largest entry"),
+    "nn.functional.scaled_dot_product_attention-float32": (
+        dict(rtol=1e-4, atol=5e-5), "softmax-weighted sums of values ~10 in another summation order: 1.3e-5 seen"),
 }
 
 #: Known to fail today.

@@ -168,6 +168,15 @@ def _attention(sample: Any, out: Any, expected: Any) -> bool:
     return False
 
 
+def _multi_head_attention(sample: Any, out: Any, expected: Any) -> bool:
+    """Dropout on the attention weights (positional dropout_p) in training."""
+    dropout = sample.args[9] if len(sample.args) > 9 else sample.kwargs.get("dropout_p", 0)
+    if not sample.kwargs.get("training", True) or not dropout:
+        return True
+    _all(torch.isfinite(_tensor(out)) | ~torch.isfinite(_tensor(expected)), "finite where torch's is")
+    return False
+
+
 def _lowrank(sample: Any, out: Any, expected: Any) -> bool:
     """U and V have orthonormal columns, S is non-negative and sorted; the
     samples' matrices have rank <= q, so without M the singular values are
@@ -208,6 +217,7 @@ RANDOM: dict[str, Check] = {
     "nn.functional.feature_alpha_dropout.with_train": _alpha_dropout,
     "nn.functional.rrelu": _rrelu,
     "nn.functional.scaled_dot_product_attention": _attention,
+    "nn.functional.multi_head_attention_forward": _multi_head_attention,
     "svd_lowrank": _lowrank,
     "pca_lowrank": _lowrank,
 }

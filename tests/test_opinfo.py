@@ -187,6 +187,7 @@ def _run_case(op: Any, dtype: torch.dtype, name: str, up_to_freedom: bool = Fals
     random_check = RANDOM.get(name)
     case = _case_id(op, dtype)
     ties = TIES.get(name) or TIES.get(case)
+    wider = WIDER[case][0] if case in WIDER else None
     draw = RANDOM_INPUTS.get(name)
     compared, by_properties = 0, False
     for sample in _samples(op, dtype):
@@ -223,11 +224,11 @@ def _run_case(op: Any, dtype: torch.dtype, name: str, up_to_freedom: bool = Fals
                     from None
             exact = random_check(sample, tree_map(_cpu, actual), expected)
             if exact:
-                _compare(actual, expected, dtype)
+                _compare(actual, expected, dtype, wider=wider)
             else:
                 by_properties = True
         else:
-            _compare(actual, expected, dtype, wider=WIDER[case][0] if case in WIDER else None)
+            _compare(actual, expected, dtype, wider=wider)
         compared += 1
     return compared, by_properties
 
