@@ -36,11 +36,17 @@ def decompositions() -> dict:
 
     table = {}
     for op, fn in core_aten_decompositions().items():
-        name = _short(op)
-        if name in _graph_ops.HANDLERS or _lowerings.lookup(op) is not None:
+        if _graph_form(op):
             continue
         table[op] = fn
     return table
+
+
+def _graph_form(op: Any) -> bool:
+    """Whether the interpreter runs ``op`` as it is (a graph handler, an
+    opaque call or a lowering)."""
+    name = _short(op)
+    return name in _graph_ops.HANDLERS or name in _graph_ops.OPAQUE or _lowerings.lookup(op) is not None
 
 
 def _short(op: Any) -> str:
@@ -100,6 +106,8 @@ def _custom_op_decompositions(gm: torch.fx.GraphModule) -> dict:
         else:
             continue
         for op in overloads:
+            if _graph_form(op):
+                continue  # pjrt_host's own ops (sharding constraints, call_jax) stay nodes
             kernel = custom_op_kernel(op)
             if kernel is not None:
                 table[op] = kernel
