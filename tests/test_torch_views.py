@@ -259,3 +259,16 @@ def test_random_view_and_write_programs():
             results.append([t.cpu() for t in chain])
         for cpu_t, jax_t in zip(*results):
             assert cpu_t.shape == jax_t.shape and torch.equal(cpu_t, jax_t), f"seed {seed}"
+
+
+@pytest.mark.parametrize("device", ["cpu", "jax"])
+def test_views_of_normal_tensors_in_inference_mode(device):
+    """A view of a normal tensor made in inference mode is a normal tensor
+    sharing its base's version counter (it used to raise 'Cannot set
+    version_counter for inference tensor' on 'jax')."""
+    x = torch.arange(12.0, device=device).reshape(3, 4).requires_grad_()
+    with torch.inference_mode():
+        v = x[1:]
+        fresh = torch.ones(3, device=device)[1:]
+    assert (v.is_inference(), v.requires_grad, fresh.is_inference()) == (False, True, True)
+    assert v.sum().item() == 60.0

@@ -81,8 +81,6 @@ def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
         arr = read(self)
         arr = jnp.conj(arr) if metas[0].lazy_bit == "conj" else -arr
         return wrap_array(arr, self._storage.device_index, self.dtype, self._storage.place)
-    storage = self._storage
-    outs = []
     for r in metas:
         if r.dtype != self.dtype:
             if func._schema.name == "aten::view":
@@ -94,7 +92,19 @@ def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
             if lowering is None:
                 raise missing_lowering(func)
             return CompiledOp(func, lowering)(args, kwargs)
-        outs.append(make(storage, r.size, r.dtype, r.stride, r.offset, view_for(storage, r.size, r.stride, r.offset)))
+    if torch.is_inference_mode_enabled() and not self.is_inference():
+        # A view of a normal tensor is a normal tensor, whose version counter
+        # autograd then shares with its base: made in inference mode, the
+        # wrapper would be an inference tensor, which refuses that.
+        with torch.inference_mode(False):
+            return _views_of(self, metas, single)
+    return _views_of(self, metas, single)
+
+
+def _views_of(self: JaxTensor, metas: list, single: bool) -> Any:
+    storage = self._storage
+    outs = [make(storage, r.size, r.dtype, r.stride, r.offset, view_for(storage, r.size, r.stride, r.offset))
+            for r in metas]
     return outs[0] if single else outs
 
 
