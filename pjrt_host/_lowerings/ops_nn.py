@@ -543,8 +543,9 @@ def _max_pool_lowering(n):
 def _scatter_to_input(grad_output, x, indices, n):
     """Add each output gradient to the input element its index names."""
     lead_shape = x.shape[: x.ndim - n]
-    g = grad_output.reshape(lead_shape + (-1,))
-    idx = indices.reshape(lead_shape + (-1,))
+    # Explicit sizes: a -1 cannot be inferred for an empty batch.
+    g = grad_output.reshape(lead_shape + (math.prod(grad_output.shape[len(lead_shape):]),))
+    idx = indices.reshape(lead_shape + (math.prod(indices.shape[len(lead_shape):]),))
     grid = tuple(i[..., None] for i in np.indices(lead_shape, sparse=True))
     out = jnp.zeros(lead_shape + (int(np.prod(x.shape[x.ndim - n:])),), grad_output.dtype)
     return out.at[grid + (idx,)].add(g).reshape(x.shape)
