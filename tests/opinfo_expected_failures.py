@@ -44,5 +44,4 @@ EXPECTED_FAILURES: dict[str, str] = {
     "sparse.mm.reduce-float32": "sparse layouts are not supported on the 'jax' device",
     # No lowering yet (TODO: each is a self-contained addition to pjrt_host/_lowerings).
     "_upsample_bilinear2d_aa-float32": "antialiased bilinear resampling has no lowering yet",
-    "grid_sampler_3d-float32": "3-d grid sampling has no lowering yet",
 }

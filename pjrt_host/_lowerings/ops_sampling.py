@@ -1,0 +1,137 @@
+"""Sampling lowerings: 3-d grid sampling and its backward op.
+
+It follows torch's CPU kernel where rounding decides the result (which
+corner of a grid cell is inside the input, which way a half-way point
+rounds), so coordinates are computed in torch's order and roundings.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from . import lowering
+
+# ------------------------------------------------------------- grid sampling
+# torch's enums: GridSamplerInterpolation and GridSamplerPadding.
+_BILINEAR, _NEAREST = 0, 1
+_ZEROS, _BORDER, _REFLECTION = 0, 1, 2
+
+
+def _clip_coordinates(x, size):
+    """torch's clip_coordinates, min(size - 1, max(x, 0)), with its
+    comparisons: NaN passes the max and becomes size - 1 at the min.  The
+    gradient is 0 on both borders, as torch's backward has it."""
+    x = jnp.where(x <= 0, jnp.zeros((), x.dtype), x)
+    return jnp.where(x < size - 1, x, jnp.asarray(size - 1, x.dtype))
+
+
+def _reflect_coordinates(x, twice_low, twice_high):
+    """Reflect x into [low, high] (bounds given doubled, so that half-integers are ints)."""
+    if twice_low == twice_high:
+        return jnp.zeros_like(x)
+    low = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    d = x - low
+    d = jnp.where(d < 0, -d, d)  # |d| with torch's backward sign (+1 at 0, where jnp.abs has 0)
+    extra = jnp.fmod(d, span)
+    # XLA turns a division by a broadcast scalar (barrier or not) into a
+    # multiply by its reciprocal, which puts multiples of span (41, 82 ...)
+    # on the wrong side of a flip; dividing by span + 0 * d keeps the true
+    # division, rounded as torch's.
+    flips = jnp.floor(d / (span + 0 * d))
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _rounded_product(a, k):
+    """a * k (k a small int), rounded as a product of its own: XLA fuses a
+    product with the sum that follows (an FMA, or the sum kept in float64),
+    rounding once where torch rounds twice, and so moves the half-way points
+    that nearest sampling rounds to even.  For float32 the product is exact
+    in float64 and is rounded to float32 with integer ops, which no compiler
+    merges with what follows."""
+    if a.dtype != jnp.float32:
+        return a * k
+    bits = jax.lax.bitcast_convert_type(a.astype(jnp.float64) * k, jnp.int64)
+    dropped = bits & (2**29 - 1)  # the float64 significand bits float32 has no room for
+    kept = bits - dropped
+    up = (dropped > 2**28) | ((dropped == 2**28) & ((kept >> 29) & 1 == 1))  # to nearest, ties to even
+    return jax.lax.bitcast_convert_type(jnp.where(up, kept + 2**29, kept), jnp.float64).astype(jnp.float32)
+
+
+@_rounded_product.defjvp
+def _rounded_product_jvp(k, primals, tangents):
+    return _rounded_product(primals[0], k), tangents[0] * k
+
+
+def _source_index(coord, size, padding_mode, align_corners):
+    """torch's grid_sampler_compute_source_index: a grid coordinate in
+    [-1, 1] to a fractional input index along an axis of ``size``."""
+    if align_corners:
+        x = (coord + 1) / 2 * (size - 1)
+    else:
+        x = (_rounded_product(coord + 1, size) - 1) / 2
+    if padding_mode == _BORDER:
+        x = _clip_coordinates(x, size)
+    elif padding_mode == _REFLECTION:
+        twice = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
+        x = _clip_coordinates(_reflect_coordinates(x, *twice), size)
+    return x
+
+
+def _grid_sample(x, grid, mode, padding_mode, align_corners):
+    """x [N, C, *S] sampled at grid [N, *O, n] -> [N, C, *O].  The grid's
+    last axis lists coordinates from the last spatial axis (x = W) back."""
+    if mode not in (_BILINEAR, _NEAREST):
+        raise NotImplementedError(f"pjrt_host: grid sampling of {x.ndim - 2}-d inputs has no interpolation mode {mode}")
+    n = grid.shape[-1]
+    sizes = x.shape[2:]
+    batch, channels = x.shape[:2]
+    out_shape = grid.shape[1:-1]
+    coords = [_source_index(grid[..., n - 1 - i], sizes[i], padding_mode, align_corners) for i in range(n)]
+    planes = x.reshape(batch, channels, math.prod(sizes))
+    index_dtype = jnp.int32 if math.prod(sizes) < 2**31 else jnp.int64
+    strides = [math.prod(sizes[i + 1:]) for i in range(n)]
+
+    def corner(positions):
+        """Values at integer-valued positions (one array per axis), and where they are inside."""
+        inside = True
+        for p, size in zip(positions, sizes):
+            inside = inside & (p >= 0) & (p <= size - 1)  # NaN and huge coordinates are outside
+        flat = sum(jnp.where(inside, p, 0).astype(index_dtype) * s for p, s in zip(positions, strides))
+        values = jnp.take_along_axis(planes, flat.reshape(batch, 1, math.prod(out_shape)), axis=2)
+        return values.reshape((batch, channels) + out_shape), inside[:, None]
+
+    if mode == _NEAREST:
+        values, inside = corner([jnp.round(c) for c in coords])  # half to even, as torch's nearbyint
+        return jnp.where(inside, values, jnp.zeros((), x.dtype))
+    lows = [jnp.floor(c) for c in coords]
+    out = jnp.zeros((batch, channels) + out_shape, x.dtype)
+    # Corners in torch's order (first axis outermost); each weight is the
+    # product of the x, y[, z] factors in that order, as torch multiplies.
+    for ks in itertools.product((0, 1), repeat=n):
+        weight = None
+        for i in reversed(range(n)):
+            factor = coords[i] - lows[i] if ks[i] else lows[i] + 1 - coords[i]
+            weight = factor if weight is None else weight * factor
+        values, inside = corner([low + k for low, k in zip(lows, ks)])
+        out = out + jnp.where(inside, values * weight[:, None], jnp.zeros((), x.dtype))
+    return out
+
+
+@lowering("aten::grid_sampler_3d")
+def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lowering("aten::grid_sampler_3d_backward")
+def grid_sampler_3d_backward(grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    _, pullback = jax.vjp(lambda x_, g_: _grid_sample(x_, g_, interpolation_mode, padding_mode, align_corners),
+                          x, grid)
+    grad_x, grad_grid = pullback(grad_output)
+    return (grad_x if output_mask[0] else None), grad_grid
