@@ -43,5 +43,4 @@ EXPECTED_FAILURES: dict[str, str] = {
     "sparse.sampled_addmm-float32": "sparse layouts are not supported on the 'jax' device",
     "sparse.mm.reduce-float32": "sparse layouts are not supported on the 'jax' device",
     # No lowering yet (TODO: each is a self-contained addition to pjrt_host/_lowerings).
-    "_upsample_bilinear2d_aa-float32": "antialiased bilinear resampling has no lowering yet",
 }

@@ -1,8 +1,11 @@
-"""Sampling lowerings: 3-d grid sampling and its backward op.
+"""Sampling lowerings: 3-d grid sampling and antialiased resampling, with
+their backward ops.
 
-It follows torch's CPU kernel where rounding decides the result (which
-corner of a grid cell is inside the input, which way a half-way point
-rounds), so coordinates are computed in torch's order and roundings.
+Each follows torch's CPU kernel where rounding decides the result: which
+corner of a grid cell is inside the input, which input rows a resampling
+window covers.  Weights torch's kernel computes in the input's dtype are
+computed in that dtype here too, with the same double-precision steps, so
+the integer decisions taken from them agree.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import lowering
+from .ops_nn import _output_size
 
 # ------------------------------------------------------------- grid sampling
 # torch's enums: GridSamplerInterpolation and GridSamplerPadding.
@@ -135,3 +140,114 @@ def grid_sampler_3d_backward(grad_output, x, grid, interpolation_mode, padding_m
                           x, grid)
     grad_x, grad_grid = pullback(grad_output)
     return (grad_x if output_mask[0] else None), grad_grid
+
+
+# ---------------------------------------------------- antialiased resampling
+# torch's separable kernel: per axis, each output pixel averages the input
+# pixels under a filter stretched by the downscale factor (PIL's approach).
+# The weights depend on sizes only, so each axis is one static matrix.
+
+
+def _scalar_type(dtype):
+    """numpy scalar type torch's kernel computes weights in for ``dtype``."""
+    return np.float64 if dtype == jnp.float64 else np.float32
+
+
+def _triangle(x, f):
+    x = abs(x)
+    return f(1.0 - float(x)) if x < 1.0 else f(0)
+
+
+def _keys_cubic(x, f):
+    # Keys' cubic with a = -0.5 (PIL's), in the scalar type as torch's
+    # cubic_convolution1/2 compute it.
+    a = f(-0.5)
+    x = abs(x)
+    if x < 1.0:
+        return ((a + f(2)) * x - (a + f(3))) * x * x + f(1)
+    if x < 2.0:
+        return ((a * x - f(5) * a) * x + f(8) * a) * x - f(4) * a
+    return f(0)
+
+
+def _aa_matrix(size, out, interp_size, align_corners, scale, f):
+    """[out, size] weights of torch's antialiased resampling along one axis
+    (``_compute_indices_min_size_weights_aa``).  ``f`` is the scalar type;
+    ``float(...)`` marks the steps torch's C++ takes in double."""
+    if align_corners:
+        s = f(size - 1) / f(out - 1) if out > 1 else f(0)
+    elif scale is not None and scale > 0:
+        s = f(1.0 / scale)
+    else:
+        s = f(size) / f(out)
+    # Downscaling widens the filter by the factor (and shrinks its argument).
+    support = f(interp_size * 0.5 * float(s)) if s >= 1.0 else f(interp_size * 0.5)
+    invscale = f(1.0 / float(s)) if s >= 1.0 else f(1.0)
+    max_taps = int(math.ceil(support)) * 2 + 1
+    filt = _triangle if interp_size == 2 else _keys_cubic
+    matrix = np.zeros((out, size), np.float64)
+    for i in range(out):
+        center = f(float(s) * (i + 0.5))
+        xmin = max(int(float(center - support) + 0.5), 0)
+        taps = min(max(min(int(float(center + support) + 0.5), size) - xmin, 0), max_taps)
+        weights = [filt(f((float(f(xmin + j) - center) + 0.5) * float(invscale)), f) for j in range(taps)]
+        total = f(0)
+        for w in weights:
+            total = total + w
+        for j, w in enumerate(weights):
+            matrix[i, xmin + j] = w / total if total != 0 else w
+    return matrix
+
+
+def _along(x, matrix, axis, transpose=False):
+    """x with ``axis`` mapped through ``matrix`` ([out, in]; its transpose for a gradient)."""
+    m = jnp.asarray(matrix, x.dtype)
+    return jnp.moveaxis(jnp.tensordot(x, m, axes=([axis], [0 if transpose else 1])), -1, axis)
+
+
+def _upsample_aa(x, output_size, align_corners, scales, interp_size):
+    f = _scalar_type(x.dtype)
+    # Width first, then height, as torch; an axis whose size stays is left
+    # untouched (even where a given scale would not make its weights 1).
+    for axis in (x.ndim - 1, x.ndim - 2):
+        i = axis - (x.ndim - 2)
+        if x.shape[axis] != output_size[i]:
+            x = _along(x, _aa_matrix(x.shape[axis], output_size[i], interp_size, align_corners, scales[i], f), axis)
+    return x
+
+
+def _aa_lowering(interp_size):
+    def lower(x, output_size, align_corners, scales_h=None, scales_w=None):
+        return _upsample_aa(x, list(output_size), align_corners, (scales_h, scales_w), interp_size)
+
+    return lower
+
+
+def _aa_vec_lowering(interp_size):
+    def lower(x, output_size, align_corners, scale_factors):
+        size = _output_size(x, output_size, scale_factors, 2)
+        scales = tuple(scale_factors) if scale_factors else (None, None)
+        return _upsample_aa(x, size, align_corners, scales, interp_size)
+
+    return lower
+
+
+def _aa_backward_lowering(interp_size):
+    def lower(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+        # torch's backward kernel applies every axis's weights, including an
+        # axis whose size stays (which its forward skips).
+        f = _scalar_type(grad_output.dtype)
+        g = grad_output
+        for i, scale in enumerate((scales_h, scales_w)):
+            axis = g.ndim - 2 + i
+            g = _along(g, _aa_matrix(input_size[axis], output_size[i], interp_size, align_corners, scale, f), axis,
+                       transpose=True)
+        return g
+
+    return lower
+
+
+for _interp_size, _name in ((2, "_upsample_bilinear2d_aa"), (4, "_upsample_bicubic2d_aa")):
+    lowering(f"aten::{_name}")(_aa_lowering(_interp_size))
+    lowering(f"aten::{_name}.vec")(_aa_vec_lowering(_interp_size))
+    lowering(f"aten::{_name}_backward")(_aa_backward_lowering(_interp_size))
