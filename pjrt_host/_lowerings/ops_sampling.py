@@ -1,9 +1,10 @@
-"""Sampling lowerings: 3-d grid sampling and antialiased resampling, with
-their backward ops.
+"""Sampling lowerings: 3-d grid sampling, antialiased resampling and
+fractional max pooling, with their backward ops.
 
 Each follows torch's CPU kernel where rounding decides the result: which
 corner of a grid cell is inside the input, which input rows a resampling
-window covers.  Weights torch's kernel computes in the input's dtype are
+window covers, where a pooling interval starts.  Values torch's kernel
+computes in the input's dtype (interpolation weights, interval starts) are
 computed in that dtype here too, with the same double-precision steps, so
 the integer decisions taken from them agree.
 """
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import lowering
-from .ops_nn import _output_size
+from .ops_nn import _output_size, _scatter_to_input, _tuple
 
 # ------------------------------------------------------------- grid sampling
 # torch's enums: GridSamplerInterpolation and GridSamplerPadding.
@@ -251,3 +252,71 @@ for _interp_size, _name in ((2, "_upsample_bilinear2d_aa"), (4, "_upsample_bicub
     lowering(f"aten::{_name}")(_aa_lowering(_interp_size))
     lowering(f"aten::{_name}.vec")(_aa_vec_lowering(_interp_size))
     lowering(f"aten::{_name}_backward")(_aa_backward_lowering(_interp_size))
+
+
+# ------------------------------------------------- fractional max pooling
+
+
+def _interval_starts(sample, size, out, k):
+    """torch's generate_intervals along one axis: window starts [..., out]
+    from each plane's sample [...], in the sample's dtype."""
+    last = jnp.full(sample.shape + (min(out, 1),), size - k, jnp.int32)
+    if out <= 1:
+        return last
+    f = _scalar_type(sample.dtype)
+    alpha = jnp.asarray(f(size - k) / f(out - 1), sample.dtype)
+    i = jnp.arange(out - 1, dtype=sample.dtype)
+    # Truncation towards zero, as torch's int casts.
+    starts = ((i + sample[..., None]) * alpha).astype(jnp.int32) - (sample * alpha).astype(jnp.int32)[..., None]
+    return jnp.concatenate([starts, last], axis=-1)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, samples, n):
+    k, o = _tuple(kernel_size, n), _tuple(output_size, n)
+    batched = x.ndim == n + 2
+    if not batched:
+        x = x[None]
+    batch, channels = x.shape[:2]
+    sizes = x.shape[2:]
+    samples = samples.reshape(batch, channels, n)
+    # Which sample drives which axis: 2-d takes (W, H), 3-d (T, H, W).
+    sample_of_axis = (1, 0) if n == 2 else (0, 1, 2)
+    flat = jnp.zeros((batch, channels) + (1,) * (2 * n), jnp.int32)
+    for i in range(n):
+        starts = _interval_starts(samples[..., sample_of_axis[i]], sizes[i], o[i], k[i])
+        pos = starts[..., :, None] + jnp.arange(k[i], dtype=jnp.int32)
+        shape = [batch, channels] + [1] * (2 * n)
+        shape[2 + i], shape[2 + n + i] = o[i], k[i]
+        flat = flat + pos.reshape(shape) * math.prod(sizes[i + 1:])
+    # [N, C, *out, *kernel] -> [N, C, prod(out), prod(kernel)]: taps in torch's scan order.
+    windows = (batch, channels, math.prod(o), math.prod(k))
+    flat = jnp.broadcast_to(flat, (batch, channels) + tuple(o) + tuple(k)).reshape(windows)
+    values = jnp.take_along_axis(x.reshape(batch, channels, math.prod(sizes)),
+                                 flat.reshape(batch, channels, windows[2] * windows[3]), axis=2).reshape(windows)
+    # torch keeps the first maximum, but any NaN wins and a later NaN replaces it.
+    nan = jnp.isnan(values)
+    last_nan = values.shape[-1] - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
+    best = jnp.where(jnp.any(nan, axis=-1), last_nan, jnp.argmax(values, axis=-1))[..., None]
+    out = jnp.take_along_axis(values, best, axis=-1).reshape((batch, channels) + tuple(o))
+    indices = jnp.take_along_axis(flat, best, axis=-1).reshape((batch, channels) + tuple(o)).astype(jnp.int64)
+    return (out, indices) if batched else (out[0], indices[0])
+
+
+@lowering("aten::fractional_max_pool2d")
+def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 2)
+
+
+@lowering("aten::fractional_max_pool3d")
+def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, kernel_size, output_size, random_samples, 3)
+
+
+@lowering("aten::fractional_max_pool2d_backward")
+def fractional_max_pool2d_backward(grad_output, x, kernel_size, output_size, indices):
+    return _scatter_to_input(grad_output, x, indices, 2)
+
+
+@lowering("aten::fractional_max_pool3d_backward")
+def fractional_max_pool3d_backward(grad_output, x, kernel_size, output_size, indices):
+    return _scatter_to_input(grad_output, x, indices, 3)
