@@ -320,8 +320,36 @@ def _segment_step() -> None:
         torch.segment_reduce(data, reduce, lengths=torch.tensor([2, 0, 4, 1]), unsafe=True).sum().backward()
 
 
-@pytest.mark.parametrize("program", [_mlp_step, _cnn_step, _transformer_step, _segment_step],
-                         ids=["mlp", "cnn", "transformer", "segments"])
+def _sampling_step() -> None:
+    """3-d grid sampling (every mode, padding and corner alignment, grid
+    points outside the input too), antialiased bilinear / bicubic resizing
+    up and down, and fractional max pooling with explicit samples (torch's
+    kernel is deterministic given them), forward and backward."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, 6, requires_grad=True)
+    grid = (torch.rand(2, 3, 4, 5, 3) * 3 - 1.5).requires_grad_()
+    for mode in ("bilinear", "nearest"):
+        for padding in ("zeros", "border", "reflection"):
+            for align in (False, True):
+                F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=align).pow(2).sum().backward()
+    image = torch.randn(2, 3, 10, 13, requires_grad=True)
+    for mode in ("bilinear", "bicubic"):
+        for size in ((4, 5), (17, 29), (10, 7)):
+            for align in (False, True):
+                F.interpolate(image, size=size, mode=mode, antialias=True, align_corners=align).pow(2).sum().backward()
+        F.interpolate(image, scale_factor=(0.6, 1.7), mode=mode, antialias=True).sum().backward()
+    planes = torch.randn(2, 3, 9, 11, requires_grad=True)
+    out, _ = F.fractional_max_pool2d(planes, 3, output_size=(4, 5), return_indices=True,
+                                     _random_samples=torch.rand(2, 3, 2))
+    out.pow(2).sum().backward()
+    volume = torch.randn(2, 3, 7, 8, 9, requires_grad=True)
+    out, _ = F.fractional_max_pool3d(volume, (2, 3, 2), output_ratio=0.5, return_indices=True,
+                                     _random_samples=torch.rand(2, 3, 3))
+    out.pow(2).sum().backward()
+
+
+@pytest.mark.parametrize("program", [_mlp_step, _cnn_step, _transformer_step, _segment_step, _sampling_step],
+                         ids=["mlp", "cnn", "transformer", "segments", "sampling"])
 def test_model_forward_and_backward(program: Any) -> None:
     mode = check(program, jit=False)
     # CPU-only fused kernels (oneDNN attention) never reach the 'jax' device.
