@@ -3,7 +3,6 @@ module, mixed-device errors, dtype fidelity, random state, configuration."""
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
 import pjrt_host  # noqa: E402  (registers the device if autoload is off)
+from conftest import run_python  # noqa: E402
 
 DEV = "jax"
 
@@ -228,6 +228,42 @@ def test_missing_lowering_message():
     assert f"aten::{UNLOWERED}" in text and "cpu_fallback=True" in text
     doc = text.split("report the gap, and how to add a lowering: ")[1].split(" ")[0]
     assert os.path.exists(os.path.join(os.path.dirname(__file__), "..", doc)), doc
+
+
+_BACKWARD_ERROR = """
+import torch, pjrt_host
+x = torch.randn(2, 3, device="jax", requires_grad=True)
+mask = torch.zeros(2, 3, dtype=torch.bool, device="jax")
+with pjrt_host.config(cpu_fallback=True):  # the forward runs; its backward has no lowering either
+    y = torch.ops.aten._masked_softmax(x, mask)
+for run in (lambda: y.sum().backward(retain_graph=True), lambda: torch.autograd.grad(y.sum(), x, retain_graph=True)):
+    try:
+        run()
+        print("NO ERROR")
+    except NotImplementedError as err:
+        print("RAISED", str(err).split(" has no lowering")[0])
+z = torch.ones(3, device="jax", requires_grad=True)
+(z * 2).sum().backward()
+print("AFTER", z.grad.cpu().tolist())
+with pjrt_host.config(cpu_fallback=True):  # the caller's settings reach autograd's engine thread
+    y.sum().backward()
+print("FALLBACK", x.grad.shape == x.shape)
+"""
+
+
+def test_a_device_error_inside_backward_raises_at_backward():
+    """A C++ autograd node whose op fails on the device (here: no lowering)
+    used to end the process (torch's Python device guard calls back into
+    Python while the error unwinds: 'terminate called without an active
+    exception').  The error now reaches backward() and autograd.grad()
+    intact, and the device keeps working; pjrt_host.config around
+    backward() applies in autograd's engine thread.  In a child process: a regression
+    must fail this test, not end the test run."""
+    proc = run_python(["-c", _BACKWARD_ERROR])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.split("\n")
+    assert lines.count("RAISED pjrt_host: the ATen op aten::_masked_softmax_backward") == 2, proc.stdout
+    assert "AFTER [2.0, 2.0, 2.0]" in lines and "FALLBACK True" in lines, proc.stdout
 
 
 # ---------------------------------------------------------------- dtypes

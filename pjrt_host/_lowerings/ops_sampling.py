@@ -94,7 +94,10 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
     """x [N, C, *S] sampled at grid [N, *O, n] -> [N, C, *O].  The grid's
     last axis lists coordinates from the last spatial axis (x = W) back."""
     if mode not in (_BILINEAR, _NEAREST):
-        raise NotImplementedError(f"pjrt_host: grid sampling of {x.ndim - 2}-d inputs has no interpolation mode {mode}")
+        raise NotImplementedError(
+            f"pjrt_host: grid sampling of {x.ndim - 2}-d inputs in interpolation mode {mode} (bicubic) has no lowering "
+            "(2-d bicubic runs forward through torch's decomposition, not backward); use mode='bilinear', or "
+            "pjrt_host.config(cpu_fallback=True) around the backward")
     n = grid.shape[-1]
     sizes = x.shape[2:]
     batch, channels = x.shape[:2]
@@ -135,8 +138,10 @@ def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
     return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
 
 
-@lowering("aten::grid_sampler_3d_backward")
+@lowering("aten::grid_sampler_3d_backward", "aten::grid_sampler_2d_backward")
 def grid_sampler_3d_backward(grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    """Also 2-d's (the forward of 2-d runs torch's decomposition; bicubic
+    has no lowering here and says so)."""
     _, pullback = jax.vjp(lambda x_, g_: _grid_sample(x_, g_, interpolation_mode, padding_mode, align_corners),
                           x, grid)
     grad_x, grad_grid = pullback(grad_output)

@@ -64,9 +64,31 @@ def _stack() -> list[Config]:
     return stack
 
 
+#: Settings lent by a thread running a backward to threads that set none
+#: (autograd's engine threads); see :func:`lent_to_other_threads`.
+_lent: Config | None = None
+
+
 def current() -> Config:
     """The settings in force in this thread."""
-    return _stack()[-1]
+    stack = _stack()
+    if _lent is not None and len(stack) == 1:
+        return _lent
+    return stack[-1]
+
+
+@contextlib.contextmanager
+def lent_to_other_threads() -> Iterator[None]:
+    """While this thread runs autograd's engine, its settings apply in the
+    engine's threads (which have set none), so ``with pjrt_host.config(...):
+    loss.backward()`` means what it says."""
+    global _lent
+    mine = _stack()[-1]
+    previous, _lent = _lent, (mine if mine is not DEFAULTS else None)
+    try:
+        yield
+    finally:
+        _lent = previous
 
 
 _VALID = {"matmul_precision": ("highest", "high", "default"), "check_indices": (True, False, "sync")}

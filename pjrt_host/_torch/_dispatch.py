@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _lowerings
-from . import _config, _index_checks, _memory, _profile, _storage_ops
+from . import _backward, _config, _index_checks, _memory, _profile, _storage_ops
 from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_view
@@ -54,15 +54,20 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if handler is None:
         handler = _handlers[func] = handler_for(func)
     try:
-        if _profile.active:
-            with _profile.op_scope(op_name(func)):
-                return handler(args, kwargs)
-        return handler(args, kwargs)
-    except (MemoryError, RuntimeError) as err:  # free when nothing is raised
-        oom = _memory.as_out_of_memory(err, op_name(func), args, kwargs)
-        if oom is None:
-            raise
-        raise oom from err
+        try:
+            if _profile.active:
+                with _profile.op_scope(op_name(func)):
+                    return handler(args, kwargs)
+            return handler(args, kwargs)
+        except (MemoryError, RuntimeError) as err:  # free when nothing is raised
+            oom = _memory.as_out_of_memory(err, op_name(func), args, kwargs)
+            if oom is None:
+                raise
+            raise oom from err
+    except Exception as err:
+        if _backward.inside_backward():  # raising here would end the process
+            return _backward.defer(err, func, args, kwargs)
+        raise
 
 
 def handler_for(func: Any) -> Handler:

@@ -12,7 +12,7 @@ import threading
 
 import torch
 
-from . import _device_module, _generators, _modules
+from . import _backward, _device_module, _generators, _modules
 from ._devices import DEVICE_NAME
 
 __all__ = ["AUTOCAST_OPS", "DEVICE_OPS", "FACTORY_OPS", "is_registered", "register"]
@@ -122,6 +122,8 @@ def register() -> None:
         _patch_pin_memory()
         # module.to('jax') keeps tied parameters tied (and parameter objects).
         _modules.install()
+        # A device error inside a backward raises at backward(), not abort().
+        _backward.install()
         # torch.Generator(device='jax'), which torch builds only through C++ hooks.
         _generators.install()
         _registered = True

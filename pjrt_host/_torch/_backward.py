@@ -1,0 +1,123 @@
+"""The device inside autograd's backward: its errors delivered intact, and
+the caller's ``pjrt_host.config`` settings in force.
+
+Settings: autograd's engine runs the backward of 'jax' tensors in its own
+thread, where the caller's ``with pjrt_host.config(...)`` (thread-local) is
+not set; the wrapper below hands the caller's settings to threads that have
+set none of their own for the duration of the backward.
+
+Errors:
+
+When a C++ autograd node (``MaskedSoftmaxBackward0``, ``GridSampler2DBackward0``
+...) runs on the 'jax' device, autograd's engine holds a stream guard of
+torch's Python-backend device guard around it.  If the device raises a
+Python exception there, the guard's destructor calls back into Python while
+that exception is still pending; CPython refuses the call, and the C++
+destructor's failure ends the process (``terminate called without an active
+exception``) -- a missing lowering or an out-of-memory in a backward killed
+the program instead of raising.
+
+No exception may leave the device inside a backward, then (and returning
+``NotImplemented``, for torch to raise its own error, ends the same way).
+Inside a backward (``torch._C._current_graph_task_id() != -1``) the
+dispatcher stores its exception here and returns placeholder results of the
+shapes torch's meta kernel gives (zeros), so the engine finishes; the
+wrapper around ``torch.autograd._engine_run_backward`` (through which
+``Tensor.backward`` and ``torch.autograd.grad`` run the engine) then raises
+the stored exception.  As after any failed backward, ``.grad`` may hold
+partial sums.  Both hooks are torch internals; tests/test_torch_device.py
+pins them (in a child process, as a regression would end the process).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+__all__ = ["defer", "inside_backward", "install"]
+
+_lock = threading.Lock()
+_pending: BaseException | None = None
+_installed = False
+
+
+def inside_backward() -> bool:
+    """Whether this thread is running a node of autograd's engine."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def defer(err: BaseException, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Keep ``err`` for the caller of the backward; return ``func``'s
+    placeholder results (or raise ``err`` when torch cannot say their shapes)."""
+    global _pending
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    from . import _meta
+    from ._tensor import JaxTensor, new_tensor
+
+    index = next((t._storage.device_index for t in tree_leaves((args, kwargs)) if isinstance(t, JaxTensor)), 0)
+    try:
+        known, meta = _meta.run_meta(func, args, kwargs)
+    except Exception:
+        known = False
+    if known:
+        placeholder = tree_map(
+            lambda m: new_tensor(tuple(m.shape), m.dtype, index) if isinstance(m, torch.Tensor) else m, meta)
+    else:  # no meta kernel: torch CPU's results give the shapes (their values are never used)
+        from ._cpu_fallback import run_on_cpu
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                placeholder = run_on_cpu(func, args, kwargs)
+        except Exception:
+            raise err from None
+    with _lock:
+        if _pending is None:  # the first error is the cause; later ones follow from it
+            _pending = err
+    return placeholder
+
+
+def _take() -> BaseException | None:
+    global _pending
+    with _lock:
+        err, _pending = _pending, None
+    return err
+
+
+def install() -> None:
+    """Wrap torch's engine entry point once (cheap: one Python frame per
+    backward call; nothing changes when no device error is pending)."""
+    global _installed
+    if _installed:
+        return
+    import torch.autograd as autograd
+
+    run = getattr(autograd, "_engine_run_backward", None)
+    if run is None:  # torch moved it: errors still surface, as torch's own message
+        return
+
+    from . import _config
+
+    @functools.wraps(run)
+    def _engine_run_backward(*args: Any, **kwargs: Any) -> Any:
+        _take()  # nothing stale from an earlier call
+        try:
+            with _config.lent_to_other_threads():
+                result = run(*args, **kwargs)
+        except Exception:
+            pending = _take()
+            if pending is None:
+                raise
+            raise pending from None
+        pending = _take()
+        if pending is not None:
+            raise pending
+        return result
+
+    autograd._engine_run_backward = _engine_run_backward
+    _installed = True
