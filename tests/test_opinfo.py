@@ -81,8 +81,9 @@ def _signature(value: Any) -> Any:
 def _samples(op: Any, dtype: torch.dtype) -> Any:
     """The case's samples to run: the first of each distinct signature, or every one (limit 0)."""
     seen = set()
+    distinct = _samples_per_case() > 0
     for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
-        if _samples_per_case():
+        if distinct:
             key = _signature((sample.input, sample.args, sample.kwargs))
             if key in seen:
                 continue

@@ -384,36 +384,16 @@ def histc(x, bins=100, min=0, max=0):
 
 @lowering("aten::histogram.bin_ct")
 def histogram(x, bins=100, *, range=None, weight=None, density=False):
-    """(counts, bin edges): ``bins`` equal bins over ``range`` (default the
-    data's min and max), the last bin closed on the right."""
-    if range is not None:
-        lo, hi = jnp.asarray(range[0], x.dtype), jnp.asarray(range[1], x.dtype)
-    else:
-        lo, hi = (jnp.min(x), jnp.max(x)) if x.size else (jnp.zeros((), x.dtype), jnp.ones((), x.dtype))
-    lo, hi = jnp.where(lo == hi, lo - 0.5, lo), jnp.where(lo == hi, hi + 0.5, hi)
-    edges = jnp.linspace(lo, hi, bins + 1).astype(x.dtype)
-    flat = x.reshape(-1)
-    inside = (flat >= lo) & (flat <= hi)
-    index = jnp.clip(jnp.floor((flat - lo) * bins / (hi - lo)).astype(jnp.int64), 0, bins - 1)
-    w = jnp.ones_like(flat) if weight is None else weight.reshape(-1).astype(x.dtype)
-    counts = jnp.zeros((bins,), x.dtype).at[index].add(jnp.where(inside, w, 0))
-    if density:
-        counts = counts / (jnp.sum(counts) * jnp.diff(edges))
-    return counts, edges
+    """(counts, bin edges): histogramdd of one column, as torch computes it."""
+    column = x.reshape(-1, 1)
+    edges = _histogramdd_edges(column, [bins], range)
+    return _histogramdd(column, edges, weight, density), edges[0]
 
 
 @lowering("aten::histogram.bins_tensor")
 def histogram_edges(x, bins, *, weight=None, density=False):
     """Counts over the given (increasing) bin edges, the last bin closed."""
-    flat = x.reshape(-1)
-    n = bins.shape[0] - 1
-    index = jnp.clip(jnp.searchsorted(bins, flat, side="right") - 1, 0, max(n - 1, 0))
-    inside = (flat >= bins[0]) & (flat <= bins[-1])
-    w = jnp.ones_like(flat) if weight is None else weight.reshape(-1).astype(x.dtype)
-    counts = jnp.zeros((n,), x.dtype).at[index].add(jnp.where(inside, w, 0))
-    if density:
-        counts = counts / (jnp.sum(counts) * jnp.diff(bins))
-    return counts, bins
+    return _histogramdd(x.reshape(-1, 1), [bins], weight, density), bins
 
 
 def _histogramdd_edges(x, bins, range_):

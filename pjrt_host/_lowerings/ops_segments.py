@@ -171,36 +171,35 @@ def _segment_reduce_one(data, starts, ends, reduce, initial):
     return jnp.where(empty, jnp.asarray(initial if initial is not None else jnp.nan, total.dtype), mean)
 
 
+def _per_segment_row(one, tensors, lengths, offsets, axis):
+    """``one(*tensors, offsets)`` for each row of the boundaries: segment
+    reduction runs along ``axis``, and the boundaries' leading dims (torch
+    allows a batch of them) are shared by the tensors; lengths become offsets."""
+    if offsets is None:
+        ends = jnp.cumsum(lengths, axis=-1)
+        offsets = jnp.concatenate([jnp.zeros(ends.shape[:-1] + (1,), ends.dtype), ends], axis=-1)
+    batch = offsets.ndim - 1
+    axis = canonical_dim(axis, tensors[0].ndim)
+    fn = one
+    for _ in range(batch):
+        fn = jax.vmap(fn)
+    moved = [jnp.moveaxis(t, axis, batch) for t in tensors]
+    return jnp.moveaxis(fn(*moved, offsets), batch, axis)
+
+
 @lowering("aten::segment_reduce")
 def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
     if indices is not None:
         raise NotImplementedError("segment_reduce(indices=...) is not implemented by torch either; pass lengths or "
                                   "offsets")
-    axis = canonical_dim(axis, data.ndim)
-    if offsets is None:
-        ends = jnp.cumsum(lengths, axis=-1)
-        offsets = jnp.concatenate([jnp.zeros(ends.shape[:-1] + (1,), ends.dtype), ends], axis=-1)
-    batch = offsets.ndim - 1  # leading dims shared by data and the boundaries
-
-    def one(d, o):
-        return _segment_reduce_one(d, o[:-1], o[1:], reduce, initial)
-
-    fn = one
-    for _ in range(batch):
-        fn = jax.vmap(fn)
-    moved = jnp.moveaxis(data, axis, batch)
-    return jnp.moveaxis(fn(moved, offsets), batch, axis)
+    return _per_segment_row(lambda d, o: _segment_reduce_one(d, o[:-1], o[1:], reduce, initial), [data],
+                            lengths, offsets, axis)
 
 
 @lowering("aten::_segment_reduce_backward")
 def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
     """The gradient torch's kernel gives: max / min split it evenly among the
     elements equal to the result; prod divides the product by each element."""
-    axis = canonical_dim(axis, data.ndim)
-    if offsets is None:
-        ends = jnp.cumsum(lengths, axis=-1)
-        offsets = jnp.concatenate([jnp.zeros(ends.shape[:-1] + (1,), ends.dtype), ends], axis=-1)
-    batch = offsets.ndim - 1
 
     def one(g, out, d, o):
         starts, ends = o[:-1], o[1:]
@@ -225,11 +224,7 @@ def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets
                           spread(out) / jnp.where(zero, 1, d))
         return jnp.where(inside, spread(g) * value, 0)
 
-    fn = one
-    for _ in range(batch):
-        fn = jax.vmap(fn)
-    moved = [jnp.moveaxis(t, axis, batch) for t in (grad, output, data)]
-    return jnp.moveaxis(fn(*moved, offsets), batch, axis)
+    return _per_segment_row(one, [grad, output, data], lengths, offsets, axis)
 
 
 # -------------------------------------------------------------------- CTC loss

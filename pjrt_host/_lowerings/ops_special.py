@@ -27,6 +27,7 @@ import jax.scipy.special as jsp
 
 from . import lowering
 from ._util import as_float, cast, float_dtype, result_type
+from .ops_pointwise import digamma
 
 _SQRT_2_OVER_PI = 0.797884560802865355879892119868763737
 _TWO_OVER_PI = 0.636619772367581343075535053490057448
@@ -436,8 +437,6 @@ def _trigamma(x):
 def polygamma(n, x):
     """torch's forms: digamma, its trigamma, and for n >= 2
     (-1)^(n+1) n! zeta(n + 1, x) -- defined for negative x too."""
-    from .ops_pointwise import digamma
-
     x = as_float(x)
     if n == 0:
         return digamma(x)
