@@ -158,8 +158,10 @@ def note_result(index: int, array: Any) -> None:
 
 
 def last_result(index: int) -> Any:
-    """The array ``torch.jax.synchronize()`` would wait for on ``index``."""
-    return _tensor._last.get(index)
+    """The array ``torch.jax.synchronize()`` would wait for on ``index``
+    (None: none, or nobody holds it any more)."""
+    ref = _tensor._last.get(index)
+    return None if ref is None else ref()
 
 
 def jax_device(index: int) -> Any:

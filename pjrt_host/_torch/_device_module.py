@@ -16,8 +16,19 @@ import torch
 from .. import _registry, _runtime
 from . import _devices, _rng
 from ._devices import DEVICE_NAME
+from ._streams import Event, Stream, current_stream, set_stream, stream
 
 __all__ = [
+    "Event",
+    "Stream",
+    "current_stream",
+    "default_stream",
+    "get_device_name",
+    "get_device_properties",
+    "is_bf16_supported",
+    "memory_summary",
+    "set_stream",
+    "stream",
     "current_device",
     "device",
     "device_count",
@@ -67,6 +78,62 @@ def is_available() -> bool:
 def is_initialized() -> bool:
     """Whether the plugin's client exists."""
     return _runtime.is_initialized()
+
+
+def __getattr__(name: str) -> Any:
+    # ``torch.jax._initialized``, read by torch's device-generic code as
+    # torch.cuda's module attribute (torch.utils.checkpoint saves and
+    # restores the device's RNG state only when it is true).
+    if name == "_initialized":
+        return _runtime.is_initialized()
+    raise AttributeError(f"module 'torch.{DEVICE_NAME}' has no attribute {name!r}")
+
+
+def default_stream(device: Any = None) -> Stream:
+    """The device's queue (its only stream)."""
+    return Stream(device)
+
+
+class _DeviceProperties:
+    """What ``torch.jax.get_device_properties`` reports: the PJRT device's
+    name, kind, platform and memory."""
+
+    def __init__(self, index: int) -> None:
+        dev = _devices.jax_device(index)
+        self.index = index
+        self.name = str(getattr(dev, "device_kind", "") or dev.platform)
+        self.type = DEVICE_NAME
+        self.platform = str(dev.platform)
+        self.plugin = _runtime.runtime().record.name
+        from . import _memory
+
+        self.total_memory = int(_memory.limit(index) or 0)
+
+    def __repr__(self) -> str:
+        return (f"_DeviceProperties(name={self.name!r}, platform={self.platform!r}, plugin={self.plugin!r}, "
+                f"total_memory={self.total_memory // 2**20}MB)")
+
+
+def get_device_properties(device: Any = None) -> _DeviceProperties:
+    return _DeviceProperties(_index(device))
+
+
+def get_device_name(device: Any = None) -> str:
+    """The PJRT device's kind (e.g. 'NVIDIA H100 80GB HBM3', 'cpu')."""
+    return get_device_properties(device).name
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Whether the plugin keeps bfloat16 as bfloat16 (not a declared
+    substitution)."""
+    if not is_available():
+        return False
+    from ._dtype_policy import device_dtype
+
+    try:
+        return device_dtype(torch.bfloat16) == torch.bfloat16
+    except TypeError:  # a dtype the plugin declares it cannot hold
+        return False
 
 
 def device_count() -> int:
@@ -179,6 +246,16 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     """(free, total) bytes of the device; for a device in host memory, the
     machine's available and physical memory."""
     return _memory_module().mem_get_info(_index(device))
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A short table of :func:`memory_stats`, as torch.cuda.memory_summary."""
+    stats = memory_stats(device)
+    lines = [f"pjrt_host memory summary, {_devices.torch_device(_index(device))} ({stats.get('source')})"]
+    for key, value in stats.items():
+        if key != "source" and (not abbreviated or not key.startswith("device.")):
+            lines.append(f"  {key:<40} {value}")
+    return "\n".join(lines)
 
 
 def empty_cache() -> None:

@@ -303,6 +303,8 @@ class CompiledOp:
         if self.inplace is not None:
             target = args[self.inplace]
             storage = target._storage
+            if storage.read_only is not None:
+                raise RuntimeError(storage.read_only)
             if place is not index:
                 result = _sharding.settle(result, storage.get())
             storage.array = result
@@ -311,6 +313,8 @@ class CompiledOp:
             return target
         if out_targets:
             for t, arr in zip(out_targets, result):
+                if t._storage.read_only is not None:
+                    raise RuntimeError(t._storage.read_only)
                 if place is not index:
                     arr = _sharding.settle(arr, t._storage.get())
                 t._storage.array = arr

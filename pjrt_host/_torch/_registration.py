@@ -12,10 +12,10 @@ import threading
 
 import torch
 
-from . import _backward, _device_module, _generators, _modules
+from . import _accelerator, _backward, _device_module, _generators, _modules, _storage_bridge
 from ._devices import DEVICE_NAME
 
-__all__ = ["AUTOCAST_OPS", "DEVICE_OPS", "FACTORY_OPS", "is_registered", "register"]
+__all__ = ["AUTOCAST_OPS", "DEVICE_OPS", "FACTORY_OPS", "PATCHES", "is_registered", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,25 @@ AUTOCAST_OPS = (
 DEVICE_OPS = ("_to_copy", "copy_")
 
 
+#: Everything of torch's that registration replaces, and why (besides the
+#: registrations torch offers: device name, device module, hooks, kernels,
+#: serialization package).  Each replacement carries ``_pjrt_host = True``
+#: and defers to torch's original for everything but 'jax';
+#: tests/test_torch_autoload.py checks this is exactly the set.
+PATCHES = {
+    "torch.Tensor.pin_memory": "pinning for 'jax' (DataLoader(pin_memory=True)) returns the tensor: "
+                               "no pinned allocator can be registered from Python",
+    "torch.UntypedStorage.__new__": "UntypedStorage(n, device='jax') would dereference a null allocator",
+    "torch.UntypedStorage.new": "storage.new() of a 'jax' storage would dereference a null allocator",
+    "torch.nn.Module._apply": "module.to('jax') keeps parameter objects and tied weights",
+    "torch.autograd._engine_run_backward": "a device error inside backward raises at backward(), "
+                                                 "not abort()",
+    "torch._C.Generator.__call__ (its metaclass)": "torch.Generator(device='jax')",
+    **{f"torch.accelerator.{name}": "answered by torch.jax: torch asks a C++ allocator / device guard"
+       for name in _accelerator.FUNCTIONS},
+}
+
+
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
     """What torch's C++ side asks a registered accelerator.  Answers without
     touching the device: torch.accelerator and dynamo call these on CPU-only
@@ -110,7 +129,7 @@ def register() -> None:
             torch.utils.rename_privateuse1_backend(DEVICE_NAME)
         # tensor.jax(), tensor.is_jax, module.jax(), as torch's built-in devices have.
         torch.utils.generate_methods_for_privateuse1_backend(
-            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
         if not hasattr(torch, DEVICE_NAME):
             torch._register_device_module(DEVICE_NAME, _device_module)
         # Without hooks and a device guard, torch.accelerator reports the
@@ -120,6 +139,11 @@ def register() -> None:
         torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
         _register_kernels()
         _patch_pin_memory()
+        # torch.load(map_location='jax'), storage.to('jax'), UntypedStorage(n, device='jax').
+        _storage_bridge.register_serialization()
+        _patch_untyped_storage()
+        # torch.accelerator's memory figures, synchronize and streams.
+        _accelerator.install()
         # module.to('jax') keeps tied parameters tied (and parameter objects).
         _modules.install()
         # A device error inside a backward raises at backward(), not abort().
@@ -154,6 +178,56 @@ def _patch_pin_memory() -> None:
     pin_memory.__doc__ = original.__doc__
     pin_memory._pjrt_host = True  # type: ignore[attr-defined]
     torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign]
+
+
+def _patch_untyped_storage() -> None:
+    """``torch.UntypedStorage(n, device='jax')`` (and ``(sequence, device=
+    'jax')``): torch's constructor asks the device's C++ allocator, which a
+    Python backend cannot register, and dereferences a null one (the process
+    ends).  For 'jax' it makes a storage of _storage_bridge instead; every
+    other device goes to torch's constructor as before."""
+    cls = torch.UntypedStorage
+    original = cls.__new__
+    if getattr(original, "_pjrt_host", False):
+        return
+
+    def __new__(cls, *args, **kwargs):
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == DEVICE_NAME:
+            return _new_device_storage(args, kwargs)
+        return original(cls, *args, **kwargs)
+
+    __new__._pjrt_host = True  # type: ignore[attr-defined]
+    cls.__new__ = staticmethod(__new__)  # type: ignore[method-assign]
+    original_new = cls.new
+
+    def new(self):
+        # storage.new(): an empty storage of the same device, through the
+        # same missing allocator.
+        if self.device.type == DEVICE_NAME:
+            return _storage_bridge.new_staged(0, self.device.index or 0)
+        return original_new(self)
+
+    new.__doc__ = original_new.__doc__
+    new._pjrt_host = True  # type: ignore[attr-defined]
+    cls.new = new  # type: ignore[method-assign]
+
+
+def _new_device_storage(args: tuple, kwargs: dict) -> torch.UntypedStorage:
+    from ._devices import device_index
+
+    extra = sorted(set(kwargs) - {"device"})
+    if extra or len(args) > 1:
+        raise TypeError(f"pjrt_host: torch.UntypedStorage(..., device='{DEVICE_NAME}') takes a size or a "
+                        f"sequence of bytes, not {extra or args[1:]}")
+    index = device_index(kwargs["device"])
+    data = args[0] if args else 0
+    if isinstance(data, int):
+        if data < 0:
+            raise RuntimeError(f"Storage size must be non-negative, got {data}")
+        return _storage_bridge.new_staged(data, index)
+    host = torch.UntypedStorage(data)  # torch's checks of a byte sequence, on the CPU
+    return _storage_bridge.staged(host, index)
 
 
 def _register_kernels() -> None:

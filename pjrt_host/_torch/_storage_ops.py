@@ -18,16 +18,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch.utils._mode_utils import no_dispatch
 
 from .. import _lowerings
-from .._lowerings._dtypes import jax_dtype
+from .._lowerings._dtypes import jax_dtype, torch_dtype
 from ._conversion import to_jax_array, to_torch
 from ._devices import DEVICE_NAME, device_index, jax_device
 from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import meta_view_of
-from . import _sharding
-from ._tensor import JaxTensor, Storage, contiguous_strides, make, read, run_deferred_checks, wrap_array, write
+from . import _sharding, _storage_bridge
+from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, run_deferred_checks, view_for, wrap_array,
+                      write)
 from ._view_ops import run_inplace_view
 
 __all__ = ["STORAGE_OPS", "storage_op"]
@@ -57,9 +59,20 @@ def lookup(name: str) -> StorageOp | None:
     return found
 
 
+def _adopt(t: Any) -> Any:
+    """A plain torch tensor on 'jax' -- made in C++ over a torch storage of
+    _storage_bridge (torch's storage writers do that) -- as a 'jax' tensor
+    over the same data; anything else as it is."""
+    if isinstance(t, JaxTensor) or not isinstance(t, torch.Tensor) or t.device.type != DEVICE_NAME:
+        return t
+    storage = _storage_for(t.untyped_storage(), t.dtype)
+    size, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    return make(storage, size, t.dtype, stride, offset, view_for(storage, size, stride, offset))
+
+
 @storage_op("aten::_to_copy")
 def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
-    self = args[0]
+    self = _adopt(args[0])
     dtype = kwargs.get("dtype") or self.dtype
     device = kwargs.get("device")
     device = self.device if device is None else torch.device(device)
@@ -95,7 +108,7 @@ def _cast(arr: Any, dtype: torch.dtype) -> Any:
 
 @storage_op("aten::copy_")
 def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
-    dst, src = args[0], args[1]
+    dst, src = _adopt(args[0]), _adopt(args[1])
     if not isinstance(dst, JaxTensor):
         # A torch tensor (CPU, ...) receiving a 'jax' tensor's values.
         return dst.copy_(to_torch(src, dst.device))
@@ -180,16 +193,145 @@ def resize_(func: Any, args: tuple, kwargs: dict) -> Any:
     return run_inplace_view(torch.ops.aten.as_strided_.default, (self, size, contiguous_strides(size), offset), {})
 
 
-@storage_op("aten::set_.source_Tensor")
+@storage_op("aten::set_")
 def set_(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``tensor.set_(...)`` in each of torch's forms: over another 'jax'
+    tensor's data, over a torch storage on 'jax' (what torch.load and
+    storage copies do; see _storage_bridge), or empty (``set_()``)."""
     self = args[0]
-    if len(args) == 2 and isinstance(args[1], JaxTensor):
-        src = args[1]
-        if tuple(src.shape) == tuple(self.shape) and src.dtype == self.dtype:
-            self._storage = src._storage
-            self._view = src._view
-            return self
-    raise NotImplementedError("pjrt_host: tensor.set_() is only supported between 'jax' tensors of one shape")
+    params = dict(zip(("source", "storage_offset", "size", "stride"), args[1:]))
+    params.update(kwargs)
+    source = params.get("source")
+    if source is None:
+        storage = Storage(None, (0,), jax_dtype(device_dtype(self.dtype)), self._storage.device_index)
+        return _set_metadata(self, storage, (0,), (1,), 0)
+    if isinstance(source, torch.Tensor):
+        if not isinstance(source, JaxTensor):
+            raise RuntimeError(f"Expected a tensor on '{DEVICE_NAME}' as set_'s source, got one on {source.device}")
+        if source.dtype != self.dtype:
+            raise RuntimeError(f"Could not set tensor of type {source.dtype} to a tensor of type {self.dtype}")
+        storage = source._storage
+        if "size" not in params:
+            return _set_metadata(self, storage, tuple(source.shape), tuple(source.stride()), source.storage_offset())
+    else:
+        storage = _storage_for(source, self.dtype)
+    size = params.get("size")
+    if size is None:
+        size = (storage.numel,)
+    size = tuple(int(d) for d in size)
+    stride = params.get("stride")
+    stride = contiguous_strides(size) if not stride else tuple(int(d) for d in stride)
+    offset = int(params.get("storage_offset") or 0)
+    return _set_metadata(self, storage, size, stride, offset)
+
+
+def _set_metadata(self: JaxTensor, storage: Storage, size: tuple, stride: tuple, offset: int) -> JaxTensor:
+    """Make ``self`` a tensor over ``storage`` with these sizes, strides and
+    offset: torch's meta kernels change self's metadata (first onto a
+    placeholder of the storage's size, then to the view), self's view
+    follows."""
+    extent = offset + sum((d - 1) * st for d, st in zip(size, stride)) + 1 if all(size) else 0
+    if extent > storage.numel:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset} require a storage of "
+            f"{extent * self.element_size()} bytes, but the storage has {storage.numel * self.element_size()}")
+    whole = make(storage, (storage.numel,), self.dtype)
+    with no_dispatch():
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            torch.ops.aten.set_.source_Tensor(self, whole)
+            torch.ops.aten.as_strided_.default(self, size, stride, offset)
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
+    self._storage = storage
+    self._view = view_for(storage, size, stride, offset)
+    return self
+
+
+def _storage_for(source: Any, dtype: torch.dtype) -> Storage:
+    """The device Storage of ``dtype`` behind torch storage ``source`` on
+    'jax': the one tensors of that dtype already share, else made from the
+    storage's newest values (another dtype's, reinterpreted bytewise) or its
+    host bytes."""
+    entry = _storage_bridge.entry_of(source)
+    if entry is None:
+        raise RuntimeError(
+            f"pjrt_host: tensor.set_(storage) needs a storage on '{DEVICE_NAME}' made by torch.load, "
+            f"storage.to('{DEVICE_NAME}'), torch.UntypedStorage(n, device='{DEVICE_NAME}') or "
+            f"tensor.untyped_storage(); got a {source.device} storage")
+    target = jax_dtype(device_dtype(dtype))
+    found = entry.storage(target)
+    if found is not None:
+        entry.latest = np.dtype(target)
+        return found
+    itemsize = np.dtype(target).itemsize
+    numel = entry.nbytes // itemsize
+    index = entry.device_index
+    newest = entry.newest()
+    if newest is not None:
+        array = _bytes_as(_as_bytes(newest.get()), target, numel)
+    else:
+        host = torch.empty(0, dtype=torch.uint8).set_(entry.host)[: numel * itemsize]
+        array = to_jax_array(host.view(dtype) if dtype.itemsize == itemsize else host.view(torch.uint8), index,
+                             None)
+        if dtype.itemsize != itemsize:  # a substituted dtype (the plugin's policy)
+            array = _bytes_as(array, target, numel)
+    storage = Storage(array, (numel,), target, index)
+    if entry.host is None and newest is not None:
+        # A byte-level snapshot of a tensor's data (storage.cpu() comes
+        # this way): writes would not reach the tensor.
+        storage.read_only = (
+            f"pjrt_host: writing into a '{DEVICE_NAME}' tensor's storage as {dtype} (its tensors are "
+            f"{torch_dtype(newest.jax_dtype)}) is not supported; write the tensor itself (t.copy_(...))")
+    if storage.read_only is None:
+        entry.put(target, storage)
+    return storage
+
+
+_bytes_cache: dict[tuple, Any] = {}
+
+
+def _as_bytes(array: Any) -> Any:
+    """The bytes of ``array`` (row-major, the host's byte order) as a flat uint8 array."""
+    key = ("to", array.dtype, array.shape)
+    fn = _bytes_cache.get(key)
+    if fn is None:
+        def to_bytes(a):
+            a = a.reshape(-1)
+            if a.dtype == jnp.bool_:
+                return a.astype(jnp.uint8)
+            if jnp.issubdtype(a.dtype, jnp.complexfloating):
+                a = jnp.stack([a.real, a.imag], axis=-1).reshape(-1)
+            if a.dtype.itemsize == 1:
+                return jax.lax.bitcast_convert_type(a, jnp.uint8)
+            return jax.lax.bitcast_convert_type(a, jnp.uint8).reshape(-1)
+
+        fn = _bytes_cache[key] = jax.jit(to_bytes)
+    return fn(array)
+
+
+def _bytes_as(data: Any, dtype: Any, numel: int) -> Any:
+    """uint8 array ``data`` read as ``numel`` elements of jax dtype ``dtype``."""
+    key = ("from", data.shape, np.dtype(dtype), numel)
+    fn = _bytes_cache.get(key)
+    if fn is None:
+        target = np.dtype(dtype)
+
+        def from_bytes(d):
+            d = d.reshape(-1)[: numel * target.itemsize]
+            if target == np.bool_:
+                return d != 0
+            if target.kind == "c":
+                part = np.dtype(f"f{target.itemsize // 2}")
+                pairs = jax.lax.bitcast_convert_type(d.reshape(numel * 2, part.itemsize), part).reshape(numel, 2)
+                return jax.lax.complex(pairs[:, 0], pairs[:, 1]).astype(target)
+            if target.itemsize == 1:
+                return jax.lax.bitcast_convert_type(d, target)
+            return jax.lax.bitcast_convert_type(d.reshape(numel, target.itemsize), target)
+
+        fn = _bytes_cache[key] = jax.jit(from_bytes)
+    return fn(data)
 
 
 # ---------------------------------------------------------------- *_like / new_*

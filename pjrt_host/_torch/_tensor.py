@@ -21,6 +21,7 @@ installed on :class:`JaxTensor` once by ``_registration``.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -62,7 +63,8 @@ class Storage:
     itself for one device, a ``MeshPlacement`` for an array sharded over a
     mesh (``device_index`` is then the torch device the tensor reports)."""
 
-    __slots__ = ("array", "shape", "jax_dtype", "device_index", "place", "version", "spec", "__weakref__")
+    __slots__ = ("array", "shape", "jax_dtype", "device_index", "place", "version", "spec", "torch_storage",
+                 "read_only", "__weakref__")
 
     def __init__(self, array: Any, shape: tuple[int, ...], dtype: Any, device_index: int, place: Any = None) -> None:
         self.array = array
@@ -72,6 +74,13 @@ class Storage:
         self.place = device_index if place is None else place
         self.version = 0  #: counts writes
         self.spec = TensorSpec((dtype, shape, None))
+        self.torch_storage: Any = None  #: the torch UntypedStorage naming it (_storage_bridge), made on first use
+        #: Why a write is refused (a byte-level snapshot of another Storage, see _storage_ops.set_), else None.
+        self.read_only: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * np.dtype(self.jax_dtype).itemsize
 
     @property
     def numel(self) -> int:
@@ -183,11 +192,38 @@ class JaxTensor(torch.Tensor):
         return _printing.tensor_repr(self)
 
     def __reduce_ex__(self, proto: int):
-        # torch's own reduction for storage-less device tensors: a CPU copy
-        # rebuilt with .to(device) on load, which torch.load(weights_only=True)
-        # accepts (it names no class of ours).
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
+        # As torch reduces a tensor with a storage: its typed storage (one
+        # per Storage, so views and tied tensors are saved once and come
+        # back sharing it), offset, size and stride.  The storage is tagged
+        # 'jax:N', so torch.load's map_location applies as for cuda, and
+        # torch.save writes it through storage.cpu().
+        import collections
+
+        storage = torch.storage.TypedStorage(wrap_storage=self.untyped_storage(), dtype=self.dtype, _internal=True)
+        return (torch._utils._rebuild_tensor_v2,
+                (storage, self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad,
+                 collections.OrderedDict()))
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """A torch storage on this tensor's device, the same object for
+        every tensor over the same data: its ``data_ptr()`` identifies the
+        data (an address range of the storage's size that no other storage
+        overlaps, with no memory behind it) and ``nbytes()`` is its size.
+        ``storage.cpu()`` copies the values; torch.save / torch.load go
+        through it."""
+        storage = self._storage
+        found = storage.torch_storage
+        if found is None:
+            from . import _storage_bridge
+
+            found = storage.torch_storage = _storage_bridge.device_storage(storage, storage.nbytes,
+                                                                           storage.device_index)
+        return found
+
+    def data_ptr(self) -> int:
+        """The storage's ``data_ptr()`` plus this tensor's offset: equal for
+        tensors over the same data, as on any device (not dereferenceable)."""
+        return self.untyped_storage().data_ptr() + self.storage_offset() * self.element_size()
 
     @property
     def data(self):
@@ -287,7 +323,7 @@ def wrap_array(array: Any, index: int, dtype: torch.dtype | None = None, place: 
     if dtype is None:
         dtype = torch_dtype(array.dtype)
     shape = tuple(array.shape)
-    _last[index] = array
+    _last[index] = _weak(array)
     return make(Storage(array, shape, array.dtype, index, place), shape, dtype)
 
 
@@ -324,6 +360,8 @@ def write(t: JaxTensor, value: Any) -> None:
     array broadcastable to t's shape, cast here to the storage's dtype."""
     storage = t._storage
     view = t._view
+    if storage.read_only is not None:
+        raise RuntimeError(storage.read_only)
     if value.dtype != storage.jax_dtype:
         value = value.astype(storage.jax_dtype)
     if type(storage.place) is not int:
@@ -336,7 +374,7 @@ def write(t: JaxTensor, value: Any) -> None:
     else:
         storage.array = _view_writer(view.static)(storage.get(), view.run_offset, value)
     storage.version += 1
-    _last[storage.device_index] = storage.array
+    _last[storage.device_index] = _weak(storage.array)
 
 
 def _view_writer(static: tuple) -> Any:
@@ -362,18 +400,22 @@ def _write_sharded(storage: Storage, view: View | None, value: Any) -> None:
         new = _view_writer(view.static)(previous, view.run_offset, value)
     storage.array = _sharding.settle(new, previous)
     storage.version += 1
-    _last[storage.device_index] = storage.array
+    _last[storage.device_index] = _weak(storage.array)
 
 
 # ---------------------------------------------------------------- synchronize
 
-_last: dict[int, Any] = {}  # device index -> last array produced there
+# device index -> weak reference to the last array produced there.  Weak: a
+# tensor's memory is released when its last reference goes (``del x``), as
+# on cuda; a result nobody holds any more is nothing to wait for.
+_last: dict[int, Any] = {}
+_weak = weakref.ref
 
 
 def note_result(index: int, array: Any) -> None:
     """Record ``array`` as the latest result on device ``index``, for
     :func:`synchronize` (a device runs its computations in order)."""
-    _last[index] = array
+    _last[index] = _weak(array)
 
 
 # Checks whose verdict is computed on the device and read at the next
@@ -416,7 +458,9 @@ def forget_results(index: int | None = None) -> None:
 def synchronize(index: int | None = None) -> None:
     """Block until the computations queued so far on the device (all devices
     with None) have finished."""
-    for i, arr in list(_last.items()):
+    for i, ref in list(_last.items()):
         if index is None or i == index:
-            arr.block_until_ready()
+            arr = ref()
+            if arr is not None:
+                arr.block_until_ready()
     run_deferred_checks()

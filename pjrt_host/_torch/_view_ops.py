@@ -85,7 +85,7 @@ def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
         if r.dtype != self.dtype:
             if func._schema.name == "aten::view":
                 # view(dtype): a reinterpretation; same-width ones are exact.
-                return _view_dtype(self, r.dtype)
+                return _view_dtype(self, r.dtype, r.size)
             # view_as_real / view_as_complex and friends: computed by their
             # lowering as a new tensor (writes through it do not reach self).
             lowering = _lowerings.lookup(func)
@@ -125,12 +125,39 @@ def run_inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
     return self
 
 
-def _view_dtype(self: JaxTensor, dtype: torch.dtype) -> JaxTensor:
+def _view_dtype(self: JaxTensor, dtype: torch.dtype, size: tuple[int, ...]) -> JaxTensor:
+    """``view(dtype)``: the same bytes read as ``dtype`` (torch's meta
+    kernel has checked the shape and given ``size``), computed as a new
+    tensor: writes through it do not reach ``self``.  A different element
+    size splits or joins the last dimension's elements, as torch does."""
     arr = read(self)
     target = jax_dtype(dtype)
-    if np.dtype(target).itemsize != np.dtype(arr.dtype).itemsize:
+    if arr.dtype == jnp.bool_:
+        arr = arr.astype(jnp.uint8)
+    old, new = np.dtype(arr.dtype).itemsize, np.dtype(target).itemsize
+    if old != new and (jnp.issubdtype(arr.dtype, jnp.complexfloating) or np.dtype(target).kind in "cb"):
         raise NotImplementedError(
-            f"pjrt_host: tensor.view({dtype}) of a {self.dtype} tensor (different element size) is not "
-            f"supported on the 'jax' device; use .cpu().view(...) instead")
-    return wrap_array(jax.lax.bitcast_convert_type(arr, target), self._storage.device_index, dtype,
-                      self._storage.place)
+            f"pjrt_host: tensor.view({dtype}) of a {self.dtype} tensor (complex or bool with a different element "
+            f"size) is not supported on the 'jax' device; use .cpu().view(...) instead")
+    out = _bitcast(arr, target, tuple(size))
+    return wrap_array(out, self._storage.device_index, dtype, self._storage.place)
+
+
+_bitcast_cache: dict[tuple, Any] = {}
+
+
+def _bitcast(arr: Any, target: Any, size: tuple[int, ...]) -> Any:
+    key = (arr.dtype, tuple(arr.shape), np.dtype(target), size)
+    fn = _bitcast_cache.get(key)
+    if fn is None:
+        old, new = np.dtype(arr.dtype).itemsize, np.dtype(target).itemsize
+
+        def cast(a):
+            if new > old:  # join groups of the last dimension's elements
+                a = a.reshape(size + (new // old,))
+            if np.dtype(target) == np.bool_:
+                return jax.lax.bitcast_convert_type(a, jnp.uint8).reshape(size) != 0
+            return jax.lax.bitcast_convert_type(a, target).reshape(size)
+
+        fn = _bitcast_cache[key] = jax.jit(cast)
+    return fn(arr)

@@ -1,0 +1,116 @@
+"""``torch.accelerator`` answers for the 'jax' device.
+
+torch's device-generic API asks the accelerator's C++ allocator for memory
+figures (``Allocator for jax is not a DeviceAllocator``: an internal assert)
+and its C++ device guard for streams and synchronisation (a no-op guard: a
+stream's ``synchronize()`` would return at once).  A Python backend can
+register neither, so while 'jax' is torch's current accelerator these
+functions of ``torch.accelerator`` answer from ``torch.jax`` instead, with
+torch's signatures; with any other accelerator they are torch's own,
+untouched (the wrappers call the originals).
+
+Installed once at autoload (no jax import); listed in
+``_registration.PATCHES``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from . import _device_module
+from ._devices import DEVICE_NAME
+
+__all__ = ["FUNCTIONS", "install"]
+
+
+def _ours() -> bool:
+    acc = torch._C._accelerator_getAccelerator()
+    return acc is not None and acc.type == DEVICE_NAME
+
+
+def _index(device: Any) -> Any:
+    if device is None:
+        return None
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != DEVICE_NAME:
+        raise ValueError(f"{device} doesn't match the current accelerator {DEVICE_NAME}.")
+    return device.index if device.index is not None else None
+
+
+def _memory_info(device: Any = None) -> tuple[int, int]:
+    return _device_module.mem_get_info(_index(device))
+
+
+def _empty_cache() -> None:
+    _device_module.empty_cache()
+
+
+def _reset_accumulated(device: Any = None) -> None:
+    pass  # the device keeps no accumulated counters beyond the peak
+
+
+def _synchronize(device: Any = None) -> None:
+    _device_module.synchronize(_index(device))
+
+
+def _current_stream(device: Any = None) -> torch.Stream:
+    return _device_module.current_stream(_index(device))
+
+
+def _set_stream(stream: torch.Stream) -> None:
+    if stream.device.type == DEVICE_NAME:
+        _device_module.set_stream(stream)
+        return
+    raise ValueError(f"{stream.device} doesn't match the current accelerator {DEVICE_NAME}.")
+
+
+def _with_index(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda device=None: fn(_index(device))
+
+
+#: torch.accelerator function -> what answers it on 'jax'.
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "memory_allocated": _with_index(_device_module.memory_allocated),
+    "max_memory_allocated": _with_index(_device_module.max_memory_allocated),
+    "memory_reserved": _with_index(_device_module.memory_reserved),
+    "max_memory_reserved": _with_index(_device_module.max_memory_reserved),
+    "memory_stats": _with_index(_device_module.memory_stats),
+    "reset_peak_memory_stats": _with_index(_device_module.reset_peak_memory_stats),
+    "reset_accumulated_memory_stats": _reset_accumulated,
+    "get_memory_info": _memory_info,
+    "empty_cache": _empty_cache,
+    "synchronize": _synchronize,
+    "current_stream": _current_stream,
+    "set_stream": _set_stream,
+}
+
+
+def install() -> list[str]:
+    """Wrap each of :data:`FUNCTIONS` in ``torch.accelerator`` (and its
+    ``memory`` submodule); returns the names wrapped.  Idempotent."""
+    import torch.accelerator as accelerator
+
+    memory = getattr(accelerator, "memory", None)
+    done = []
+    for name, ours in FUNCTIONS.items():
+        original = getattr(accelerator, name, None)
+        if original is None or getattr(original, "_pjrt_host", False):
+            continue
+
+        def wrapper(*args: Any, __original=original, __ours=ours, **kwargs: Any) -> Any:
+            if _ours():
+                return __ours(*args, **kwargs)
+            return __original(*args, **kwargs)
+
+        wrapper = functools.wraps(original)(wrapper)
+        wrapper._pjrt_host = True  # type: ignore[attr-defined]
+        setattr(accelerator, name, wrapper)
+        if memory is not None and getattr(memory, name, None) is original:
+            setattr(memory, name, wrapper)
+        done.append(name)
+    return done
