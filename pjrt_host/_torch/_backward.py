@@ -119,5 +119,6 @@ def install() -> None:
             raise pending
         return result
 
+    _engine_run_backward._pjrt_host = True  # type: ignore[attr-defined]
     autograd._engine_run_backward = _engine_run_backward
     _installed = True

@@ -15,7 +15,7 @@ import torch
 from . import _accelerator, _backward, _device_module, _generators, _modules, _storage_bridge
 from ._devices import DEVICE_NAME
 
-__all__ = ["AUTOCAST_OPS", "DEVICE_OPS", "FACTORY_OPS", "PATCHES", "is_registered", "register"]
+__all__ = ["AUTOCAST_FP32_OPS", "AUTOCAST_OPS", "DEVICE_OPS", "FACTORY_OPS", "PATCHES", "is_registered", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,21 @@ AUTOCAST_OPS = (
     "mm", "bmm", "matmul", "addmm", "addbmm", "baddbmm", "linear", "conv1d", "conv2d", "conv3d",
     "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "prelu",
     "_scaled_dot_product_attention_math", "scaled_dot_product_attention", "chain_matmul", "addmv", "mv",
+)
+
+# Ops that run in float32 under torch.autocast('jax') when given float16 /
+# bfloat16 inputs: torch's "fp32" autocast list for cuda (ops whose range or
+# accumulation a 16-bit type would spoil: exp/log family, norms, softmax,
+# losses, reductions).
+AUTOCAST_FP32_OPS = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+    "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm", "group_norm",
+    "frobenius_norm.dim", "nuclear_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss",
+    "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+    "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    "softmax.int", "log_softmax.int", "cross_entropy_loss", "prod", "prod.dim_int", "sum", "sum.dim_IntList",
+    "cumsum", "cumprod", "norm.Scalar", "norm.ScalarOpt_dim", "linalg_vector_norm",
 )
 
 # Ops torch runs on the device key itself, with Python dispatch turned off
@@ -128,8 +143,9 @@ def register() -> None:
         if current != DEVICE_NAME:
             torch.utils.rename_privateuse1_backend(DEVICE_NAME)
         # tensor.jax(), tensor.is_jax, module.jax(), as torch's built-in devices have.
-        torch.utils.generate_methods_for_privateuse1_backend(
-            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
+        if not hasattr(torch.Tensor, f"is_{DEVICE_NAME}"):  # a failed earlier attempt may have made them
+            torch.utils.generate_methods_for_privateuse1_backend(
+                for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
         if not hasattr(torch, DEVICE_NAME):
             torch._register_device_module(DEVICE_NAME, _device_module)
         # Without hooks and a device guard, torch.accelerator reports the
@@ -138,19 +154,29 @@ def register() -> None:
         torch._C._acc.register_python_privateuseone_hook(_Hooks())
         torch._C._acc.register_python_privateuseone_device_guard(_DeviceGuard())
         _register_kernels()
-        _patch_pin_memory()
-        # torch.load(map_location='jax'), storage.to('jax'), UntypedStorage(n, device='jax').
-        _storage_bridge.register_serialization()
-        _patch_untyped_storage()
-        # torch.accelerator's memory figures, synchronize and streams.
-        _accelerator.install()
-        # module.to('jax') keeps tied parameters tied (and parameter objects).
-        _modules.install()
-        # A device error inside a backward raises at backward(), not abort().
-        _backward.install()
-        # torch.Generator(device='jax'), which torch builds only through C++ hooks.
-        _generators.install()
+        # Each of these serves one feature and leans on torch internals a
+        # torch release may change: one that fails costs its feature (named
+        # in the warning), never the device.
+        for install, feature in _optional():
+            try:
+                install()
+            except Exception as err:
+                logger.warning("pjrt_host: %s is unavailable with this torch (%s): %s: %s. The 'jax' device "
+                               "works without it; please report this with your torch version.",
+                               feature, torch.__version__, type(err).__name__, err)
         _registered = True
+
+
+def _optional() -> list:
+    return [
+        (_patch_pin_memory, "tensor.pin_memory() for 'jax'"),
+        (_storage_bridge.register_serialization, "torch.load(map_location='jax')"),
+        (_patch_untyped_storage, "torch.UntypedStorage(n, device='jax')"),
+        (_accelerator.install, "torch.accelerator memory figures and synchronize"),
+        (_modules.install, "module.to('jax') keeping parameter objects and tied weights"),
+        (_backward.install, "device errors inside backward() raised at backward()"),
+        (_generators.install, "torch.Generator(device='jax')"),
+    ]
 
 
 def _patch_pin_memory() -> None:
@@ -239,6 +265,7 @@ def _register_kernels() -> None:
     aten = torch.library.Library("aten", "IMPL")
     _libraries.append(aten)
     for names, make_kernel, key in ((AUTOCAST_OPS, _autocast_kernel, "AutocastPrivateUse1"),
+                                    (AUTOCAST_FP32_OPS, _autocast_fp32_kernel, "AutocastPrivateUse1"),
                                     (FACTORY_OPS, _factory_kernel, "PrivateUse1"),
                                     (DEVICE_OPS, _device_kernel, "PrivateUse1")):
         for name in names:
@@ -309,7 +336,14 @@ def _device_kernel(name: str):
     return _never_traced(kernel)
 
 
-def _autocast_kernel(name: str):
+def _autocast_fp32_kernel(name: str):
+    return _autocast_kernel(name, to_float32=True)
+
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _autocast_kernel(name: str, to_float32: bool = False):
     op = None
     key = torch._C.DispatchKey.AutocastPrivateUse1
 
@@ -317,10 +351,11 @@ def _autocast_kernel(name: str):
         nonlocal op
         if op is None:
             op = _aten_op(name)
-        dtype = torch.get_autocast_dtype(DEVICE_NAME)
+        dtype = torch.float32 if to_float32 else torch.get_autocast_dtype(DEVICE_NAME)
 
         def cast(v):
-            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.device.type == DEVICE_NAME:
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.device.type == DEVICE_NAME and (
+                    not to_float32 or v.dtype in _LOW_PRECISION):
                 return v.to(dtype)
             if isinstance(v, (list, tuple)):
                 return type(v)(cast(x) for x in v)

@@ -111,7 +111,16 @@ class CudaPlugin(DevicePlugin):
             xla_client.register_custom_type(name, value, platform="CUDA")
         for name, value in extension.ffi_handlers().items():
             xla_client.register_custom_call_target(name, value, platform="CUDA", api_version=1)
-        triton.register_compilation_handler("CUDA", functools.partial(extension.compile_triton_to_asm, c_api))
+        # A private jax hook that jax releases move (jax 0.11 has none here):
+        # without it only Pallas/Triton kernels are missing, so say so and go on.
+        register_triton = getattr(triton, "register_compilation_handler", None)
+        compile_triton = getattr(extension, "compile_triton_to_asm", None)
+        if register_triton is None or compile_triton is None:
+            logger.warning("this jax (%s) offers no Triton compilation hook to pjrt-host-gpu: Pallas/Triton "
+                           "kernels are unavailable on the 'cuda' plugin; everything else runs",
+                           getattr(__import__("jax"), "__version__", "?"))
+            return
+        register_triton("CUDA", functools.partial(compile_triton, c_api))
 
     def _extension_packages(self) -> list[str]:
         """The companion package of the library in use first, then the others."""
