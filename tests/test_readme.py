@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import REPO
+from conftest import REPO, run_python
 
 
 def readme_commands() -> list[str]:
@@ -29,3 +29,16 @@ def test_constraints_pin_the_versions_tested_together():
                 if "==" in line and not line.startswith("#"))
     assert pins["torch"] == "2.13.0"
     assert pins["jax"] == pins["jaxlib"] == "0.10.2"
+
+
+def readme_python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+
+
+def test_readme_python_examples_run_as_written():
+    """The README's Python blocks, in order, as one session (each block
+    continues the previous one, as a reader types them)."""
+    blocks = readme_python_blocks()
+    assert len(blocks) >= 3
+    result = run_python(["-c", "\n".join(blocks)], env={"PJRT_DEVICE": "cpu_ref"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
