@@ -84,3 +84,35 @@ lowering("aten::_foreach_addcdiv.Scalar", "aten::_foreach_addcdiv.ScalarList", "
 @lowering("aten::_foreach_lerp.List", "aten::_foreach_lerp.Scalar", "aten::_foreach_lerp.ScalarList")
 def foreach_lerp(tensors, ends, weight):
     return [pw.lerp(t, e, w) for t, e, w in zip(tensors, ends, _pairs(weight, len(tensors)))]
+
+
+# ---------------------------------------------------------------- torch.amp.GradScaler
+# The functional forms; the dispatcher runs the in-place ones GradScaler
+# calls (``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``)
+# through them and writes the results back.
+
+
+@lowering("aten::_amp_foreach_non_finite_check_and_unscale.default")
+def amp_foreach_non_finite_check_and_unscale(tensors, found_inf, inv_scale):
+    """Each gradient times ``inv_scale``; ``found_inf`` becomes 1 if any
+    element of any gradient is inf or NaN (torch's CUDA kernel's rule)."""
+    bad = jnp.zeros((), dtype=jnp.bool_)
+    for t in tensors:
+        bad = bad | ~jnp.all(jnp.isfinite(t))
+    scale = inv_scale.reshape(())
+    unscaled = [(t * scale.astype(t.dtype)).astype(t.dtype) for t in tensors]
+    return unscaled, jnp.maximum(found_inf, bad.astype(found_inf.dtype))
+
+
+@lowering("aten::_amp_update_scale.default")
+def amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    """torch's _amp_update_scale: back off and reset on inf/NaN; grow (if the
+    grown scale stays finite) after ``growth_interval`` clean steps."""
+    found = found_inf.reshape(()) > 0
+    successful = growth_tracker + 1
+    grow = successful >= growth_interval
+    grown = scale * growth_factor
+    grown = jnp.where(jnp.isfinite(grown), grown, scale)
+    new_scale = jnp.where(found, scale * backoff_factor, jnp.where(grow, grown, scale))
+    new_tracker = jnp.where(found | grow, jnp.zeros_like(growth_tracker), successful)
+    return new_scale.astype(scale.dtype), new_tracker.astype(growth_tracker.dtype)

@@ -2,8 +2,7 @@
 
 torch's device-generic API asks the accelerator's C++ allocator for memory
 figures (``Allocator for jax is not a DeviceAllocator``: an internal assert)
-and its C++ device guard for streams and synchronisation (a no-op guard: a
-stream's ``synchronize()`` would return at once).  A Python backend can
+and its C++ device guard for synchronisation.  A Python backend can
 register neither, so while 'jax' is torch's current accelerator these
 functions of ``torch.accelerator`` answer from ``torch.jax`` instead, with
 torch's signatures; with any other accelerator they are torch's own,
@@ -85,9 +84,10 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "get_memory_info": _memory_info,
     "empty_cache": _empty_cache,
     "synchronize": _synchronize,
-    "current_stream": _current_stream,
-    "set_stream": _set_stream,
 }
+# current_stream / set_stream stay torch's: dynamo calls current_stream while
+# tracing and needs torch's own Stream type back (torch.jax.current_stream()
+# gives the one whose synchronize() waits).
 
 
 def install() -> list[str]:

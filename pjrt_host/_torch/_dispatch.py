@@ -116,6 +116,11 @@ def _handler_for(func: Any) -> Handler:
             # An in-place op with a lowering of its own: it returns self's new value.
             return CompiledOp(func, lowering, inplace=0).__call__
         functional = _functional_of(func, schema, mutable)
+        if functional is not None and len(mutable) > 1 and not functional[1]:
+            # An in-place op writing several arguments (GradScaler's
+            # _amp_update_scale_, _amp_foreach_non_finite_check_and_unscale_):
+            # its functional twin returns their new values, in order.
+            return functools.partial(_write_back_each, functional[0], schema, mutable)
         if functional is not None:
             functional_op, out_names = functional
             functional_lowering = _lowerings.lookup(functional_op)
@@ -251,6 +256,21 @@ def _via_functional(decomposition: Callable, out_names: tuple[str, ...], args: t
     self = args[0]
     self.copy_(decomposition(*args, **kwargs))
     return self
+
+
+def _write_back_each(functional_op: Any, schema: Any, mutable: list, args: tuple, kwargs: dict) -> Any:
+    results = functional_op(*args, **kwargs)
+    results = results if isinstance(results, (tuple, list)) else (results,)
+    bound = dict(zip((a.name for a in schema.arguments), args))
+    bound.update(kwargs)
+    for argument, value in zip(mutable, results):
+        target = bound[argument.name]
+        if isinstance(target, (list, tuple)):
+            for t, v in zip(target, value):
+                t.copy_(v)
+        else:
+            target.copy_(value)
+    return bound[mutable[0].name] if schema.returns else None
 
 
 def _last_resort(func: Any, args: tuple, kwargs: dict) -> Any:

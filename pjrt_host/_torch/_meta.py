@@ -85,6 +85,8 @@ def output_plan(known: bool, out: Any) -> OutputPlan:
     if not known:
         return OutputPlan("single", None)
     if isinstance(out, (tuple, list)):
+        if any(isinstance(o, (tuple, list)) for o in out):
+            return OutputPlan("single", None)  # nested (Tensor[] among the results): wrapped as they come
         return OutputPlan("tuple" if isinstance(out, tuple) else "list", tuple(_spec(o) for o in out))
     if isinstance(out, (torch.Tensor, bool, int, float)):
         return OutputPlan("single", (_spec(out),))
