@@ -186,9 +186,8 @@ def test_torch_accelerator_answers_for_the_device():
     torch.accelerator.empty_cache()
     torch.accelerator.synchronize()
     torch.accelerator.synchronize(0)
-    stream = torch.accelerator.current_stream()
+    stream = torch.accelerator.current_stream()  # torch's own type, which dynamo needs
     assert isinstance(stream, torch.Stream) and stream.device == torch.device("jax:0")
-    torch.accelerator.set_stream(stream)
 
 
 def test_streams_and_events():
@@ -237,3 +236,50 @@ def test_activation_checkpointing_replays_dropout(reentrant):
     assert torch.jax._initialized
     for want, got in zip(grads(False), grads(True)):
         torch.testing.assert_close(got, want)
+
+
+def test_transformers_save_pretrained_and_from_pretrained(tmp_path):
+    """A transformers model saved from 'jax' (safetensors, tied embeddings)
+    and loaded back with .to('jax') and with device_map='jax' (accelerate)
+    equals the CPU model."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0)
+    cpu_model = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        expected = cpu_model(ids).logits
+    on_device = transformers.GPT2LMHeadModel(config)
+    on_device.load_state_dict(cpu_model.state_dict())
+    on_device.to(DEV).save_pretrained(tmp_path)
+    for model in (transformers.GPT2LMHeadModel.from_pretrained(tmp_path).to(DEV),
+                  transformers.GPT2LMHeadModel.from_pretrained(tmp_path, device_map=DEV)):
+        assert model.lm_head.weight.device.type == DEV
+        assert model.lm_head.weight is model.transformer.wte.weight
+        with torch.no_grad():
+            got = model.eval()(ids.to(DEV)).logits.cpu()
+        torch.testing.assert_close(got, expected)
+
+
+def test_registration_patches_are_exactly_the_inventory():
+    from pjrt_host._torch import _accelerator, _registration
+
+    def resolve(path):
+        obj = torch
+        for part in path.split(".")[1:]:
+            obj = getattr(obj, part)
+        return obj
+
+    for name in _registration.PATCHES:
+        if name.startswith("torch.") and " " not in name:
+            assert getattr(resolve(name), "_pjrt_host", False), name
+    assert getattr(type(torch._C.Generator).__call__, "_pjrt_host", False)
+    wrapped = {n for n in dir(torch.accelerator) if getattr(getattr(torch.accelerator, n), "_pjrt_host", False)}
+    assert wrapped == set(_accelerator.FUNCTIONS)
+    # Nothing else of torch.Tensor / UntypedStorage / nn.Module is ours.
+    for cls in (torch.Tensor, torch.UntypedStorage, torch.nn.Module):
+        ours = {f"torch.{'nn.Module' if cls is torch.nn.Module else cls.__name__}.{n}" for n, v in vars(cls).items()
+                if getattr(v, "_pjrt_host", False) or getattr(getattr(v, "__func__", None), "_pjrt_host", False)}
+        assert ours <= set(_registration.PATCHES), ours
