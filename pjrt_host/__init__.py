@@ -91,13 +91,21 @@ def _register_torch_device() -> None:
     # `import pjrt_host` makes device='jax' work like torch's autoload does,
     # when torch is already imported; it never imports torch itself (if torch
     # comes later, its `torch.backends` entry point does the same).
+    # Imported by the user (torch absent or fully imported), not by torch's
+    # own entry-point loading in the middle of `import torch`: an explicit
+    # request for the device, which autoload honours on torch builds with an
+    # accelerator of their own too.
     import sys
 
     torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "_import_device_backends"):
-        from ._torch import autoload
+    importing_torch = torch is not None and getattr(getattr(torch, "__spec__", None), "_initializing", False)
+    if importing_torch:
+        return
+    from . import _torch
 
-        autoload()
+    _torch.explicit = True
+    if torch is not None and hasattr(torch, "_import_device_backends"):
+        _torch.autoload()
 
 
 _register_torch_device()

@@ -56,6 +56,36 @@ def test_plain_import_torch_makes_the_device_work():
     assert "device='jax:0'" in out.stdout and "OK torch.Size([100])" in out.stdout
 
 
+def test_torch_builds_with_their_own_accelerator_keep_it_unless_asked():
+    """torch makes a registered PrivateUse1 device the accelerator, and its
+    autograd then fails every CUDA backward (pytorch/pytorch#161129): on a
+    CUDA / ROCm / XPU / MPS build, `import torch` alone must not register
+    'jax'; PJRT_DEVICE=NAME or `import pjrt_host` does.  The build flag is
+    simulated (torch.version.cuda), the registration is the real one."""
+    code = """
+        import os, torch
+        torch.version.cuda = "13.0"  # what a CUDA build says
+        torch.__spec__._initializing = True    # as while `import torch` loads its entry points
+        from pjrt_host import _torch
+        torch.__spec__._initializing = False
+        _torch.autoload()                      # what torch's entry point calls
+        print("implicit:", torch._C._get_privateuse1_backend_name())
+        os.environ["PJRT_DEVICE"] = "cpu_ref"
+        _torch.autoload()
+        print("PJRT_DEVICE:", torch._C._get_privateuse1_backend_name(), torch.ones(2, device="jax").device)
+    """
+    out = run(code, autoload=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "implicit: privateuseone" in out.stdout and "PJRT_DEVICE: jax jax:0" in out.stdout
+    explicit = run("""
+        import torch
+        torch.version.cuda = "13.0"
+        import pjrt_host                        # an explicit request
+        print(torch.ones(2, device="jax").device)
+    """, autoload=False)
+    assert explicit.returncode == 0 and "jax:0" in explicit.stdout, explicit.stderr[-3000:]
+
+
 def test_autoload_off_disables_the_device():
     out = run("""
         import torch

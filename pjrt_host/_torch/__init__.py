@@ -47,13 +47,40 @@ __all__ = ["DEVICE_NAME", "autoload"]
 DEVICE_NAME = "jax"
 
 
+#: Set by ``import pjrt_host`` (not by torch's entry point): the user asked for the device.
+explicit = False
+
+
 def autoload() -> None:
     """Entry point of the ``torch.backends`` group: make device='jax' work.
 
     Idempotent.  Safe to call while ``import torch`` is still running: torch
     calls it after every public name it needs is defined.  Never raises: a
     failure here would make every ``import torch`` fail, so it is logged
-    and the device is simply absent."""
+    and the device is simply absent.
+
+    On a torch build with an accelerator of its own (a CUDA, ROCm, XPU or
+    MPS build), ``import torch`` alone leaves torch's accelerator in place:
+    torch makes a registered PrivateUse1 device *the* accelerator, and its
+    autograd engine then fails every backward over that build's own tensors
+    (``opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED``,
+    pytorch/pytorch#161129) -- installing pjrt_host must not break a CUDA
+    program.  There the device comes with ``PJRT_DEVICE=NAME`` or
+    ``import pjrt_host``."""
+    import os
+
+    if not explicit and not os.environ.get("PJRT_DEVICE"):
+        from ._builtin import torch_own_accelerator_built
+
+        own = torch_own_accelerator_built()
+        if own is not None:
+            import logging
+
+            logging.getLogger(__name__).info(
+                "this torch is a %s build: the 'jax' device is registered by `import pjrt_host` or with "
+                "PJRT_DEVICE=NAME, not by `import torch` alone (registering makes it torch's accelerator, "
+                "which breaks %s autograd in the process)", own, own)
+            return
     try:
         from . import _registration
 

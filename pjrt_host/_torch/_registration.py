@@ -141,6 +141,16 @@ def register() -> None:
                 "disable it to use pjrt_host's device.", current)
             return
         if current != DEVICE_NAME:
+            from ._builtin import torch_own_accelerator_available
+
+            own = torch_own_accelerator_available()
+            if own is not None:
+                logger.warning(
+                    "pjrt_host: the 'jax' device becomes torch's accelerator in this process, in place of %s: "
+                    "torch's autograd then fails backward passes over %s tensors (opt_ready_stream && "
+                    "opt_parent_stream INTERNAL ASSERT FAILED, pytorch/pytorch#161129). Use %s and 'jax' "
+                    "tensors in separate processes for training; DLPack and .to() between them work.",
+                    own, own, own)
             torch.utils.rename_privateuse1_backend(DEVICE_NAME)
         # tensor.jax(), tensor.is_jax, module.jax(), as torch's built-in devices have.
         if not hasattr(torch.Tensor, f"is_{DEVICE_NAME}"):  # a failed earlier attempt may have made them

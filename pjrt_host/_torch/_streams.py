@@ -100,9 +100,12 @@ class Stream(torch.Stream):
 
     def synchronize(self) -> None:
         """Wait for all work issued to the device so far."""
-        from . import _device_module
+        from .. import _runtime
 
-        _device_module.synchronize(self.device_index)
+        if _runtime.is_initialized():  # else nothing was ever issued
+            from . import _tensor
+
+            _tensor.synchronize(self.device_index)
 
     def query(self) -> bool:
         """Whether all work issued to the device so far has finished."""
