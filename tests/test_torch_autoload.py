@@ -59,12 +59,13 @@ def test_plain_import_torch_makes_the_device_work():
 def test_torch_builds_with_their_own_accelerator_keep_it_unless_asked():
     """torch makes a registered PrivateUse1 device the accelerator, and its
     autograd then fails every CUDA backward (pytorch/pytorch#161129): on a
-    CUDA / ROCm / XPU / MPS build, `import torch` alone must not register
-    'jax'; PJRT_DEVICE=NAME or `import pjrt_host` does.  The build flag is
-    simulated (torch.version.cuda), the registration is the real one."""
+    machine where torch has a usable accelerator of its own, `import torch`
+    alone must not register 'jax'; PJRT_DEVICE=NAME or `import pjrt_host`
+    does.  torch's answer is simulated (torch._C._get_accelerator), the
+    registration is the real one."""
     code = """
         import os, torch
-        torch.version.cuda = "13.0"  # what a CUDA build says
+        torch._C._get_accelerator = lambda: torch.device("cuda")  # what torch says on a GPU machine
         torch.__spec__._initializing = True    # as while `import torch` loads its entry points
         from pjrt_host import _torch
         torch.__spec__._initializing = False
@@ -79,7 +80,7 @@ def test_torch_builds_with_their_own_accelerator_keep_it_unless_asked():
     assert "implicit: privateuseone" in out.stdout and "PJRT_DEVICE: jax jax:0" in out.stdout
     explicit = run("""
         import torch
-        torch.version.cuda = "13.0"
+        torch._C._get_accelerator = lambda: torch.device("cuda")
         import pjrt_host                        # an explicit request
         print(torch.ones(2, device="jax").device)
     """, autoload=False)

@@ -116,3 +116,10 @@ def amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_fa
     new_scale = jnp.where(found, scale * backoff_factor, jnp.where(grow, grown, scale))
     new_tracker = jnp.where(found | grow, jnp.zeros_like(growth_tracker), successful)
     return new_scale.astype(scale.dtype), new_tracker.astype(growth_tracker.dtype)
+
+
+@lowering("aten::_foreach_copy.default")
+def foreach_copy(tensors, src, non_blocking=False):
+    """Each tensor gets its source's values (broadcast, in its own dtype);
+    FSDP2 copies its unsharded parameters in this way."""
+    return [jnp.broadcast_to(s, t.shape).astype(t.dtype) for t, s in zip(tensors, src)]

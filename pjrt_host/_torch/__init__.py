@@ -59,8 +59,9 @@ def autoload() -> None:
     failure here would make every ``import torch`` fail, so it is logged
     and the device is simply absent.
 
-    On a torch build with an accelerator of its own (a CUDA, ROCm, XPU or
-    MPS build), ``import torch`` alone leaves torch's accelerator in place:
+    Where torch has a usable accelerator of its own (a CUDA, ROCm, XPU or
+    MPS build on a machine with that device), ``import torch`` alone leaves
+    torch's accelerator in place:
     torch makes a registered PrivateUse1 device *the* accelerator, and its
     autograd engine then fails every backward over that build's own tensors
     (``opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED``,
@@ -70,16 +71,16 @@ def autoload() -> None:
     import os
 
     if not explicit and not os.environ.get("PJRT_DEVICE"):
-        from ._builtin import torch_own_accelerator_built
+        from ._builtin import torch_own_accelerator
 
-        own = torch_own_accelerator_built()
+        own = torch_own_accelerator()
         if own is not None:
             import logging
 
             logging.getLogger(__name__).info(
-                "this torch is a %s build: the 'jax' device is registered by `import pjrt_host` or with "
-                "PJRT_DEVICE=NAME, not by `import torch` alone (registering makes it torch's accelerator, "
-                "which breaks %s autograd in the process)", own, own)
+                "torch has its own accelerator here (%s): the 'jax' device is registered by `import pjrt_host` "
+                "or with PJRT_DEVICE=NAME, not by `import torch` alone (registering makes it torch's "
+                "accelerator, which breaks %s autograd in the process)", own, own)
             return
     try:
         from . import _registration

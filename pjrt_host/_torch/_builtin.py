@@ -1,42 +1,29 @@
-"""The accelerator a torch build carries itself (CUDA, ROCm, XPU, MPS).
+"""The accelerator torch itself would use in this process (its CUDA, ROCm,
+XPU or MPS device), asked of torch before the 'jax' device is named.
 
 torch makes a registered PrivateUse1 device *the* accelerator of the
 process, in place of its own; see :func:`pjrt_host._torch.autoload` for why
-that decides when the 'jax' device registers.  These names are torch's
-built-in device types, not plugin names.
+that decides when the 'jax' device registers.  torch answers for its own
+devices (``torch._C._get_accelerator``), so no device is named here.  On a
+CPU build the answer is immediate; on a build with a device runtime torch
+asks the driver once, as ``torch.cuda.is_available()`` does.
 """
 
 from __future__ import annotations
 
-__all__ = ["torch_own_accelerator_available", "torch_own_accelerator_built"]
+__all__ = ["torch_own_accelerator"]
 
 
-def torch_own_accelerator_built() -> str | None:
-    """The accelerator this torch build carries itself ('cuda', 'hip', 'xpu',
-    'mps'), or None for a CPU build.  Read from build flags only: cheap, and
-    no driver is touched."""
+def torch_own_accelerator() -> str | None:
+    """The device type of torch's own usable accelerator, or None (a CPU
+    build, no device, or PrivateUse1 already named, when torch can no longer
+    tell)."""
     import torch
 
-    version = torch.version
-    for name in ("cuda", "hip", "xpu"):
-        if getattr(version, name, None):
-            return name
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_built():
-        return "mps"
-    return None
-
-
-def torch_own_accelerator_available() -> str | None:
-    """:func:`torch_own_accelerator_built`, if its device is usable here
-    (asks the driver: only for an explicit registration)."""
-    import torch
-
-    own = torch_own_accelerator_built()
-    if own in ("cuda", "hip"):
-        return own if torch.cuda.is_available() else None
-    if own == "xpu":
-        return own if torch.xpu.is_available() else None
-    if own == "mps":
-        return own if torch.backends.mps.is_available() else None
-    return None
+    if torch._C._get_privateuse1_backend_name() != "privateuseone":
+        return None
+    try:
+        found = torch._C._get_accelerator()
+    except Exception:  # torch could not ask its runtime: behave as on a CPU build
+        return None
+    return None if found is None or found.type == "cpu" else found.type

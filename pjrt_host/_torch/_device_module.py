@@ -150,12 +150,30 @@ def current_device() -> int:
 
 
 def set_device(device: Any) -> None:
-    """Make ``device`` (int, 'jax:N' or torch.device) the current device."""
+    """Make ``device`` (int, 'jax:N' or torch.device) the current device.
+
+    torch's launcher-aware code (``init_device_mesh``, FSDP recipes) calls
+    ``set_device(LOCAL_RANK)``, assuming every process sees all of its host's
+    devices, as with cuda.  A process here sees its own share (the plugin
+    splits a host's devices among its processes), so that index -- this
+    process's local rank, beyond its device count -- means its device
+    ``LOCAL_RANK % device_count()``."""
     index = _devices.device_index(device)
     count = device_count()
+    if count and index >= count and _is_local_rank(index):
+        index %= count
     if not 0 <= index < count:
         raise RuntimeError(f"Invalid device index {index}: there are {count} '{DEVICE_NAME}' device(s)")
     _devices.set_current_index(index)
+
+
+def _is_local_rank(index: int) -> bool:
+    import os
+
+    try:
+        return int(os.environ.get("LOCAL_RANK", "-1")) == index
+    except ValueError:
+        return False
 
 
 class device:

@@ -116,10 +116,12 @@ def _handler_for(func: Any) -> Handler:
             # An in-place op with a lowering of its own: it returns self's new value.
             return CompiledOp(func, lowering, inplace=0).__call__
         functional = _functional_of(func, schema, mutable)
-        if functional is not None and len(mutable) > 1 and not functional[1]:
+        writes_list = any(str(a.type).startswith("List[") or str(a.type).endswith("[]") for a in mutable)
+        if functional is not None and (writes_list or (len(mutable) > 1 and not functional[1])):
             # An in-place op writing several arguments (GradScaler's
-            # _amp_update_scale_, _amp_foreach_non_finite_check_and_unscale_):
-            # its functional twin returns their new values, in order.
+            # _amp_update_scale_, _amp_foreach_non_finite_check_and_unscale_)
+            # or a list (_foreach_copy_): its functional twin returns their
+            # new values, in order.
             return functools.partial(_write_back_each, functional[0], schema, mutable)
         if functional is not None:
             functional_op, out_names = functional
@@ -220,22 +222,28 @@ def _decomposition(func: Any) -> Callable | None:
 
 
 def custom_op_kernel(func: Any) -> Callable | None:
-    """The implementation of an op outside ``aten`` registered for every
-    device (``torch.library.custom_op`` without device_types, or
-    CompositeExplicitAutograd): written in torch ops, it runs on 'jax'
-    tensors as they are, eagerly and -- as a decomposition -- in compiled
-    graphs.  None for aten ops (their such kernels often just call their
+    """The implementation of an op outside ``aten`` registered for this
+    device's key (PrivateUse1) or for every device (``torch.library.custom_op``
+    without device_types, or CompositeExplicitAutograd): written in torch
+    ops, it runs on 'jax' tensors as they are, eagerly and -- as a
+    decomposition -- in compiled graphs.  None for aten ops (their such kernels often just call their
     ``out=`` form, which the device runs through the functional op: that
     would go round in circles) and for ops without one."""
     try:
         name = func.name()
-        if name.startswith("aten::") or not torch._C._dispatch_has_kernel_for_dispatch_key(
-                name, "CompositeExplicitAutograd"):
+        if name.startswith("aten::"):
             return None
+        # A kernel registered for this device's own key by the op's library
+        # (FSDP2's fsdp::all_gather_copy_in / chunk_cat / split_with_sizes_copy
+        # register one for PrivateUse1, written in torch ops) comes first.
+        for key in ("PrivateUse1", "CompositeExplicitAutograd"):
+            if torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
+                # OpOverload._op_dk: the kernel of one dispatch key (what
+                # OpOverload.decompose uses; pinned by a test)
+                return functools.partial(func._op_dk, getattr(torch._C.DispatchKey, key))
     except (AttributeError, RuntimeError):
         return None
-    # OpOverload._op_dk: the kernel of one dispatch key (what OpOverload.decompose uses; pinned by a test)
-    return functools.partial(func._op_dk, torch._C.DispatchKey.CompositeExplicitAutograd)
+    return None
 
 
 def _has_composite_kernel(func: Any) -> bool:
@@ -259,8 +267,10 @@ def _via_functional(decomposition: Callable, out_names: tuple[str, ...], args: t
 
 
 def _write_back_each(functional_op: Any, schema: Any, mutable: list, args: tuple, kwargs: dict) -> Any:
-    results = functional_op(*args, **kwargs)
-    results = results if isinstance(results, (tuple, list)) else (results,)
+    out_names = {a.name for a in mutable if a.kwarg_only}
+    results = functional_op(*args, **{k: v for k, v in kwargs.items() if k not in out_names})
+    if len(mutable) == 1 or not isinstance(results, (tuple, list)):
+        results = (results,)
     bound = dict(zip((a.name for a in schema.arguments), args))
     bound.update(kwargs)
     for argument, value in zip(mutable, results):
@@ -270,7 +280,10 @@ def _write_back_each(functional_op: Any, schema: Any, mutable: list, args: tuple
                 t.copy_(v)
         else:
             target.copy_(value)
-    return bound[mutable[0].name] if schema.returns else None
+    if not schema.returns:
+        return None
+    written = [bound[a.name] for a in mutable][:len(schema.returns)]  # an in-place op returns what it wrote
+    return written[0] if len(written) == 1 else tuple(written)
 
 
 def _last_resort(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -162,5 +162,8 @@ _CHECKS: dict[str, Callable[[tuple, dict], None]] = {
 
 def checker_for(name: str) -> Callable[[tuple, dict], None] | None:
     """The index check of ATen op ``name`` ("aten::gather.out"), or None."""
-    base = name.split("::", 1)[-1].split(".", 1)[0].rstrip("_")
+    namespace, _, rest = name.rpartition("::")
+    if namespace not in ("aten", ""):  # c10d::gather_ is no aten::gather
+        return None
+    base = rest.split(".", 1)[0].rstrip("_")
     return _CHECKS.get(base)

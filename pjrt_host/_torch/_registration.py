@@ -92,6 +92,8 @@ PATCHES = {
                                "no pinned allocator can be registered from Python",
     "torch.UntypedStorage.__new__": "UntypedStorage(n, device='jax') would dereference a null allocator",
     "torch.UntypedStorage.new": "storage.new() of a 'jax' storage would dereference a null allocator",
+    "torch.UntypedStorage.resize_": "FSDP2 frees / re-allocates parameters by resizing their storage",
+    "torch.UntypedStorage.nbytes": "a freed 'jax' storage reports 0 bytes",
     "torch.nn.Module._apply": "module.to('jax') keeps parameter objects and tied weights",
     "torch.autograd._engine_run_backward": "a device error inside backward raises at backward(), "
                                                  "not abort()",
@@ -141,9 +143,9 @@ def register() -> None:
                 "disable it to use pjrt_host's device.", current)
             return
         if current != DEVICE_NAME:
-            from ._builtin import torch_own_accelerator_available
+            from ._builtin import torch_own_accelerator
 
-            own = torch_own_accelerator_available()
+            own = torch_own_accelerator()
             if own is not None:
                 logger.warning(
                     "pjrt_host: the 'jax' device becomes torch's accelerator in this process, in place of %s: "
@@ -186,7 +188,14 @@ def _optional() -> list:
         (_modules.install, "module.to('jax') keeping parameter objects and tied weights"),
         (_backward.install, "device errors inside backward() raised at backward()"),
         (_generators.install, "torch.Generator(device='jax')"),
+        (_c10d_register, "the 'pjrt' torch.distributed backend"),
     ]
+
+
+def _c10d_register() -> None:
+    from . import _c10d
+
+    _c10d.register()
 
 
 def _patch_pin_memory() -> None:
@@ -247,6 +256,27 @@ def _patch_untyped_storage() -> None:
     new.__doc__ = original_new.__doc__
     new._pjrt_host = True  # type: ignore[attr-defined]
     cls.new = new  # type: ignore[method-assign]
+    # resize_ / nbytes: FSDP2 frees and re-allocates unsharded parameters
+    # through their storage (resize_(0), resize_(n), size()); torch would ask
+    # the device's C++ hooks, which a Python backend cannot fill.
+    original_resize, original_nbytes = cls.resize_, cls.nbytes
+
+    def resize_(self, size):
+        if self.device.type == DEVICE_NAME and _storage_bridge.resize(self, size):
+            return self
+        return original_resize(self, size)
+
+    def nbytes(self):
+        if self.device.type == DEVICE_NAME:
+            found = _storage_bridge.nbytes(self)
+            if found is not None:
+                return found
+        return original_nbytes(self)
+
+    for name, fn, original_fn in (("resize_", resize_, original_resize), ("nbytes", nbytes, original_nbytes)):
+        fn.__doc__ = original_fn.__doc__
+        fn._pjrt_host = True  # type: ignore[attr-defined]
+        setattr(cls, name, fn)
 
 
 def _new_device_storage(args: tuple, kwargs: dict) -> torch.UntypedStorage:

@@ -60,7 +60,7 @@ class Entry:
     holds it).  ``latest``: the dtype whose Storage was last handed out,
     the one to convert from when another dtype is asked for."""
 
-    __slots__ = ("nbytes", "device_index", "host", "storages", "latest", "owner", "__weakref__")
+    __slots__ = ("nbytes", "device_index", "host", "storages", "latest", "owner", "freed", "__weakref__")
 
     def __init__(self, nbytes: int, device_index: int, host: Any = None) -> None:
         self.nbytes = nbytes
@@ -71,6 +71,8 @@ class Entry:
         #: a device storage's own dtype: the only one whose Storage is shared
         #: (another is a snapshot of its bytes, made anew each time).
         self.owner: Any = None
+        #: resize_(0) released the data (FSDP2 frees unsharded parameters so)
+        self.freed = False
 
     def put(self, dtype: Any, storage: Any) -> None:
         dtype = np.dtype(dtype)
@@ -185,6 +187,39 @@ def device_storage(storage: Any, nbytes: int, index: int) -> torch.UntypedStorag
     entry.put(storage.jax_dtype, storage)
     entry.owner = np.dtype(storage.jax_dtype)
     return _make(ptr, nbytes, index, entry, _release_reservation(nbytes))
+
+
+def nbytes(storage: torch.UntypedStorage) -> int | None:
+    """A 'jax' storage's size as torch reports it (0 once freed), or None
+    for a storage not made here."""
+    entry = entry_of(storage)
+    if entry is None:
+        return None
+    return 0 if entry.freed else entry.nbytes
+
+
+def resize(storage: torch.UntypedStorage, size: int) -> bool:
+    """``storage.resize_(size)`` of a 'jax' storage: 0 releases the device
+    memory of the tensors over it (their values become unspecified, as
+    torch's are after freeing); its own size brings it back (the next write
+    fills it).  False for a storage not made here."""
+    entry = entry_of(storage)
+    if entry is None:
+        return False
+    size = int(size)
+    if size == 0:
+        for dtype in list(entry.storages):
+            found = entry.storage(dtype)
+            if found is not None:
+                found.array = None  # lazily zeros again; the old array is released
+        entry.freed = True
+    elif size == entry.nbytes:
+        entry.freed = False
+    else:
+        raise RuntimeError(
+            f"pjrt_host: a '{DEVICE_NAME}' storage of {entry.nbytes} bytes can be resized to 0 (freed) or back to "
+            f"{entry.nbytes}, not to {size}: its tensors' shapes are fixed. Make a new tensor instead.")
+    return True
 
 
 # ---------------------------------------------------------------- torch.load

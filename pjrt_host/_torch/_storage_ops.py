@@ -56,6 +56,8 @@ def lookup(name: str) -> StorageOp | None:
     found = STORAGE_OPS.get(name)
     if found is None:
         found = STORAGE_OPS.get(name.split(".", 1)[0])
+    if found is None:
+        found = STORAGE_OPS.get(name.split("::", 1)[0] + "::")  # a whole namespace (c10d::)
     return found
 
 
@@ -191,6 +193,25 @@ def resize_(func: Any, args: tuple, kwargs: dict) -> Any:
             f"pjrt_host: growing a 'jax' tensor in place (resize_ from {tuple(self.shape)} to {size}) is not "
             "supported; make a new tensor instead (e.g. pass no out= argument)")
     return run_inplace_view(torch.ops.aten.as_strided_.default, (self, size, contiguous_strides(size), offset), {})
+
+
+@storage_op("c10d::")  # every op of the namespace
+def c10d_op(func: Any, args: tuple, kwargs: dict) -> Any:
+    """torch.distributed's dispatcher ops (``c10d::allreduce_``,
+    ``c10d::_allgather_base_`` ...) on 'jax' tensors: run by the 'pjrt'
+    process group they name (torch's C++ kernels would look for a C++
+    backend for the device, which a Python process group is not)."""
+    from . import _c10d
+
+    return _c10d.run_op(func, args, kwargs)
+
+
+@storage_op("_c10d_functional::")  # every op of the namespace
+def c10d_functional_op(func: Any, args: tuple, kwargs: dict) -> Any:
+    """torch's functional collectives on 'jax' tensors (DTensor, FSDP2)."""
+    from . import _c10d
+
+    return _c10d.run_functional(func, args, kwargs)
 
 
 @storage_op("aten::set_")

@@ -1,0 +1,113 @@
+"""torch.distributed on 'jax' tensors through the 'pjrt' c10d backend, in
+real processes: every collective against its definition, DDP and FSDP2
+training against one process on the full batch, DTensor, launched by
+``python -m pjrt_host launch`` and by torchrun, one and two devices per
+process; and a CPU-only program that gets gloo's behaviour by default and
+never imports jax."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = str(REPO / "tests" / "torch_distributed_worker.py")
+_DROP = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _run(launcher: list[str], mode: str, outdir: Path, **env: str) -> dict[int, dict]:
+    child = {k: v for k, v in os.environ.items()
+             if k not in _DROP and not k.startswith(("PJRT_", "PYTEST_", "TORCHELASTIC_", "JAX_"))}
+    child.update({"PJRT_DEVICE": "cpu_ref", "PJRT_HOST_COORDINATOR_TIMEOUT": "60", "PYTHONUNBUFFERED": "1"})
+    child.update(env)
+    proc = subprocess.Popen([sys.executable, *launcher, WORKER, mode, str(outdir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=child, cwd=str(REPO), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"still running after 240 s:\n{out[-4000:]}")
+    assert proc.returncode == 0, out[-6000:]
+    return {r: json.loads((outdir / f"rank{r}.json").read_text()) for r in (0, 1)}
+
+
+def _check_collectives(results: dict[int, dict]) -> None:
+    for r, got in results.items():
+        assert got["backend_name"] == "jax:pjrt"
+        assert got["cpu_sum"] == [3.0]  # a CPU tensor through the same group (gloo)
+        assert got["SUM"] == [10.0, 12.0, 14.0, 16.0]
+        assert got["AVG"] == [5.0, 6.0, 7.0, 8.0]
+        assert got["MAX"] == [10.0, 11.0, 12.0, 13.0] and got["MIN"] == [0.0, 1.0, 2.0, 3.0]
+        assert got["PRODUCT"] == [0.0, 11.0, 24.0, 39.0]
+        assert got["bxor"] == [1 ^ 2, 0]
+        assert got["gather"] == [[0.0, 1.0, 2.0, 3.0], [10.0, 11.0, 12.0, 13.0]]
+        assert got["gather_tensor"] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
+        # rank r's input is arange(4) * (r + 1); rank r gets the sum's chunk r
+        assert got["reduce_scatter"] == [[0.0, 3.0], [6.0, 9.0]][r]
+        assert got["broadcast"] == [10.0, 11.0, 12.0, 13.0]
+        assert got["all_to_all"] == [[0.0, 1.0, 100.0, 101.0], [2.0, 3.0, 102.0, 103.0]][r]
+        assert got["view"] == [[0.0] * 4, [3.0] * 4, [0.0] * 4]
+        assert got["subgroup"] == [3.0, 3.0]
+
+
+def test_collectives_ddp_dtensor_fsdp2_under_pjrt_host_launch(tmp_path):
+    results = _run(["-m", "pjrt_host", "launch", "--nproc-per-node", "2"], "all", tmp_path)
+    _check_collectives(results)
+    for got in results.values():
+        assert got["ddp_diff"] < 1e-6
+        assert got["dtensor_local"] == [[4, 4], "jax:0"]
+        assert abs(got["dtensor_sum"][0] - got["dtensor_sum"][1]) < 1e-4
+        assert got["dtensor_matmul_diff"] < 1e-5
+        assert got["fsdp_diff"] < 1e-5
+        assert got["fsdp_local_numel"] * 2 == got["total_numel"]  # parameter memory falls as 1/world
+
+
+def test_collectives_under_torchrun_with_two_devices_per_process(tmp_path):
+    results = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"], "collectives",
+                   tmp_path, PJRT_HOST_CPU_REF_DEVICES="2")
+    _check_collectives(results)
+
+
+def test_cpu_only_program_gets_gloo_behaviour_without_jax(tmp_path):
+    """init_process_group() with no backend, in a program that never makes
+    a 'jax' tensor: CPU collectives work as with gloo, and jax is never
+    imported (the 'jax' device is the accelerator, so its backend is the
+    default; it runs CPU tensors on gloo)."""
+    results = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"], "cpu", tmp_path)
+    for got in results.values():
+        assert got["cpu_sum"] == [3.0]
+        assert got["jax_imported"] is False
+
+
+def test_one_process_group_and_wrong_backend_error():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("pjrt", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        assert dist.get_backend() == "pjrt"
+        x = torch.arange(4.0, device="jax")
+        dist.all_reduce(x)
+        out = torch.empty(4, device="jax")
+        dist.all_gather_into_tensor(out, x)
+        assert out.tolist() == x.tolist() == [0.0, 1.0, 2.0, 3.0]
+        group = dist.group.WORLD
+        with pytest.raises(NotImplementedError, match="send/recv"):
+            group.send([x], 0, 0)
+    finally:
+        dist.destroy_process_group()
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        with pytest.raises(RuntimeError, match="backend 'gloo'.*'pjrt'"):
+            dist.all_gather_into_tensor(torch.empty(4, device="jax"), torch.ones(4, device="jax"))
+    finally:
+        dist.destroy_process_group()

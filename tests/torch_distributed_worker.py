@@ -1,0 +1,158 @@
+"""The program tests/test_torch_distributed.py runs in every rank (not a
+test module).
+
+    python tests/torch_distributed_worker.py MODE OUTDIR
+
+MODE: ``all`` (collectives, DDP, DTensor, FSDP2), ``collectives``, or
+``cpu`` (a CPU-only program: init_process_group() with no backend, gloo
+collectives, jax never imported).  Each rank writes OUTDIR/rank<R>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def collectives(dist, torch) -> dict:
+    r, n = dist.get_rank(), dist.get_world_size()
+    out = {}
+    c = torch.tensor([1.0 + r])
+    dist.all_reduce(c)
+    out["cpu_sum"] = c.tolist()
+    x = torch.arange(4.0, device="jax") + 10 * r
+    for op in ("SUM", "AVG", "MAX", "MIN", "PRODUCT"):
+        y = x.clone()
+        dist.all_reduce(y, op=getattr(dist.ReduceOp, op))
+        out[op] = y.tolist()
+    i = torch.tensor([r + 1, 3], device="jax")
+    dist.all_reduce(i, op=dist.ReduceOp.BXOR)
+    out["bxor"] = i.tolist()
+    g = [torch.empty(4, device="jax") for _ in range(n)]
+    dist.all_gather(g, x)
+    out["gather"] = [t.tolist() for t in g]
+    gt = torch.empty(n * 4, device="jax")
+    dist.all_gather_into_tensor(gt, x)
+    out["gather_tensor"] = gt.tolist()
+    rs = torch.empty(2, device="jax")
+    dist.reduce_scatter_tensor(rs, torch.arange(2.0 * n, device="jax") * (r + 1))
+    out["reduce_scatter"] = rs.tolist()
+    b = x.clone()
+    dist.broadcast(b, src=n - 1)
+    out["broadcast"] = b.tolist()
+    a2a = torch.empty(2 * n, device="jax")
+    dist.all_to_all_single(a2a, torch.arange(2.0 * n, device="jax") + 100 * r)
+    out["all_to_all"] = a2a.tolist()
+    v = torch.zeros(3, 4, device="jax")
+    v[1].fill_(r + 1.0)
+    dist.all_reduce(v[1])  # a view: only its elements change
+    out["view"] = v.tolist()
+    work = dist.all_reduce(x.clone(), async_op=True)
+    work.wait()
+    sub = dist.new_group([0, 1])
+    s = torch.ones(2, device="jax") * (r + 1)
+    dist.all_reduce(s, group=sub)
+    out["subgroup"] = s.tolist()
+    dist.barrier()
+    out["device"] = str(x.device)
+    return out
+
+
+def _net(torch):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.GELU(),
+                               torch.nn.Linear(32, 4))
+
+
+def _reference(torch, X, Y, n, steps, make_opt):
+    ref = _net(torch)
+    opt = make_opt(ref.parameters())
+    full_x = torch.cat([X[i::n] for i in range(n)])
+    full_y = torch.cat([Y[i::n] for i in range(n)])
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(full_x), full_y).backward()
+        opt.step()
+    return [p.detach() for p in ref.parameters()]
+
+
+def training(dist, torch) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1)
+    X, Y = torch.randn(8, 16), torch.randn(8, 4)
+    out = {}
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.1)
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=1e-2)
+
+    # DDP, several gradient buckets: equal to one process on the full batch.
+    ddp = DDP(_net(torch).to("jax"), bucket_cap_mb=0.001)
+    opt = sgd(ddp.parameters())
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(X[r::n].to("jax")), Y[r::n].to("jax")).backward()
+        opt.step()
+    ref = _reference(torch, X, Y, n, 3, sgd)
+    out["ddp_diff"] = max((a.detach().cpu() - b).abs().max().item() for a, b in zip(ddp.module.parameters(), ref))
+
+    # DTensor on a 'jax' device mesh.
+    mesh = init_device_mesh("jax", (n,))
+    full = torch.randn(8, 4)
+    d = distribute_tensor(full.to("jax"), mesh, [Shard(0)])
+    out["dtensor_local"] = [list(d.to_local().shape), str(d.to_local().device)]
+    out["dtensor_sum"] = [(d * 2).sum().full_tensor().item(), (full * 2).sum().item()]
+    m = d @ distribute_tensor(torch.ones(4, 3).to("jax"), mesh, [Replicate()])
+    out["dtensor_matmul_diff"] = (m.full_tensor().cpu() - full @ torch.ones(4, 3)).abs().max().item()
+
+    # FSDP2: per-layer and root fully_shard, AdamW; equal to one process.
+    model = _net(torch).to("jax")
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = adamw(model.parameters())
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(X[r::n].to("jax")), Y[r::n].to("jax")).backward()
+        opt.step()
+    ref = _reference(torch, X, Y, n, 3, adamw)
+    out["fsdp_diff"] = max((a.full_tensor().cpu() - b).abs().max().item() for a, b in zip(model.parameters(), ref))
+    out["fsdp_local_numel"] = sum(p.to_local().numel() for p in model.parameters())
+    out["total_numel"] = sum(p.numel() for p in ref)
+    return out
+
+
+def main(mode: str, outdir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if os.environ.get("PJRT_HOST_TEST_SET_DEVICE"):
+        torch.jax.set_device(int(os.environ["LOCAL_RANK"]))  # as a torchrun recipe does
+    dist.init_process_group()
+    result = {"rank": dist.get_rank(), "backend_name": dist.get_backend_config()}
+    if mode == "cpu":
+        t = torch.tensor([1.0 + dist.get_rank()])
+        dist.all_reduce(t)
+        result["cpu_sum"] = t.tolist()
+        dist.barrier()
+        result["jax_imported"] = "jax" in sys.modules
+    else:
+        result.update(collectives(dist, torch))
+        if mode == "all":
+            result.update(training(dist, torch))
+    with open(os.path.join(outdir, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
