@@ -69,6 +69,17 @@ def test_collectives_ddp_dtensor_fsdp2_under_pjrt_host_launch(tmp_path):
         assert got["dtensor_matmul_diff"] < 1e-5
         assert got["fsdp_diff"] < 1e-5
         assert got["fsdp_local_numel"] * 2 == got["total_numel"]  # parameter memory falls as 1/world
+        assert got["dcp_diff"] == 0.0  # the DCP checkpoint loads back exactly into 2 processes
+    # ... and reshards into one process.
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(tmp_path / "dcp", tmp_path / "one.pt")
+    one = torch.load(tmp_path / "one.pt")["model"]
+    full = torch.load(tmp_path / "full.pt")
+    assert sorted(one) == sorted(full)
+    for k in full:
+        assert torch.equal(one[k], full[k]), k
 
 
 def test_collectives_under_torchrun_with_two_devices_per_process(tmp_path):

@@ -128,6 +128,28 @@ def training(dist, torch) -> dict:
     out["fsdp_diff"] = max((a.full_tensor().cpu() - b).abs().max().item() for a, b in zip(model.parameters(), ref))
     out["fsdp_local_numel"] = sum(p.to_local().numel() for p in model.parameters())
     out["total_numel"] = sum(p.numel() for p in ref)
+
+    # Distributed checkpoint of the FSDP2 model and optimizer: saved by both
+    # ranks, loaded back into a fresh FSDP2 model; the test reshards it into
+    # one process (dcp_to_torch_save).
+    import torch.distributed.checkpoint as dcp
+
+    ckpt = os.path.join(os.environ["PJRT_HOST_TEST_OUTDIR"], "dcp")
+    dcp.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ckpt)
+    fresh = _net(torch).to("jax")
+    fully_shard(fresh, mesh=mesh)
+    fresh_opt = adamw(fresh.parameters())
+    fresh(X[:2].to("jax")).sum().backward()
+    fresh_opt.step()  # optimizer state exists, with other values
+    state = {"model": fresh.state_dict(), "optim": fresh_opt.state_dict()}
+    dcp.load(state, checkpoint_id=ckpt)
+    fresh.load_state_dict(state["model"])
+    fresh_opt.load_state_dict(state["optim"])
+    out["dcp_diff"] = max((a.full_tensor() - b.full_tensor()).abs().max().item()
+                          for a, b in zip(model.parameters(), fresh.parameters()))
+    full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+    if r == 0:
+        torch.save(full, os.path.join(os.environ["PJRT_HOST_TEST_OUTDIR"], "full.pt"))
     return out
 
 
@@ -135,6 +157,7 @@ def main(mode: str, outdir: str) -> None:
     import torch
     import torch.distributed as dist
 
+    os.environ["PJRT_HOST_TEST_OUTDIR"] = outdir
     if os.environ.get("PJRT_HOST_TEST_SET_DEVICE"):
         torch.jax.set_device(int(os.environ["LOCAL_RANK"]))  # as a torchrun recipe does
     dist.init_process_group()

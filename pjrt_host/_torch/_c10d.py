@@ -222,6 +222,41 @@ class ProcessGroupJax(dist.ProcessGroup):
         self._write(output, self._engine(input).all_to_all(chunks).reshape(tuple(output.shape)))
         return _work(output)
 
+    def reduce(self, tensors: list, opts: Any) -> Any:
+        if not any(_is_jax(t) for t in tensors):
+            return self._cpu.reduce(tensors, opts)
+        return _reduce_(self, {"tensors": tensors, "reduce_op": opts.reduceOp, "root_rank": opts.rootRank})
+
+    def gather(self, output_lists: list, inputs: list, opts: Any) -> Any:
+        if not any(_is_jax(t) for t in inputs):
+            return self._cpu.gather(output_lists, inputs, opts)
+        return _gather_(self, {"output_tensors": output_lists, "input_tensors": inputs, "root_rank": opts.rootRank})
+
+    def scatter(self, outputs: list, input_lists: list, opts: Any) -> Any:
+        if not any(_is_jax(t) for t in outputs):
+            return self._cpu.scatter(outputs, input_lists, opts)
+        return _scatter_(self, {"output_tensors": outputs, "input_tensors": input_lists,
+                                "root_rank": opts.rootRank})[1]
+
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
+        if not any(_is_jax(t) for t in inputs):
+            return self._cpu.alltoall(outputs, inputs, opts) if opts is not None else \
+                self._cpu.alltoall(outputs, inputs)
+        import jax.numpy as jnp
+
+        if len({tuple(t.shape) for t in inputs}) > 1:
+            raise NotImplementedError(f"pjrt_host: all_to_all of 'jax' tensors of different shapes is not supported "
+                                      f"by the '{BACKEND_NAME}' backend")
+        received = self._engine(inputs[0]).all_to_all(jnp.stack([self._read(t) for t in inputs]))
+        for i, out in enumerate(outputs):
+            self._write(out, received[i])
+        return _work(outputs)
+
+    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
+        if not any(_is_jax(t) for t in inputs):
+            return self._cpu.allgather_coalesced(output_lists, inputs, opts)
+        return self.allgather(output_lists, inputs, opts)
+
     def barrier(self, opts: Any = None) -> Any:
         return self._cpu.barrier(opts) if opts is not None else self._cpu.barrier()
 
