@@ -122,3 +122,13 @@ def test_one_process_group_and_wrong_backend_error():
             dist.all_gather_into_tensor(torch.empty(4, device="jax"), torch.ones(4, device="jax"))
     finally:
         dist.destroy_process_group()
+
+
+def test_ranks_calling_different_shapes_raise_on_every_rank(tmp_path):
+    """Launched, a collective whose shapes differ across ranks ends a
+    process inside XLA:CPU's transport (SIGABRT); the ranks agree on each
+    new collective signature first, so both raise, naming both shapes."""
+    results = _run(["-m", "pjrt_host", "launch", "--nproc-per-node", "2"], "mismatch", tmp_path)
+    for got in results.values():
+        assert "called different collectives" in got["error"]
+        assert "(4,)" in got["error"] and "(5,)" in got["error"]

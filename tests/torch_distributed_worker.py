@@ -3,9 +3,10 @@ test module).
 
     python tests/torch_distributed_worker.py MODE OUTDIR
 
-MODE: ``all`` (collectives, DDP, DTensor, FSDP2), ``collectives``, or
-``cpu`` (a CPU-only program: init_process_group() with no backend, gloo
-collectives, jax never imported).  Each rank writes OUTDIR/rank<R>.json.
+MODE: ``all`` (collectives, DDP, DTensor, FSDP2, DCP), ``collectives``,
+``mismatch`` (rank 1 all-reduces another shape) or ``cpu`` (a CPU-only
+program: init_process_group() with no backend, gloo collectives, jax never
+imported).  Each rank writes OUTDIR/rank<R>.json.
 """
 
 from __future__ import annotations
@@ -162,7 +163,14 @@ def main(mode: str, outdir: str) -> None:
         torch.jax.set_device(int(os.environ["LOCAL_RANK"]))  # as a torchrun recipe does
     dist.init_process_group()
     result = {"rank": dist.get_rank(), "backend_name": dist.get_backend_config()}
-    if mode == "cpu":
+    if mode == "mismatch":
+        x = torch.ones(4 + dist.get_rank(), device="jax")  # rank 1 passes another shape
+        try:
+            dist.all_reduce(x)
+            result["error"] = None
+        except RuntimeError as err:
+            result["error"] = str(err)
+    elif mode == "cpu":
         t = torch.tensor([1.0 + dist.get_rank()])
         dist.all_reduce(t)
         result["cpu_sum"] = t.tolist()

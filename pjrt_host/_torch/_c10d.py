@@ -305,12 +305,17 @@ class ProcessGroupJax(dist.ProcessGroup):
 class _GroupMesh:
     """The group's devices as a one-axis mesh, and its compiled collectives."""
 
-    def __init__(self, mesh: Any, local_device: Any, size: int, rank: int) -> None:
+    def __init__(self, mesh: Any, local_device: Any, size: int, rank: int, store: Any = None,
+                 timeout: datetime.timedelta | None = None, generation: int = 0) -> None:
         self.mesh = mesh
         self.local_device = local_device
         self.size = size
         self.rank = rank
         self._cache: dict[tuple, Any] = {}
+        self._store = store
+        self._timeout = timeout
+        self._prefix = f"pjrt_signature/{generation}"
+        self._signatures = 0
 
     @classmethod
     def meet(cls, store: Any, rank: int, size: int, index: int, timeout: datetime.timedelta,
@@ -341,7 +346,37 @@ class _GroupMesh:
                 f"pjrt_host: the ranks of this process group are on devices {ids}, which are not {size} distinct "
                 f"devices of one jax runtime. Each rank needs its own device, and the processes must share "
                 "jax.distributed's coordinator (launch with torchrun or python -m pjrt_host launch).")
-        return cls(Mesh(np.array([by_id[i] for i in ids]), ("ranks",)), device, size, rank)
+        return cls(Mesh(np.array([by_id[i] for i in ids]), ("ranks",)), device, size, rank, store, timeout,
+                   generation)
+
+    def _agree(self, key: tuple) -> None:
+        """Before a collective of a new signature runs: every rank's n-th new
+        signature must be the others' n-th.  A mismatch (another shape,
+        dtype or collective on one rank) raises on every rank, naming it --
+        launched, it would end a process inside the device's transport."""
+        if self._store is None or self.size == 1:
+            return
+        n = self._signatures
+        self._signatures += 1
+        mine = repr(key)
+        self._store.set(f"{self._prefix}/{n}/{self.rank}", mine)
+        keys = [f"{self._prefix}/{n}/{r}" for r in range(self.size)]
+        try:
+            self._store.wait(keys, self._timeout)
+        except Exception as err:
+            raise RuntimeError(
+                f"pjrt_host: rank {self.rank} of a process group of {self.size} reached {key[0]} (shape {key[-2]}, "
+                f"dtype {key[-1]}) and waited {self._timeout} for the other ranks: not all came "
+                f"({type(err).__name__}). A rank has died or is stuck, or the ranks call different collectives; "
+                "init_process_group(timeout=...) bounds the wait.") from err
+        theirs = [self._store.get(k).decode() for k in keys]
+        differing = [(r, t) for r, t in enumerate(theirs) if t != mine]
+        if differing:
+            r, t = differing[0]
+            raise RuntimeError(
+                f"pjrt_host: the ranks of a process group called different collectives: rank {self.rank} called "
+                f"{mine} and rank {r} called {t} ((collective, ..., shape, dtype)). Every rank must call the same "
+                "collectives in the same order with the same shapes and dtypes.")
 
     def _global(self, local: Any) -> Any:
         import jax
@@ -361,6 +396,7 @@ class _GroupMesh:
         key = kind + (tuple(local.shape), str(local.dtype))
         fn = self._cache.get(key)
         if fn is None:
+            self._agree(key)
             spec = PartitionSpec("ranks") if split else PartitionSpec()
             fn = self._cache[key] = jax.jit(body, out_shardings=NamedSharding(self.mesh, spec))
         try:
