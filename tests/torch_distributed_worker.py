@@ -130,6 +130,18 @@ def training(dist, torch) -> dict:
     out["fsdp_local_numel"] = sum(p.to_local().numel() for p in model.parameters())
     out["total_numel"] = sum(p.numel() for p in ref)
 
+    # FSDP2 mixed precision: bfloat16 compute, float32 sharded parameters
+    # and gradient reduction.
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp_model = _net(torch).to("jax")
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    fully_shard(mp_model, mesh=mesh, mp_policy=policy)
+    mp_out = mp_model(X[r::n].to("jax"))
+    mp_out.float().square().mean().backward()
+    out["fsdp_mixed_precision"] = [str(mp_out.dtype), str(mp_model[0].weight.dtype),
+                                   str(mp_model[0].weight.grad.dtype)]
+
     # Distributed checkpoint of the FSDP2 model and optimizer: saved by both
     # ranks, loaded back into a fresh FSDP2 model; the test reshards it into
     # one process (dcp_to_torch_save).
