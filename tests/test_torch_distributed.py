@@ -69,6 +69,7 @@ def test_collectives_ddp_dtensor_fsdp2_under_pjrt_host_launch(tmp_path):
         assert got["dtensor_matmul_diff"] < 1e-5
         assert got["fsdp_diff"] < 1e-5
         assert got["fsdp_local_numel"] * 2 == got["total_numel"]  # parameter memory falls as 1/world
+        assert got["fsdp_gpt2_diff"] < 1e-6
         assert got["fsdp_mixed_precision"] == ["torch.bfloat16", "torch.float32", "torch.float32"]
         assert got["dcp_diff"] == 0.0  # the DCP checkpoint loads back exactly into 2 processes
     # ... and reshards into one process.

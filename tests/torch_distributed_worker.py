@@ -130,6 +130,39 @@ def training(dist, torch) -> dict:
     out["fsdp_local_numel"] = sum(p.to_local().numel() for p in model.parameters())
     out["total_numel"] = sum(p.numel() for p in ref)
 
+    # FSDP2 on a transformers GPT-2 (per block and root), as its users shard
+    # it; dropout off so both sides compute the same function.
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0)
+
+    def gpt2():
+        torch.manual_seed(0)
+        return transformers.GPT2LMHeadModel(config)
+
+    lm = gpt2().to("jax")
+    for block in lm.transformer.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(lm, mesh=mesh)
+    lm_opt = sgd(lm.parameters())
+    torch.manual_seed(2)
+    ids = torch.randint(0, 64, (2 * n, 16))
+    for _ in range(2):
+        lm_opt.zero_grad()
+        mine = ids[r::n].to("jax")
+        lm(mine, labels=mine).loss.backward()
+        lm_opt.step()
+    ref_lm = gpt2()
+    ref_opt = sgd(ref_lm.parameters())
+    for _ in range(2):
+        ref_opt.zero_grad()
+        sum(ref_lm(ids[i::n], labels=ids[i::n]).loss for i in range(n)).div(n).backward()
+        ref_opt.step()
+    out["fsdp_gpt2_diff"] = max((a.full_tensor().cpu() - b.detach()).abs().max().item()
+                                for a, b in zip(lm.parameters(), ref_lm.parameters()))
+
     # FSDP2 mixed precision: bfloat16 compute, float32 sharded parameters
     # and gradient reduction.
     from torch.distributed.fsdp import MixedPrecisionPolicy
