@@ -1,7 +1,9 @@
 """torch.distributed on 'jax' tensors (the 'pjrt' backend) against the same
 XLA collective called directly from jax on the same arrays, in the same run:
 all_reduce bus bandwidth of 64 MB float32 tensors, and a DDP training step
-against the same step written as one jitted data-parallel program.
+against the same step written as one jitted data-parallel program and
+against the same eager step with pjrt_host.spmd data parallelism (one
+process over as many devices, printed first).
 
     python benchmarks/bench_torch_distributed.py [--nproc 2] [--mbytes 64] [--iters 20]
 
@@ -114,18 +116,54 @@ def worker(mbytes: int, iters: int) -> None:
     dist.destroy_process_group()
 
 
+def spmd_worker(nproc: int, iters: int) -> None:
+    """The same DDP step with pjrt_host.spmd data parallelism: one process
+    over ``nproc`` devices, parameters replicated, the batch split."""
+    import numpy as np
+    import torch
+
+    import pjrt_host.spmd as xs
+
+    mesh = xs.Mesh(np.arange(nproc), (nproc,), ("data",))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024)).to("jax")
+    for p in model.parameters():
+        xs.mark_sharding(p, mesh, ())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = torch.randn(32 * nproc, 1024).to("jax")
+    xs.mark_sharding(batch, mesh, ("data", None))
+
+    def step():
+        opt.zero_grad()
+        model(batch).square().mean().backward()
+        opt.step()
+
+    t = _timed(step, torch.jax.synchronize, max(2, iters // 4))
+    print(f"SPMD_STEP_MS {t * 1e3:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--mbytes", type=int, default=64)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spmd-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.mbytes, args.iters)
         return
+    if args.spmd_worker:
+        spmd_worker(args.nproc, args.iters)
+        return
     env = dict(os.environ)
     env.setdefault("PJRT_DEVICE", "cpu_ref")
+    spmd_env = dict(env, PJRT_HOST_CPU_REF_DEVICES=str(args.nproc))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--spmd-worker", "--nproc", str(args.nproc),
+                          "--iters", str(args.iters)], env=spmd_env, capture_output=True, text=True)
+    spmd_ms = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("SPMD_STEP_MS")]
+    print(f"the same step with pjrt_host.spmd data parallelism (one process, {args.nproc} devices): "
+          f"{spmd_ms[0] if spmd_ms else 'failed: ' + out.stderr[-500:]} ms", flush=True)
     sys.exit(subprocess.call([sys.executable, "-m", "pjrt_host", "launch", "--nproc-per-node", str(args.nproc),
                               os.path.abspath(__file__), "--worker", "--mbytes", str(args.mbytes), "--iters",
                               str(args.iters)], env=env))

@@ -550,12 +550,12 @@ def _scatter_(pg: ProcessGroupJax, b: dict) -> Any:
             stacked = jnp.stack([pg._read(t) for t in inputs[i]])
         else:
             stacked = jnp.zeros((pg.getSize(), *tuple(out.shape)), dtype=pg._read(out).dtype)
-        stacked = jax_device_put(stacked, engine.local_device)
+        stacked = _put(stacked, engine.local_device)
         pg._write(out, engine.broadcast(stacked, b["root_rank"])[pg.getRank()])
     return outputs, _work()
 
 
-def jax_device_put(array: Any, device: Any) -> Any:
+def _put(array: Any, device: Any) -> Any:
     import jax
 
     return jax.device_put(array, device)
