@@ -20,8 +20,9 @@ pytest.importorskip("torch")
 HERE = Path(__file__).resolve().parent
 
 
-def start(code: str, *, autoload: bool = True) -> subprocess.Popen:
+def start(code: str, *, autoload: bool = True, extra_env: dict | None = None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "PYTEST_", "TORCH_DEVICE_BACKEND"))}
+    env.update(extra_env or {})
     if not autoload:
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stdout=subprocess.PIPE,
@@ -37,8 +38,9 @@ def finish(proc: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def run(code: str, *, autoload: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
-    return finish(start(code, autoload=autoload), timeout)
+def run(code: str, *, autoload: bool = True, timeout: int = 300,
+        extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    return finish(start(code, autoload=autoload, extra_env=extra_env), timeout)
 
 
 def test_plain_import_torch_makes_the_device_work():
@@ -167,3 +169,60 @@ def test_cpu_results_unchanged_on_torch_opinfo_samples():
     assert not different, f"CPU results changed with the device loaded: {different}"
     assert a["accelerator"] == "jax" and b["accelerator"] == "None"
     assert not a["jax_imported"]
+
+
+PATCH_STATE = """
+    import json, torch
+    from pjrt_host._torch import _registration
+
+    def resolve(path):
+        obj = torch
+        for part in path.split(".")[1:]:
+            obj = getattr(obj, part)
+        return obj
+
+    def patched():
+        names = {n for n in _registration.PATCHES if " " not in n and getattr(resolve(n), "_pjrt_host", False)}
+        if getattr(type(torch._C.Generator).__call__, "_pjrt_host", False):
+            names.add("torch._C.Generator.__call__ (its metaclass)")
+        return sorted(names)
+
+    before = patched()
+    x = torch.ones(3, device='jax', requires_grad=True)
+    (x * 2).sum().backward()
+    assert x.grad.cpu().tolist() == [2.0, 2.0, 2.0]
+    print(json.dumps({"before": before, "after": patched()}))
+"""
+
+
+def test_patches_are_the_inventory_deferred_where_possible_and_can_be_switched_off():
+    """Every patch of _registration.PATCHES is installed at import, except
+    the backward hook (only after the first 'jax' tensor);
+    PJRT_HOST_SKIP_PATCHES turns named ones or all off, and the device still
+    computes and differentiates without them."""
+    from pjrt_host._torch import _registration
+
+    everything = set(_registration.PATCHES)
+    backward = {n for n, (key, _) in _registration.PATCHES.items() if key == "backward"}
+    keys = {key for key, *_ in _registration._optional()}
+    assert {key for key, _ in _registration.PATCHES.values()} <= keys
+
+    default = run(PATCH_STATE)
+    assert default.returncode == 0, default.stderr[-3000:]
+    state = json.loads(default.stdout.strip().splitlines()[-1])
+    assert set(state["before"]) == everything - backward
+    assert set(state["after"]) == everything
+
+    off = run(PATCH_STATE, extra_env={"PJRT_HOST_SKIP_PATCHES": "all"})
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert json.loads(off.stdout.strip().splitlines()[-1]) == {"before": [], "after": []}
+
+    some = run(PATCH_STATE, extra_env={"PJRT_HOST_SKIP_PATCHES": "backward, pin_memory"})
+    assert some.returncode == 0, some.stderr[-3000:]
+    pin = {n for n, (key, _) in _registration.PATCHES.items() if key == "pin_memory"}
+    assert set(json.loads(some.stdout.strip().splitlines()[-1])["after"]) == everything - backward - pin
+
+    typo = run(PATCH_STATE, extra_env={"PJRT_HOST_SKIP_PATCHES": "backwards"})
+    assert typo.returncode == 0, typo.stderr[-3000:]
+    assert "PJRT_HOST_SKIP_PATCHES names ['backwards']" in typo.stderr and "'backward'" in typo.stderr
+    assert set(json.loads(typo.stdout.strip().splitlines()[-1])["after"]) == everything

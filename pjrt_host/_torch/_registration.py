@@ -82,24 +82,25 @@ AUTOCAST_FP32_OPS = (
 DEVICE_OPS = ("_to_copy", "copy_")
 
 
-#: Everything of torch's that registration replaces, and why (besides the
-#: registrations torch offers: device name, device module, hooks, kernels,
-#: serialization package).  Each replacement carries ``_pjrt_host = True``
-#: and defers to torch's original for everything but 'jax';
-#: tests/test_torch_autoload.py checks this is exactly the set.
+#: Everything of torch's that registration replaces: name -> (its key in
+#: PJRT_HOST_SKIP_PATCHES, why), besides the registrations torch offers (device
+#: name, device module, hooks, kernels, serialization package).  Each
+#: replacement carries ``_pjrt_host = True`` and defers to torch's original for
+#: everything but 'jax'; tests/test_checkpoints.py checks this is exactly the set.
 PATCHES = {
-    "torch.Tensor.pin_memory": "pinning for 'jax' (DataLoader(pin_memory=True)) returns the tensor: "
-                               "no pinned allocator can be registered from Python",
-    "torch.UntypedStorage.__new__": "UntypedStorage(n, device='jax') would dereference a null allocator",
-    "torch.UntypedStorage.new": "storage.new() of a 'jax' storage would dereference a null allocator",
-    "torch.UntypedStorage.resize_": "FSDP2 frees / re-allocates parameters by resizing their storage",
-    "torch.UntypedStorage.nbytes": "a freed 'jax' storage reports 0 bytes",
-    "torch.nn.Module._apply": "module.to('jax') keeps parameter objects and tied weights",
-    "torch.autograd._engine_run_backward": "a device error inside backward raises at backward(), "
-                                                 "not abort()",
-    "torch._C.Generator.__call__ (its metaclass)": "torch.Generator(device='jax')",
-    **{f"torch.accelerator.{name}": "answered by torch.jax: torch asks a C++ allocator / device guard"
-       for name in _accelerator.FUNCTIONS},
+    "torch.Tensor.pin_memory": ("pin_memory", "pinning for 'jax' (DataLoader(pin_memory=True)) returns the "
+                                              "tensor: no pinned allocator can be registered from Python"),
+    "torch.UntypedStorage.__new__": ("storage", "UntypedStorage(n, device='jax') would dereference a null "
+                                                "allocator"),
+    "torch.UntypedStorage.new": ("storage", "storage.new() of a 'jax' storage would dereference a null allocator"),
+    "torch.UntypedStorage.resize_": ("storage", "FSDP2 frees / re-allocates parameters by resizing their storage"),
+    "torch.UntypedStorage.nbytes": ("storage", "a freed 'jax' storage reports 0 bytes"),
+    "torch.nn.Module._apply": ("module_to", "module.to('jax') keeps parameter objects and tied weights"),
+    "torch.autograd._engine_run_backward": ("backward", "a device error inside backward raises at backward(), "
+                                                        "not abort() (installed at the first 'jax' tensor)"),
+    "torch._C.Generator.__call__ (its metaclass)": ("generator", "torch.Generator(device='jax')"),
+    **{f"torch.accelerator.{name}": ("accelerator", "answered by torch.jax: torch asks a C++ allocator / "
+                                                    "device guard") for name in _accelerator.FUNCTIONS},
 }
 
 
@@ -168,27 +169,67 @@ def register() -> None:
         _register_kernels()
         # Each of these serves one feature and leans on torch internals a
         # torch release may change: one that fails costs its feature (named
-        # in the warning), never the device.
-        for install, feature in _optional():
-            try:
-                install()
-            except Exception as err:
-                logger.warning("pjrt_host: %s is unavailable with this torch (%s): %s: %s. The 'jax' device "
-                               "works without it; please report this with your torch version.",
-                               feature, torch.__version__, type(err).__name__, err)
+        # in the warning), never the device.  PJRT_HOST_SKIP_PATCHES skips
+        # some or all of them.
+        _install_optional(when="import")
         _registered = True
 
 
+def skipped_patches() -> set[str]:
+    """The patch keys ``PJRT_HOST_SKIP_PATCHES`` names (comma-separated, or
+    ``all``); an unknown key is an error naming the known ones, at once."""
+    import os
+
+    raw = os.environ.get("PJRT_HOST_SKIP_PATCHES", "").strip()
+    if not raw:
+        return set()
+    keys = {k.strip() for k in raw.split(",") if k.strip()}
+    known = {key for key, *_ in _optional()}
+    if "all" in keys:
+        return known
+    unknown = keys - known
+    if unknown:
+        raise ValueError(f"PJRT_HOST_SKIP_PATCHES names {sorted(unknown)}; the patches are {sorted(known)} "
+                         f"(or 'all')")
+    return keys
+
+
+def _install_optional(when: str) -> None:
+    try:
+        skip = skipped_patches()
+    except ValueError as err:
+        logger.warning("pjrt_host: %s; no patch is skipped", err)
+        skip = set()
+    for key, phase, install, feature in _optional():
+        if phase != when:
+            continue
+        if key in skip:
+            logger.info("pjrt_host: %s is off (PJRT_HOST_SKIP_PATCHES=%s)", feature, key)
+            continue
+        try:
+            install()
+        except Exception as err:
+            logger.warning("pjrt_host: %s is unavailable with this torch (%s): %s: %s. The 'jax' device "
+                           "works without it; please report this with your torch version.",
+                           feature, torch.__version__, type(err).__name__, err)
+
+
 def _optional() -> list:
+    """(key for PJRT_HOST_SKIP_PATCHES, when it is installed, install, the
+    feature it serves).  'import': at registration, inside ``import torch``
+    (what a program reaches before it has a 'jax' tensor: ``torch.load``,
+    ``module.to``, ``torch.Generator``, ``init_process_group``); 'device':
+    when the device loads, at the first 'jax' tensor (what only matters once
+    one exists)."""
     return [
-        (_patch_pin_memory, "tensor.pin_memory() for 'jax'"),
-        (_storage_bridge.register_serialization, "torch.load(map_location='jax')"),
-        (_patch_untyped_storage, "torch.UntypedStorage(n, device='jax')"),
-        (_accelerator.install, "torch.accelerator memory figures and synchronize"),
-        (_modules.install, "module.to('jax') keeping parameter objects and tied weights"),
-        (_backward.install, "device errors inside backward() raised at backward()"),
-        (_generators.install, "torch.Generator(device='jax')"),
-        (_c10d_register, "the 'pjrt' torch.distributed backend"),
+        ("pin_memory", "import", _patch_pin_memory, "tensor.pin_memory() for 'jax'"),
+        ("serialization", "import", _storage_bridge.register_serialization, "torch.load(map_location='jax')"),
+        ("storage", "import", _patch_untyped_storage, "torch.UntypedStorage(n, device='jax')"),
+        ("accelerator", "import", _accelerator.install, "torch.accelerator memory figures and synchronize"),
+        ("module_to", "import", _modules.install, "module.to('jax') keeping parameter objects and tied weights"),
+        ("generator", "import", _generators.install, "torch.Generator(device='jax')"),
+        ("c10d", "import", _c10d_register, "the 'pjrt' torch.distributed backend"),
+        ("backward", "device", _backward.install, "device errors inside backward() raised at backward()"),
     ]
 
 
@@ -335,6 +376,7 @@ def _device():
                 from . import _dispatch, _tensor
 
                 _tensor.install_dispatcher(_dispatch.dispatch)
+                _install_optional(when="device")
                 _collectives.register_array_type(
                     _tensor.JaxTensor, to_jax=_tensor.read,
                     from_jax=lambda array, like: _tensor.wrap_array(array, like._storage.device_index, None,
