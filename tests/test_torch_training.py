@@ -121,3 +121,17 @@ def test_grad_clipping_and_no_grad_eval():
     with torch.no_grad():
         out = model(torch.randn(2, 4, device="jax"))
     assert not out.requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_transformer_trains_in_16_bits(dtype):
+    """The whole model in bfloat16 / float16 (no autocast: weights,
+    activations, gradients and optimizer state 16-bit), as low-precision
+    training runs on accelerators.  Every op computes in float32 and rounds
+    once, as torch does, so one SGD step tracks torch CPU to a 16-bit ulp
+    or two (layer norm's backward once failed here on a dtype mismatch)."""
+    torch.manual_seed(0)
+    make_batch, loss_fn = token_batches()
+    model = TinyTransformer().to(dtype)
+    tol = dict(rtol=3.2e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=1e-3)
+    assert_same_training(model, make_batch, loss_fn, torch.optim.SGD, steps=1, lr=0.1, **tol)

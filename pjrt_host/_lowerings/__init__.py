@@ -60,6 +60,12 @@ class Lowering:
     data_dependent: bool = False
     #: ``module:function`` where it was defined, for duplicate-registration errors.
     where: str = ""
+    #: Computes bfloat16 / float16 inputs in float32 and rounds its results
+    #: once (torch's "opmath" rule, :func:`invoke`).  False for lowerings
+    #: whose meaning is the input's dtype itself (bit views, ``nextafter``,
+    #: the dtype's own limits) and for the matmul family, which keeps 16-bit
+    #: operands and accumulates in float32 itself (``preferred_element_type``).
+    opmath: bool = True
 
 
 class DuplicateLoweringError(RuntimeError):
@@ -71,16 +77,20 @@ _load_lock = threading.RLock()
 _loaded = False
 
 
-def lowering(*names: str, needs_rng: bool = False, data_dependent: bool = False) -> Callable[[Callable], Callable]:
+def lowering(*names: str, needs_rng: bool = False, data_dependent: bool = False,
+             opmath: bool = True) -> Callable[[Callable], Callable]:
     """Register the decorated function for each ATen op name, e.g.
     ``@lowering("aten::add.Tensor", "aten::add.Scalar")`` or a whole packet
     ``@lowering("aten::relu")``.  Returns the function unchanged, so lowerings
     can call each other.  A name registered twice raises
-    :class:`DuplicateLoweringError` naming both places."""
+    :class:`DuplicateLoweringError` naming both places.  ``opmath=False``:
+    see :attr:`Lowering.opmath` (random ops never take it: a draw rounded
+    from float32 could reach the top of its range)."""
 
     def register(fn: Callable) -> Callable:
         where = f"{fn.__module__}:{fn.__qualname__}"
-        record = Lowering(fn, tuple(_normalise(n) for n in names), needs_rng, data_dependent, where)
+        record = Lowering(fn, tuple(_normalise(n) for n in names), needs_rng, data_dependent, where,
+                          opmath and not needs_rng)
         for name in record.names:
             previous = _TABLE.get(name)
             if previous is not None and previous.fn is not fn:

@@ -4,8 +4,9 @@ Eager dispatch, the torch.compile backend and ``assume_pure`` each build a
 context from what they know (the device configuration, the plugin, a random
 key drawn for this call) and call :func:`invoke`; the rules for calling a
 lowering -- the key goes first, torch's ``generator`` argument goes, matmul
-precision is the context's, results take the dtypes torch's meta kernel
-gives -- live here and nowhere else.
+precision is the context's, bfloat16 / float16 compute in float32 and round
+once (torch's "opmath"), results take the dtypes torch's meta kernel gives
+-- live here and nowhere else.
 
 Lowerings run while a computation is traced (or eagerly, for data-dependent
 ones), so the context is a trace-time value: helpers deep inside a lowering
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 if TYPE_CHECKING:
     from . import Lowering
 
-__all__ = ["LoweringContext", "current_context", "invoke"]
+__all__ = ["LoweringContext", "current_context", "invoke", "stored_dtype"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,6 +50,17 @@ _current: contextvars.ContextVar[LoweringContext] = contextvars.ContextVar("pjrt
                                                                            default=_DEFAULT)
 
 
+_stored: contextvars.ContextVar[Any] = contextvars.ContextVar("pjrt_host_stored_dtype", default=None)
+
+
+def stored_dtype() -> Any:
+    """The 16-bit float dtype the running lowering's inputs had before they
+    were widened to float32 (None: nothing was widened, or the inputs mixed
+    in a wider float).  For the few kernels torch writes an intermediate in
+    the input dtype and reads it back (batch norm's statistics on CPU)."""
+    return _stored.get()
+
+
 def current_context() -> LoweringContext:
     """The context of the lowering being invoked (defaults outside one)."""
     return _current.get()
@@ -68,14 +80,76 @@ def invoke(lowering: Lowering, args: Sequence[Any], kwargs: Mapping[str, Any], c
         args = (ctx.rng_key, *args)
         if "generator" in kwargs:
             kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+    narrow = None
+    if lowering.opmath:
+        args, kwargs, narrow = _opmath(args, kwargs)
     token = _current.set(ctx)
+    stored = _stored.set(narrow)
     try:
         with jax.default_matmul_precision(ctx.matmul_precision):
             value = lowering.fn(*args, **kwargs)
     finally:
+        _stored.reset(stored)
         _current.reset(token)
     if result_dtypes is None:
+        if narrow is not None:  # no meta dtypes: float32 results go back to the one 16-bit input dtype
+            return _narrow(value, narrow)
         return value
     if isinstance(value, (tuple, list)):
         return tuple(v if d is None or v is None else jnp.asarray(v).astype(d) for v, d in zip(value, result_dtypes))
     return jnp.asarray(value).astype(result_dtypes)
+
+
+# ------------------------------------------------------------------ opmath
+#
+# torch computes bfloat16 and float16 in float32 and rounds each result once
+# (its CPU and CUDA kernels' "opmath" type; its _refs say the same through
+# each elementwise ref's computation dtype).  A lowering written as several
+# jax ops would round after each one in 16 bits (addcmul, cumsum, the norms,
+# logaddexp2 ... differ from torch by an ulp or more), so every lowering
+# gets its 16-bit float arguments as float32; the caller's result dtypes (or
+# _narrow) round the results once.  Converting a 16-bit value to float32 is
+# exact, so ops that only move or compare values are unchanged by it.
+
+_REDUCED = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_WIDE = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
+
+
+def _opmath(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """(args, kwargs) with 16-bit float arrays as float32, and the 16-bit
+    dtype the results return to when no caller dtype is given (None when
+    nothing was widened, or inputs already mixed in a wider float)."""
+    seen: dict = {}  # 16-bit dtype -> seen on an array with dimensions
+    wide = [False, False]  # a wider float array: [0-dim, with dimensions]
+
+    def up(x: Any) -> Any:
+        dtype = getattr(x, "dtype", None)
+        if dtype is None or not hasattr(x, "shape"):
+            if isinstance(x, (list, tuple)) and x and any(hasattr(v, "dtype") for v in x):
+                return type(x)(up(v) for v in x)
+            return x
+        if dtype in _REDUCED:
+            seen[dtype] = seen.get(dtype, False) or x.ndim > 0
+            return x.astype(jnp.float32)
+        if dtype in _WIDE:
+            wide[x.ndim > 0] = True
+        return x
+
+    new_args = tuple(up(a) for a in args)
+    new_kwargs = {k: up(v) for k, v in kwargs.items()}
+    if not seen:
+        return args, kwargs, None
+    # torch's promotion: a 0-dim float32 tensor does not widen a bfloat16
+    # tensor with dimensions (the result stays bfloat16), one with does.
+    has_dims = any(seen.values())
+    mixed = wide[1] or (wide[0] and not has_dims)
+    narrow = next(iter(seen)) if len(seen) == 1 and not mixed else None
+    return new_args, new_kwargs, narrow
+
+
+def _narrow(value: Any, dtype: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return type(value)(_narrow(v, dtype) for v in value)
+    if getattr(value, "dtype", None) == jnp.float32:
+        return value.astype(dtype)
+    return value

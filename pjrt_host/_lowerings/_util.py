@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ._dtypes import jax_dtype, torch_dtype
-from ._invoke import current_context
+from ._invoke import current_context, stored_dtype
 
 __all__ = [
     "as_float", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "float_dtype", "linspace_values",
@@ -98,9 +98,19 @@ def cast(x: Any, dtype: torch.dtype) -> jax.Array:
     return x if x.dtype == jd else x.astype(jd)
 
 
-def promote(*operands: Any) -> tuple[torch.dtype, list[jax.Array]]:
-    """(torch result dtype, operands cast to it)."""
+def promote(*operands: Any, scalars_in_opmath: bool = False) -> tuple[torch.dtype, list[jax.Array]]:
+    """(torch result dtype, operands cast to it).
+
+    Under opmath (16-bit inputs widened to float32, :func:`stored_dtype`),
+    Python-number operands are rounded to the stored dtype first, as torch's
+    TensorIterator casts a wrapped number to the common dtype before the
+    kernel widens it (``bf16 + 1e-3`` adds bfloat16(1e-3)).  torch's mul and
+    true division keep the number's float32 value instead
+    (``scalars_in_opmath``)."""
     dtype = result_type(*operands)
+    if not scalars_in_opmath and dtype == torch.float32 and stored_dtype() is not None:
+        return dtype, [as_stored(cast(x, dtype)) if isinstance(x, (int, float)) or jnp.ndim(x) == 0
+                       else cast(x, dtype) for x in operands]
     return dtype, [cast(x, dtype) for x in operands]
 
 
@@ -185,3 +195,11 @@ def arange_values(start: Any, step: Any, n: int, dtype: Any) -> jax.Array:
         start, step = (jnp.asarray(v).astype(jnp.int64) for v in (start, step))  # truncates, as C++ casts
         return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(dtype)
     return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(dtype)
+
+
+def as_stored(x: jax.Array) -> jax.Array:
+    """``x`` rounded to the dtype the op's 16-bit inputs had (and back to
+    x's dtype), where torch keeps an intermediate in the input dtype and
+    computes on with it; ``x`` itself otherwise."""
+    dtype = stored_dtype()
+    return x if dtype is None else x.astype(dtype).astype(x.dtype)

@@ -18,14 +18,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import lowering
-from ._util import cast, promote, take, torch_dtype_of
+from ._util import as_stored, cast, promote, take, torch_dtype_of
+
+def _accumulate(*xs):
+    """float32 for 16-bit float operands: the matmul family keeps them
+    16-bit (the fast path of every accelerator) and accumulates in float32,
+    rounding once at the end, as torch does on CPU and CUDA."""
+    return jnp.float32 if any(x.dtype in (jnp.bfloat16, jnp.float16) for x in xs) else None
+
 
 def _matmul(a, b):
     """Matrix product.  Its float precision is the device configuration's
     (``jax.default_matmul_precision``, set by the dispatcher), not fixed here."""
     if a.dtype == jnp.bool_:
         return jnp.matmul(a.astype(jnp.int64), b.astype(jnp.int64)).astype(jnp.bool_)
-    return jnp.matmul(a, b)
+    return jnp.matmul(a, b, preferred_element_type=_accumulate(a, b))
 
 
 def _scaled(x, factor):
@@ -40,7 +47,7 @@ def _beta_input(x, beta):
 # ------------------------------------------------------------ matrix products
 
 
-@lowering("aten::mm", "aten::bmm", "aten::matmul", "aten::mv", "aten::dot")
+@lowering("aten::mm", "aten::bmm", "aten::matmul", "aten::mv", "aten::dot", opmath=False)
 def mm(a, b):
     return _matmul(a, b)
 
@@ -61,14 +68,31 @@ def outer(a, b):
     return a[:, None] * b[None, :]
 
 
-@lowering("aten::addmm", "aten::addmv", "aten::baddbmm")
+def _widened(x, a, b):
+    acc = _accumulate(x, a, b)
+    return x if acc is None else x.astype(acc)
+
+
+@lowering("aten::addmm", "aten::addmv", "aten::baddbmm", opmath=False)
 def addmm(x, a, b, *, beta=1, alpha=1):
-    return _beta_input(x, beta) + _scaled(_matmul(a, b), alpha)
+    return _beta_input(_widened(x, a, b), beta) + _scaled(_matmul(a, b), alpha)
 
 
-@lowering("aten::addbmm")
+@lowering("aten::addbmm", opmath=False)
 def addbmm(x, a, b, *, beta=1, alpha=1):
-    return _beta_input(x, beta) + _scaled(jnp.sum(_matmul(a, b), axis=0), alpha)
+    acc = _accumulate(x, a, b)
+    if acc is None or a.shape[0] == 0:
+        return _beta_input(_widened(x, a, b), beta) + _scaled(jnp.sum(_matmul(a, b), axis=0), alpha)
+    # 16-bit: torch adds one batch's product at a time into the 16-bit
+    # result (beta * x kept in float32 until the first), rounding each time.
+    out_dtype = jnp.result_type(x.dtype, a.dtype, b.dtype)
+    start = jnp.broadcast_to(_beta_input(x.astype(acc), beta), (a.shape[1], b.shape[2]))
+
+    def step(carry, ab):
+        return (carry.astype(acc) + _scaled(_matmul(*ab), alpha)).astype(out_dtype), None
+
+    first = step(start, (a[0], b[0]))[0]
+    return jax.lax.scan(step, first, (a[1:], b[1:]))[0]
 
 
 @lowering("aten::addr")
@@ -79,10 +103,10 @@ def addr(x, a, b, *, beta=1, alpha=1):
     return _beta_input(x, beta) + _scaled(product, alpha)
 
 
-@lowering("aten::linear")
+@lowering("aten::linear", opmath=False)
 def linear(x, weight, bias=None):
     out = _matmul(x, weight.T)
-    return out if bias is None else out + bias
+    return out if bias is None else out + bias.astype(out.dtype)
 
 
 @lowering("aten::_cdist_forward")
@@ -105,7 +129,7 @@ def _spatial_spec(n):
     return ("NC" + letters, "OI" + letters, "NC" + letters)
 
 
-@lowering("aten::convolution", "aten::_convolution")
+@lowering("aten::convolution", "aten::_convolution", opmath=False)
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *_flags):
     n = weight.ndim - 2
     stride, padding, dilation = (list(v) * n if len(v) == 1 else list(v) for v in (stride, padding, dilation))
@@ -113,7 +137,8 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     if not transposed:
         out = jax.lax.conv_general_dilated(
             x, weight, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
-            dimension_numbers=_spatial_spec(n), feature_group_count=groups)
+            dimension_numbers=_spatial_spec(n), feature_group_count=groups,
+            preferred_element_type=_accumulate(x, weight))
     else:
         # A transposed convolution is the convolution of the stride-dilated
         # input with the spatially flipped kernel, in and out channels swapped.
@@ -125,21 +150,24 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
         out = jax.lax.conv_general_dilated(
             x, w, window_strides=[1] * n, padding=pads, lhs_dilation=stride, rhs_dilation=dilation,
-            dimension_numbers=_spatial_spec(n), feature_group_count=groups)
+            dimension_numbers=_spatial_spec(n), feature_group_count=groups,
+            preferred_element_type=_accumulate(x, w))
     if bias is not None:
-        out = out + bias.reshape((1, -1) + (1,) * n)
+        out = out + bias.reshape((1, -1) + (1,) * n).astype(out.dtype)
     return out
 
 
-@lowering("aten::convolution_backward")
+@lowering("aten::convolution_backward", opmath=False)
 def convolution_backward(grad_output, x, weight, bias_sizes, stride, padding, dilation, transposed,
                          output_padding, groups, output_mask):
     def forward(x_, w_):
         return convolution(x_, w_, None, stride, padding, dilation, transposed, output_padding, groups)
 
-    _, pullback = jax.vjp(forward, x, weight)
-    grad_x, grad_w = pullback(grad_output)
-    grad_b = jnp.sum(grad_output, axis=(0,) + tuple(range(2, grad_output.ndim))) if output_mask[2] else None
+    out, pullback = jax.vjp(forward, x, weight)
+    grad_x, grad_w = pullback(grad_output.astype(out.dtype))
+    acc = _accumulate(grad_output)
+    grad_b = jnp.sum(grad_output, axis=(0,) + tuple(range(2, grad_output.ndim)), dtype=acc) \
+        if output_mask[2] else None
     return (grad_x if output_mask[0] else None, grad_w if output_mask[1] else None, grad_b)
 
 
@@ -208,7 +236,9 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
     """(out, save_mean, save_invstd, new_running_mean, new_running_var)."""
     if training:
         mean, var = _batch_stats(x)
-        invstd = jax.lax.rsqrt(var + eps)
+        # torch CPU stores 16-bit inputs' statistics in their dtype and
+        # normalises with those rounded values.
+        mean, invstd = as_stored(mean), as_stored(jax.lax.rsqrt(var + eps))
         n = x.size // x.shape[1]
         new_mean = new_var = None
         if running_mean is not None:
@@ -860,8 +890,17 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
             t = jnp.expand_dims(t, d)
         return t
 
-    product = expanded(i1, expand1) * expanded(i2, expand2) * expanded(i3, expand3)
-    return jnp.sum(product, axis=tuple(sumdim)) if sumdim else product
+    # torch sums i1 * i2 over the summed dims where i3 is broadcast first,
+    # then the rest with i3: two products, the first rounded to the
+    # inputs' dtype between them (as_stored) -- what it gives 16-bit inputs.
+    first = tuple(d for d in sumdim if d in expand3)
+    pair = expanded(i1, expand1) * expanded(i2, expand2)
+    pair = as_stored(jnp.sum(pair, axis=first, keepdims=True) if first else pair)
+    product = pair * expanded(i3, expand3)
+    rest = tuple(d for d in sumdim if d not in expand3)
+    if rest:
+        product = jnp.sum(product, axis=rest, keepdims=True)
+    return jnp.squeeze(product, axis=tuple(sumdim)) if sumdim else product
 
 
 # ------------------------------------------------------- fused RNN cells

@@ -16,7 +16,7 @@ import jax.scipy.special as jsp
 import torch
 
 from . import lowering
-from ._util import as_float, cast, float_dtype, optional_jax_dtype, promote, result_type, torch_dtype_of, to_jax
+from ._util import as_float, as_stored, cast, float_dtype, optional_jax_dtype, promote, result_type, torch_dtype_of, to_jax
 
 # ---------------------------------------------------------------- arithmetic
 
@@ -24,8 +24,8 @@ from ._util import as_float, cast, float_dtype, optional_jax_dtype, promote, res
 @lowering("aten::add.Tensor", "aten::add.Scalar")
 def add(x, other, alpha=1):
     dtype, (x, other) = promote(x, other)
-    if alpha != 1:
-        other = other * cast(alpha, dtype)
+    if alpha != 1:  # torch rounds alpha to the tensors' dtype
+        other = other * as_stored(cast(alpha, dtype))
     if dtype == torch.bool:
         return x | other
     return x + other
@@ -35,7 +35,7 @@ def add(x, other, alpha=1):
 def sub(x, other, alpha=1):
     dtype, (x, other) = promote(x, other)
     if alpha != 1:
-        other = other * cast(alpha, dtype)
+        other = other * as_stored(cast(alpha, dtype))
     return x - other
 
 
@@ -46,7 +46,7 @@ def rsub(x, other, alpha=1):
 
 @lowering("aten::mul.Tensor", "aten::mul.Scalar")
 def mul(x, other):
-    dtype, (x, other) = promote(x, other)
+    dtype, (x, other) = promote(x, other, scalars_in_opmath=True)
     return x & other if dtype == torch.bool else x * other
 
 
@@ -60,7 +60,7 @@ def div(x, other):
 def div_mode(x, other, *, rounding_mode=None):
     if rounding_mode is None:
         return div(x, other)
-    dtype, (x, other) = promote(x, other)
+    dtype, (x, other) = promote(x, other, scalars_in_opmath=True)
     if rounding_mode == "floor":
         return floor_divide(x, other)
     if dtype.is_floating_point:
@@ -70,7 +70,7 @@ def div_mode(x, other, *, rounding_mode=None):
 
 @lowering("aten::floor_divide", "aten::floor_divide.Scalar")
 def floor_divide(x, other):
-    dtype, (x, other) = promote(x, other)
+    dtype, (x, other) = promote(x, other, scalars_in_opmath=True)
     if dtype.is_floating_point:
         # torch's div_floor: the floor of the exact quotient, via fmod, as Python does.
         mod = jnp.fmod(x, other)
@@ -317,7 +317,7 @@ def mvlgamma(x, p):
     return jsp.multigammaln(x, p).astype(x.dtype)
 
 
-@lowering("aten::nan_to_num")
+@lowering("aten::nan_to_num", opmath=False)  # posinf/neginf default to the dtype's own limits
 def nan_to_num(x, nan=None, posinf=None, neginf=None):
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return x
@@ -326,7 +326,8 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
 
 def _float_binary(fn):
     def lower(x, other):
-        dtype = float_dtype(result_type(x, other))
+        dtype, (x, other) = promote(x, other)
+        dtype = float_dtype(dtype)
         return fn(cast(x, dtype), cast(other, dtype))
 
     return lower
@@ -346,7 +347,7 @@ for _names, _fn in (
     lowering(*(f"aten::{n}" for n in _names))(_float_binary(_fn))
 
 
-@lowering("aten::nextafter")
+@lowering("aten::nextafter", opmath=False)  # the next value of the dtype itself
 def nextafter(x, other):
     _, (x, other) = promote(x, other)
     return jnp.nextafter(x, other)
@@ -539,7 +540,7 @@ def clamp_max(x, max):
 
 @lowering("aten::lerp.Scalar", "aten::lerp.Tensor")
 def lerp(start, end, weight):
-    _, (start, end, weight) = promote(start, end, weight)
+    _, (start, end, weight) = promote(start, end, weight, scalars_in_opmath=True)
     # torch's two-sided form keeps lerp exact at weight 0 and 1.
     return jnp.where(jnp.abs(weight) < 0.5, start + weight * (end - start), end - (end - start) * (1 - weight))
 
@@ -657,6 +658,7 @@ def hardswish(x):
 
 @lowering("aten::hardshrink")
 def hardshrink(x, lambd=0.5):
+    lambd = as_stored(jnp.asarray(lambd, x.dtype))  # torch compares with lambd in the tensor's dtype
     return jnp.where(jnp.abs(x) > lambd, x, jnp.zeros((), x.dtype))
 
 

@@ -172,8 +172,9 @@ def rrelu_with_noise_functional(key, x, noise, lower=0.125, upper=1 / 3, trainin
     """(output, noise): in training each negative element is scaled by its
     own U(lower, upper) draw (recorded in noise, 1 elsewhere, for the
     backward); in eval by the mean slope (noise unchanged)."""
-    if not training:
-        return jnp.where(x >= 0, x, x * ((lower + upper) / 2)).astype(x.dtype), noise
+    if not training:  # leaky_relu by the mean slope, in float32 for 16-bit x as torch does
+        wide = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+        return jnp.where(x >= 0, wide, wide * ((lower + upper) / 2)).astype(x.dtype), noise
     slope = jax.random.uniform(key, x.shape, _float(x), lower, upper)
     new_noise = jnp.where(x >= 0, 1, slope).astype(noise.dtype)
     return (x * new_noise.astype(x.dtype)).astype(x.dtype), new_noise

@@ -29,19 +29,32 @@ def _accumulate_dtype(x, dtype):
     return torch.int64 if not (d.is_floating_point or d.is_complex) else d
 
 
+def _accumulated(x, dtype):
+    """x in the dtype its reduction computes in: ``_accumulate_dtype``, and
+    float32 when that is a 16-bit float (``x`` rounded to it first): torch
+    accumulates bfloat16 / float16 in float32 and rounds the result once,
+    whether the 16-bit dtype is the input's or an explicit ``dtype=``."""
+    return _opmath_cast(x, _accumulate_dtype(x, dtype))
+
+
+def _opmath_cast(x, dtype):
+    x = cast(x, dtype)
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
 def _dims(x, dim):
     return canonical_dims(dim, x.ndim)
 
 
 @lowering("aten::sum", "aten::sum.dim_IntList")
 def sum_(x, dim=None, keepdim=False, *, dtype=None):
-    x = cast(x, _accumulate_dtype(x, dtype))
+    x = _accumulated(x, dtype)
     return jnp.sum(x, axis=_dims(x, dim), keepdims=keepdim)
 
 
 @lowering("aten::nansum")
 def nansum(x, dim=None, keepdim=False, *, dtype=None):
-    x = cast(x, _accumulate_dtype(x, dtype))
+    x = _accumulated(x, dtype)
     return jnp.nansum(x, axis=_dims(x, dim), keepdims=keepdim)
 
 
@@ -61,7 +74,7 @@ def nanmean(x, dim=None, keepdim=False, *, dtype=None):
 
 @lowering("aten::prod", "aten::prod.dim_int")
 def prod(x, dim=None, keepdim=False, *, dtype=None):
-    x = cast(x, _accumulate_dtype(x, dtype))
+    x = _accumulated(x, dtype)
     if x.dtype == jnp.bool_:
         return jnp.all(x, axis=_dims(x, dim), keepdims=keepdim)
     return jnp.prod(x, axis=_dims(x, dim), keepdims=keepdim)
@@ -244,13 +257,13 @@ def all_(x, dim=None, keepdim=False):
 
 @lowering("aten::cumsum")
 def cumsum(x, dim, *, dtype=None):
-    x = cast(x, _accumulate_dtype(x, dtype))
+    x = _accumulated(x, dtype)
     return jnp.cumsum(x, axis=canonical_dim(dim, x.ndim)) if x.ndim else x
 
 
 @lowering("aten::cumprod")
 def cumprod(x, dim, *, dtype=None):
-    x = cast(x, _accumulate_dtype(x, dtype))
+    x = _accumulated(x, dtype)
     return jnp.cumprod(x, axis=canonical_dim(dim, x.ndim)) if x.ndim else x
 
 
@@ -296,7 +309,7 @@ def cummin(x, dim):
 
 def _softmax_input(x, dtype=None, half_to_float=False):
     if dtype is not None:
-        return cast(x, dtype)
+        return _opmath_cast(x, dtype)
     if half_to_float:
         return x.astype(jnp.float32)
     return as_float(x)

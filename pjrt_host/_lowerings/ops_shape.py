@@ -10,6 +10,7 @@ honours the plugin's ``dense_gather_factor``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -17,10 +18,17 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import lowering
+from . import lowering as _lowering
 from ._dtypes import jax_dtype
 from ._util import (canonical_dim, canonical_dims, cast, dense_gather_factor, linspace_values, result_type, take,
                     torch_dtype_of)
+
+# No lowering here widens 16-bit floats (Lowering.opmath): moving, selecting
+# and comparing values is exact in any dtype, so widening would only double
+# the bytes a gather, concatenation or sort moves (XLA keeps the converts
+# around them); and torch accumulates scatter_add, index_add and
+# index_put(accumulate=True) in the tensor's own dtype, rounding per add.
+lowering = functools.partial(_lowering, opmath=False)
 
 
 def _view_lowering(*names: str):
