@@ -44,10 +44,18 @@ pytest.importorskip("expecttest", reason="torch's OpInfo database needs expectte
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 
-from opinfo_expected_failures import EXPECTED_FAILURES, SKIPS, TOLERANCES as WIDER, UP_TO_FREEDOM  # noqa: E402
+from opinfo_expected_failures import (  # noqa: E402
+    ACCELERATOR_DTYPES, EXPECTED_FAILURES, FLOAT32_REFERENCE, SKIPS, TOLERANCES as WIDER, UP_TO_FREEDOM)
 from opinfo_properties import RANDOM, RANDOM_INPUTS, TIES, UNINITIALISED  # noqa: E402
 
-DTYPES = (torch.float32, torch.int64, torch.bool)
+def _dtypes() -> tuple:
+    """PJRT_HOST_OPINFO_DTYPES: comma-separated torch dtype names to run
+    (default float32,int64,bool,bfloat16,float16)."""
+    raw = os.environ.get("PJRT_HOST_OPINFO_DTYPES", "float32,int64,bool,bfloat16,float16")
+    return tuple(getattr(torch, name.strip()) for name in raw.split(",") if name.strip())
+
+
+DTYPES = _dtypes()
 # float32 results: XLA's transcendental functions and reduction orders differ
 # from ATen's by a few ulps; 1e-4 relative keeps real bugs visible.
 TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.complex64: dict(rtol=1e-4, atol=1e-5)}
@@ -155,16 +163,22 @@ def _on_jax(value: Any) -> Any:
     return value
 
 
-def _compare(actual: Any, expected: Any, dtype: torch.dtype, values: bool = True, wider: dict | None = None) -> None:
+def _compare(actual: Any, expected: Any, dtype: torch.dtype, values: bool = True, wider: dict | None = None,
+             dtypes: dict | None = None) -> None:
     """Same structure; each tensor on the device, of torch's dtype and shape,
-    and (``values``) within the tolerances, NaNs in the same places."""
+    and (``values``) within the tolerances, NaNs in the same places.
+    ``dtypes``: result index -> the dtype the device gives instead of torch
+    CPU's (ACCELERATOR_DTYPES)."""
     leaves_a, spec_a = tree_flatten(actual)
     leaves_e, spec_e = tree_flatten(expected)
     assert spec_a == spec_e, f"result structure {spec_a} differs from torch CPU's {spec_e}"
-    for a, e in zip(leaves_a, leaves_e):
+    for i, (a, e) in enumerate(zip(leaves_a, leaves_e)):
         if isinstance(e, torch.Tensor):
             assert isinstance(a, torch.Tensor), f"expected a tensor, got {type(a).__name__}"
             assert a.device.type == "jax", f"result on {a.device}, expected the 'jax' device"
+            if dtypes and i in dtypes:  # the accelerator's dtype; values compared in torch CPU's
+                assert a.dtype == getattr(torch, dtypes[i]), f"result {i}: {a.dtype}, expected {dtypes[i]}"
+                a = a.to(e.dtype)
             assert (a.dtype, a.shape) == (e.dtype, e.shape), f"{a.dtype} {tuple(a.shape)}, torch gives " \
                                                              f"{e.dtype} {tuple(e.shape)}"
             if values:
@@ -189,6 +203,7 @@ def _run_case(op: Any, dtype: torch.dtype, name: str, up_to_freedom: bool = Fals
     case = _case_id(op, dtype)
     ties = TIES.get(name) or TIES.get(case)
     wider = WIDER[case][0] if case in WIDER else None
+    dtypes = ACCELERATOR_DTYPES[case][0] if case in ACCELERATOR_DTYPES else None
     draw = RANDOM_INPUTS.get(name)
     compared, by_properties = 0, False
     for sample in _samples(op, dtype):
@@ -197,7 +212,12 @@ def _run_case(op: Any, dtype: torch.dtype, name: str, up_to_freedom: bool = Fals
         if draw is not None:
             sample.kwargs.update(draw(sample))
         try:
-            expected = op(sample.input, *sample.args, **sample.kwargs)
+            if case in FLOAT32_REFERENCE:
+                wide = sample.transform(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == dtype else t)
+                expected = tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32
+                                    else t, op(wide.input, *wide.args, **wide.kwargs))
+            else:
+                expected = op(sample.input, *sample.args, **sample.kwargs)
         except Exception:
             continue  # torch CPU refuses this sample: nothing to compare
         if name in CPU_ARGUMENTS:  # only the input moves
@@ -229,7 +249,7 @@ def _run_case(op: Any, dtype: torch.dtype, name: str, up_to_freedom: bool = Fals
             else:
                 by_properties = True
         else:
-            _compare(actual, expected, dtype, wider=wider)
+            _compare(actual, expected, dtype, wider=wider, dtypes=dtypes)
         compared += 1
     return compared, by_properties
 
