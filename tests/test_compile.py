@@ -528,3 +528,86 @@ def test_compile_in_one_thread_eager_in_another():
         t.join(timeout=120)
     assert not failures, failures
     assert eager_calls[0] > 0
+
+
+def test_factories_inside_the_compiled_code_are_graph_constants():
+    """``torch.tensor(data, device='jax')`` inside compiled code (what
+    transformers' DynamicCache does on its first call) is traced as for
+    cuda: a fake tensor on the device for dynamo and AOTAutograd, a host
+    constant moved to the device in the graph, which runs as one jax.jit
+    with no eager op, forward and backward."""
+    def f(x):
+        empty = torch.tensor([], device=x.device)
+        scale = torch.tensor([0.5, 2.0, -1.0], device=x.device, dtype=x.dtype)
+        return (torch.cat([empty, x]) * scale).sum() + torch.tensor(3, device=x.device)
+
+    x = torch.tensor([1.0, 2.0, 4.0], device="jax", requires_grad=True)
+    compiler, graphs = counting_backend()
+    compiled = torch.compile(f, backend=compiler, fullgraph=True)
+    out = compiled(x)
+    out.backward()
+    assert out.device.type == "jax" and out.item() == 0.5 + 4.0 - 4.0 + 3
+    assert x.grad.cpu().tolist() == [0.5, 2.0, -1.0]
+    x.grad = None
+    with eager_ops() as seen:
+        compiled(x)
+    assert seen == []
+    assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "t5"])
+def test_transformers_language_models_compile_with_their_default_cache(family):
+    """transformers' decoders called as users call them: forward with the
+    default DynamicCache (once failed in dynamo: a real 'jax' tensor from a
+    factory inside the fake trace), and generate() with the forward
+    compiled, token for token as eager CPU."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    common = dict(vocab_size=256, pad_token_id=0, eos_token_id=1)
+    if family == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, n_positions=64, bos_token_id=0, **common))
+    elif family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, **common))
+    else:
+        model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+            d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, decoder_start_token_id=0, **common))
+    model.eval()
+    ids = torch.randint(2, 256, (2, 10))
+    inputs = dict(input_ids=ids) if family != "t5" else dict(input_ids=ids, decoder_input_ids=ids[:, :4])
+    with torch.no_grad():
+        expected = model(**inputs).logits
+        expected_tokens = model.generate(ids[:1, :6], max_new_tokens=5, do_sample=False)
+        model.to("jax")
+        logits = torch.compile(model, backend="jax")(**{k: v.to("jax") for k, v in inputs.items()}).logits
+        torch.testing.assert_close(logits.cpu(), expected, rtol=1e-4, atol=1e-5)
+        torch._dynamo.reset()
+        model.forward = torch.compile(model.forward, backend="jax")
+        tokens = model.generate(ids[:1, :6].to("jax"), max_new_tokens=5, do_sample=False)
+    assert torch.equal(tokens.cpu(), expected_tokens)
+
+
+def test_static_cache_generation_compiles_once_per_phase():
+    """generate(cache_implementation='static') with the forward compiled:
+    a prefill graph and a decode graph, no recompilation per new token."""
+    transformers = pytest.importorskip("transformers")
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=1, pad_token_id=0)).eval()
+    ids = torch.randint(2, 256, (1, 6))
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static")
+        model.to("jax")
+        model.forward = torch.compile(model.forward, backend="jax")
+        counters.clear()
+        tokens = model.generate(ids.to("jax"), max_new_tokens=8, do_sample=False, cache_implementation="static")
+        graphs = counters["stats"]["unique_graphs"]
+        model.generate(ids.to("jax"), max_new_tokens=8, do_sample=False, cache_implementation="static")
+    assert torch.equal(tokens.cpu(), expected)
+    assert graphs <= 2, f"{graphs} graphs for 8 new tokens"
+    assert counters["stats"]["unique_graphs"] == graphs, "the second generate() recompiled"

@@ -59,7 +59,7 @@ class _InplaceName:
 
 
 class _Step(NamedTuple):
-    kind: str  # input | lowering | graph | symbolic | noop | getitem | python | output
+    kind: str  # input | lowering | graph | symbolic | noop | getitem | python | constant | output
     node: torch.fx.Node
     fn: Any = None  # the Lowering, GraphOp or callable
     random: int = -1  # index of the random op (its key is fold_in(key, random))
@@ -118,9 +118,12 @@ class Program:
             return _Step("input", node, index=index)
         if node.op == "output":
             return _Step("output", node)
-        if node.op in ("get_attr",):
-            self.unsupported.setdefault(f"get_attr {node.target}", "a graph attribute")
-            return None
+        if node.op == "get_attr":
+            constant = self._constant(node)
+            if constant is None:
+                self.unsupported.setdefault(f"get_attr {node.target}", "a graph attribute that is not a tensor")
+                return None
+            return _Step("constant", node, constant)
         if node.op != "call_function":
             self.unsupported.setdefault(f"{node.op} {node.target}", "not an ATen call")
             return None
@@ -175,6 +178,28 @@ class Program:
             return _Step("python", node, target)
         self.unsupported.setdefault(op_name(target), "not an ATen op")
         return None
+
+    def _constant(self, node: torch.fx.Node) -> Any:
+        """A tensor constant of the graph (what a factory such as
+        ``torch.tensor(data)`` in the traced code left: AOTAutograd's
+        ``_tensor_constantN``) as a jax array, read once; None for anything
+        else (a fake tensor has no values to read)."""
+        from torch.utils._mode_utils import no_dispatch
+
+        from .._torch._tensor import JaxTensor, read
+
+        value = getattr(self.gm, node.target, None)
+        if isinstance(value, JaxTensor):
+            return read(value).astype(self.dtype_of(value.dtype))
+        if type(value) is not torch.Tensor or value.device.type != "cpu":
+            return None
+        with no_dispatch():  # compilers run inside the trace's fake mode; a plain host tensor needs none
+            host = value.detach().resolve_conj().resolve_neg()
+            if host.is_floating_point():  # numpy has no bfloat16: through float32, exactly
+                array = host.float().numpy()
+            else:
+                array = host.numpy()
+        return jax.numpy.asarray(array).astype(self.dtype_of(value.dtype))
 
     def _next_random(self, random: bool) -> int:
         if not random:
@@ -233,6 +258,8 @@ class Program:
                     env[node] = step.fn(*value(node.args), **value(node.kwargs))
                 elif kind == "noop":
                     env[node] = None
+                elif kind == "constant":
+                    env[node] = step.fn
                 elif kind == "output":
                     outputs = list(value(node.args[0]))
             except GraphLoweringError:

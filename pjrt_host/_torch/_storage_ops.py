@@ -165,7 +165,24 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
 
 @storage_op("aten::lift_fresh")
 def lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
-    return args[0]
+    """``torch.tensor(data, device='jax')`` makes the device tensor with
+    torch's modes switched off, then lifts it so that modes see it.  A
+    tracer's modes (dynamo's FakeTensorMode, AOTAutograd's functional /
+    proxy / fake stack: a model whose forward calls a factory, as
+    transformers' DynamicCache does) only lift plain tensors, and defer to
+    ours; a real device tensor in a fake trace then fails at its first op
+    beside a fake one.  So under modes the lift is what cuda's amounts to
+    for them: the values as a host constant, lifted, moved to the device
+    (a fake on 'jax' for the fake mode, ``lift_fresh_copy(constant)`` then
+    ``_to_copy`` in a traced graph)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    tensor = args[0]
+    if not _get_current_dispatch_mode_stack():
+        return tensor
+    with no_dispatch():
+        host = to_torch(tensor, torch.device("cpu"))
+    return func(host).to(tensor.device)
 
 
 @storage_op("aten::is_pinned")
