@@ -3,6 +3,7 @@ module, mixed-device errors, dtype fidelity, random state, configuration."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -629,3 +630,35 @@ def test_reduced_precision_numbers_are_rounded_where_torch_rounds_them():
             differ = ((got != expected) & ~(got.isnan() & expected.isnan())).sum().item()
             allowed = 8 if name.startswith("div") else 0
             assert differ <= allowed, f"{name} {dtype}: {differ} of {got.numel()} elements differ from torch CPU"
+
+
+def test_sparse_gradients_come_back_dense():
+    """gather(sparse_grad=True) and nn.Embedding(sparse=True) ask autograd
+    for a sparse gradient; the device has no sparse layout, and torch's
+    sparse constructors in autograd's device thread ended the process.  The
+    gradient is the dense one, with CPU's values (empty indices too), and
+    double backward and an optimizer step work."""
+    for n in (0, 2):
+        x = torch.randn(3, 4, requires_grad=True)
+        xj = x.detach().to(DEV).requires_grad_()
+        idx = torch.tensor([[0, 3], [1, 1], [2, 0]])[:, :n]
+        torch.gather(x, 1, idx, sparse_grad=True).pow(2).sum().backward()
+        torch.gather(xj, 1, idx.to(DEV), sparse_grad=True).pow(2).sum().backward()
+        assert xj.grad.layout == torch.strided
+        torch.testing.assert_close(xj.grad.cpu(), x.grad.to_dense())
+    grad, = torch.autograd.grad(torch.gather(xj, 1, idx.to(DEV), sparse_grad=True).pow(3).sum(), xj,
+                                create_graph=True)
+    second, = torch.autograd.grad(grad.sum(), xj)
+    expected, = torch.autograd.grad(torch.autograd.grad(
+        torch.gather(x, 1, idx).pow(3).sum(), x, create_graph=True)[0].sum(), x)
+    torch.testing.assert_close(second.cpu(), expected)
+
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    emb_j = copy.deepcopy(emb).to(DEV)
+    ids = torch.tensor([[1, 2, 2], [5, 1, 9]])
+    emb(ids).pow(2).sum().backward()
+    emb_j(ids.to(DEV)).pow(2).sum().backward()
+    torch.testing.assert_close(emb_j.weight.grad.cpu(), emb.weight.grad.to_dense())
+    torch.optim.SGD(emb.parameters(), lr=0.1).step()
+    torch.optim.SGD(emb_j.parameters(), lr=0.1).step()
+    torch.testing.assert_close(emb_j.weight.detach().cpu(), emb.weight.detach())

@@ -81,6 +81,23 @@ AUTOCAST_FP32_OPS = (
 # (``torch.tensor(data, device='jax')`` calls ``_to_copy`` that way).
 DEVICE_OPS = ("_to_copy", "copy_")
 
+# The backward formulas that build a sparse gradient (gather(sparse_grad=True),
+# nn.Embedding(sparse=True)): the device has no sparse layout, and torch's
+# composites reach its C++ sparse constructors from autograd's device thread,
+# where the failure ended the process.  On 'jax' they give the dense gradient
+# (the same values, as x.grad.to_dense() on CPU), through ops that autograd
+# records, so double backward works.
+def _gather_dense_backward(self, dim, index, grad):
+    return torch.zeros_like(self, dtype=grad.dtype).scatter_add(dim, index, grad)
+
+
+def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq, sparse):
+    return torch.ops.aten.embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq)
+
+
+DENSE_GRADIENT_OPS = (("_gather_sparse_backward", _gather_dense_backward),
+                      ("embedding_backward", _embedding_dense_backward))
+
 
 #: Everything of torch's that registration replaces: name -> (its key in
 #: PJRT_HOST_SKIP_PATCHES, why), besides the registrations torch offers (device
@@ -354,6 +371,11 @@ def _register_kernels() -> None:
                 aten.impl(name, make_kernel(name), key)
             except Exception as err:  # a renamed overload must not stop the device
                 logger.debug("no %s kernel for aten::%s: %s", key, name, err)
+    for name, kernel in DENSE_GRADIENT_OPS:
+        try:
+            aten.impl(name, kernel, "AutogradPrivateUse1")
+        except Exception as err:
+            logger.debug("no dense-gradient kernel for aten::%s: %s", name, err)
 
 
 # ---------------------------------------------------------------- the device, loaded on first use
