@@ -581,7 +581,7 @@ def test_transformers_language_models_compile_with_their_default_cache(family):
         expected = model(**inputs).logits
         expected_tokens = model.generate(ids[:1, :6], max_new_tokens=5, do_sample=False)
         model.to("jax")
-        logits = torch.compile(model, backend="jax")(**{k: v.to("jax") for k, v in inputs.items()}).logits
+        logits = torch.compile(model, backend="jax", fullgraph=True)(**{k: v.to("jax") for k, v in inputs.items()}).logits
         torch.testing.assert_close(logits.cpu(), expected, rtol=1e-4, atol=1e-5)
         torch._dynamo.reset()
         model.forward = torch.compile(model.forward, backend="jax")
