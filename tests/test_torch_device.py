@@ -662,3 +662,58 @@ def test_sparse_gradients_come_back_dense():
     torch.optim.SGD(emb.parameters(), lr=0.1).step()
     torch.optim.SGD(emb_j.parameters(), lr=0.1).step()
     torch.testing.assert_close(emb_j.weight.detach().cpu(), emb.weight.detach())
+
+
+def _torch_error(fn):
+    """(type, message) of the error fn raises, or None."""
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 - the point is to compare them
+        return type(err), str(err).splitlines()[0]
+    return None
+
+
+@pytest.mark.parametrize("case", [
+    "take_empty_axis", "index_put_shape", "mask_assign_shape", "index_fill_complex"])
+def test_errors_are_torchs_not_jaxs(case):
+    """Bad inputs raise torch's exception type and message (not jax's
+    'non-empty jnp.take() from an empty axis' or 'Incompatible types for
+    broadcasting')."""
+    fns = {
+        "take_empty_axis": lambda d: torch.empty(0, 3, device=d)[torch.tensor([0], device=d)],
+        "index_put_shape": lambda d: torch.ones(4, 3, device=d).index_put_(
+            (torch.tensor([0, 1], device=d),), torch.ones(3, 3, device=d)),
+        "mask_assign_shape": lambda d: torch.ones(4, device=d).__setitem__(
+            torch.tensor([True, False, True, False], device=d), torch.ones(3, device=d)),
+        "index_fill_complex": lambda d: torch.ones(3, device=d).index_fill(0, torch.tensor([0], device=d), 1j),
+    }
+    expected = _torch_error(lambda: fns[case]("cpu"))
+    got = _torch_error(lambda: fns[case](DEV))
+    assert expected is not None and got is not None
+    assert got[0] is expected[0] or issubclass(got[0], expected[0]), (got, expected)
+    assert got[1].split(":")[0] == expected[1].split(":")[0] or got[1] == expected[1], (got, expected)
+
+
+def test_out_tensors_are_resized_as_torch_resizes_them():
+    """out= of another shape is resized to the result (torch's warning when
+    it held elements); resize_as_ within the storage works."""
+    for dev in ("cpu", DEV):
+        out = torch.empty(0, dtype=torch.long, device=dev)
+        assert torch.nonzero(torch.tensor([1, 0, 2], device=dev), out=out) is out
+        assert out.cpu().flatten().tolist() == [0, 2] and out.shape == (2, 1)
+        values, indices = torch.empty(1, device=dev), torch.empty(1, dtype=torch.long, device=dev)
+        with pytest.warns(UserWarning, match="resized"):
+            torch.sort(torch.tensor([3.0, 1.0, 2.0], device=dev), out=(values, indices))
+        assert values.cpu().tolist() == [1.0, 2.0, 3.0] and indices.cpu().tolist() == [1, 2, 0]
+        x = torch.arange(6.0, device=dev).reshape(2, 3)
+        assert x.resize_as_(torch.ones(1, 3, device=dev)).cpu().tolist() == [[0.0, 1.0, 2.0]]
+
+
+def test_uint8_index_is_a_mask_as_on_cpu():
+    x = torch.arange(12.0).reshape(3, 4)
+    mask = torch.tensor([1, 0, 1], dtype=torch.uint8)
+    with pytest.warns(UserWarning, match="uint8 is now deprecated"):
+        got = x.to(DEV)[mask.to(DEV)]
+    with pytest.warns(UserWarning):
+        expected = x[mask]
+    assert torch.equal(got.cpu(), expected)

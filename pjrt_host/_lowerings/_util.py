@@ -157,6 +157,8 @@ def take(x: jax.Array, index: jax.Array, axis: int) -> jax.Array:
     times the gathered dimension) the gather is a one-hot matmul."""
     factor = dense_gather_factor()
     size = x.shape[axis]
+    if size == 0 and index.size > 0:  # torch's message, not jax's ("non-empty jnp.take() from an empty axis")
+        raise IndexError(f"index is out of bounds for dimension with size 0")
     if factor > 0 and index.size <= factor * size and size > 0 and jnp.issubdtype(x.dtype, jnp.floating):
         onehot = (index.reshape(-1)[:, None] == jnp.arange(size, dtype=index.dtype)[None, :]).astype(x.dtype)
         moved = jnp.moveaxis(x, axis, 0).reshape(size, -1)

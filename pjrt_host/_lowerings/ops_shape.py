@@ -518,7 +518,12 @@ def index_put(x, indices, values, accumulate=False, unsafe=False):
     if (len(indices) == 1 and indices[0] is not None and indices[0].dtype == jnp.bool_
             and values.size == 1 and indices[0].ndim <= x.ndim):
         return _mask_put(x, indices[0], values, accumulate)
-    at = x.at[_index_tuple(x, indices)]
+    where = _index_tuple(x, indices)
+    target = x[where].shape
+    if values.ndim > len(target) or any(v not in (1, t) for v, t in zip(values.shape[::-1], target[::-1])):
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
+                           f"indexing result of shape {list(target)}")
+    at = x.at[where]
     values = values.astype(x.dtype)
     return _add_at(at, values) if accumulate else at.set(values)
 
@@ -555,6 +560,8 @@ def index_copy(x, dim, index, source):
 
 @lowering("aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor")
 def index_fill(x, dim, index, value):
+    if isinstance(value, complex) and not jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
     value = cast(value, torch_dtype_of(x)) if not hasattr(value, "dtype") else value.astype(x.dtype)
     if x.ndim == 0:
         return jnp.where(index.size > 0, value, x)

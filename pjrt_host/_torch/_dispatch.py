@@ -29,12 +29,13 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import warnings
 from typing import Any, Callable
 
 import torch
 
 from .. import _lowerings
-from . import _backward, _config, _index_checks, _memory, _profile, _storage_ops
+from . import _backward, _config, _index_checks, _memory, _profile, _storage_ops, _tensor
 from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_view
@@ -70,19 +71,48 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         raise
 
 
+_BYTE_MASK_OPS = ("aten::index.Tensor", "aten::_unsafe_index.Tensor", "aten::index_put", "aten::index_put_",
+                  "aten::_index_put_impl_", "aten::_unsafe_index_put")
+
+
+def _byte_masks_as_bool(handler: Handler) -> Handler:
+    """torch reads a uint8 index tensor as a boolean mask (deprecated, with
+    its warning) before the op's own checks, which accept only bool masks."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        indices = args[1] if len(args) > 1 else None
+        if isinstance(indices, (list, tuple)) and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.uint8 for i in indices):
+            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
+                          "instead.", UserWarning, stacklevel=3)
+            indices = [i.bool() if isinstance(i, torch.Tensor) and i.dtype == torch.uint8 else i for i in indices]
+            args = (args[0], indices, *args[2:])
+        return handler(args, kwargs)
+
+    return handle
+
+
 def handler_for(func: Any) -> Handler:
     """The handler of ``func`` (uncached)."""
     handler = _handler_for(func)
     name = op_name(func)
+    if name in _BYTE_MASK_OPS:
+        handler = _byte_masks_as_bool(handler)
     check = _index_checks.checker_for(name)
     if check is None:
         return handler
 
     def checked(args: tuple, kwargs: dict) -> Any:
         mode = _config.current().check_indices
-        if mode:
-            _index_checks.check(name, check, mode, args, kwargs)
-        return handler(args, kwargs)
+        if not mode:
+            return handler(args, kwargs)
+        before = len(_tensor._deferred)
+        _index_checks.check(name, check, mode, args, kwargs)
+        queued = _tensor._deferred[before:]
+        try:
+            return handler(args, kwargs)
+        except Exception:
+            _tensor.withdraw_checks(queued)  # the op's own error stands; its checks would repeat it later
+            raise
 
     return checked
 

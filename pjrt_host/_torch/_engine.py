@@ -294,12 +294,20 @@ class CompiledOp:
                 return self._trial_dynamic(args, kwargs)
             entry = self._build(key, args, kwargs, out_targets, cfg)
         try:
-            result = entry.fn(*dyn)
-        except _CONCRETE_ERRORS:
-            self.eager = True
-            self.cache.clear()
-            entry = self._build(key, args, kwargs, out_targets, cfg)
-            result = entry.fn(*dyn)
+            try:
+                result = entry.fn(*dyn)
+            except _CONCRETE_ERRORS:
+                self.eager = True
+                self.cache.clear()
+                entry = self._build(key, args, kwargs, out_targets, cfg)
+                result = entry.fn(*dyn)
+        except Exception:
+            if not out_targets:
+                raise
+            resized = self._into_resized_outputs(args, kwargs, out_targets)
+            if resized is None:
+                raise
+            return resized
         if self.inplace is not None:
             target = args[self.inplace]
             storage = target._storage
@@ -343,6 +351,34 @@ class CompiledOp:
             if self.lowering.needs_rng:
                 generator = kwargs.pop("generator", None)
         return kwargs, out_targets, generator
+
+    def _into_resized_outputs(self, args: tuple, kwargs: dict, out_targets: list) -> Any:
+        """torch's out= contract when a result's shape differs from its out
+        tensor's (``nonzero(out=torch.empty(0))``, an out of another
+        shape): the out tensor is resized to the result, with torch's
+        warning when it held elements.  None when every shape already
+        matched (the failure was something else)."""
+        values = self.meta_op(*args, **kwargs)
+        values = list(values) if isinstance(values, (tuple, list)) else [values]
+        if all(tuple(t.shape) == tuple(v.shape) for t, v in zip(out_targets, values)):
+            return None
+        for t, v in zip(out_targets, values):
+            if tuple(t.shape) != tuple(v.shape):
+                if t.numel() != 0:
+                    import warnings
+
+                    warnings.warn(
+                        f"An output with one or more elements was resized since it had shape {list(t.shape)}, which "
+                        f"does not match the required output shape {list(v.shape)}. This behavior is deprecated, "
+                        "and in a future PyTorch release outputs will not be resized unless they have zero "
+                        "elements. You can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+                        "elements with t.resize_(0).", UserWarning, stacklevel=4)
+                with torch.no_grad():
+                    t.set_(v.to(t.dtype))
+            else:
+                with torch.no_grad():
+                    t.copy_(v)
+        return out_targets[0] if len(out_targets) == 1 else tuple(out_targets)
 
     @staticmethod
     def _encode_targets(out_targets: list, dyn: list, devs: list, place: Any) -> tuple:

@@ -212,6 +212,13 @@ def resize_(func: Any, args: tuple, kwargs: dict) -> Any:
     return run_inplace_view(torch.ops.aten.as_strided_.default, (self, size, contiguous_strides(size), offset), {})
 
 
+@storage_op("aten::resize_as_")
+def resize_as_(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``resize_as_(template)``: resize_ to the template's shape (torch's
+    meta kernel would call resize_ on the device tensor itself)."""
+    return resize_(func, (args[0], tuple(args[1].shape)), {})
+
+
 @storage_op("c10d::")  # every op of the namespace
 def c10d_op(func: Any, args: tuple, kwargs: dict) -> Any:
     """torch.distributed's dispatcher ops (``c10d::allreduce_``,

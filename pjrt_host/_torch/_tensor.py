@@ -36,7 +36,8 @@ from ._dtype_policy import device_dtype
 
 __all__ = [
     "JaxTensor", "Storage", "TensorSpec", "View", "contiguous_strides", "defer_check", "install_dispatcher", "make", "new_tensor",
-    "forget_results", "note_result", "read", "run_deferred_checks", "synchronize", "view_for", "wrap_array", "write",
+    "forget_results", "note_result", "read", "run_deferred_checks", "synchronize", "view_for", "withdraw_checks",
+    "wrap_array", "write",
 ]
 
 
@@ -431,6 +432,16 @@ def defer_check(check: Callable[[bool], bool]) -> None:
     _deferred.append(check)
     if len(_deferred) > _DEFERRED_LIMIT:
         run_deferred_checks(wait=False)
+
+
+def withdraw_checks(queued: list) -> None:
+    """Drop the deferred checks in ``queued`` (those of an op that raised
+    its own error: theirs would surface again at the next synchronisation)."""
+    for check in queued:
+        try:
+            _deferred.remove(check)
+        except ValueError:  # already run
+            pass
 
 
 def run_deferred_checks(wait: bool = True) -> None:
