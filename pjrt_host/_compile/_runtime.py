@@ -4,7 +4,9 @@
 already hold (views as their storage array plus an offset: no copy), makes
 one call of a ``jax.jit`` of the graph, writes the graph's input mutations
 back into the arguments' storages (computed inside that call) and wraps the
-results.  The jitted function is specialised on the arguments' layout (which
+results.  The arrays a graph overwrites (an optimizer step's parameters and
+state, batch norm's statistics) are donated to that call when nothing but
+their storage holds them, so old and new values are not alive together.  The jitted function is specialised on the arguments' layout (which
 arguments share a storage, which are views); jax itself keys it on shapes,
 so each new shape compiles once and an earlier shape is reused.
 
@@ -15,6 +17,8 @@ graph holding an op with no lowering.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import warnings
 from typing import Any, NamedTuple
@@ -31,6 +35,9 @@ logger = logging.getLogger("pjrt_host")
 
 #: Where the warnings below send a user: how to report a gap and add a lowering.
 REPORT = "docs/op-coverage.md in the pjrt_host sources"
+
+#: PJRT_HOST_DONATE=0 turns buffer donation off (for comparisons).
+DONATE = os.environ.get("PJRT_HOST_DONATE", "1") != "0"
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
@@ -51,10 +58,50 @@ class _OutSpec(NamedTuple):
 
 
 class _Entry(NamedTuple):
-    fn: Any  # the jitted function
+    fn: Any  # the jitted function (nothing donated)
     mutated_slots: tuple[int, ...]
     static_outputs: dict  # position -> Python value, filled when traced
     foreign_slots: tuple[int, ...]  # slots holding tensors of another device (copied in per call)
+    core: Any  # the function fn jits: (arrays, offsets, *rng)
+    donating: dict  # donated slots -> the jitted function taking them apart (built on first use)
+
+
+def _refs(arr: Any) -> int:
+    return sys.getrefcount(arr)
+
+
+def _calibrate() -> int:
+    """The reference count ``_refs`` sees for an array only its storage
+    and the call's argument list hold (measured, not assumed: Python
+    versions count borrowed references differently)."""
+    class Holder:
+        array: Any = None
+
+    def probe(arr: Any) -> int:  # called as _sole is: one frame above _refs
+        return _refs(arr)
+
+    holder, arrays = Holder(), [object()]
+    holder.array = arrays[0]
+    return probe(arrays[0])
+
+
+_SOLE_REFS = _calibrate()
+
+
+def _sole(arr: Any) -> bool:
+    return _refs(arr) <= _SOLE_REFS
+
+
+def _donating(core: Any, slots: tuple[int, ...], n: int) -> Any:
+    """``core`` jitted with the arrays of ``slots`` donated: called as
+    ``(donated, kept, offsets, *rng)``, ``kept`` holding None at those slots."""
+    where = {s: i for i, s in enumerate(slots)}
+
+    def split(donated: list, kept: list, offsets: list, *rng: Any) -> Any:
+        arrays = [donated[where[s]] if s in where else kept[s] for s in range(n)]
+        return core(arrays, offsets, *rng)
+
+    return jax.jit(split, donate_argnums=(0,))
 
 
 class EagerGraph:
@@ -105,12 +152,29 @@ class CompiledGraph:
             # Sharded arguments (or constraints): one mesh for the whole call.
             place = _device.onto_mesh(arrays, owners, place, self.mesh)
         sharded = type(place) is not int
+        rng = _device.next_key_args(index) if self.random else ()
+        donated: tuple[int, ...] = ()
+        if DONATE and entry.mutated_slots:
+            # Donate what the graph overwrites unless another holder (a
+            # clone sharing the array, an array lent out through interop)
+            # still needs the old values.
+            donated = tuple(s for s in entry.mutated_slots
+                            if not isinstance(owners[s], torch.Tensor) and _sole(arrays[s]))
         try:
-            if self.random:
-                kd, counter = _device.next_key_args(index)
-                outs, new = entry.fn(arrays, offsets, kd, counter)
+            if donated:
+                fn = entry.donating.get(donated)
+                if fn is None:
+                    fn = entry.donating[donated] = _donating(entry.core, donated, len(arrays))
+                give = [arrays[s] for s in donated]
+                for s in donated:
+                    arrays[s] = None
+                with warnings.catch_warnings():
+                    # A donated buffer XLA cannot reuse for an output is freed all the same.
+                    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                    outs, new = fn(give, arrays, offsets, *rng)
+                del give
             else:
-                outs, new = entry.fn(arrays, offsets)
+                outs, new = entry.fn(arrays, offsets, *rng)
         except GraphLoweringError as err:
             return self._go_eager(err, args)
         for slot, arr in zip(entry.mutated_slots, new):
@@ -200,7 +264,7 @@ class CompiledGraph:
             return tuple(arrays_out), tuple(new[s] for s in mutated_slots)
 
         foreign = tuple(spec[1] for spec in layout if type(spec) is tuple and spec[0] == "c")
-        entry = _Entry(jax.jit(fn), tuple(mutated_slots), static_outputs, foreign)
+        entry = _Entry(jax.jit(fn), tuple(mutated_slots), static_outputs, foreign, fn, {})
         with self._lock:
             if len(self.cache) > 64:  # layouts that never repeat: bound the memory
                 self.cache.clear()
