@@ -204,4 +204,15 @@ def as_stored(x: jax.Array) -> jax.Array:
     x's dtype), where torch keeps an intermediate in the input dtype and
     computes on with it; ``x`` itself otherwise."""
     dtype = stored_dtype()
-    return x if dtype is None else x.astype(dtype).astype(x.dtype)
+    if dtype is None:
+        return x
+    # reduce_precision, not astype there and back: XLA may drop such a
+    # round trip (xla_allow_excess_precision, on by default: XLA:GPU does).
+    info = jnp.finfo(dtype)
+    rounded = jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    if float(info.tiny) <= float(jnp.finfo(x.dtype).tiny):
+        return rounded
+    # reduce_precision flushes the 16-bit subnormals (float16's below 6.1e-5);
+    # those are whole multiples of the smallest one, rounded half to even.
+    step = float(info.smallest_subnormal)
+    return jnp.where(jnp.abs(x) < float(info.tiny), jnp.round(x / step) * step, rounded)
