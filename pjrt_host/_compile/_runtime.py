@@ -66,30 +66,27 @@ class _Entry(NamedTuple):
     donating: dict  # donated slots -> the jitted function taking them apart (built on first use)
 
 
-def _refs(arr: Any) -> int:
-    return sys.getrefcount(arr)
-
-
 def _calibrate() -> int:
-    """The reference count ``_refs`` sees for an array only its storage
-    and the call's argument list hold (measured, not assumed: Python
-    versions count borrowed references differently)."""
+    """The reference count of an array only its storage and the call's
+    argument list hold, as ``__call__`` reads it (inline, no call between:
+    measured, not assumed, since Python versions count differently and a
+    frame-evaluation hook such as dynamo's adds references to the
+    arguments of calls it evaluates)."""
     class Holder:
         array: Any = None
 
-    def probe(arr: Any) -> int:  # called as _sole is: one frame above _refs
-        return _refs(arr)
-
     holder, arrays = Holder(), [object()]
     holder.array = arrays[0]
-    return probe(arrays[0])
+    return sys.getrefcount(arrays[0])
 
 
+#: See _calibrate; compared with ``sys.getrefcount(arrays[slot])``.
 _SOLE_REFS = _calibrate()
 
 
-def _sole(arr: Any) -> bool:
-    return _refs(arr) <= _SOLE_REFS
+def _note_donation(overwritten: tuple[int, ...], donated: tuple[int, ...]) -> None:
+    """Called with each compiled call's overwritten device arrays and those
+    donated (slots; a hook for tests, nothing to do)."""
 
 
 def _donating(core: Any, slots: tuple[int, ...], n: int) -> Any:
@@ -158,8 +155,14 @@ class CompiledGraph:
             # Donate what the graph overwrites unless another holder (a
             # clone sharing the array, an array lent out through interop)
             # still needs the old values.
-            donated = tuple(s for s in entry.mutated_slots
-                            if not isinstance(owners[s], torch.Tensor) and _sole(arrays[s]))
+            candidates, sole = [], []
+            for s in entry.mutated_slots:
+                if not isinstance(owners[s], torch.Tensor):  # a torch tensor of another device is copied back
+                    candidates.append(s)
+                    if sys.getrefcount(arrays[s]) <= _SOLE_REFS:
+                        sole.append(s)
+            donated = tuple(sole)
+            _note_donation(tuple(candidates), donated)
         try:
             if donated:
                 fn = entry.donating.get(donated)
