@@ -719,3 +719,16 @@ def test_uint8_index_is_a_mask_as_on_cpu():
     with pytest.warns(UserWarning):
         expected = x[mask]
     assert torch.equal(got.cpu(), expected)
+
+
+def test_assigning_real_and_imag_writes_the_complex_tensor():
+    """``z.real = v`` / ``z.imag = v`` change z as on CPU (the real view the
+    device computes as a new tensor would lose the assignment)."""
+    for dev in ("cpu", DEV):
+        z = torch.tensor([1 + 2j, 3 + 4j, 5 + 6j], dtype=torch.complex64, device=dev)
+        z.real = torch.tensor([10.0, 20.0, 30.0], device=dev)
+        z.imag = torch.tensor(7.0, device=dev)
+        assert z.cpu().tolist() == [10 + 7j, 20 + 7j, 30 + 7j], dev
+        assert z.real.cpu().tolist() == [10.0, 20.0, 30.0]
+        with pytest.raises(RuntimeError, match="non-complex"):
+            torch.ones(3, device=dev).imag = torch.zeros(3, device=dev)

@@ -205,6 +205,34 @@ class JaxTensor(torch.Tensor):
                 (storage, self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad,
                  collections.OrderedDict()))
 
+    # ``z.real = v`` / ``z.imag = v``: torch writes through the real view of
+    # a complex tensor, which the device computes as a new tensor (see
+    # docs/torch-device.md), so the assignment would be lost.  Assigning
+    # the attribute writes the tensor itself; reading is torch's.
+    @property
+    def real(self) -> torch.Tensor:
+        return torch.real(self)
+
+    @real.setter
+    def real(self, value: Any) -> None:
+        if not self.is_complex():
+            torch.Tensor.real.__set__(self, value)
+            return
+        part = torch.as_tensor(value, device=self.device).to(torch.real(self).dtype).expand(self.shape)
+        self.copy_(torch.complex(part, torch.imag(self)))
+
+    @property
+    def imag(self) -> torch.Tensor:
+        return torch.imag(self)
+
+    @imag.setter
+    def imag(self, value: Any) -> None:
+        if not self.is_complex():
+            torch.Tensor.imag.__set__(self, value)  # torch's error for a real tensor
+            return
+        part = torch.as_tensor(value, device=self.device).to(torch.real(self).dtype).expand(self.shape)
+        self.copy_(torch.complex(torch.real(self), part))
+
     def untyped_storage(self) -> torch.UntypedStorage:
         """A torch storage on this tensor's device, the same object for
         every tensor over the same data: its ``data_ptr()`` identifies the
