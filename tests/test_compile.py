@@ -10,7 +10,9 @@ dynamo's thread-local compile context say "this thread compiles"
 for itself and its callees is never traced (test_graph_break_*); AOT's
 tangent hook (the backward tests); ``torch._dynamo.reset()`` keeps all of
 it (test_compile_after_reset); AOT keeps input mutations in the graph
-(the zero-eager-op tests).
+(the zero-eager-op tests); dynamo's and AOT's modes defer ``lift_fresh`` of
+a device tensor made by ``torch.tensor()`` to the tensor's class, with the
+modes still on the stack (test_factories_inside_the_compiled_code_are_graph_constants).
 """
 
 from __future__ import annotations
