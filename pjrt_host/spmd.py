@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import math
+import sys
 import threading
 from typing import Any, Iterable, Sequence
 
@@ -261,7 +262,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[A
     if _hiding.dynamo_compiling() or _traced(t):
         return torch.ops.pjrt_host.sharding_constraint(t, mesh._key, _sharding.spec_key(spec))
     t = _jax_tensor(t, "mark_sharding")
-    if t._view is not None:
+    if t._view is not None and not _own_whole_storage(t):
         raise ShardingError(
             f"pjrt_host.spmd.mark_sharding: the tensor of shape {tuple(t.shape)} is a view of a tensor of shape "
             f"{t._storage.shape}; shard that tensor, or shard a copy (t.clone())")
@@ -281,6 +282,41 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[A
         t.register_post_accumulate_grad_hook(_grad_follows_parameter)
         t._pjrt_host_grad_follows = True
     return t
+
+
+class _Holder:
+    slot: Any = None
+
+
+def _own_whole_storage(t: JaxTensor) -> bool:
+    """A contiguous reshape of its whole storage (``arange(128).reshape(8,
+    16)``, ``x.view(8, 16)``) that no other tensor shares: its storage takes
+    its shape, so it can be sharded as any tensor.  False for a view that
+    covers part of its storage, reorders it, or shares it (the base still
+    in use): sharding the storage would change the others."""
+    view = t._view
+    storage = t._storage
+    if view.kind != "reshape" or t.storage_offset() != 0 or t.numel() != storage.numel \
+            or storage.torch_storage is not None:
+        return False
+    # References: t's attribute (and its autograd base's, when the base is
+    # the storage's other tensor), this frame's local, getrefcount's
+    # argument; counted inline beside an object held the same way (Python
+    # versions count differently).
+    base = t._base if isinstance(t._base, JaxTensor) and t._base._storage is storage else None
+    probe = _Holder()
+    probe.slot = marker = object()
+    if sys.getrefcount(storage) > sys.getrefcount(marker) + (base is not None):
+        return False
+    shape = tuple(t.shape)
+    storage.array = storage.get().reshape(shape)
+    storage.shape = shape
+    storage.spec = _tensor.TensorSpec((storage.jax_dtype, shape, None))
+    storage.version += 1
+    t._view = None
+    if base is not None:  # the base reads the same storage through a reshape now
+        base._view = _tensor.view_for(storage, tuple(base.shape), tuple(base.stride()), base.storage_offset())
+    return True
 
 
 def _grad_follows_parameter(p: torch.Tensor) -> None:

@@ -316,6 +316,31 @@ def test_with_sharding_constraint_eagerly_makes_a_new_tensor(xs, mesh):
 # ---------------------------------------------------------------- errors
 
 
+def test_a_reshape_of_a_whole_storage_is_shardable(xs, mesh1d):
+    """arange(...).reshape(...) and x.view(...) shard like any tensor; the
+    base keeps reading and writing the same values (it shares the storage
+    with the view); a view of part of the storage, a reordering, or a
+    storage other views share, are refused with the fix."""
+    w = torch.arange(128.0, device="jax").reshape(8, 16)
+    xs.mark_sharding(w, mesh1d, ("data", None))
+    assert xs.get_sharding(w) is not None
+    assert torch.equal(w.cpu(), torch.arange(128.0).reshape(8, 16))
+    base = torch.arange(128.0, device="jax")
+    v = base.view(8, 16)
+    xs.mark_sharding(v, mesh1d, ("data", None))
+    base[3] = -1.0
+    v[1, 0] = -2.0
+    assert v[0, 3].item() == -1.0 and base[16].item() == -2.0
+    assert torch.equal((v * 2).sum().cpu(), (base * 2).sum().cpu())
+    shared = torch.arange(128.0, device="jax")
+    part = shared[:64]  # another view of the storage stays in use
+    with pytest.raises(xs.ShardingError, match="is a view of a tensor of shape"):
+        xs.mark_sharding(shared.view(16, 8), mesh1d, ("data", None))
+    with pytest.raises(xs.ShardingError, match="shard a copy"):
+        xs.mark_sharding(torch.randn(16, 8, device="jax").t(), mesh1d, ("data", None))
+    assert part.shape == (64,)
+
+
 def test_errors_name_shape_mesh_and_fix(xs, mesh):
     t = torch.randn(10, 16).to("jax")
     with pytest.raises(xs.ShardingError) as e:
