@@ -111,7 +111,8 @@ def invoke(lowering: Lowering, args: Sequence[Any], kwargs: Mapping[str, Any], c
 # _narrow) round the results once.  Converting a 16-bit value to float32 is
 # exact, so ops that only move or compare values are unchanged by it.
 
-_REDUCED = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+#: The 16-bit float dtypes opmath computes in float32.
+REDUCED_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _WIDE = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
 
 
@@ -128,7 +129,7 @@ def _opmath(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, Any, A
             if isinstance(x, (list, tuple)) and x and any(hasattr(v, "dtype") for v in x):
                 return type(x)(up(v) for v in x)
             return x
-        if dtype in _REDUCED:
+        if dtype in REDUCED_FLOATS:
             seen[dtype] = seen.get(dtype, False) or x.ndim > 0
             return x.astype(jnp.float32)
         if dtype in _WIDE:

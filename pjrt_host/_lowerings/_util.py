@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ._dtypes import jax_dtype, torch_dtype
-from ._invoke import current_context, stored_dtype
+from ._invoke import REDUCED_FLOATS, current_context, stored_dtype
 
 __all__ = [
     "as_float", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "float_dtype", "linspace_values",
@@ -197,6 +197,11 @@ def arange_values(start: Any, step: Any, n: int, dtype: Any) -> jax.Array:
         start, step = (jnp.asarray(v).astype(jnp.int64) for v in (start, step))  # truncates, as C++ casts
         return (start + jnp.arange(n, dtype=jnp.int64) * step).astype(dtype)
     return (start + jnp.arange(n, dtype=jnp.float64) * step).astype(dtype)
+
+
+def widened(x: jax.Array) -> jax.Array:
+    """``x`` in float32 if it is a 16-bit float (exact), else as it is."""
+    return x.astype(jnp.float32) if x.dtype in REDUCED_FLOATS else x
 
 
 def as_stored(x: jax.Array) -> jax.Array:

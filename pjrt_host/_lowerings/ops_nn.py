@@ -18,13 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import lowering
+from ._invoke import REDUCED_FLOATS
 from ._util import as_stored, cast, promote, take, torch_dtype_of
 
 def _accumulate(*xs):
     """float32 for 16-bit float operands: the matmul family keeps them
     16-bit (the fast path of every accelerator) and accumulates in float32,
     rounding once at the end, as torch does on CPU and CUDA."""
-    return jnp.float32 if any(x.dtype in (jnp.bfloat16, jnp.float16) for x in xs) else None
+    return jnp.float32 if any(x.dtype in REDUCED_FLOATS for x in xs) else None
 
 
 def _matmul(a, b):

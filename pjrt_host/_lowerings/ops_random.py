@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from . import lowering
+from ._util import widened
 
 __all__: list[str] = []
 
@@ -173,7 +174,7 @@ def rrelu_with_noise_functional(key, x, noise, lower=0.125, upper=1 / 3, trainin
     own U(lower, upper) draw (recorded in noise, 1 elsewhere, for the
     backward); in eval by the mean slope (noise unchanged)."""
     if not training:  # leaky_relu by the mean slope, in float32 for 16-bit x as torch does
-        wide = x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+        wide = widened(x)
         return jnp.where(x >= 0, wide, wide * ((lower + upper) / 2)).astype(x.dtype), noise
     slope = jax.random.uniform(key, x.shape, _float(x), lower, upper)
     new_noise = jnp.where(x >= 0, 1, slope).astype(noise.dtype)

@@ -17,7 +17,7 @@ import torch
 
 from . import lowering
 from ._util import (as_float, canonical_dim, canonical_dims, cast, linspace_values, optional_jax_dtype, promote,
-                    torch_dtype_of)
+                    torch_dtype_of, widened)
 
 
 def _accumulate_dtype(x, dtype):
@@ -38,8 +38,7 @@ def _accumulated(x, dtype):
 
 
 def _opmath_cast(x, dtype):
-    x = cast(x, dtype)
-    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+    return widened(cast(x, dtype))
 
 
 def _dims(x, dim):

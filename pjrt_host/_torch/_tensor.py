@@ -215,11 +215,7 @@ class JaxTensor(torch.Tensor):
 
     @real.setter
     def real(self, value: Any) -> None:
-        if not self.is_complex():
-            torch.Tensor.real.__set__(self, value)
-            return
-        part = torch.as_tensor(value, device=self.device).to(torch.real(self).dtype).expand(self.shape)
-        self.copy_(torch.complex(part, torch.imag(self)))
+        self._set_part(value, imag=False)
 
     @property
     def imag(self) -> torch.Tensor:
@@ -227,11 +223,14 @@ class JaxTensor(torch.Tensor):
 
     @imag.setter
     def imag(self, value: Any) -> None:
-        if not self.is_complex():
-            torch.Tensor.imag.__set__(self, value)  # torch's error for a real tensor
+        self._set_part(value, imag=True)
+
+    def _set_part(self, value: Any, imag: bool) -> None:
+        if not self.is_complex():  # torch's own behaviour (and error, for imag)
+            (torch.Tensor.imag if imag else torch.Tensor.real).__set__(self, value)
             return
         part = torch.as_tensor(value, device=self.device).to(torch.real(self).dtype).expand(self.shape)
-        self.copy_(torch.complex(torch.real(self), part))
+        self.copy_(torch.complex(torch.real(self), part) if imag else torch.complex(part, torch.imag(self)))
 
     def untyped_storage(self) -> torch.UntypedStorage:
         """A torch storage on this tensor's device, the same object for
