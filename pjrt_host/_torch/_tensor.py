@@ -493,12 +493,26 @@ def forget_results(index: int | None = None) -> None:
             _last.pop(i, None)
 
 
+_barriers: dict[int, Any] = {}
+
+
+def _barrier(index: int) -> Any:
+    """A tiny computation on device ``index``: queued behind everything
+    already queued there, so waiting for it waits for them."""
+    if index not in _barriers:
+        _barriers[index] = (jax.jit(lambda x: x + 1), jax.device_put(np.zeros((), np.int32), jax_device(index)))
+    fn, arg = _barriers[index]
+    return fn(arg)
+
+
 def synchronize(index: int | None = None) -> None:
     """Block until the computations queued so far on the device (all devices
-    with None) have finished."""
+    with None) have finished, as torch.cuda.synchronize: also those whose
+    results were already dropped (a timing loop that discards its outputs)."""
     for i, ref in list(_last.items()):
         if index is None or i == index:
             arr = ref()
-            if arr is not None:
-                arr.block_until_ready()
+            if arr is None:  # the latest result is gone, its computation maybe not
+                arr = _barrier(i)
+            arr.block_until_ready()
     run_deferred_checks()
