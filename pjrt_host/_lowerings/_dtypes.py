@@ -26,7 +26,9 @@ _TORCH_TO_JAX: dict[torch.dtype, Any] = {
     torch.complex128: jnp.complex128,
 }
 for _name, _jax_name in (("uint16", "uint16"), ("uint32", "uint32"), ("uint64", "uint64"),
-                         ("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2")):
+                         ("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2"),
+                         ("float8_e4m3fnuz", "float8_e4m3fnuz"), ("float8_e5m2fnuz", "float8_e5m2fnuz"),
+                         ("float8_e8m0fnu", "float8_e8m0fnu")):
     # Newer dtypes: present in these versions, looked up defensively.
     if hasattr(torch, _name) and hasattr(jnp, _jax_name):
         _TORCH_TO_JAX[getattr(torch, _name)] = getattr(jnp, _jax_name)
