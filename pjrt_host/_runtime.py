@@ -175,9 +175,28 @@ def _api_problem(library: str) -> str | None:
     except (OSError, AttributeError) as err:
         return f"it cannot be loaded: {err}"
     get_api.restype = ctypes.c_void_p
-    if not get_api():
+    api = get_api()
+    if not api:
         return "GetPjrtApi() returned NULL"
+    # struct PJRT_Api: struct_size, extension_start, a 24-byte version, then
+    # the function pointers, PJRT_Error_Destroy first.  jaxlib calls the
+    # first ones (errors, plugin initialisation, events, PJRT_Client_Create)
+    # without checking them: a NULL there would crash the process.
+    size = ctypes.c_size_t.from_address(api).value
+    if size < _FIRST_FUNCTION + 8 * _REQUIRED_FUNCTIONS:
+        return f"its PJRT_Api struct is {size} bytes, too small for a PJRT C API"
+    missing = [i for i in range(_REQUIRED_FUNCTIONS)
+               if not ctypes.c_void_p.from_address(api + _FIRST_FUNCTION + 8 * i).value]
+    if missing:
+        return (f"its PJRT_Api struct has NULL where the first {_REQUIRED_FUNCTIONS} functions (PJRT_Error_Destroy ... "
+                f"PJRT_Client_Create) must be ({len(missing)} of them)")
     return None
+
+
+#: Offset of the first function pointer in struct PJRT_Api, and how many of
+#: the first ones (through PJRT_Client_Create) every PJRT library provides.
+_FIRST_FUNCTION = 40
+_REQUIRED_FUNCTIONS = 11
 
 
 def _skipped_backend_error(backend: str, xla_bridge: Any, err: BaseException) -> BaseException | None:

@@ -107,11 +107,23 @@ def _cc() -> str:
 @pytest.fixture(scope="session")
 def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Real shared libraries: ``null_api`` exports GetPjrtApi returning
-    NULL; ``no_symbol`` is a shared library without it; ``not_elf`` is text."""
+    NULL; ``null_functions`` returns a PJRT_Api of version 0.80 whose
+    function pointers are all NULL (the first call through it crashes);
+    ``no_symbol`` is a shared library without it; ``not_elf`` is text."""
     out = tmp_path_factory.mktemp("libs")
     cc = _cc()
     sources = {
         "null_api": "void* GetPjrtApi(void) { return 0; }\n",
+        "null_functions": textwrap.dedent("""\
+            #include <stddef.h>
+            static size_t api[512];
+            void* GetPjrtApi(void) {
+              api[0] = sizeof(api);      /* PJRT_Api.struct_size */
+              api[2] = 24;               /* PJRT_Api_Version.struct_size */
+              ((int*)&api[4])[1] = 80;   /* minor version; major 0 */
+              return api;
+            }
+            """),
         "no_symbol": "int something_else(void) { return 1; }\n",
     }
     paths = {}

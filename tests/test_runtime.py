@@ -81,6 +81,20 @@ def test_library_returning_no_api_gives_a_clear_error(site, libs):
     assert "GetPjrtApi() returned NULL" in message and "choose another plugin with PJRT_DEVICE=NAME" in message
 
 
+def test_library_with_null_functions_is_refused_not_crashed(site, libs):
+    # jaxlib would call PJRT_Plugin_Initialize through the NULL pointer and
+    # kill the process with SIGSEGV.
+    site.add_plugin("nullfn-pjrt", "nullfn", f"def library_path(self):\n    return {libs['null_functions']!r}")
+    out = run("""
+        import pjrt_host
+        try:
+            pjrt_host.devices()
+        except pjrt_host.ClientCreationError as err:
+            print(err)
+    """, site=site, env={"PJRT_DEVICE": "nullfn"})
+    assert "has NULL where the first 11 functions" in out and "reinstall nullfn-pjrt" in out
+
+
 def test_absent_device_says_no_device_was_found(site):
     # A backend whose client cannot be created, on a machine with 0 chips.
     site.add_plugin("absent-pjrt", "absent", """
