@@ -57,6 +57,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_doctor)
 
+    p = sub.add_parser("check", help="a conformance and performance report card for one plugin",
+                       description="Run conformance sections (contract, dtypes, ops, compile, memory, collectives) "
+                                   "and performance probes against a plugin, each in its own process. Exit 0 when "
+                                   "every conformance section passes, 1 when one fails, 2 when the plugin cannot be "
+                                   "used. See docs/writing-a-plugin.md.")
+    p.add_argument("name", nargs="?", default=None, help="the plugin (default: the one PJRT_DEVICE or priority selects)")
+    p.add_argument("--quick", action="store_true", help="one OpInfo sample per case, smaller probes (minutes)")
+    p.add_argument("--json", dest="json_path", metavar="PATH", help="write the JSON document here")
+    p.add_argument("--report", dest="report_path", metavar="PATH.md", help="write a Markdown report here")
+    p.add_argument("--only", metavar="SECTION,...", help="run only these sections (contract always runs first)")
+    p.add_argument("--ops", dest="ops_filter", metavar="REGEX",
+                   help="only OpInfo cases whose id (e.g. 'linalg.det-float32') matches")
+    p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("_check_section", help=argparse.SUPPRESS)
+    p.add_argument("section")
+    p.add_argument("name")
+    p.add_argument("result_file")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--ops", dest="ops_filter", default=None)
+    p.set_defaults(func=_cmd_check_section)
+
     p = sub.add_parser("launch", help="run a script in several processes (torchrun's launcher)",
                        description="Run SCRIPT in --nproc-per-node processes on this host, as host --node-rank of "
                                    "--nnodes, through torchrun's elastic agent. See docs/distributed.md.")
@@ -241,6 +263,24 @@ def _plugin_members(record: PluginRecord) -> dict[str, Any]:
         except Exception as err:
             members[method] = f"raised {type(err).__name__}: {err}"
     return members
+
+
+# -- check --------------------------------------------------------------------
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from . import _check
+
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    name = args.name or os.environ.get("PJRT_DEVICE") or None
+    return _check.run(name, quick=args.quick, only=only, json_path=args.json_path, report_path=args.report_path,
+                      ops_filter=args.ops_filter)
+
+
+def _cmd_check_section(args: argparse.Namespace) -> int:
+    from . import _check
+
+    return _check.child_main(args.section, args.name, args.result_file, args.quick, args.ops_filter)
 
 
 # -- doctor -------------------------------------------------------------------

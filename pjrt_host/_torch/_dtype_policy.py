@@ -24,15 +24,25 @@ def _unheld(dtype: torch.dtype) -> None:
 
     jax_dtype(dtype)
 _warned: set[torch.dtype] = set()
+_bad: dict[torch.dtype, str] = {}  # mappings to a dtype the device cannot hold either: their error
 
 
 def _mapping() -> dict[torch.dtype, torch.dtype]:
     global _dtype_map
     if _dtype_map is None:
         mapping = {}
+        from .._lowerings._dtypes import jax_dtype
+
         for src, dst in dict(getattr(_runtime.plugin(), "unsupported_dtypes", {}) or {}).items():
             s, d = getattr(torch, src, None), getattr(torch, dst, None)
             if isinstance(s, torch.dtype) and isinstance(d, torch.dtype):
+                try:
+                    jax_dtype(d)
+                except TypeError as err:  # raised when such a tensor is made, not for every tensor
+                    record = _runtime.runtime().record
+                    _bad[s] = (f"pjrt_host: plugin {record.name!r} ({record.origin()}) declares unsupported_dtypes "
+                               f"{{{src!r}: {dst!r}}}, but {dst} cannot be held either ({err}); the plugin must "
+                               f"map {src} to a dtype jax has: report it to its maintainers")
                 mapping[s] = d
         _dtype_map = mapping
     return _dtype_map
@@ -46,6 +56,8 @@ def device_dtype(dtype: torch.dtype) -> torch.dtype:
     mapping = _mapping()
     if not mapping:
         return dtype
+    if dtype in _bad:
+        raise TypeError(_bad[dtype])
     mapped = mapping.get(dtype, dtype)
     if mapped is not dtype and dtype not in _warned:
         _warned.add(dtype)
