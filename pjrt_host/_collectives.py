@@ -26,6 +26,7 @@ import functools
 import itertools
 from typing import Any, Callable
 
+from ._jax_settings import x64_scope as _x64_scope
 from . import _env, _process, _runtime
 from ._errors import PjrtHostError, cause_text
 
@@ -43,6 +44,7 @@ REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 _AXIS = "processes"
 
 
+@_x64_scope
 def all_reduce(value: Any, op: str = "sum") -> Any:
     """Reduce ``value`` over every process with ``op`` (one of
     :data:`REDUCE_OPS`); every process gets the result.  ``mean`` of an
@@ -53,6 +55,7 @@ def all_reduce(value: Any, op: str = "sum") -> Any:
     return rewrap(_run(("reduce", op), array))
 
 
+@_x64_scope
 def all_gather(value: Any) -> Any:
     """Every process's ``value``, stacked along a new first axis in process
     order: shape ``(process_count(), *value.shape)``, on every process."""
@@ -60,6 +63,7 @@ def all_gather(value: Any) -> Any:
     return rewrap(_run(("gather",), array))
 
 
+@_x64_scope
 def broadcast(value: Any, src: int = 0) -> Any:
     """Process ``src``'s ``value``, on every process.  Every process passes
     an array of the same shape and dtype (the others' values are ignored)."""

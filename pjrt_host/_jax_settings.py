@@ -1,32 +1,127 @@
-"""Every process-wide jax setting pjrt_host changes, in one place.
+"""Every jax setting pjrt_host changes, in one place.
 
 jax's configuration is global to the process, so a user's own jax code sees
 these too; each function says why the host needs its setting.  The runtime
 (which creates the client) and the multi-process set-up (which runs before
-it) call them; nothing else touches ``jax.config``.
+it) call them; nothing else touches ``jax.config``.  64-bit types are the
+exception that is *not* global: :func:`x64_scope` turns them on, per thread,
+only while pjrt_host's own code runs (docs/torch-device.md, "jax's 64-bit
+types").
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
+from typing import Any, Callable, TypeVar
 
-__all__ = ["disable_preemption_service", "enable_x64", "use_platforms"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = ["disable_preemption_service", "enable_x64", "use_platforms", "x64_api", "x64_if_loaded", "x64_mode", "x64_scope"]
 
 _lock = threading.Lock()
 _x64 = False
 
 
+def x64_mode() -> str:
+    """``PJRT_HOST_JAX_X64``: ``scoped`` (default) or ``process``."""
+    mode = os.environ.get("PJRT_HOST_JAX_X64", "scoped").strip().lower() or "scoped"
+    if mode not in ("scoped", "process"):
+        from ._errors import EnvironmentSettingError
+
+        raise EnvironmentSettingError(f"PJRT_HOST_JAX_X64={mode!r}: use 'scoped' (64-bit types only inside "
+                                      "pjrt_host's own jax calls, the default) or 'process' (jax_enable_x64 for "
+                                      "the whole process)")
+    return mode
+
+
 def enable_x64() -> None:
-    """``jax_enable_x64``: torch keeps int64 and float64 as they are, so the
-    torch device needs jax to (set before its first array)."""
+    """torch keeps int64 and float64 as they are, so the torch device needs
+    jax to.  By default only pjrt_host's own calls into jax run with 64-bit
+    types (:func:`x64_scope`), so the user's own jax code in the same process
+    keeps jax's defaults (``jnp.arange(3)`` stays int32); with
+    ``PJRT_HOST_JAX_X64=process`` ``jax_enable_x64`` is switched on for the
+    whole process instead (set before its first array)."""
     global _x64
     if not _x64:
         with _lock:
             if not _x64:
-                import jax
+                if x64_mode() == "process":
+                    import jax
 
-                jax.config.update("jax_enable_x64", True)
+                    jax.config.update("jax_enable_x64", True)
                 _x64 = True
+
+
+def x64_scope(fn: F) -> F:
+    """``fn`` with jax's 64-bit types on while it runs: every entry point
+    from torch or the user into pjrt_host code that calls jax wears it (the
+    torch dispatcher's handler, factories, the compiled-graph backend and
+    runtime, autograd Functions' backward, interop, spmd, collectives).
+    Costs one flag read when already inside (nested calls), 0.4 us when not.
+    jax is imported at the first call, not here: decorating stays free."""
+
+    @functools.wraps(fn)
+    def scoped(*args: Any, **kwargs: Any) -> Any:
+        state = _state()
+        if state.value:
+            return fn(*args, **kwargs)
+        with state(True):
+            return fn(*args, **kwargs)
+
+    return scoped  # type: ignore[return-value]
+
+
+def x64_if_loaded(fn: F) -> F:
+    """:func:`x64_scope` for entry points that reach jax only with 'jax'
+    tensors (the torch.distributed backend's methods), which cannot exist
+    before jax is imported: a CPU-only program passes straight through and
+    never imports jax."""
+    import sys
+
+    scoped_fn = x64_scope(fn)
+
+    @functools.wraps(fn)
+    def maybe(*args: Any, **kwargs: Any) -> Any:
+        if "jax" not in sys.modules:
+            return fn(*args, **kwargs)
+        return scoped_fn(*args, **kwargs)
+
+    return maybe  # type: ignore[return-value]
+
+
+_x64_state: Any = None
+
+
+def _state() -> Any:
+    global _x64_state
+    if _x64_state is None:
+        import jax
+
+        _x64_state = jax.enable_x64
+    return _x64_state
+
+
+def x64_api(fn: F) -> F:
+    """:func:`x64_scope` for pjrt_host's Python API (interop, spmd): the same,
+    except that while dynamo traces (the call becomes part of a compiled
+    graph, which runs in scope) it is a plain call dynamo can inline."""
+    import torch
+
+    compiling = torch.compiler.is_compiling
+
+    @functools.wraps(fn)
+    def api(*args: Any, **kwargs: Any) -> Any:
+        if compiling():
+            return fn(*args, **kwargs)
+        state = _state()
+        if state.value:
+            return fn(*args, **kwargs)
+        with state(True):
+            return fn(*args, **kwargs)
+
+    return api  # type: ignore[return-value]
 
 
 def use_platforms(platforms: str) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import jax
 import torch
 
+from ._jax_settings import x64_api as _x64_api
 from ._compile import _device
 from ._compile._as_jax import TorchAsJax
 from ._compile._jax_call import cache_clear as call_jax_cache_clear
@@ -64,6 +65,7 @@ def _jax_view_leaf(x: Any) -> Any:
     return x
 
 
+@_x64_api
 def jax_view(tree: Any) -> Any:
     """The JAX view of a pytree: each 'jax' tensor as its ``jax.Array`` (the
     same device buffer for a tensor that is its whole storage; a view's
@@ -91,6 +93,7 @@ def _is_jax_dtype(x: Any) -> bool:
                                        and callable(x) and not hasattr(x, "__code__"))
 
 
+@_x64_api
 def torch_view(tree: Any) -> Any:
     """The torch view of a pytree: each ``jax.Array`` as a 'jax' tensor over
     the same buffer (an array on a device that is not the selected plugin's
@@ -137,6 +140,7 @@ def _name(fn: Any) -> str:
 _call_torch_cache: dict[Any, TorchAsJax] = {}
 
 
+@_x64_api
 def call_torch(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, a torch function, on JAX values: usable
     inside ``jax.jit``, ``jax.grad``, ``jax.vmap``.  Traced once per
@@ -147,6 +151,7 @@ def call_torch(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     return converted(args, kwargs)
 
 
+@_x64_api
 def jax_jit(fn: Callable, kwargs_for_jax_jit: dict | None = None) -> PureFunction:
     """``fn``, a torch function, as one ``jax.jit`` per argument signature;
     its outputs are torch autograd nodes (trainable with torch.optim).  The
@@ -159,6 +164,7 @@ def jax_jit(fn: Callable, kwargs_for_jax_jit: dict | None = None) -> PureFunctio
     return assume_pure(fn)
 
 
+@_x64_api
 def extract_jax(module: torch.nn.Module) -> tuple[dict[str, jax.Array], Callable]:
     """``(params, fn)``: ``params`` maps each parameter and buffer name (tied
     weights once) to its ``jax.Array`` (no copy); ``fn(params, *args,

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ._jax_settings import x64_api as _x64_api
 from . import _runtime
 from ._compile import _hiding
 from ._torch import _devices, _registration, _sharding, _tensor
@@ -247,6 +248,7 @@ def _traced(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and not isinstance(t, JaxTensor) and t.device.type == _devices.DEVICE_NAME
 
 
+@_x64_api
 def mark_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[Any]) -> torch.Tensor:
     """Shard ``t`` over ``mesh`` (None: the global mesh): entry i of
     ``partition_spec`` says which mesh axis (a name, an axis index, a tuple
@@ -340,6 +342,7 @@ def _grad_follows_parameter(p: torch.Tensor) -> None:
         g._view = None
 
 
+@_x64_api
 def with_sharding_constraint(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[Any]) -> torch.Tensor:
     """A new tensor with ``t``'s values sharded as given (``t`` is left as it
     is); inside ``torch.compile``, ``jax.lax.with_sharding_constraint``.
@@ -351,6 +354,7 @@ def with_sharding_constraint(t: torch.Tensor, mesh: Mesh | None, partition_spec:
     return torch.ops.pjrt_host.sharding_constraint(t, mesh._key, _sharding.spec_key(spec))
 
 
+@_x64_api
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     """Gather ``t``'s storage onto its torch device (``t.device``): it is an
     unsharded tensor again.  Returns ``t``."""
@@ -363,6 +367,7 @@ def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+@_x64_api
 def jax_array(t: torch.Tensor) -> jax.Array:
     """The ``jax.Array`` holding ``t``'s values (for a sharded tensor, one
     array with its ``NamedSharding``; for a view, computed from its storage).
@@ -371,6 +376,7 @@ def jax_array(t: torch.Tensor) -> jax.Array:
     return _tensor.read(_jax_tensor(t, "jax_array"))
 
 
+@_x64_api
 def get_sharding(t: torch.Tensor) -> NamedSharding | None:
     """The ``NamedSharding`` of a sharded tensor; None for a tensor on one device."""
     t = _jax_tensor(t, "get_sharding")
@@ -394,6 +400,7 @@ def get_partition_spec(t: torch.Tensor) -> tuple | None:
     return spec
 
 
+@_x64_api
 def make_global_tensor(local: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[Any],
                        global_shape: Sequence[int] | None = None) -> torch.Tensor:
     """One sharded 'jax' tensor from each process's part of it

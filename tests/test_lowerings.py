@@ -19,7 +19,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
-jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -27,6 +26,15 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # noqa: E402
 
 import torch.nn.functional as F  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    """The lowerings run with jax's 64-bit types, as pjrt_host runs them
+    (inside its own calls only: the rest of the suite keeps jax's defaults,
+    so a host entry point that misses its scope shows up there)."""
+    with jax.enable_x64(True):
+        yield
 
 from pjrt_host import _lowerings  # noqa: E402
 from pjrt_host._lowerings import _util  # noqa: E402

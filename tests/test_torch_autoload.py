@@ -226,3 +226,47 @@ def test_patches_are_the_inventory_deferred_where_possible_and_can_be_switched_o
     assert typo.returncode == 0, typo.stderr[-3000:]
     assert "PJRT_HOST_SKIP_PATCHES names ['backwards']" in typo.stderr and "'backward'" in typo.stderr
     assert set(json.loads(typo.stdout.strip().splitlines()[-1])["after"]) == everything
+
+
+_X64_PROGRAM = """
+    import json, torch, jax, jax.numpy as jnp, pjrt_host
+    from pjrt_host import interop, spmd
+    big = 2 ** 40
+    x = torch.arange(3, device='jax') + big                       # eager int64
+    d = torch.tensor([1 / 3], dtype=torch.float64, device='jax')   # eager float64
+    compiled = torch.compile(lambda a: (a * 2).sum(), backend='jax')(x)
+    through_jax = interop.call_jax(lambda a: a + big, x)
+    pure = pjrt_host.assume_pure(lambda a: a - 1)(x)
+    xg = x.clone().double().requires_grad_()
+    interop.call_jax(lambda a: (a * a).sum(), xg).backward()      # backward from the autograd engine
+    sharded = torch.arange(8, device='jax') + big
+    spmd.mark_sharding(sharded, spmd.get_1d_mesh('x'), ('x',))
+    print(json.dumps({
+        "user": [str(jnp.array(1.0).dtype), str(jnp.arange(3).dtype), str(jnp.zeros(2).dtype)],
+        "x": x.cpu().tolist(), "x_dtype": str(x.dtype), "d": d.cpu().item(),
+        "compiled": compiled.item(), "through_jax": through_jax.cpu().tolist(), "pure": pure.cpu().tolist(),
+        "grad": xg.grad.cpu().tolist(), "sharded": sharded.sum().item(),
+        "jax_view": str(interop.jax_view(x).dtype),
+    }))
+"""
+
+
+@pytest.mark.parametrize("mode", ["scoped", "process"])
+def test_users_own_jax_code_keeps_jax_defaults_while_the_device_keeps_64_bits(mode):
+    # Issue: after the first 'jax' tensor, jnp.array(1.0) was float64 and
+    # jnp.arange(3) int64 process-wide.  Now only pjrt_host's own calls run
+    # with jax's 64-bit types (PJRT_HOST_JAX_X64=process restores the old way).
+    env = {"PJRT_HOST_CPU_REF_DEVICES": "2"} | ({"PJRT_HOST_JAX_X64": mode} if mode == "process" else {})
+    proc = run(_X64_PROGRAM, extra_env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    big = 2 ** 40
+    assert out["user"] == (["float32", "int32", "float32"] if mode == "scoped" else ["float64", "int64", "float64"])
+    assert out["x"] == [big, big + 1, big + 2] and out["x_dtype"] == "torch.int64"
+    assert out["d"] == 1 / 3  # float64 kept to the last bit
+    assert out["compiled"] == 2 * (3 * big + 3)
+    assert out["through_jax"] == [2 * big, 2 * big + 1, 2 * big + 2]
+    assert out["pure"] == [big - 1, big, big + 1]
+    assert out["grad"] == [2.0 * v for v in (big, big + 1, big + 2)]
+    assert out["sharded"] == 8 * big + 28
+    assert out["jax_view"] == "int64"

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .._jax_settings import x64_scope as _x64_scope
 from .. import _lowerings
 from . import _device, _graph_ops
 from ._interpreter import Program
@@ -117,6 +118,7 @@ def _custom_op_decompositions(gm: torch.fx.GraphModule) -> dict:
 _OPTIONS: dict[str, str] = {}
 
 
+@_x64_scope
 def backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Any:
     """``torch.compile(model, backend='jax')``."""
     global _aot_backend

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import jax
 import torch
 
+from .._jax_settings import x64_api as _x64_api
 from .._lowerings._dtypes import torch_dtype
 from . import _device, _handles, _hiding
 from ._pure import CacheInfo, _Entry, _unhashable, read_arguments, run
@@ -53,6 +54,7 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
+@_x64_api
 def call_jax(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with 'jax' tensors passed as jax arrays and
     the results returned as 'jax' tensors (see the module docstring)."""
@@ -63,6 +65,7 @@ def call_jax(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     return _call(fn, args, kwargs)
 
 
+@_x64_api
 def _call(fn: Callable, args: tuple, kwargs: dict) -> Any:
     if not callable(fn):
         raise TypeError(f"pjrt_host.interop.call_jax: the first argument must be a JAX function, got "

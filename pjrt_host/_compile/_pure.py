@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import torch
 
+from .._jax_settings import x64_api as _x64_api, x64_scope as _x64_scope
 from . import _device, _hiding
 from ._trace import NotTraceable, call_with_leaves, fake_tensors, trace
 
@@ -202,6 +203,7 @@ class _Call(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @_x64_scope  # called by the autograd engine
     def backward(ctx: Any, *grads: Any) -> Any:
         entry: _Entry = ctx.entry
         # torch materialises the gradient of an unused output as zeros.
@@ -270,6 +272,7 @@ class PureFunction:
     def __get__(self, obj: Any, owner: Any = None) -> Any:  # decorating a method
         return self if obj is None else functools.partial(self, obj)
 
+    @_x64_api
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _hiding.dynamo_compiling():
             # torch.compile traces through: the function becomes part of

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import jax
 import torch
 
+from .._jax_settings import x64_scope as _x64_scope
 from . import _device
 from ._interpreter import GraphLoweringError, Program
 
@@ -110,6 +111,7 @@ class EagerGraph:
         # attribute: wrappers copy __dict__, not class attributes).
         self._boxed_call = True
 
+    @_x64_scope
     def __call__(self, args: list) -> Any:
         args = list(args)
         return self.gm(*args)
@@ -131,6 +133,7 @@ class CompiledGraph:
         self.mesh = _device.graph_placement(gm)
         self._lock = threading.Lock()
 
+    @_x64_scope
     def __call__(self, args: list) -> Any:
         if self.eager is not None:
             return self.eager(args)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._jax_settings import x64_if_loaded as _x64_if_loaded, x64_scope as _x64_scope
 from ._devices import DEVICE_NAME
 
 __all__ = ["BACKEND_NAME", "ProcessGroupJax", "register"]
@@ -141,6 +142,7 @@ class ProcessGroupJax(dist.ProcessGroup):
 
     # ------------------------------------------------------------ collectives
 
+    @_x64_if_loaded
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         if not any(_is_jax(t) for t in tensors):
             return self._cpu.allreduce(tensors, opts) if opts is not None else self._cpu.allreduce(tensors)
@@ -149,11 +151,13 @@ class ProcessGroupJax(dist.ProcessGroup):
             self._write(t, self._engine(t).reduce(self._read(t), op))
         return _work(tensors)
 
+    @_x64_if_loaded
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
         if not any(_is_jax(t) for t in tensors):
             return self._cpu.allreduce_coalesced(tensors, opts)
         return self.allreduce(tensors, opts)
 
+    @_x64_if_loaded
     def broadcast(self, tensors: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in tensors):
             return self._cpu.broadcast(tensors, opts)
@@ -161,6 +165,7 @@ class ProcessGroupJax(dist.ProcessGroup):
             self._write(t, self._engine(t).broadcast(self._read(t), opts.rootRank))
         return _work(tensors)
 
+    @_x64_if_loaded
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         if not any(_is_jax(t) for t in inputs):
             return self._cpu.allgather(output_lists, inputs, opts) if opts is not None else \
@@ -179,11 +184,13 @@ class ProcessGroupJax(dist.ProcessGroup):
         self._write(output, gathered.reshape(tuple(output.shape)))
         return _work(output)
 
+    @_x64_if_loaded
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
         for output, t in zip(outputs, inputs):
             self._allgather_base(output, t, opts)
         return _work(outputs)
 
+    @_x64_if_loaded
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in outputs):
             return self._cpu.reduce_scatter(outputs, input_lists, opts)
@@ -203,11 +210,13 @@ class ProcessGroupJax(dist.ProcessGroup):
         self._write(output, self._engine(input).reduce_scatter(chunks, op)[0])
         return _work(output)
 
+    @_x64_if_loaded
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any) -> Any:
         for output, t in zip(outputs, inputs):
             self._reduce_scatter_base(output, t, opts)
         return _work(outputs)
 
+    @_x64_if_loaded
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
                       input_split_sizes: list, opts: Any = None) -> Any:
         if not _is_jax(input):
@@ -222,22 +231,26 @@ class ProcessGroupJax(dist.ProcessGroup):
         self._write(output, self._engine(input).all_to_all(chunks).reshape(tuple(output.shape)))
         return _work(output)
 
+    @_x64_if_loaded
     def reduce(self, tensors: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in tensors):
             return self._cpu.reduce(tensors, opts)
         return _reduce_(self, {"tensors": tensors, "reduce_op": opts.reduceOp, "root_rank": opts.rootRank})
 
+    @_x64_if_loaded
     def gather(self, output_lists: list, inputs: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in inputs):
             return self._cpu.gather(output_lists, inputs, opts)
         return _gather_(self, {"output_tensors": output_lists, "input_tensors": inputs, "root_rank": opts.rootRank})
 
+    @_x64_if_loaded
     def scatter(self, outputs: list, input_lists: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in outputs):
             return self._cpu.scatter(outputs, input_lists, opts)
         return _scatter_(self, {"output_tensors": outputs, "input_tensors": input_lists,
                                 "root_rank": opts.rootRank})[1]
 
+    @_x64_if_loaded
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
         if not any(_is_jax(t) for t in inputs):
             return self._cpu.alltoall(outputs, inputs, opts) if opts is not None else \
@@ -252,14 +265,17 @@ class ProcessGroupJax(dist.ProcessGroup):
             self._write(out, received[i])
         return _work(outputs)
 
+    @_x64_if_loaded
     def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         if not any(_is_jax(t) for t in inputs):
             return self._cpu.allgather_coalesced(output_lists, inputs, opts)
         return self.allgather(output_lists, inputs, opts)
 
+    @_x64_if_loaded
     def barrier(self, opts: Any = None) -> Any:
         return self._cpu.barrier(opts) if opts is not None else self._cpu.barrier()
 
+    @_x64_if_loaded
     def send(self, tensors: list, dst: int, tag: int = 0) -> Any:
         if any(_is_jax(t) for t in tensors):
             raise NotImplementedError(
@@ -267,6 +283,7 @@ class ProcessGroupJax(dist.ProcessGroup):
                 "send a CPU copy (t.cpu()) or use a collective")
         return self._cpu.send(tensors, dst, tag)
 
+    @_x64_if_loaded
     def recv(self, tensors: list, src: int, tag: int = 0) -> Any:
         if any(_is_jax(t) for t in tensors):
             raise NotImplementedError(
@@ -402,10 +419,15 @@ class _GroupMesh:
         try:
             result = fn(self._global(local))
         except Exception as err:
+            from .. import _runtime
+
+            plugin = _runtime.runtime().record.name
             raise RuntimeError(
                 f"pjrt_host: {kind[0]} of a 'jax' tensor of shape {tuple(local.shape)} and dtype {local.dtype} "
-                f"failed on group rank {self.rank} of {self.size}: {type(err).__name__}: {str(err)[:300]}. Every "
-                "rank must call the same collective with the same shape and dtype.") from err
+                f"failed on group rank {self.rank} of {self.size}: {type(err).__name__}: {str(err)[:300]}. The "
+                "ranks agreed on this collective, shape and dtype before it first ran, so the device's collective "
+                f"itself failed: `python -m pjrt_host check {plugin} --only collectives` tests the plugin's "
+                "collectives.") from err
         return result.addressable_data(0)
 
     def reduce(self, local: Any, op: str) -> Any:
@@ -480,6 +502,7 @@ def _reducer(op: str) -> Any:
 # ---------------------------------------------------------------- c10d dispatcher ops
 
 
+@_x64_scope
 def run_op(func: Any, args: tuple, kwargs: dict) -> Any:
     """A ``c10d::*`` op on 'jax' tensors (torch.distributed calls some
     collectives through the dispatcher): run by the process group it
@@ -593,6 +616,7 @@ _OPS = {
 # ---------------------------------------------------------------- functional collectives
 
 
+@_x64_scope
 def run_functional(func: Any, args: tuple, kwargs: dict) -> Any:
     """``torch.ops._c10d_functional.*`` on 'jax' tensors (DTensor, FSDP2 and
     compiled graphs call these): new result tensors, computed by the 'pjrt'

@@ -355,8 +355,11 @@ def _new_device_storage(args: tuple, kwargs: dict) -> torch.UntypedStorage:
 
 
 def _register_kernels() -> None:
+    from .. import _jax_settings
+
+    scoped = _jax_settings.x64_scope
     fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(_factory_fallback, "PrivateUse1")
+    fallback.fallback(_never_traced(scoped(_factory_fallback)), "PrivateUse1")
     _libraries.append(fallback)
     # torch.autocast('jax'): ops pass through, except the matmul family.
     fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
@@ -368,7 +371,8 @@ def _register_kernels() -> None:
                                     (DEVICE_OPS, _device_kernel, "PrivateUse1")):
         for name in names:
             try:
-                aten.impl(name, make_kernel(name), key)
+                kernel = make_kernel(name)
+                aten.impl(name, _never_traced(scoped(kernel)) if key == "PrivateUse1" else kernel, key)
             except Exception as err:  # a renamed overload must not stop the device
                 logger.debug("no %s kernel for aten::%s: %s", key, name, err)
     for name, kernel in DENSE_GRADIENT_OPS:

@@ -297,9 +297,10 @@ def install_dispatcher(dispatch: Callable[[Any, tuple, dict], Any]) -> None:
     thread, sees 'jax' tensors as plain tensors there, and never traces the
     handler.  AOTAutograd's tangent hook treats them as plain tensors too."""
     global _dispatch
+    from .. import _jax_settings
     from .._compile import _hiding
 
-    _dispatch = dispatch
+    _dispatch = _hiding.never_traced(_jax_settings.x64_scope(dispatch))
 
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return _dispatch(func, args, kwargs or {})
