@@ -270,3 +270,21 @@ def test_users_own_jax_code_keeps_jax_defaults_while_the_device_keeps_64_bits(mo
     assert out["grad"] == [2.0 * v for v in (big, big + 1, big + 2)]
     assert out["sharded"] == 8 * big + 28
     assert out["jax_view"] == "int64"
+
+
+def test_the_x64_scope_uses_jax_state_directly():
+    # pjrt_host swaps jax's thread-local enable_x64 value itself (0.1 us per
+    # op) instead of entering its context manager (0.4 us); a jax release
+    # that renames swap_local/set_local or adds a thread-local hook would
+    # silently fall back to the slow form: fail here instead.
+    import jax
+
+    from pjrt_host import _jax_settings
+
+    assert _jax_settings.fast_x64_scope()
+    seen = []
+    scoped = _jax_settings.x64_scope(lambda: seen.append(jax.numpy.arange(2).dtype))
+    with jax.enable_x64(False):
+        scoped()
+        assert jax.numpy.arange(2).dtype == "int32"  # restored after the call
+    assert str(seen[0]) == "int64"
