@@ -737,6 +737,34 @@ def test_uint8_index_is_a_mask_as_on_cpu():
     assert torch.equal(got.cpu(), expected)
 
 
+def test_cpu_indices_and_masks_index_a_device_tensor_as_on_cuda():
+    # torch's accelerators take index tensors and masks left on the CPU
+    # (PyTorch's test_indexing: test_cpu_indices); found by running its
+    # device-generic tests on 'jax'.
+    import warnings
+
+    x = torch.arange(6.0)
+    d = x.to(DEV)
+    idx, mask = torch.tensor([0, 2]), x > 2
+    assert torch.equal(d[idx].cpu(), x[idx]) and torch.equal(d[mask].cpu(), x[mask])
+    d2, x2 = d.clone(), x.clone()
+    d2[mask], x2[mask] = 0.0, 0.0
+    assert torch.equal(d2.cpu(), x2)
+    acc = d.clone().index_put_((idx,), torch.ones(2, device=DEV), accumulate=True)
+    assert torch.equal(acc.cpu(), x.clone().index_put_((idx,), torch.ones(2), accumulate=True))
+    with pytest.raises(IndexError, match="index 9 is out of bounds"):
+        d[torch.tensor([0, 9])].cpu()  # checked like a device index
+    # each uint8 mask warns, as on CPU
+    m = torch.arange(6.0).reshape(2, 3)
+    masks = (torch.tensor([1, 0], dtype=torch.uint8), torch.tensor([1, 0, 1], dtype=torch.uint8))
+    for t in (m, m.to(DEV)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            got = t[masks[0].to(t.device), masks[1].to(t.device)]
+        assert len([w for w in seen if "uint8" in str(w.message)]) == 2
+        assert got.cpu().tolist() == [0.0, 2.0]
+
+
 def test_assigning_real_and_imag_writes_the_complex_tensor():
     """``z.real = v`` / ``z.imag = v`` change z as on CPU (the real view the
     device computes as a new tensor would lose the assignment)."""

@@ -76,16 +76,27 @@ _BYTE_MASK_OPS = ("aten::index.Tensor", "aten::_unsafe_index.Tensor", "aten::ind
 
 
 def _byte_masks_as_bool(handler: Handler) -> Handler:
-    """torch reads a uint8 index tensor as a boolean mask (deprecated, with
-    its warning) before the op's own checks, which accept only bool masks."""
+    """The indices of an indexing op as torch reads them, before the op's
+    own checks: a uint8 index tensor is a boolean mask (deprecated, with its
+    warning, once per such mask), and an index tensor on the CPU is moved to
+    the indexed tensor's device (torch's accelerators take CPU indices and
+    masks: ``x[torch.tensor([0, 2])]``, ``x[cpu_mask] = 0``)."""
     def handle(args: tuple, kwargs: dict) -> Any:
         indices = args[1] if len(args) > 1 else None
-        if isinstance(indices, (list, tuple)) and any(
-                isinstance(i, torch.Tensor) and i.dtype == torch.uint8 for i in indices):
-            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
-                          "instead.", UserWarning, stacklevel=3)
-            indices = [i.bool() if isinstance(i, torch.Tensor) and i.dtype == torch.uint8 else i for i in indices]
-            args = (args[0], indices, *args[2:])
+        if isinstance(indices, (list, tuple)) and isinstance(args[0], _tensor.JaxTensor) and any(
+                isinstance(i, torch.Tensor) and (i.dtype == torch.uint8 or not isinstance(i, _tensor.JaxTensor))
+                for i in indices):
+            moved = []
+            for i in indices:
+                if isinstance(i, torch.Tensor):
+                    if i.dtype == torch.uint8:
+                        warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                                      "torch.bool instead.", UserWarning, stacklevel=3)
+                        i = i.bool()
+                    if not isinstance(i, _tensor.JaxTensor) and i.device.type == "cpu":
+                        i = i.to(args[0].device)
+                moved.append(i)
+            args = (args[0], moved, *args[2:])
         return handler(args, kwargs)
 
     return handle
@@ -95,12 +106,15 @@ def handler_for(func: Any) -> Handler:
     """The handler of ``func`` (uncached)."""
     handler = _handler_for(func)
     name = op_name(func)
-    if name in _BYTE_MASK_OPS:
-        handler = _byte_masks_as_bool(handler)
     check = _index_checks.checker_for(name)
-    if check is None:
-        return handler
+    if check is not None:
+        handler = _checked(handler, name, check)
+    if name in _BYTE_MASK_OPS:  # outermost: the index checks see the indices as the op reads them
+        handler = _byte_masks_as_bool(handler)
+    return handler
 
+
+def _checked(handler: Handler, name: str, check: Any) -> Handler:
     def checked(args: tuple, kwargs: dict) -> Any:
         mode = _config.current().check_indices
         if not mode:
