@@ -21,27 +21,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import time
 
 import torch
 
 import pjrt_host
+from bench_compile import best_per_call as per_call  # interleaved rounds, best of each
 
 nn = torch.nn
-
-
-def per_call(fns: dict, calls: int, rounds: int) -> dict:
-    best = {k: float("inf") for k in fns}
-    for fn in fns.values():
-        for _ in range(50):
-            fn()
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best[k] = min(best[k], (time.perf_counter() - t) / calls)
-    return best
 
 
 def main() -> None:
