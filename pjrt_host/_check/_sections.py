@@ -15,7 +15,6 @@ import gc
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -662,7 +661,7 @@ def performance(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
         rec.figure("host -> device", up, "GB/s", note=f"{nbytes >> 20} MiB float32; {note_peak}")
         rec.figure("device -> host", down, "GB/s", note=f"{nbytes >> 20} MiB float32")
         info["detail"] = f"{up:.2f} / {down:.2f} GB/s"
-        del holder, dev
+        holder.clear()  # free the device copy before the next probe
 
     with rec.check("per-op dispatch latency") as info:
         a, b = torch.ones(16, device="jax"), torch.ones(16, device="jax")

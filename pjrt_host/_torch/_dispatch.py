@@ -75,7 +75,7 @@ _BYTE_MASK_OPS = ("aten::index.Tensor", "aten::_unsafe_index.Tensor", "aten::ind
                   "aten::_index_put_impl_", "aten::_unsafe_index_put")
 
 
-def _byte_masks_as_bool(handler: Handler) -> Handler:
+def _indices_as_torch_reads_them(handler: Handler) -> Handler:
     """The indices of an indexing op as torch reads them, before the op's
     own checks: a uint8 index tensor is a boolean mask (deprecated, with its
     warning, once per such mask), and an index tensor on the CPU is moved to
@@ -110,7 +110,7 @@ def handler_for(func: Any) -> Handler:
     if check is not None:
         handler = _checked(handler, name, check)
     if name in _BYTE_MASK_OPS:  # outermost: the index checks see the indices as the op reads them
-        handler = _byte_masks_as_bool(handler)
+        handler = _indices_as_torch_reads_them(handler)
     return handler
 
 
