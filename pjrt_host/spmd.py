@@ -298,7 +298,7 @@ def _own_whole_storage(t: JaxTensor) -> bool:
     in use): sharding the storage would change the others."""
     view = t._view
     storage = t._storage
-    if view.kind != "reshape" or t.storage_offset() != 0 or t.numel() != storage.numel \
+    if view.kind != "reshape" or view.elem is not None or t.storage_offset() != 0 or t.numel() != storage.numel \
             or storage.torch_storage is not None:
         return False
     # References: t's attribute (and its autograd base's, when the base is

@@ -135,6 +135,41 @@ def _p_inplace_metadata_ops(x):
     return [y, z]
 
 
+def _p_dtype_view_same_size_aliases(x):
+    v = x.view(torch.int32)  # the same bytes: a write through either is seen by the other
+    v[0, :2] = 0x3F800000  # 1.0f
+    x[3, 5] = -2.0
+    w = x.t().view(torch.int32)  # a view of a view keeps reading the bytes as int32
+    w[1, 1] += 1
+    return [x, v, w]
+
+
+def _p_dtype_view_other_sizes(x):
+    h = x.view(torch.int16)  # twice as many elements along the last dimension
+    h[1, 1] = 7
+    h[2, ::4] = -1
+    b = x[1:3].view(torch.uint8)[:, 4:12]
+    b.fill_(0)
+    d = x.view(torch.float64)  # half as many
+    d[0, 0] = 1.0
+    c = x.view(torch.complex64)
+    c[3, 1] = 1j
+    return [x, h, b, d, c, c.view(torch.float32)]
+
+
+def _p_memory_formats(x):
+    x4 = x.reshape(1, 2, 3, 4)
+    cl = x4.contiguous(memory_format=torch.channels_last)
+    cl[0, 1, 0, :] = -1
+    kept = x4.transpose(1, 2).clone()  # preserve_format: the source's strides
+    moved = cl.to(torch.float64)
+    flat = x.clone().view(-1)
+    flat.resize_((1, 4, 3, 2), memory_format=torch.channels_last)
+    like = torch.zeros(24, device=x.device)
+    like.resize_as_(cl, memory_format=torch.preserve_format)
+    return [x4, cl, kept, moved, flat, cl.sum(1), cl.clone(memory_format=torch.contiguous_format)]
+
+
 PROGRAMS = {name[3:]: fn for name, fn in globals().items() if name.startswith("_p_")}
 
 

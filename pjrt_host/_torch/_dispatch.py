@@ -80,23 +80,26 @@ def _indices_as_torch_reads_them(handler: Handler) -> Handler:
     own checks: a uint8 index tensor is a boolean mask (deprecated, with its
     warning, once per such mask), and an index tensor on the CPU is moved to
     the indexed tensor's device (torch's accelerators take CPU indices and
-    masks: ``x[torch.tensor([0, 2])]``, ``x[cpu_mask] = 0``)."""
+    masks: ``x[torch.tensor([0, 2])]``, ``x[cpu_mask] = 0``).  Malformed
+    indices raise CPU's IndexError (``_index_checks.check_structure``), not
+    the meta kernels' RuntimeError."""
     def handle(args: tuple, kwargs: dict) -> Any:
-        indices = args[1] if len(args) > 1 else None
-        if isinstance(indices, (list, tuple)) and isinstance(args[0], _tensor.JaxTensor) and any(
-                isinstance(i, torch.Tensor) and (i.dtype == torch.uint8 or not isinstance(i, _tensor.JaxTensor))
-                for i in indices):
-            moved = []
-            for i in indices:
-                if isinstance(i, torch.Tensor):
-                    if i.dtype == torch.uint8:
-                        warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
-                                      "torch.bool instead.", UserWarning, stacklevel=3)
-                        i = i.bool()
-                    if not isinstance(i, _tensor.JaxTensor) and i.device.type == "cpu":
-                        i = i.to(args[0].device)
-                moved.append(i)
-            args = (args[0], moved, *args[2:])
+        indices = args[1] if len(args) > 1 else kwargs.get("indices")
+        if isinstance(indices, (list, tuple)) and isinstance(args[0], _tensor.JaxTensor):
+            _index_checks.check_structure(args[0], indices)
+            if any(isinstance(i, torch.Tensor) and (i.dtype == torch.uint8 or not isinstance(i, _tensor.JaxTensor))
+                   for i in indices):
+                moved = []
+                for i in indices:
+                    if isinstance(i, torch.Tensor):
+                        if i.dtype == torch.uint8:
+                            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                                          "torch.bool instead.", UserWarning, stacklevel=3)
+                            i = i.bool()
+                        if not isinstance(i, _tensor.JaxTensor) and i.device.type == "cpu":
+                            i = i.to(args[0].device)
+                    moved.append(i)
+                args = (args[0], moved, *args[2:])
         return handler(args, kwargs)
 
     return handle
@@ -111,7 +114,29 @@ def handler_for(func: Any) -> Handler:
         handler = _checked(handler, name, check)
     if name in _BYTE_MASK_OPS:  # outermost: the index checks see the indices as the op reads them
         handler = _indices_as_torch_reads_them(handler)
+    elif _index_checks.indexes_along_dim(name):
+        handler = _index_moved_to_device(handler)
     return handler
+
+
+def _index_moved_to_device(handler: Handler) -> Handler:
+    """``index_fill(dim, index, v)``, ``gather`` ... with ``index`` on the
+    CPU and self on 'jax': the index moved to self's device, as torch's CPU
+    kernels read an index wherever it lives."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        if len(args) > 2:
+            index = args[2]
+            if isinstance(index, torch.Tensor) and not isinstance(index, _tensor.JaxTensor) \
+                    and index.device.type == "cpu" and isinstance(args[0], _tensor.JaxTensor):
+                args = (*args[:2], index.to(args[0].device), *args[3:])
+        else:
+            index = kwargs.get("index")
+            if isinstance(index, torch.Tensor) and not isinstance(index, _tensor.JaxTensor) \
+                    and index.device.type == "cpu" and args and isinstance(args[0], _tensor.JaxTensor):
+                kwargs = {**kwargs, "index": index.to(args[0].device)}
+        return handler(args, kwargs)
+
+    return handle
 
 
 def _checked(handler: Handler, name: str, check: Any) -> Handler:

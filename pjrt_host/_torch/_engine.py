@@ -360,6 +360,8 @@ class CompiledOp:
         matched (the failure was something else)."""
         values = self.meta_op(*args, **kwargs)
         values = list(values) if isinstance(values, (tuple, list)) else [values]
+        if self.lowering.data_dependent:
+            _meta.check_out_dtypes(self.name, [v.dtype for v in values], out_targets)
         if all(tuple(t.shape) == tuple(v.shape) for t, v in zip(out_targets, values)):
             return None
         for t, v in zip(out_targets, values):
@@ -472,10 +474,15 @@ class CompiledOp:
             shapes = [(jax_dtype(t.dtype), tuple(t.shape)) for t in out_targets]
             plan = _meta.OutputPlan("tuple", None)
 
+            exact = lowering.data_dependent  # its result dtypes are the op's own: out= must match them
+            name = self.name
+
             def fn(*dyn):
                 call_args, call_kwargs, _, targets, ctx = decode(dyn)
                 value = _lowerings.invoke(lowering, call_args, call_kwargs, ctx)
                 values = value if isinstance(value, (tuple, list)) else (value,)
+                if exact:
+                    _meta.check_out_dtypes(name, [torch_dtype(jnp.asarray(v).dtype) for v in values], out_targets)
                 return tuple(_views.write(arr, view, offset, jnp.broadcast_to(jnp.asarray(v).astype(d), s))
                              for (arr, offset), view, (d, s), v in zip(targets, views, shapes, values))
         else:

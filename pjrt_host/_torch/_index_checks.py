@@ -34,12 +34,57 @@ import torch
 
 from ._tensor import JaxTensor, defer_check, read
 
-__all__ = ["check", "checker_for"]
+__all__ = ["check", "check_structure", "checker_for", "indexes_along_dim"]
 
 _minmax = jax.jit(lambda a: jnp.stack([jnp.min(a), jnp.max(a)]).astype(jnp.int64))
 
 
 _local = threading.local()  # .op: the op being checked, .deferred: check at the next sync point
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
+
+
+def check_structure(x: Any, indices: Any) -> None:
+    """CPU's IndexError for indices that cannot index ``x`` whatever their
+    values: none given, a dtype that cannot index, a mask whose shape is not
+    the indexed dims', index shapes that do not broadcast together.  (The
+    meta kernels raise RuntimeError for these; torch's CPU and cuda kernels
+    IndexError.)  A mask's count is read only when it must broadcast with
+    another index."""
+    if len(indices) == 0:
+        raise IndexError("at least one index must be provided")
+    shapes: list = []  # per index tensor after masks expand: a shape, or a mask awaiting its count
+    dim = 0
+    for i in indices:
+        if i is None:
+            dim += 1
+            continue
+        if not isinstance(i, torch.Tensor) or i.dtype not in _INDEX_DTYPES:
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        if i.dtype in (torch.bool, torch.uint8):
+            for j in range(i.dim()):
+                if dim + j >= x.dim():
+                    raise IndexError(f"too many indices for tensor of dimension {x.dim()} "
+                                     f"(got {dim + i.dim()})")
+                if i.shape[j] != x.shape[dim + j]:
+                    raise IndexError(f"The shape of the mask {list(i.shape)} at index {j} does not match the "
+                                     f"shape of the indexed tensor {list(x.shape)} at index {dim + j}")
+            shapes.extend([i] * max(i.dim(), 1))
+            dim += i.dim()
+        else:
+            shapes.append(tuple(i.shape))
+            dim += 1
+    if len(shapes) < 2:
+        return
+    counts: dict[int, int] = {}
+    sizes = [(counts.setdefault(id(s), int(s.count_nonzero())),) if isinstance(s, torch.Tensor) else s
+             for s in shapes]
+    try:
+        torch.broadcast_shapes(*sizes)
+    except RuntimeError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+                         + ", ".join(str(list(s)) for s in sizes)) from None
 
 
 def _first_bad(values: Any, low: int, high: int) -> int:
@@ -125,6 +170,7 @@ def _along(error: Callable[[int, int, int], Exception]) -> Callable[[tuple, dict
         size, dim = _size(x, dim)
         _check(index, size, dim, False, error)
 
+    check.along_dim = True
     return check
 
 
@@ -167,3 +213,12 @@ def checker_for(name: str) -> Callable[[tuple, dict], None] | None:
         return None
     base = rest.split(".", 1)[0].rstrip("_")
     return _CHECKS.get(base)
+
+
+_ALONG_DIM = {k for k, v in _CHECKS.items() if getattr(v, "along_dim", False)}
+
+
+def indexes_along_dim(name: str) -> bool:
+    """Whether ATen op ``name`` takes ``(self, dim, index, ...)``."""
+    namespace, _, rest = name.rpartition("::")
+    return namespace in ("aten", "") and rest.split(".", 1)[0].rstrip("_") in _ALONG_DIM

@@ -14,7 +14,7 @@ import torch
 
 from ._tensor import JaxTensor
 
-__all__ = ["OutputPlan", "OutputSpec", "check_inplace", "meta_view_of", "output_plan", "run_meta"]
+__all__ = ["OutputPlan", "OutputSpec", "check_inplace", "check_out_dtypes", "meta_view_of", "output_plan", "run_meta"]
 
 
 def meta_view_of(t: JaxTensor) -> torch.Tensor:
@@ -50,8 +50,19 @@ def run_meta(func: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
     except Exception as err:
         if type(err).__name__ in _DATA_DEPENDENT:
             return False, None
+        kernel_error = _KERNEL_ERRORS.get(str(err))
+        if kernel_error is not None:
+            raise kernel_error[0](kernel_error[1]) from None
         raise
     return True, out
+
+
+#: Where a meta kernel (a Python reference) raises for bad arguments with
+#: another type than torch's CPU and cuda kernels, their error.
+_KERNEL_ERRORS = {
+    "clamp called but both min and max are none!":
+        (RuntimeError, "torch.clamp: At least one of 'min' or 'max' must not be None"),
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,3 +121,15 @@ def check_inplace(result: torch.Tensor, target: JaxTensor) -> None:
     if tuple(result.shape) != tuple(target.shape):
         raise RuntimeError(
             f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(result.shape)}")
+
+
+def check_out_dtypes(op: str, result_dtypes: list, targets: list) -> None:
+    """torch's error for the out= tensor of an op whose result dtype is its
+    own (``nonzero``'s indices, ``masked_select``'s values): the out tensor
+    must have it exactly."""
+    from ._dtype_policy import device_dtype
+
+    for d, t in zip(result_dtypes, targets):
+        if d is not None and device_dtype(d) != device_dtype(t.dtype):
+            raise RuntimeError(f"{op.split('::')[-1].split('.')[0]}: Expected out tensor to have scalar type "
+                               f"{SCALAR_NAMES.get(d, d)} but got scalar type {SCALAR_NAMES.get(t.dtype, t.dtype)}")

@@ -94,7 +94,8 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         # To another device: a sharded tensor is gathered there.
         arr = _sharding.device_put(arr, jax_device(index))
         return wrap_array(arr, index, dtype)
-    return wrap_array(arr, index, dtype, self._storage.place)
+    return laid_out(arr, index, dtype, self._storage.place,
+                    strides_for(self, kwargs.get("memory_format", torch.preserve_format)))
 
 
 _cast_cache: dict[torch.dtype, Any] = {}
@@ -153,14 +154,46 @@ def local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
 
 @storage_op("aten::clone")
 def clone(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A copy in ``memory_format`` (torch's default, preserve_format: the
+    source's own strides where they are dense, as on CPU).  jax arrays
+    never change: a clone of a whole storage shares its array until one of
+    the two is written (a write replaces the storage's array)."""
     self = args[0]
     storage = self._storage
-    if self._view is None:
-        # jax arrays never change: the clone shares the array until one of
-        # the two is written (a write replaces the storage's array).
+    view = self._view
+    stride = strides_for(self, kwargs.get("memory_format", torch.preserve_format))
+    if view is None and stride is None:
         return make(Storage(storage.array, storage.shape, storage.jax_dtype, storage.device_index, storage.place),
                     tuple(self.shape), self.dtype)
-    return wrap_array(read(self), storage.device_index, self.dtype, storage.place)
+    if view is not None and view.kind == "perm" and view.elem is None and stride == tuple(self.stride()):
+        copy = Storage(storage.array, storage.shape, storage.jax_dtype, storage.device_index, storage.place)
+        return make(copy, tuple(self.shape), self.dtype, stride, 0, view_for(copy, view.size, stride, 0))
+    return laid_out(read(self), storage.device_index, self.dtype, storage.place, stride)
+
+
+def strides_for(t: Any, memory_format: Any) -> tuple[int, ...] | None:
+    """The strides torch gives a new tensor shaped like ``t`` in
+    ``memory_format``; None for row-major ones."""
+    size = tuple(t.shape)
+    if memory_format is None or memory_format == torch.contiguous_format:
+        return None
+    if memory_format == torch.preserve_format:  # torch's rule, as its meta kernel applies it
+        stride = torch.empty_like(meta_view_of(t) if isinstance(t, JaxTensor) else t, device="meta").stride()
+    else:
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    return None if stride == contiguous_strides(size) else tuple(stride)
+
+
+def laid_out(arr: Any, index: int, dtype: torch.dtype, place: Any, stride: tuple[int, ...] | None) -> JaxTensor:
+    """A new tensor of the values ``arr`` with dense ``stride`` (None:
+    row-major): its storage holds them in stride order."""
+    if stride is None:
+        return wrap_array(arr, index, dtype, place)
+    size = tuple(arr.shape)
+    dims = sorted(range(len(size)), key=lambda d: (-stride[d], d))
+    held = jnp.transpose(arr, dims)
+    storage = Storage(held, tuple(held.shape), held.dtype, index, place)
+    return make(storage, size, dtype, stride, 0, view_for(storage, size, stride, 0))
 
 
 @storage_op("aten::lift_fresh")
@@ -198,25 +231,40 @@ def record_stream(func: Any, args: tuple, kwargs: dict) -> Any:
 @storage_op("aten::resize_")
 def resize_(func: Any, args: tuple, kwargs: dict) -> Any:
     """torch's resize_ within the tensor's storage (same or fewer elements):
-    a contiguous reinterpretation of the same values, as on CPU.  Growing a
-    'jax' tensor in place is not supported (torch's metadata of a tensor
-    without torch storage cannot grow past it)."""
+    a contiguous reinterpretation of the same values (in ``memory_format``,
+    when given), as on CPU.  Growing a 'jax' tensor in place is not
+    supported (torch's metadata of a tensor without torch storage cannot
+    grow past it)."""
     self, size = args[0], tuple(args[1])
-    if tuple(self.shape) == size:
+    memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    if memory_format == torch.preserve_format:
+        raise RuntimeError("Unsupported memory format preserve")
+    if tuple(self.shape) == size and memory_format is None:
         return self
     offset = self.storage_offset()
     if offset + math.prod(size) > self._storage.numel:
         raise NotImplementedError(
             f"pjrt_host: growing a 'jax' tensor in place (resize_ from {tuple(self.shape)} to {size}) is not "
             "supported; make a new tensor instead (e.g. pass no out= argument)")
-    return run_inplace_view(torch.ops.aten.as_strided_.default, (self, size, contiguous_strides(size), offset), {})
+    if memory_format is None or memory_format == torch.contiguous_format:
+        stride = contiguous_strides(size)
+    else:
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    return run_inplace_view(torch.ops.aten.as_strided_.default, (self, size, stride, offset), {})
 
 
 @storage_op("aten::resize_as_")
 def resize_as_(func: Any, args: tuple, kwargs: dict) -> Any:
-    """``resize_as_(template)``: resize_ to the template's shape (torch's
-    meta kernel would call resize_ on the device tensor itself)."""
-    return resize_(func, (args[0], tuple(args[1].shape)), {})
+    """``resize_as_(template)``: resize_ to the template's shape (in the
+    template's memory format for ``torch.preserve_format``); torch's meta
+    kernel would call resize_ on the device tensor itself."""
+    self, template = args[0], args[1]
+    memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    if memory_format == torch.preserve_format:
+        memory_format = next((f for f in (torch.channels_last, torch.channels_last_3d)
+                              if not template.is_contiguous() and template.is_contiguous(memory_format=f)),
+                             torch.contiguous_format)
+    return resize_(func, (self, tuple(template.shape), memory_format), {})
 
 
 @storage_op("c10d::")  # every op of the namespace
@@ -256,41 +304,47 @@ def set_(func: Any, args: tuple, kwargs: dict) -> Any:
         if source.dtype != self.dtype:
             raise RuntimeError(f"Could not set tensor of type {source.dtype} to a tensor of type {self.dtype}")
         storage = source._storage
+        elem = source._view.elem if source._view is not None else None
         if "size" not in params:
-            return _set_metadata(self, storage, tuple(source.shape), tuple(source.stride()), source.storage_offset())
+            return _set_metadata(self, storage, tuple(source.shape), tuple(source.stride()), source.storage_offset(),
+                                 elem)
     else:
-        storage = _storage_for(source, self.dtype)
+        storage, elem = _storage_for(source, self.dtype), None
+    whole = storage.numel if elem is None else storage.nbytes // np.dtype(elem).itemsize
     size = params.get("size")
     if size is None:
-        size = (storage.numel,)
+        size = (whole,)
     size = tuple(int(d) for d in size)
     stride = params.get("stride")
     stride = contiguous_strides(size) if not stride else tuple(int(d) for d in stride)
     offset = int(params.get("storage_offset") or 0)
-    return _set_metadata(self, storage, size, stride, offset)
+    return _set_metadata(self, storage, size, stride, offset, elem)
 
 
-def _set_metadata(self: JaxTensor, storage: Storage, size: tuple, stride: tuple, offset: int) -> JaxTensor:
+def _set_metadata(self: JaxTensor, storage: Storage, size: tuple, stride: tuple, offset: int,
+                  elem: Any = None) -> JaxTensor:
     """Make ``self`` a tensor over ``storage`` with these sizes, strides and
-    offset: torch's meta kernels change self's metadata (first onto a
-    placeholder of the storage's size, then to the view), self's view
-    follows."""
+    offset (counted in ``elem``s where it reads the storage as another
+    element type, see View): torch's meta kernels change self's metadata
+    (first onto a placeholder of the storage's size, then to the view),
+    self's view follows."""
+    whole = storage.numel if elem is None else storage.nbytes // np.dtype(elem).itemsize
     extent = offset + sum((d - 1) * st for d, st in zip(size, stride)) + 1 if all(size) else 0
-    if extent > storage.numel:
+    if extent > whole:
         raise RuntimeError(
             f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset} require a storage of "
-            f"{extent * self.element_size()} bytes, but the storage has {storage.numel * self.element_size()}")
-    whole = make(storage, (storage.numel,), self.dtype)
+            f"{extent * self.element_size()} bytes, but the storage has {whole * self.element_size()}")
+    placeholder = make(storage, (whole,), self.dtype)
     with no_dispatch():
         meta_in_tls = torch._C._meta_in_tls_dispatch_include()
         torch._C._set_meta_in_tls_dispatch_include(True)
         try:
-            torch.ops.aten.set_.source_Tensor(self, whole)
+            torch.ops.aten.set_.source_Tensor(self, placeholder)
             torch.ops.aten.as_strided_.default(self, size, stride, offset)
         finally:
             torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
     self._storage = storage
-    self._view = view_for(storage, size, stride, offset)
+    self._view = view_for(storage, size, stride, offset, elem)
     return self
 
 

@@ -107,20 +107,23 @@ class View:
     reinterpretation of the whole storage), ``"perm"`` (a permutation of the
     storage's dims, e.g. ``.t()``: ``perm`` over ``perm_shape``) or
     ``"gather"`` (anything else: flat indices ``offset + sum(i_k *
-    stride_k)``).  ``static`` is the hashable part that compiled ops are
+    stride_k)``).  ``elem`` is None, or the element type the view reads the
+    storage's bytes as (``view(dtype)``: sizes, strides and offset count
+    those elements).  ``static`` is the hashable part that compiled ops are
     keyed on; the offset of a gather is passed at run time (``run_offset``),
     so ``x[i]`` for many ``i`` compiles once."""
 
-    __slots__ = ("kind", "size", "stride", "offset", "run_offset", "static", "spec")
+    __slots__ = ("kind", "size", "stride", "offset", "run_offset", "static", "spec", "elem")
 
     def __init__(self, storage: Storage, kind: str, size: tuple[int, ...], stride: tuple[int, ...], offset: int,
-                 permutation: tuple | None = None) -> None:
+                 permutation: tuple | None = None, elem: Any = None) -> None:
         self.kind = kind
         self.size = size
         self.stride = stride
         self.offset = offset
+        self.elem = elem
         self.run_offset = offset if kind == "gather" else 0
-        self.static = (kind, size, stride if kind == "gather" else None, permutation)
+        self.static = (kind, size, stride if kind == "gather" else None, permutation, elem)
         self.spec = TensorSpec((storage.jax_dtype, storage.shape, self.static))
 
 
@@ -133,22 +136,32 @@ def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def view_for(storage: Storage, size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> View | None:
+def view_for(storage: Storage, size: tuple[int, ...], stride: tuple[int, ...], offset: int,
+             elem: Any = None) -> View | None:
     """The View of a tensor with these strides into ``storage`` (None: the
-    tensor is the storage as it is)."""
+    tensor is the storage as it is).  ``elem``: the element type a
+    ``view(dtype)`` reads the storage as (None: the storage's own)."""
+    if elem is not None and np.dtype(elem) == np.dtype(storage.jax_dtype):
+        elem = None
     numel = math.prod(size)
-    if offset == 0 and numel == storage.numel:
-        if size == storage.shape and (numel <= 1 or stride == contiguous_strides(size)):
+    if elem is None:
+        whole, shape = storage.numel, storage.shape
+    else:
+        elem = np.dtype(elem)
+        whole = storage.nbytes // elem.itemsize
+        shape = (whole,)
+    if offset == 0 and numel == whole:
+        if elem is None and size == shape and (numel <= 1 or stride == contiguous_strides(size)):
             return None
         if numel <= 1 or _is_contiguous(size, stride):
-            return View(storage, "reshape", size, stride, 0)
+            return View(storage, "reshape", size, stride, 0, elem=elem)
         # A permutation of a contiguous layout (t(), transpose, permute).
         dims = sorted(range(len(size)), key=lambda d: (-stride[d], d))
         sorted_size = tuple(size[d] for d in dims)
         if tuple(stride[d] for d in dims) == contiguous_strides(sorted_size) and all(s > 0 for s in size):
             inverse = tuple(dims.index(d) for d in range(len(size)))
-            return View(storage, "perm", size, stride, 0, (sorted_size, inverse))
-    return View(storage, "gather", size, stride, offset)
+            return View(storage, "perm", size, stride, 0, (sorted_size, inverse), elem=elem)
+    return View(storage, "gather", size, stride, offset, elem=elem)
 
 
 def _is_contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -391,8 +404,9 @@ def write(t: JaxTensor, value: Any) -> None:
     view = t._view
     if storage.read_only is not None:
         raise RuntimeError(storage.read_only)
-    if value.dtype != storage.jax_dtype:
-        value = value.astype(storage.jax_dtype)
+    dtype = storage.jax_dtype if view is None or view.elem is None else view.elem
+    if value.dtype != dtype:
+        value = value.astype(dtype)
     if type(storage.place) is not int:
         _write_sharded(storage, view, value)
         return

@@ -20,6 +20,7 @@ from torch.utils._mode_utils import no_dispatch
 from .. import _lowerings
 from .._lowerings._dtypes import jax_dtype
 from ._engine import CompiledOp, missing_lowering, op_name
+from . import _views
 from ._meta import meta_view_of
 from ._tensor import JaxTensor, make, read, view_for, wrap_array
 
@@ -84,26 +85,32 @@ def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
     for r in metas:
         if r.dtype != self.dtype:
             if func._schema.name == "aten::view":
-                # view(dtype): a reinterpretation; same-width ones are exact.
-                return _view_dtype(self, r.dtype, r.size)
+                # view(dtype): the same bytes read as another element type.
+                return _outside_inference_mode(self, _view_dtype, self, r)
             # view_as_real / view_as_complex and friends: computed by their
             # lowering as a new tensor (writes through it do not reach self).
             lowering = _lowerings.lookup(func)
             if lowering is None:
                 raise missing_lowering(func)
             return CompiledOp(func, lowering)(args, kwargs)
+    return _outside_inference_mode(self, _views_of, self, metas, single)
+
+
+def _outside_inference_mode(self: JaxTensor, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, making views of ``self``.  A view of a normal tensor
+    is a normal tensor, whose version counter autograd then shares with its
+    base: made in inference mode, the wrapper would be an inference tensor,
+    which refuses that."""
     if torch.is_inference_mode_enabled() and not self.is_inference():
-        # A view of a normal tensor is a normal tensor, whose version counter
-        # autograd then shares with its base: made in inference mode, the
-        # wrapper would be an inference tensor, which refuses that.
         with torch.inference_mode(False):
-            return _views_of(self, metas, single)
-    return _views_of(self, metas, single)
+            return fn(*args)
+    return fn(*args)
 
 
 def _views_of(self: JaxTensor, metas: list, single: bool) -> Any:
     storage = self._storage
-    outs = [make(storage, r.size, r.dtype, r.stride, r.offset, view_for(storage, r.size, r.stride, r.offset))
+    elem = self._view.elem if self._view is not None else None  # a view of a view(dtype) reads as it does
+    outs = [make(storage, r.size, r.dtype, r.stride, r.offset, view_for(storage, r.size, r.stride, r.offset, elem))
             for r in metas]
     return outs[0] if single else outs
 
@@ -121,43 +128,23 @@ def run_inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
         finally:
             torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
     size, stride, offset = tuple(self.shape), tuple(self.stride()), self.storage_offset()
-    self._view = view_for(self._storage, size, stride, offset)
+    self._view = view_for(self._storage, size, stride, offset, self._view.elem if self._view is not None else None)
     return self
 
 
-def _view_dtype(self: JaxTensor, dtype: torch.dtype, size: tuple[int, ...]) -> JaxTensor:
-    """``view(dtype)``: the same bytes read as ``dtype`` (torch's meta
-    kernel has checked the shape and given ``size``), computed as a new
-    tensor: writes through it do not reach ``self``.  A different element
-    size splits or joins the last dimension's elements, as torch does."""
-    arr = read(self)
-    target = jax_dtype(dtype)
-    if arr.dtype == jnp.bool_:
-        arr = arr.astype(jnp.uint8)
-    old, new = np.dtype(arr.dtype).itemsize, np.dtype(target).itemsize
-    if old != new and (jnp.issubdtype(arr.dtype, jnp.complexfloating) or np.dtype(target).kind in "cb"):
-        raise NotImplementedError(
-            f"pjrt_host: tensor.view({dtype}) of a {self.dtype} tensor (complex or bool with a different element "
-            f"size) is not supported on the 'jax' device; use .cpu().view(...) instead")
-    out = _bitcast(arr, target, tuple(size))
-    return wrap_array(out, self._storage.device_index, dtype, self._storage.place)
-
-
-_bitcast_cache: dict[tuple, Any] = {}
-
-
-def _bitcast(arr: Any, target: Any, size: tuple[int, ...]) -> Any:
-    key = (arr.dtype, tuple(arr.shape), np.dtype(target), size)
-    fn = _bitcast_cache.get(key)
-    if fn is None:
-        old, new = np.dtype(arr.dtype).itemsize, np.dtype(target).itemsize
-
-        def cast(a):
-            if new > old:  # join groups of the last dimension's elements
-                a = a.reshape(size + (new // old,))
-            if np.dtype(target) == np.bool_:
-                return jax.lax.bitcast_convert_type(a, jnp.uint8).reshape(size) != 0
-            return jax.lax.bitcast_convert_type(a, target).reshape(size)
-
-        fn = _bitcast_cache[key] = jax.jit(cast)
-    return fn(arr)
+def _view_dtype(self: JaxTensor, r: _ViewResult) -> JaxTensor:
+    """``view(dtype)``: the same bytes read as ``r.dtype`` (torch's meta
+    kernel has checked the shape and given ``r``'s sizes, strides and
+    offset, counted in the new elements): a view, whose writes reach
+    ``self`` and the other way round.  Where the device holds a dtype in
+    another width (a plugin's ``unsupported_dtypes``), or the storage's
+    size is not a multiple of the new element's, the bytes torch would read
+    do not exist as such: the result is computed as a new tensor."""
+    storage = self._storage
+    target = np.dtype(jax_dtype(r.dtype))
+    held = np.dtype(storage.jax_dtype)
+    if (held.itemsize == self.element_size() and target.itemsize == r.dtype.itemsize
+            and storage.nbytes % target.itemsize == 0):
+        return make(storage, r.size, r.dtype, r.stride, r.offset, view_for(storage, r.size, r.stride, r.offset, target))
+    values = _views.as_elements(read(self).reshape(-1) if self.numel() else read(self).reshape(0), target)
+    return wrap_array(values.reshape(r.size), storage.device_index, r.dtype, storage.place)
