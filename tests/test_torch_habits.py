@@ -168,6 +168,19 @@ def test_out_of_memory_is_torchs_error_and_the_device_keeps_working(allocate):
     assert (torch.arange(3, device="jax") + 1).tolist() == [1, 2, 3]
 
 
+def test_an_op_deciding_to_trace_its_scalars_does_not_run_a_huge_result_twice():
+    """After a few scalar values an op tries tracing them, running the call
+    twice and comparing: on a result too large to hold, that comparison
+    once aborted the process instead of the out-of-memory error."""
+    small = torch.ones(3, device="jax")
+    for value in (3.0, 5.0, 7.0):  # one compile per value, until the trial
+        torch.fmod(small, value)
+    big = torch.ones(2**21, device="jax").expand(2**21, 2**21)
+    with pytest.raises(torch.OutOfMemoryError):
+        print(torch.fmod(big, 11.0))
+    assert torch.fmod(small * 9, 4.0).tolist() == [1.0, 1.0, 1.0]
+
+
 # ---------------------------------------------------------------- 4. device generators
 
 

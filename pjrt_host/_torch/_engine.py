@@ -409,7 +409,11 @@ class CompiledOp:
             self.in_trial = False
         if target is not None:
             static_value = target._storage.array
+            if _nbytes(static_value) > _TRIAL_BYTES:
+                return target  # too large to run twice: judged at a later, smaller call
             target._storage.array = saved
+        elif _nbytes(static_out) > _TRIAL_BYTES:
+            return static_out
         self.dynamic = True
         try:
             dyn_out = self(args, kwargs)
@@ -549,13 +553,34 @@ def _to_python(x: Any) -> Any:
     return np.asarray(x).item()
 
 
+#: The trial of traced scalars runs an op twice and compares the results;
+#: an op whose results are larger than this is not tried (a later call is).
+_TRIAL_BYTES = 1 << 24
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, JaxTensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (tuple, list)):
+        return sum(_nbytes(v) for v in x)
+    return getattr(x, "nbytes", 0)
+
+
+@jax.jit
+def _equal_on_device(a: Any, b: Any) -> Any:
+    if jnp.issubdtype(a.dtype, jnp.inexact):
+        close = jnp.abs(a - b) <= 1e-6 * jnp.abs(b)
+        return jnp.all((a == b) | close | (jnp.isnan(a) & jnp.isnan(b)))
+    return jnp.all(a == b)
+
+
 def _same(a: Any, b: Any) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
+    """Equal values (float: within 1e-6 relative), compared on the device:
+    only the verdict comes to the host."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    if a.dtype.kind in "fc":
-        return bool(np.allclose(a, b, rtol=1e-6, atol=0, equal_nan=True))
-    return bool(np.array_equal(a, b))
+    return bool(_equal_on_device(a, b))
 
 
 def _same_outputs(x: Any, y: Any) -> bool:
