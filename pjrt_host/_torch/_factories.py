@@ -16,6 +16,7 @@ test keeps the two in step.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any, Callable
@@ -42,24 +43,30 @@ Builder = Callable[[str, tuple, tuple, Any], Callable[[Any], Any] | None]
 
 
 class _Factory:
-    __slots__ = ("build", "random")
+    __slots__ = ("build", "random", "elementwise")
 
-    def __init__(self, build: Builder, random: bool) -> None:
+    def __init__(self, build: Builder, random: bool, elementwise: bool) -> None:
         self.build = build
         self.random = random
+        #: Each element drawn alike whatever the shape: a small tensor is
+        #: drawn flat in a power-of-two bucket and cut to its shape, so a
+        #: program compiles per bucket, not per shape (a random program
+        #: takes XLA about 0.5 s to compile on a CPU).
+        self.elementwise = elementwise
 
 
 #: packet name ("zeros", "arange") -> its builder.
 BUILDERS: dict[str, _Factory] = {}
 
 
-def factory(*packets: str, random: bool = False) -> Callable[[Builder], Builder]:
+def factory(*packets: str, random: bool = False, elementwise: bool = False) -> Callable[[Builder], Builder]:
     """Declare the builder of the factories ``packets``; ``random`` ones get
-    a key drawn from the device's random state."""
+    a key drawn from the device's random state (see _Factory for
+    ``elementwise``)."""
 
     def register(fn: Builder) -> Builder:
         for packet in packets:
-            BUILDERS[packet] = _Factory(fn, random)
+            BUILDERS[packet] = _Factory(fn, random, elementwise)
         return fn
 
     return register
@@ -110,17 +117,17 @@ def _linspace(name, args, shape, dtype):
     return lambda key: linspace_values(start, end, steps, dtype)
 
 
-@factory("randn", random=True)
+@factory("randn", random=True, elementwise=True)
 def _randn(name, args, shape, dtype):
     return lambda key: jax.random.normal(key, shape, dtype)
 
 
-@factory("rand", random=True)
+@factory("rand", random=True, elementwise=True)
 def _rand(name, args, shape, dtype):
     return lambda key: jax.random.uniform(key, shape, dtype)
 
 
-@factory("randint", random=True)
+@factory("randint", random=True, elementwise=True)
 def _randint(name, args, shape, dtype):
     low, high = (0, args[0]) if name in ("randint", "randint.generator") else (args[0], args[1])
     return lambda key: jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
@@ -185,13 +192,18 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
     builder = BUILDERS.get(name.split(".", 1)[0])
     if builder is None or any(isinstance(a, torch.Tensor) for a in args):
         return _on_cpu(_aten(name), args, kwargs, index)
-    try:
-        key = (name, _freeze(args), dtype, shape, index)
+    numel = math.prod(shape)
+    drawn = shape
+    if builder.elementwise and 0 < numel <= _BUCKETED:
+        drawn = (max(16, 1 << (numel - 1).bit_length()),)
+    try:  # a bucketed draw is keyed without its size (its only list argument)
+        key = (name, _freeze(args if drawn == shape else tuple(a for a in args if not isinstance(a, (list, tuple)))),
+               dtype, drawn, index)
         fn = _compiled.get(key)
     except TypeError:
         key, fn = None, None
     if fn is None:
-        values = builder.build(name, args, shape, jax_dtype(dtype))
+        values = builder.build(name, args, drawn, jax_dtype(dtype))
         if values is None:
             return _on_cpu(_aten(name), args, kwargs, index)
         if builder.random:
@@ -204,7 +216,19 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         if key is not None:
             _compiled[key] = fn
     arr = fn(*_rng.next_key_args(index, kwargs.get("generator"))) if builder.random else fn()
+    if drawn != shape:
+        arr = _cut(arr, shape)
     return wrap_array(arr, index, dtype)
+
+
+#: Elementwise random factories of at most this many elements are drawn in
+#: power-of-two buckets (see _Factory).
+_BUCKETED = 1 << 16
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cut(flat: Any, shape: tuple[int, ...]) -> Any:
+    return flat[:math.prod(shape)].reshape(shape)
 
 
 def _on_cpu(op: Any, args: tuple, kwargs: dict, index: int) -> torch.Tensor:
