@@ -765,6 +765,57 @@ def test_cpu_indices_and_masks_index_a_device_tensor_as_on_cuda():
         assert got.cpu().tolist() == [0.0, 2.0]
 
 
+def test_index_fill_gather_scatter_take_a_cpu_index():
+    x = torch.arange(6.0)
+    d = x.to(DEV)
+    idx = torch.tensor([0, 2])
+    assert torch.equal(d.index_fill(0, idx, -1.0).cpu(), x.index_fill(0, idx, -1.0))
+    assert torch.equal(d.index_fill(0, index=idx, value=-1.0).cpu(), x.index_fill(0, idx, -1.0))
+    assert torch.equal(d.gather(0, idx).cpu(), x.gather(0, idx))
+    assert torch.equal(d.index_select(0, idx).cpu(), x.index_select(0, idx))
+    assert torch.equal(d.scatter(0, idx, torch.ones(2, device=DEV)).cpu(), x.scatter(0, idx, torch.ones(2)))
+    with pytest.raises(IndexError, match="index 9 is out of bounds"):
+        d.index_fill(0, torch.tensor([9]), 1.0).cpu()
+
+
+def _errors(program):
+    out = []
+    for dev in ("cpu", DEV):
+        with pytest.raises(Exception) as info:
+            program(dev)
+        out.append((type(info.value), str(info.value).split(" (raised by")[0]))
+    return out
+
+
+@pytest.mark.parametrize("program", [
+    lambda d: torch.zeros(5, 5, device=d)[[0, 1], [0, 1, 2]],
+    lambda d: torch.zeros(5, 5, device=d).__setitem__(([0, 1], [0, 1, 2]), 0),
+    lambda d: torch.zeros(3, device=d)[torch.tensor([], device=d)],
+    lambda d: torch.ones(5, 4, 3, device=d)[torch.tensor([True], device=d)],
+    lambda d: torch.ones(5, 4, 3, device=d)[:, torch.zeros(4, 4, dtype=torch.bool, device=d)],
+    lambda d: torch.ones(2, 3, 4, device=d)[False, [0, 1], ...],
+    lambda d: torch.ops.aten.index.Tensor(torch.ones(1, device=d), []),
+    lambda d: torch.randn(3, device=d).clamp(),
+    lambda d: torch.nonzero(torch.tensor([0, 1], device=d), out=torch.empty(0, device=d)),
+], ids=["broadcast", "broadcast-put", "float-index", "mask-shape", "mask-shape-dim1", "bool-scalar", "no-index",
+        "clamp", "nonzero-out"])
+def test_bad_arguments_raise_cpus_error_type_and_text(program):
+    """torch's meta kernels raise RuntimeError (or ValueError) where its CPU
+    and cuda kernels raise IndexError; users and PyTorch's own tests catch
+    the latter."""
+    (cpu_type, cpu_text), (jax_type, jax_text) = _errors(program)
+    assert jax_type is cpu_type and jax_text.replace(" ", "") == cpu_text.replace(" ", "")
+
+
+def test_strided_tensors_report_sparse_and_dense_dims_and_draw_complex_uniforms():
+    for shape in ((), (2,), (2, 3)):
+        x = torch.rand(shape, dtype=torch.complex128, device=DEV)
+        assert (x.sparse_dim(), x.dense_dim()) == (0, len(shape))
+    z = torch.rand(4000, dtype=torch.complex64, device=DEV).cpu()
+    for part in (z.real, z.imag):
+        assert 0 <= part.min() and part.max() < 1 and abs(part.mean() - 0.5) < 0.05
+
+
 def test_assigning_real_and_imag_writes_the_complex_tensor():
     """``z.real = v`` / ``z.imag = v`` change z as on CPU (the real view the
     device computes as a new tensor would lose the assignment)."""

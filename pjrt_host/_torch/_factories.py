@@ -124,6 +124,9 @@ def _randn(name, args, shape, dtype):
 
 @factory("rand", random=True, elementwise=True)
 def _rand(name, args, shape, dtype):
+    if jnp.issubdtype(dtype, jnp.complexfloating):  # torch: real and imaginary parts each uniform in [0, 1)
+        part = jnp.finfo(dtype).dtype
+        return lambda key: jax.lax.complex(*jax.random.uniform(key, (2,) + tuple(shape), part))
     return lambda key: jax.random.uniform(key, shape, dtype)
 
 

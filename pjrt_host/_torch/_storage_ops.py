@@ -152,6 +152,13 @@ def local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
     return int(value)
 
 
+@storage_op("aten::sparse_dim", "aten::dense_dim")
+def sparse_dense_dim(func: Any, args: tuple, kwargs: dict) -> int:
+    """A strided tensor's sparse and dense dimensions (0 and its dim()), as
+    torch answers for any strided tensor."""
+    return 0 if func.name() == "aten::sparse_dim" else args[0].dim()
+
+
 @storage_op("aten::clone")
 def clone(func: Any, args: tuple, kwargs: dict) -> Any:
     """A copy in ``memory_format`` (torch's default, preserve_format: the
