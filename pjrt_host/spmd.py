@@ -265,9 +265,11 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[A
         return torch.ops.pjrt_host.sharding_constraint(t, mesh._key, _sharding.spec_key(spec))
     t = _jax_tensor(t, "mark_sharding")
     if t._view is not None and not _own_whole_storage(t):
-        raise ShardingError(
-            f"pjrt_host.spmd.mark_sharding: the tensor of shape {tuple(t.shape)} is a view of a tensor of shape "
-            f"{t._storage.shape}; shard that tensor, or shard a copy (t.clone())")
+        spec = _storage_spec_of_reordering(t, spec)
+        if spec is None:
+            raise ShardingError(
+                f"pjrt_host.spmd.mark_sharding: the tensor of shape {tuple(t.shape)} is a view of a tensor of shape "
+                f"{t._storage.shape}; shard that tensor, or shard a copy (t.clone())")
     storage = t._storage
     place = mesh._placement
     if storage.device_index != place.index:
@@ -298,27 +300,55 @@ def _own_whole_storage(t: JaxTensor) -> bool:
     in use): sharding the storage would change the others."""
     view = t._view
     storage = t._storage
-    if view.kind != "reshape" or view.elem is not None or t.storage_offset() != 0 or t.numel() != storage.numel \
-            or storage.torch_storage is not None:
+    if view.kind != "reshape" or view.elem is not None or t.storage_offset() != 0 or t.numel() != storage.numel:
+        return False
+    return _reshape_storage(t, storage, tuple(t.shape))
+
+
+def _reshape_storage(t: JaxTensor, storage: Any, shape: tuple[int, ...]) -> bool:
+    """Give t's storage the row-major ``shape`` (its values' order kept),
+    when only t and its autograd base use the storage; t and the base then
+    read it through new views.  False where others may.  (The caller holds
+    ``storage`` in a local too: the reference count below counts on it.)"""
+    if storage.torch_storage is not None:
         return False
     # References: t's attribute (and its autograd base's, when the base is
-    # the storage's other tensor), this frame's local, getrefcount's
-    # argument; counted inline beside an object held the same way (Python
-    # versions count differently).
+    # the storage's other tensor), the caller's local and this frame's
+    # argument, getrefcount's argument; counted inline beside an object held
+    # the same way (Python versions count differently).
     base = t._base if isinstance(t._base, JaxTensor) and t._base._storage is storage else None
     probe = _Holder()
     probe.slot = marker = object()
+    other = marker  # noqa: F841 -- the caller's local, counted alike
     if sys.getrefcount(storage) > sys.getrefcount(marker) + (base is not None):
         return False
-    shape = tuple(t.shape)
     storage.array = storage.get().reshape(shape)
     storage.shape = shape
     storage.spec = _tensor.TensorSpec((storage.jax_dtype, shape, None))
     storage.version += 1
-    t._view = None
+    t._view = _tensor.view_for(storage, tuple(t.shape), tuple(t.stride()), t.storage_offset())
     if base is not None:  # the base reads the same storage through a reshape now
         base._view = _tensor.view_for(storage, tuple(base.shape), tuple(base.stride()), base.storage_offset())
     return True
+
+
+def _storage_spec_of_reordering(t: JaxTensor, spec: tuple) -> tuple | None:
+    """For a view that reorders the dims of its whole storage (``w.t()``,
+    ``x.permute(...)``): the storage's partition spec that splits the view
+    as ``spec`` asks; its base, sharing the storage, is split the same way.
+    None for any other view."""
+    view = t._view
+    if view.kind != "perm" or view.elem is not None:
+        return None
+    sorted_size, inverse = view.static[3]
+    storage = t._storage
+    if tuple(sorted_size) != tuple(storage.shape) and not _reshape_storage(t, storage, tuple(sorted_size)):
+        return None
+    spec = tuple(spec) + (None,) * (t.dim() - len(spec))
+    held = [None] * t.dim()
+    for d, axis in enumerate(spec):
+        held[inverse[d]] = axis
+    return tuple(held)
 
 
 def _grad_follows_parameter(p: torch.Tensor) -> None:

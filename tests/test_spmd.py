@@ -319,8 +319,10 @@ def test_with_sharding_constraint_eagerly_makes_a_new_tensor(xs, mesh):
 def test_a_reshape_of_a_whole_storage_is_shardable(xs, mesh1d):
     """arange(...).reshape(...) and x.view(...) shard like any tensor; the
     base keeps reading and writing the same values (it shares the storage
-    with the view); a view of part of the storage, a reordering, or a
-    storage other views share, are refused with the fix."""
+    with the view); a reordering of a whole storage (``t()``, ``permute``)
+    shards the storage so that the view is split as asked; a view of part of
+    the storage, or a reshape of a storage other views share, are refused
+    with the fix."""
     w = torch.arange(128.0, device="jax").reshape(8, 16)
     xs.mark_sharding(w, mesh1d, ("data", None))
     assert xs.get_sharding(w) is not None
@@ -336,8 +338,20 @@ def test_a_reshape_of_a_whole_storage_is_shardable(xs, mesh1d):
     part = shared[:64]  # another view of the storage stays in use
     with pytest.raises(xs.ShardingError, match="is a view of a tensor of shape"):
         xs.mark_sharding(shared.view(16, 8), mesh1d, ("data", None))
+    # a reordering of the whole storage (t(), permute) shards its storage so
+    # that the view is split as asked; the base shares it, split alike
+    w = torch.arange(128.0, device="jax").reshape(16, 8).clone()
+    wt = w.t()
+    xs.mark_sharding(wt, mesh1d, (None, "data"))
+    assert xs.get_partition_spec(wt) == (None, "data") and xs.get_partition_spec(w) == ("data", None)
+    wt[1, 2] = -5.0
+    assert w[2, 1].item() == -5.0 and torch.equal((wt @ w).cpu(), wt.cpu() @ w.cpu())
+    p = torch.arange(2 * 8 * 4.0, device="jax").reshape(2, 8, 4).clone().permute(1, 2, 0)
+    xs.mark_sharding(p, mesh1d, ("data", None, None))
+    assert xs.get_partition_spec(p) == ("data", None, None)
+    assert torch.equal(p.cpu(), torch.arange(2 * 8 * 4.0).reshape(2, 8, 4).permute(1, 2, 0))
     with pytest.raises(xs.ShardingError, match="shard a copy"):
-        xs.mark_sharding(torch.randn(16, 8, device="jax").t(), mesh1d, ("data", None))
+        xs.mark_sharding(torch.randn(32, 8, device="jax").t()[:, ::2], mesh1d, (None, "data"))
     assert part.shape == (64,)
 
 
