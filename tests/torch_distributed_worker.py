@@ -51,6 +51,24 @@ def collectives(dist, torch) -> dict:
     out["view"] = v.tolist()
     work = dist.all_reduce(x.clone(), async_op=True)
     work.wait()
+    # uneven all_to_all_single: rank r sends s + 1 rows to rank s
+    rows = torch.cat([torch.full((s + 1, 2), 100.0 * r + s, device="jax") for s in range(n)])
+    uneven = torch.empty((r + 1) * n, 2, device="jax")
+    dist.all_to_all_single(uneven, rows, [r + 1] * n, [s + 1 for s in range(n)])
+    out["all_to_all_uneven"] = uneven[:, 0].tolist()
+    # send/recv: blocking, then a ring of batch_isend_irecv in which every
+    # rank sends first (queued, run in an order every rank derives alike)
+    if r == 0:
+        dist.send(torch.arange(3.0, device="jax") * 5, dst=n - 1)
+    elif r == n - 1:
+        got = torch.empty(3, device="jax")
+        dist.recv(got, src=0)
+        out["recv"] = got.tolist()
+    mine, theirs = torch.full((2,), float(r), device="jax"), torch.empty(2, device="jax")
+    for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, (r + 1) % n),
+                                       dist.P2POp(dist.irecv, theirs, (r - 1) % n)]):
+        req.wait()
+    out["ring"] = theirs.tolist()
     sub = dist.new_group([0, 1])
     s = torch.ones(2, device="jax") * (r + 1)
     dist.all_reduce(s, group=sub)

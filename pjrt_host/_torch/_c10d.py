@@ -110,6 +110,8 @@ class ProcessGroupJax(dist.ProcessGroup):
         self._global_ranks = global_ranks or list(range(size))
         self._cpu = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
         self._meshes: dict[int, Any] = {}  # local device index -> the group's _GroupMesh
+        self._pairs: dict[tuple, Any] = {}  # (peer rank, local device index) -> their two-device _GroupMesh
+        self._p2p: list[tuple] = []  # queued sends and receives of 'jax' tensors, see send()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ identity
@@ -224,11 +226,31 @@ class ProcessGroupJax(dist.ProcessGroup):
         n = self._size
         if (output_split_sizes and len(set(output_split_sizes)) > 1) or \
                 (input_split_sizes and len(set(input_split_sizes)) > 1):
-            raise NotImplementedError(
-                f"pjrt_host: all_to_all_single with uneven splits is not supported by the '{BACKEND_NAME}' "
-                "backend (XLA collectives have static shapes); pad to even splits")
+            return self._uneven_alltoall(output, input, list(output_split_sizes), list(input_split_sizes))
         chunks = self._read(input).reshape((n, input.shape[0] // n, *tuple(input.shape[1:])))
         self._write(output, self._engine(input).all_to_all(chunks).reshape(tuple(output.shape)))
+        return _work(output)
+
+    def _uneven_alltoall(self, output: torch.Tensor, input: torch.Tensor, out_splits: list,
+                         in_splits: list) -> Any:
+        """all_to_all_single with splits of different sizes: XLA's
+        all-to-all has static shapes, so every chunk is padded to the
+        largest chunk any rank sends (agreed by a max all-reduce), exchanged
+        in one all-to-all, and cut back to the sizes this rank receives."""
+        import jax.numpy as jnp
+
+        n = self._size
+        rest = tuple(input.shape[1:])
+        in_splits = in_splits or [input.shape[0] // n] * n
+        out_splits = out_splits or [output.shape[0] // n] * n
+        engine = self._engine(input)
+        widest = int(engine.reduce(jnp.asarray([max(in_splits)], dtype=jnp.int64), "max")[0])
+        values = self._read(input)
+        starts = [sum(in_splits[:i]) for i in range(n)]
+        chunks = jnp.stack([jnp.pad(values[a:a + k], [(0, widest - k)] + [(0, 0)] * len(rest))
+                            for a, k in zip(starts, in_splits)])
+        received = engine.all_to_all(chunks)  # (n, widest, *rest), row s from rank s
+        self._write(output, jnp.concatenate([received[s, :k] for s, k in enumerate(out_splits)]))
         return _work(output)
 
     @_x64_if_loaded
@@ -275,21 +297,67 @@ class ProcessGroupJax(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Any:
         return self._cpu.barrier(opts) if opts is not None else self._cpu.barrier()
 
+    # send/recv of 'jax' tensors: an XLA transfer is a collective of its two
+    # devices, so both ends must run it together.  isend/irecv are queued
+    # and run when one of their Works is waited on (or before the group's
+    # next collective), in an order every rank derives alike: by pair of
+    # ranks, then direction (lower rank to higher first), then call order.
+    # Ring exchanges and batch_isend_irecv, in which every rank sends before
+    # it receives, then cannot deadlock (each rank runs its pairs in the
+    # same global order).
+
     @_x64_if_loaded
     def send(self, tensors: list, dst: int, tag: int = 0) -> Any:
-        if any(_is_jax(t) for t in tensors):
-            raise NotImplementedError(
-                f"pjrt_host: send/recv of 'jax' tensors is not supported by the '{BACKEND_NAME}' backend; "
-                "send a CPU copy (t.cpu()) or use a collective")
-        return self._cpu.send(tensors, dst, tag)
+        if not any(_is_jax(t) for t in tensors):
+            return self._cpu.send(tensors, dst, tag)
+        return self._queue_p2p(tensors, src=self._rank, dst=dst)
 
     @_x64_if_loaded
     def recv(self, tensors: list, src: int, tag: int = 0) -> Any:
-        if any(_is_jax(t) for t in tensors):
+        if src is None or src < 0:
             raise NotImplementedError(
-                f"pjrt_host: send/recv of 'jax' tensors is not supported by the '{BACKEND_NAME}' backend; "
-                "receive into a CPU tensor and move it")
-        return self._cpu.recv(tensors, src, tag)
+                f"pjrt_host: recv from any source is not supported by the '{BACKEND_NAME}' backend for 'jax' "
+                "tensors (an XLA transfer names both ends); pass src=")
+        if not any(_is_jax(t) for t in tensors):
+            return self._cpu.recv(tensors, src, tag)
+        return self._queue_p2p(tensors, src=src, dst=self._rank)
+
+    def _queue_p2p(self, tensors: list, src: int, dst: int) -> Any:
+        peer = dst if src == self._rank else src
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise ValueError(f"pjrt_host: send/recv between group rank {self._rank} and rank {peer} of a group of "
+                             f"{self._size}: the peer must be another rank of the group")
+        for t in tensors:
+            low, high = sorted((src, dst))
+            self._p2p.append(((low, high, 0 if src == low else 1, len(self._p2p)), t, src, dst))
+        return _P2PWork(self, tensors)
+
+    def _flush_p2p(self) -> None:
+        """Run the queued sends and receives (see above)."""
+        queued, self._p2p = sorted(self._p2p, key=lambda q: q[0]), []
+        for _, t, src, dst in queued:
+            peer = dst if src == self._rank else src
+            sender = 0 if src < dst else 1
+            value = self._pair(t, peer).transfer(self._read(t), sender)
+            if dst == self._rank:
+                self._write(t, value)
+
+    def _pair(self, t: torch.Tensor, peer: int) -> "_GroupMesh":
+        """The two-device mesh of this rank and ``peer`` (group ranks), met
+        once per pair and local device: send/recv run on it as an XLA
+        transfer between the two devices (a collective of those two only)."""
+        index = t.device.index or 0
+        low, high = sorted((self._rank, peer))
+        key = (peer, index)
+        found = self._pairs.get(key)
+        if found is None:
+            with self._lock:
+                found = self._pairs.get(key)
+                if found is None:
+                    store = dist.PrefixStore(f"pjrt_p2p/{low}/{high}/{index}", self._store)
+                    found = self._pairs[key] = _GroupMesh.meet(store, 0 if self._rank == low else 1, 2, index,
+                                                                self._timeout, 0)
+        return found
 
     # ------------------------------------------------------------ plumbing
 
@@ -306,6 +374,8 @@ class ProcessGroupJax(dist.ProcessGroup):
         _tensor.write(t.detach() if t.requires_grad else t, value)
 
     def _engine(self, t: torch.Tensor) -> "_GroupMesh":
+        if self._p2p:
+            self._flush_p2p()  # the group's operations run in the order they were called
         index = t.device.index or 0
         found = self._meshes.get(index)
         if found is None:
@@ -317,6 +387,29 @@ class ProcessGroupJax(dist.ProcessGroup):
                     found = self._meshes[index] = _GroupMesh.meet(self._store, self._rank, self._size, index,
                                                                   self._timeout, len(self._meshes))
         return found
+
+
+class _P2PWork(dist.Work):
+    """The Work of a queued send or receive: waiting runs the queue."""
+
+    def __init__(self, group: ProcessGroupJax, tensors: list) -> None:
+        super().__init__()
+        self._group = group
+        self._tensors = tensors
+
+    def wait(self, timeout: Any = None) -> bool:
+        if self._group._p2p:
+            _x64_if_loaded(ProcessGroupJax._flush_p2p)(self._group)
+        return True
+
+    def is_completed(self) -> bool:
+        return not self._group._p2p
+
+    def get_future(self) -> Any:
+        self.wait()
+        future = torch.futures.Future()
+        future.set_result(self._tensors)
+        return future
 
 
 class _GroupMesh:
@@ -448,6 +541,10 @@ class _GroupMesh:
         """``chunks``: (ranks, *chunk), row r meant for rank r; the reduction
         over every rank of their row for this rank: (1, *chunk)."""
         return self._run(("reduce_scatter", op), chunks, _reducer(op), split=True)
+
+    def transfer(self, local: Any, sender: int) -> Any:
+        """A two-rank mesh: the ``sender``'s (0 or 1) value, on both."""
+        return self._run(("send/recv", sender), local, functools.partial(_take, sender))
 
     def all_to_all(self, chunks: Any) -> Any:
         """``chunks``: (ranks, *chunk), row r for rank r; returns (ranks,
