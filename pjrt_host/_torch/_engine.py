@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import sys
 import threading
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -215,6 +218,35 @@ _lock = threading.Lock()
 class _Entry(NamedTuple):
     fn: Any  #: (*dyn) -> the op's result arrays
     plan: _meta.OutputPlan  #: how they come back (ignored for in-place / out=)
+    raw: Any = None  #: the traceable function, for an in-place / out= op that may donate what it overwrites
+    donating: dict | None = None  #: donated positions in dyn -> fn jitted with them donated (built on first use)
+
+
+#: An in-place or out= op donates the storage array it overwrites when
+#: nothing else holds it (PJRT_HOST_DONATE=0: never): XLA then writes the
+#: result into the same buffer, so ``bucket[i:j].copy_(g)`` or ``x[k] += 1``
+#: on a large tensor updates it in place instead of copying all of it.
+_DONATE = os.environ.get("PJRT_HOST_DONATE", "1") != "0"
+#: References to a storage's array when nothing else holds it: the
+#: storage's attribute, the call's argument list, the local below and
+#: getrefcount's own argument.
+_SOLE_REFS = 4
+
+
+def _sole_positions(dyn: list, storages: list) -> tuple[int, ...]:
+    """Positions in ``dyn`` of the arrays of ``storages`` that nothing but
+    their storage holds (a clone sharing the array, an array lent out
+    through interop, the same array passed twice: not donated)."""
+    positions = []
+    for st in storages:
+        arr = st.array
+        if arr is None or sys.getrefcount(arr) > _SOLE_REFS:
+            continue
+        for i, x in enumerate(dyn):
+            if x is arr:
+                positions.append(i)
+                break
+    return tuple(positions)
 
 
 class CompiledOp:
@@ -295,7 +327,23 @@ class CompiledOp:
             entry = self._build(key, args, kwargs, out_targets, cfg)
         try:
             try:
-                result = entry.fn(*dyn)
+                if entry.raw is not None and type(place) is int and not self.in_trial:
+                    written = [args[self.inplace]._storage] if self.inplace is not None else \
+                        [t._storage for t in out_targets]
+                    donated = _sole_positions(dyn, written)
+                    if donated:
+                        fn = entry.donating.get(donated)
+                        if fn is None:
+                            fn = entry.donating[donated] = jax.jit(entry.raw, donate_argnums=donated)
+                            with warnings.catch_warnings():  # an unusable donated buffer is freed all the same
+                                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                                result = fn(*dyn)
+                        else:
+                            result = fn(*dyn)
+                    else:
+                        result = entry.fn(*dyn)
+                else:
+                    result = entry.fn(*dyn)
             except _CONCRETE_ERRORS:
                 self.eager = True
                 self.cache.clear()
@@ -505,7 +553,10 @@ class CompiledOp:
             def fn(*dyn):
                 call_args, call_kwargs, _, _, ctx = decode(dyn)
                 return _lowerings.invoke(lowering, call_args, call_kwargs, ctx, result_dtypes)
-        entry = _Entry(fn if (self.eager or not cfg.jit) else jax.jit(fn), plan)
+        jitted = not (self.eager or not cfg.jit)
+        writes = self.inplace is not None or bool(out_targets)
+        entry = _Entry(jax.jit(fn) if jitted else fn, plan, fn if (jitted and writes and _DONATE) else None,
+                       {} if (jitted and writes and _DONATE) else None)
         with _lock:
             if len(self.cache) > 512:  # shapes that never repeat: bound the memory
                 self.cache.clear()

@@ -21,6 +21,8 @@ installed on :class:`JaxTensor` once by ``_registration``.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import weakref
 from typing import Any, Callable
 
@@ -415,18 +417,30 @@ def write(t: JaxTensor, value: Any) -> None:
             value = jnp.broadcast_to(value, storage.shape)
         storage.array = value
     else:
-        storage.array = _view_writer(view.static)(storage.get(), view.run_offset, value)
+        arr = storage.get()
+        # Nothing else holds the array (the attribute, ``arr``, getrefcount's
+        # argument): donated, so XLA writes the view's elements in place.
+        sole = _DONATE and sys.getrefcount(arr) <= 3 and value is not arr
+        storage.array = _view_writer(view.static, sole)(arr, view.run_offset, value)
+        del arr
     storage.version += 1
     _last[storage.device_index] = _weak(storage.array)
 
 
-def _view_writer(static: tuple) -> Any:
+#: PJRT_HOST_DONATE=0: writes through a view never donate the storage's array.
+_DONATE = os.environ.get("PJRT_HOST_DONATE", "1") != "0"
+
+
+def _view_writer(static: tuple, donate: bool = False) -> Any:
     """jit: (storage array, run-time offset, value) -> the storage array with
-    the view's elements replaced (one per view layout)."""
-    fn = _write_cache.get(static)
+    the view's elements replaced (one per view layout; ``donate``: the
+    storage array given up to the result)."""
+    fn = _write_cache.get((static, donate))
     if fn is None:
-        fn = _write_cache[static] = jax.jit(
-            lambda a, off, v: _views.write(a, static, off, jnp.broadcast_to(v, static[1])))
+        def body(a, off, v):
+            return _views.write(a, static, off, jnp.broadcast_to(v, static[1]))
+
+        fn = _write_cache[(static, donate)] = jax.jit(body, donate_argnums=(0,) if donate else ())
     return fn
 
 
