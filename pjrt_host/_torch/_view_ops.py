@@ -136,15 +136,21 @@ def _view_dtype(self: JaxTensor, r: _ViewResult) -> JaxTensor:
     """``view(dtype)``: the same bytes read as ``r.dtype`` (torch's meta
     kernel has checked the shape and given ``r``'s sizes, strides and
     offset, counted in the new elements): a view, whose writes reach
-    ``self`` and the other way round.  Where the device holds a dtype in
-    another width (a plugin's ``unsupported_dtypes``), or the storage's
-    size is not a multiple of the new element's, the bytes torch would read
-    do not exist as such: the result is computed as a new tensor."""
+    ``self`` and the other way round.  Where the storage's size is not a
+    multiple of the new element's, the result is computed as a new tensor;
+    where the device holds either dtype in another width (a plugin's
+    ``unsupported_dtypes``), the bytes torch would read do not exist there
+    and the error says to convert."""
     storage = self._storage
     target = np.dtype(jax_dtype(r.dtype))
     held = np.dtype(storage.jax_dtype)
-    if (held.itemsize == self.element_size() and target.itemsize == r.dtype.itemsize
-            and storage.nbytes % target.itemsize == 0):
+    if held.itemsize != self.element_size() or target.itemsize != r.dtype.itemsize:
+        held_as = f"{self.dtype} as {held}" if held.itemsize != self.element_size() else f"{r.dtype} as {target}"
+        raise NotImplementedError(
+            f"pjrt_host: tensor.view({r.dtype}) of a {self.dtype} tensor: this device holds {held_as} (the "
+            f"plugin's unsupported_dtypes), so the bytes torch would read do not exist there; convert the values "
+            f"instead (t.to({r.dtype}))")
+    if storage.nbytes % target.itemsize == 0:
         return make(storage, r.size, r.dtype, r.stride, r.offset, view_for(storage, r.size, r.stride, r.offset, target))
     values = _views.as_elements(read(self).reshape(-1) if self.numel() else read(self).reshape(0), target)
     return wrap_array(values.reshape(r.size), storage.device_index, r.dtype, storage.place)

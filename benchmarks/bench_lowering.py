@@ -1,0 +1,257 @@
+"""Lowering quality at XLA's limit: a training step (forward + backward)
+compiled with ``torch.compile(backend='jax')`` against the same network
+hand-written in ``jax.numpy`` / ``lax`` and run as one
+``jax.jit(jax.value_and_grad(...))``, on the same device, in the same run.
+
+- ResNet-18 (convolutions, batch norm in training mode with its running
+  statistics updated, max pooling, a linear head, cross entropy);
+- a GPT-2-style block (layer norms, causal self-attention through
+  ``scaled_dot_product_attention``, a tanh-GELU MLP, residuals).
+
+Both sides compute the same function from the same parameters: each
+benchmark first checks that the losses and one gradient agree, so a ratio
+compares two ways of running one network.  Goal (issue 19): compiled torch
+<= 1.1x hand-written JAX.
+
+    python benchmarks/bench_lowering.py [--rounds 5] [--steps 5] [--only resnet|block]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+import pjrt_host  # noqa: F401
+
+nn = torch.nn
+
+
+# ---------------------------------------------------------------- ResNet-18 (torch)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + (x if self.down is None else self.down(x)))
+
+
+class ResNet18(nn.Module):
+    """torchvision's resnet18, written out (torchvision is not a dependency)."""
+
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        layers, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers.append(nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)))
+            cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(512, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
+        x = self.layers(x)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# ---------------------------------------------------------------- ResNet-18 (jax)
+
+
+def jax_resnet(jnp, lax):
+    def conv(x, w, stride, pad):
+        return lax.conv_general_dilated(x, w, (stride, stride), [(pad, pad), (pad, pad)],
+                                        dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+    def bn(x, p, name, stats):
+        mean = x.mean((0, 2, 3))
+        var = x.var((0, 2, 3))
+        n = x.size // x.shape[1]
+        stats[name + ".running_mean"] = 0.9 * p[name + ".running_mean"] + 0.1 * mean
+        stats[name + ".running_var"] = 0.9 * p[name + ".running_var"] + 0.1 * var * n / (n - 1)
+        inv = lax.rsqrt(var + 1e-5) * p[name + ".weight"]
+        return (x - mean[None, :, None, None]) * inv[None, :, None, None] + p[name + ".bias"][None, :, None, None]
+
+    def block(x, p, name, stride, stats):
+        out = jnp.maximum(bn(conv(x, p[name + ".conv1.weight"], stride, 1), p, name + ".bn1", stats), 0)
+        out = bn(conv(out, p[name + ".conv2.weight"], 1, 1), p, name + ".bn2", stats)
+        if name + ".down.0.weight" in p:
+            x = bn(conv(x, p[name + ".down.0.weight"], stride, 0), p, name + ".down.1", stats)
+        return jnp.maximum(out + x, 0)
+
+    def loss(params, buffers, x, y):
+        p = {**params, **buffers}
+        stats: dict = {}
+        h = jnp.maximum(bn(conv(x, p["conv1.weight"], 2, 3), p, "bn1", stats), 0)
+        h = lax.reduce_window(h, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), [(0, 0), (0, 0), (1, 1), (1, 1)])
+        for i, stride in enumerate((1, 2, 2, 2)):
+            h = block(h, p, f"layers.{i}.0", stride, stats)
+            h = block(h, p, f"layers.{i}.1", 1, stats)
+        logits = h.mean((2, 3)) @ p["fc.weight"].T + p["fc.bias"]
+        logp = logits - jax_logsumexp(jnp, logits)
+        return -jnp.take_along_axis(logp, y[:, None], 1).mean(), stats
+
+    return loss
+
+
+def jax_logsumexp(jnp, x):
+    m = x.max(-1, keepdims=True)
+    return m + jnp.log(jnp.exp(x - m).sum(-1, keepdims=True))
+
+
+# ---------------------------------------------------------------- GPT-2 block
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(width)
+        self.c_attn = nn.Linear(width, 3 * width)
+        self.c_proj = nn.Linear(width, width)
+        self.ln_2 = nn.LayerNorm(width)
+        self.c_fc = nn.Linear(width, 4 * width)
+        self.mlp_proj = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(a.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+def jax_block(jnp, heads):
+    def ln(x, p, name):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) / jnp.sqrt(var + 1e-5) * p[name + ".weight"] + p[name + ".bias"]
+
+    def lin(x, p, name):
+        return x @ p[name + ".weight"].T + p[name + ".bias"]
+
+    def loss(params, buffers, x, y):
+        p = params
+        b, t, c = x.shape
+        d = c // heads
+        q, k, v = jnp.split(lin(ln(x, p, "ln_1"), p, "c_attn"), 3, axis=2)
+        q, k, v = (z.reshape(b, t, heads, d).transpose(0, 2, 1, 3) for z in (q, k, v))
+        s = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(d)
+        s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+        s = s - s.max(-1, keepdims=True)
+        w = jnp.exp(s)
+        a = (w / w.sum(-1, keepdims=True)) @ v
+        h = x + lin(a.transpose(0, 2, 1, 3).reshape(b, t, c), p, "c_proj")
+        g = lin(ln(h, p, "ln_2"), p, "c_fc")
+        g = 0.5 * g * (1 + jnp.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+        out = h + lin(g, p, "mlp_proj")
+        return ((out - y) ** 2).mean(), {}
+
+    return loss
+
+
+# ---------------------------------------------------------------- running both
+
+
+def _compare(name, model, x, y, torch_loss, jax_loss_fn, rounds, steps):
+    import jax
+    import numpy as np
+
+    from pjrt_host._torch._tensor import read
+
+    model = model.to("jax")
+    xj, yj = x.to("jax"), y.to("jax")
+
+    def torch_step(x, y):
+        loss = torch_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    compiled = torch.compile(torch_step, backend="jax")
+
+    def run_torch():
+        for p in model.parameters():
+            p.grad = None
+        loss = compiled(xj, yj)
+        torch.jax.synchronize()
+        return loss
+
+    params = {k: read(v.detach()) for k, v in model.named_parameters()}
+    buffers = {k: read(v) for k, v in model.named_buffers() if "num_batches" not in k}
+    xa, ya = read(xj), read(yj)
+    grad_step = jax.jit(jax.value_and_grad(jax_loss_fn, has_aux=True))
+
+    def run_jax():
+        (loss, stats), grads = grad_step(params, buffers, xa, ya)
+        jax.block_until_ready((loss, grads, stats))
+        return loss, grads
+
+    t0 = time.perf_counter()
+    torch_value = run_torch().item()
+    t_compile_torch = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    jax_value, jax_grads = run_jax()
+    t_compile_jax = time.perf_counter() - t0
+    first = next(iter(params))
+    got = np.asarray(read(dict(model.named_parameters())[first].grad))
+    want = np.asarray(jax_grads[first])
+    grad_err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-12))
+    assert abs(torch_value - float(jax_value)) <= 1e-3 * max(1.0, abs(float(jax_value))), (torch_value, jax_value)
+    assert grad_err < 1e-2, grad_err
+
+    best = {"torch": float("inf"), "jax": float("inf")}
+    for _ in range(rounds):  # interleaved rounds, best of each
+        for side, fn in (("torch", run_torch), ("jax", run_jax)):
+            t = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            best[side] = min(best[side], (time.perf_counter() - t) / steps)
+    print(f"{name}: loss {torch_value:.5f} (jax {float(jax_value):.5f}), {first} grad rel. err {grad_err:.1e}; "
+          f"first call torch {t_compile_torch:.1f} s, jax {t_compile_jax:.1f} s")
+    print(f"  fwd+bwd step: torch.compile(backend='jax') {best['torch'] * 1e3:.2f} ms, hand-written jax.jit "
+          f"{best['jax'] * 1e3:.2f} ms; ratio {best['torch'] / best['jax']:.2f} (goal <= 1.1)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--image", type=int, default=64)
+    parser.add_argument("--only", choices=("resnet", "block"))
+    args = parser.parse_args()
+    import jax.numpy as jnp
+    from jax import lax
+
+    torch.manual_seed(0)
+    if args.only in (None, "resnet"):
+        x = torch.randn(args.batch, 3, args.image, args.image)
+        y = torch.randint(0, 1000, (args.batch,))
+        _compare(f"ResNet-18 (batch {args.batch}, {args.image}x{args.image})", ResNet18(), x, y, F.cross_entropy,
+                 jax_resnet(jnp, lax), args.rounds, args.steps)
+    if args.only in (None, "block"):
+        width, heads = 256, 4
+        x = torch.randn(8, 128, width)
+        y = torch.randn(8, 128, width)
+        _compare(f"GPT-2 block (batch 8, 128 tokens, width {width}, {heads} heads)", GPT2Block(width, heads), x, y,
+                 F.mse_loss, jax_block(jnp, heads), args.rounds, args.steps)
+
+
+if __name__ == "__main__":
+    main()
