@@ -143,7 +143,7 @@ def _view_dtype(self: JaxTensor, r: _ViewResult) -> JaxTensor:
     and the error says to convert."""
     storage = self._storage
     target = np.dtype(jax_dtype(r.dtype))
-    held = np.dtype(storage.jax_dtype)
+    held = np.dtype(storage.jax_dtype if self._view is None or self._view.elem is None else self._view.elem)
     if held.itemsize != self.element_size() or target.itemsize != r.dtype.itemsize:
         held_as = f"{self.dtype} as {held}" if held.itemsize != self.element_size() else f"{r.dtype} as {target}"
         raise NotImplementedError(
