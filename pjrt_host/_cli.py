@@ -253,6 +253,7 @@ def _plugin_members(record: PluginRecord) -> dict[str, Any]:
         "class": f"{type(plugin).__module__}.{type(plugin).__qualname__}",
         "jaxlib_backend": plugin.jaxlib_backend if record.library is None else None,
         "dense_gather_factor": plugin.dense_gather_factor,
+        "conv_as_matmul_max_positions": plugin.conv_as_matmul_max_positions,
         "unsupported_dtypes": dict(plugin.unsupported_dtypes),
         "zero_copy_torch_devices": list(plugin.zero_copy_torch_devices),
     }

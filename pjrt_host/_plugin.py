@@ -56,6 +56,14 @@ class DevicePlugin:
     #: always use XLA's sparse gather.
     dense_gather_factor: ClassVar[int] = 0
 
+    #: Convolutions (2-d, not transposed, ungrouped) whose output has at
+    #: most this many positions per image (out height x out width) are
+    #: lowered as image patches times the kernel (one matmul), which some
+    #: compilers run far faster than their convolution when the image is
+    #: small and the channels many.  Default 0: always the compiler's
+    #: convolution.  (XLA:CPU, the reference plugin: 64.)
+    conv_as_matmul_max_positions: ClassVar[int] = 0
+
     #: dtypes the device cannot hold, mapped to the dtype used instead, by
     #: torch dtype name without the ``torch.`` prefix, e.g.
     #: ``{"float64": "float32"}``.  The host maps such tensors and warns once

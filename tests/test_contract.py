@@ -24,7 +24,7 @@ def test_defaults_are_those_of_the_simplest_device():
     assert plugin.configure_single_process() is None
     assert plugin.configure_multiprocess(0, 2) is None
     assert plugin.host_index() is None
-    assert plugin.dense_gather_factor == 0
+    assert plugin.dense_gather_factor == 0 and plugin.conv_as_matmul_max_positions == 0
     assert dict(plugin.unsupported_dtypes) == {} and plugin.zero_copy_torch_devices == ()
     assert plugin.priority == 100 and plugin.describe() == "DevicePlugin"
 
@@ -37,7 +37,7 @@ def test_every_public_member_is_documented():
             assert member.__doc__, f"DevicePlugin.{name} has no docstring"
     source = (REPO / "pjrt_host" / "_plugin.py").read_text()
     for attr in ("display_name", "priority", "jaxlib_backend", "dense_gather_factor",
-                 "unsupported_dtypes", "zero_copy_torch_devices"):
+                 "conv_as_matmul_max_positions", "unsupported_dtypes", "zero_copy_torch_devices"):
         assert f"#: " in source.split(f"    {attr}:")[0].rsplit("\n\n", 1)[-1], f"{attr} has no doc comment"
 
 

@@ -382,6 +382,42 @@ def test_dense_gather_matches_sparse() -> None:
     np.testing.assert_array_equal(np.asarray(dense1), np.asarray(x)[:, np.asarray(index)])
 
 
+@pytest.mark.parametrize("shape,kernel,stride,padding,dilation", [
+    ((2, 8, 5, 5), (6, 8, 3, 3), (1, 1), (1, 1), (1, 1)),
+    ((2, 8, 9, 7), (4, 8, 3, 2), (2, 1), (0, 1), (1, 1)),
+    ((1, 4, 8, 8), (4, 4, 3, 3), (1, 2), (2, 1), (2, 1)),
+    ((2, 3, 16, 16), (5, 3, 7, 7), (2, 2), (3, 3), (1, 1)),
+])
+def test_convolution_as_matmul_equals_the_convolution(shape, kernel, stride, padding, dilation) -> None:
+    """The plugin's conv_as_matmul_max_positions switches a convolution to
+    patches x kernel: the same values and gradients as XLA's convolution
+    for strides, paddings, dilations and rectangular kernels."""
+    from pjrt_host._lowerings import ops_nn
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
+    w = jnp.asarray(rng.standard_normal(kernel, dtype=np.float32))
+    b = jnp.asarray(rng.standard_normal(kernel[0], dtype=np.float32))
+    _lowerings.load_all()
+
+    def run(limit):
+        def f(x_, w_):
+            return ops_nn.convolution(x_, w_, b, list(stride), list(padding), list(dilation), False, [0], 1)
+
+        ctx = _lowerings.LoweringContext(conv_as_matmul_max_positions=limit)
+        probe = _lowerings.Lowering(lambda: (ops_nn._as_matmul(x, w, stride, padding, dilation, 1),
+                                             f(x, w), jax.grad(lambda a, c: (f(a, c) ** 2).sum(), (0, 1))(x, w)),
+                                    ("probe",))
+        return _lowerings.invoke(probe, (), {}, ctx)
+
+    used_xla, out_xla, grads_xla = run(0)
+    used_mm, out_mm, grads_mm = run(4096)
+    assert not used_xla and used_mm
+    np.testing.assert_allclose(np.asarray(out_mm), np.asarray(out_xla), rtol=1e-4, atol=1e-4)
+    for g_mm, g_xla in zip(grads_mm, grads_xla):
+        np.testing.assert_allclose(np.asarray(g_mm), np.asarray(g_xla), rtol=1e-4, atol=1e-3)
+
+
 SPECIAL_FUNCTIONS = ("airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_k0",
                      "modified_bessel_k1", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1")
 

@@ -133,12 +133,14 @@ def contract(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
 
     with rec.check("properties") as info:
         problems = []
-        for attr, kind in (("priority", int), ("dense_gather_factor", int), ("jaxlib_backend", str)):
+        for attr, kind in (("priority", int), ("dense_gather_factor", int), ("conv_as_matmul_max_positions", int),
+                           ("jaxlib_backend", str)):
             value = getattr(plugin, attr)
             if not isinstance(value, kind) or isinstance(value, bool):
                 problems.append(f"{attr} is {value!r}, expected {kind.__name__}")
-        if plugin.dense_gather_factor < 0:
-            problems.append(f"dense_gather_factor is {plugin.dense_gather_factor}, expected >= 0")
+        for attr in ("dense_gather_factor", "conv_as_matmul_max_positions"):
+            if isinstance(getattr(plugin, attr), int) and getattr(plugin, attr) < 0:
+                problems.append(f"{attr} is {getattr(plugin, attr)}, expected >= 0")
         for src, dst in dict(plugin.unsupported_dtypes).items():
             for n in (src, dst):
                 if not isinstance(getattr(torch, str(n), None), torch.dtype):
@@ -162,6 +164,7 @@ def contract(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
         if problems:
             raise AssertionError("; ".join(problems))
         info["detail"] = (f"priority {plugin.priority}, dense_gather_factor {plugin.dense_gather_factor}, "
+                          f"conv_as_matmul_max_positions {plugin.conv_as_matmul_max_positions}, "
                           f"unsupported_dtypes {dict(plugin.unsupported_dtypes)}, zero_copy_torch_devices "
                           f"{list(plugin.zero_copy_torch_devices)}, physical_chip_count {chips}")
 

@@ -40,6 +40,8 @@ class LoweringContext:
     #: The plugin's ``dense_gather_factor``: gathers of at most this many
     #: indices per gathered row become one-hot matmuls (0: never).
     dense_gather_factor: int = 0
+    #: The plugin's ``conv_as_matmul_max_positions`` (0: never).
+    conv_as_matmul_max_positions: int = 0
     #: A jax PRNG key for lowerings that need one (drawn per call by the
     #: caller from the device's random state); None where no random op runs.
     rng_key: Any = None

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import lowering
-from ._invoke import REDUCED_FLOATS
+from ._invoke import REDUCED_FLOATS, current_context
 from ._util import as_stored, cast, promote, take, torch_dtype_of
 
 def _accumulate(*xs):
@@ -130,12 +130,46 @@ def _spatial_spec(n):
     return ("NC" + letters, "OI" + letters, "NC" + letters)
 
 
+def _as_matmul(x, weight, stride, padding, dilation, groups) -> bool:
+    """Whether the plugin asks for this convolution as patches x kernel
+    (``conv_as_matmul_max_positions``): 2-d, ungrouped, an output of at most
+    that many positions per image."""
+    limit = current_context().conv_as_matmul_max_positions
+    if not limit or groups != 1 or weight.ndim != 4 or x.ndim != 4:
+        return False
+    out = [(size + 2 * p - d * (k - 1) - 1) // s + 1
+           for size, k, s, p, d in zip(x.shape[2:], weight.shape[2:], stride, padding, dilation)]
+    return 0 < out[0] * out[1] <= limit and weight.shape[2] * weight.shape[3] > 1
+
+
+def _conv2d_as_matmul(x, weight, stride, padding, dilation):
+    """A 2-d convolution as one matmul: the kernel's taps gather shifted,
+    strided views of the padded input into patches (N, C*kh*kw, positions),
+    which the kernel (O, C*kh*kw) multiplies.  Its gradient is the same
+    shape of computation (slices and a matmul)."""
+    n, c, h, w = x.shape
+    o, _, kh, kw = weight.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    xp = jnp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    taps = [jax.lax.slice(xp, (0, 0, i * dh, j * dw), (n, c, i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1),
+                          (1, 1, sh, sw))
+            for i in range(kh) for j in range(kw)]
+    patches = jnp.stack(taps, axis=2).reshape(n, c * kh * kw, ho * wo)
+    out = jnp.einsum("ok,nkp->nop", weight.reshape(o, c * kh * kw), patches,
+                     preferred_element_type=_accumulate(x, weight))
+    return out.reshape(n, o, ho, wo)
+
+
 @lowering("aten::convolution", "aten::_convolution", opmath=False)
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *_flags):
     n = weight.ndim - 2
     stride, padding, dilation = (list(v) * n if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     output_padding = list(output_padding) * n if len(output_padding) == 1 else list(output_padding)
-    if not transposed:
+    if not transposed and _as_matmul(x, weight, stride, padding, dilation, groups):
+        out = _conv2d_as_matmul(x, weight, stride, padding, dilation)
+    elif not transposed:
         out = jax.lax.conv_general_dilated(
             x, weight, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
             dimension_numbers=_spatial_spec(n), feature_group_count=groups,

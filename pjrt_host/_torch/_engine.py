@@ -53,7 +53,7 @@ def op_name(func: Any) -> str:
 # ---------------------------------------------------------------- context
 
 _contexts: dict[Any, LoweringContext] = {}
-_gather_factor: int | None = None
+_plugin_options: dict | None = None
 
 
 def lowering_context(cfg: _config.Config) -> LoweringContext:
@@ -61,11 +61,12 @@ def lowering_context(cfg: _config.Config) -> LoweringContext:
     (no random key: a caller that runs random ops adds its own)."""
     ctx = _contexts.get(cfg)
     if ctx is None:
-        global _gather_factor
-        if _gather_factor is None:
-            _gather_factor = int(getattr(_runtime.plugin(), "dense_gather_factor", 0) or 0)
-        ctx = _contexts[cfg] = LoweringContext(matmul_precision=cfg.matmul_precision,
-                                               dense_gather_factor=_gather_factor)
+        global _plugin_options
+        if _plugin_options is None:
+            plugin = _runtime.plugin()
+            _plugin_options = {name: int(getattr(plugin, name, 0) or 0)
+                               for name in ("dense_gather_factor", "conv_as_matmul_max_positions")}
+        ctx = _contexts[cfg] = LoweringContext(matmul_precision=cfg.matmul_precision, **_plugin_options)
     return ctx
 
 
