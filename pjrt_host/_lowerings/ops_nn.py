@@ -633,7 +633,18 @@ def max_pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     n = len(kernel_size) if len(kernel_size) > 1 else None
     if n is None:  # a single size: the op's own rank decides, via the input
         n = max(x.ndim - 2, 1)
-    return _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n)[0]
+    k = _tuple(kernel_size, n)
+    s = _tuple(stride, n) if stride else k
+    p, d = _tuple(padding, n), _tuple(dilation, n)
+    # The values alone (no indices): one reduce_window, not a gather of
+    # every window (about 10x faster on XLA:CPU).
+    lead = x.ndim - n
+    pads = [(0, 0)] * lead
+    for size, kk, ss, pp, dd in zip(x.shape[lead:], k, s, p, d):
+        out = _pool_out_size(size, kk, ss, pp, dd, ceil_mode)
+        pads.append((pp, max((out - 1) * ss + dd * (kk - 1) + 1 - size - pp, 0)))
+    return jax.lax.reduce_window(x, jnp.asarray(_lowest(x.dtype), x.dtype), jax.lax.max, (1,) * lead + tuple(k),
+                                 (1,) * lead + tuple(s), pads, window_dilation=(1,) * lead + tuple(d))
 
 
 def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n):
