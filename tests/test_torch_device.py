@@ -795,10 +795,11 @@ def _errors(program):
     lambda d: torch.ones(5, 4, 3, device=d)[:, torch.zeros(4, 4, dtype=torch.bool, device=d)],
     lambda d: torch.ones(2, 3, 4, device=d)[False, [0, 1], ...],
     lambda d: torch.ops.aten.index.Tensor(torch.ones(1, device=d), []),
+    lambda d: torch.rand([], device=d).index_put([], torch.tensor([1.0], device=d), True),
     lambda d: torch.randn(3, device=d).clamp(),
     lambda d: torch.nonzero(torch.tensor([0, 1], device=d), out=torch.empty(0, device=d)),
 ], ids=["broadcast", "broadcast-put", "float-index", "mask-shape", "mask-shape-dim1", "bool-scalar", "no-index",
-        "clamp", "nonzero-out"])
+        "put-no-index", "clamp", "nonzero-out"])
 def test_bad_arguments_raise_cpus_error_type_and_text(program):
     """torch's meta kernels raise RuntimeError (or ValueError) where its CPU
     and cuda kernels raise IndexError; users and PyTorch's own tests catch

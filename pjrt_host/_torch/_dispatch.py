@@ -75,7 +75,7 @@ _BYTE_MASK_OPS = ("aten::index.Tensor", "aten::_unsafe_index.Tensor", "aten::ind
                   "aten::_index_put_impl_", "aten::_unsafe_index_put")
 
 
-def _indices_as_torch_reads_them(handler: Handler) -> Handler:
+def _indices_as_torch_reads_them(handler: Handler, name: str) -> Handler:
     """The indices of an indexing op as torch reads them, before the op's
     own checks: a uint8 index tensor is a boolean mask (deprecated, with its
     warning, once per such mask), and an index tensor on the CPU is moved to
@@ -86,7 +86,7 @@ def _indices_as_torch_reads_them(handler: Handler) -> Handler:
     def handle(args: tuple, kwargs: dict) -> Any:
         indices = args[1] if len(args) > 1 else kwargs.get("indices")
         if isinstance(indices, (list, tuple)) and isinstance(args[0], _tensor.JaxTensor):
-            _index_checks.check_structure(args[0], indices)
+            _index_checks.check_structure(args[0], indices, reads=name.endswith("index.Tensor"))
             if any(isinstance(i, torch.Tensor) and (i.dtype == torch.uint8 or not isinstance(i, _tensor.JaxTensor))
                    for i in indices):
                 moved = []
@@ -113,7 +113,7 @@ def handler_for(func: Any) -> Handler:
     if check is not None:
         handler = _checked(handler, name, check)
     if name in _BYTE_MASK_OPS:  # outermost: the index checks see the indices as the op reads them
-        handler = _indices_as_torch_reads_them(handler)
+        handler = _indices_as_torch_reads_them(handler, name)
     elif _index_checks.indexes_along_dim(name):
         handler = _index_moved_to_device(handler)
     return handler

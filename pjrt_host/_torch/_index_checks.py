@@ -45,15 +45,18 @@ _local = threading.local()  # .op: the op being checked, .deferred: check at the
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
 
 
-def check_structure(x: Any, indices: Any) -> None:
+def check_structure(x: Any, indices: Any, reads: bool) -> None:
     """CPU's IndexError for indices that cannot index ``x`` whatever their
-    values: none given, a dtype that cannot index, a mask whose shape is not
-    the indexed dims', index shapes that do not broadcast together.  (The
-    meta kernels raise RuntimeError for these; torch's CPU and cuda kernels
-    IndexError.)  A mask's count is read only when it must broadcast with
-    another index."""
+    values: none given to a read (``reads``: aten::index; an index put with
+    none writes the whole tensor), a dtype that cannot index, a mask whose
+    shape is not the indexed dims', index shapes that do not broadcast
+    together.  (The meta kernels raise RuntimeError for these; torch's CPU
+    and cuda kernels IndexError.)  A mask's count is read only when it must
+    broadcast with another index."""
     if len(indices) == 0:
-        raise IndexError("at least one index must be provided")
+        if reads:
+            raise IndexError("at least one index must be provided")
+        return
     shapes: list = []  # per index tensor after masks expand: a shape, or a mask awaiting its count
     dim = 0
     for i in indices:
