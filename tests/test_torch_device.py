@@ -504,6 +504,63 @@ def test_changing_scalars_do_not_recompile_forever():
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
+def test_small_random_tensors_of_new_shapes_do_not_compile_each_shape():
+    """rand / randn / randint of at most 64k elements draw in power-of-two
+    buckets: shapes of one bucket compile the random program once (XLA:CPU
+    takes ~0.4 s per random program), and the draws stay reproducible."""
+    import jax
+
+    compiles = []
+
+    def listener(event: str, duration: float, **_: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    torch.rand(7, 3, device=DEV)  # bucket 32, and the cut to (7, 3)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for shape in ((5, 5), (2, 13), (29,)):  # the same bucket of 32, new shapes
+            torch.rand(*shape, device=DEV)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert len(compiles) <= 3, f"{len(compiles)} compilations for 3 shapes of one bucket (the cuts are cheap ones)"
+    torch.manual_seed(3)
+    a = torch.randn(3, 4, device=DEV)
+    torch.manual_seed(3)
+    b = torch.randn(3, 4, device=DEV)
+    torch.manual_seed(3)
+    c = torch.randn(10, device=DEV)
+    assert torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu().reshape(-1)[:10], c.cpu())
+    assert torch.randint(3, 9, (40,), device=DEV).cpu().min() >= 3 and a.shape == (3, 4)
+
+
+def test_in_place_writes_donate_only_arrays_nothing_else_holds():
+    """An in-place op or a write through a view gives the storage's old
+    buffer to the computation when nothing else holds its array (XLA then
+    writes the result into that same buffer); a clone sharing the array, an
+    array lent out, or the array passed twice, keep their values."""
+    def buffer(t):
+        return t._storage.array.unsafe_buffer_pointer()
+
+    x = torch.arange(8.0, device=DEV)
+    before = buffer(x)
+    x.add_(1)
+    x[2:4].mul_(10)
+    x[5:6].copy_(torch.tensor([-1.0], device=DEV))
+    assert x.cpu().tolist() == [1.0, 2.0, 30.0, 40.0, 5.0, -1.0, 7.0, 8.0]
+    assert buffer(x) == before  # updated in place, three times
+    y = torch.arange(8.0, device=DEV)
+    kept = y._storage.array  # lent out: must survive
+    z = y.clone()  # shares the array until one of the two is written
+    y.add_(1)
+    y[0:2].mul_(3)
+    assert not kept.is_deleted() and kept.tolist() == list(range(8))
+    assert z.cpu().tolist() == [float(i) for i in range(8)] and y.cpu().tolist()[:3] == [3.0, 6.0, 3.0]
+    w = torch.ones(4, device=DEV)
+    w.add_(w)  # the same array as input and target
+    assert w.cpu().tolist() == [2.0] * 4
+
+
 def test_deepcopy_and_pickle():
     import copy
     import pickle
