@@ -524,6 +524,23 @@ def test_small_random_tensors_of_new_shapes_do_not_compile_each_shape():
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert len(compiles) <= 3, f"{len(compiles)} compilations for 3 shapes of one bucket (the cuts are cheap ones)"
+    # in-place draws too, with new bounds per call, as nn.init gives each layer
+    for n, bound in ((300, 0.5), (301, 0.25)):
+        torch.empty(n, device=DEV).uniform_(-bound, bound)  # the trial of traced bounds happens here
+    draws = []
+
+    def random_programs(event: str, duration: float, **_: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration" and duration > 0.1:
+            draws.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(random_programs)
+    try:
+        for n, bound in ((302, 0.125), (333, 0.1), (400, 0.3)):
+            w = torch.empty(n, device=DEV).uniform_(-bound, bound)
+            assert float(w.abs().max()) <= bound
+    finally:
+        jax.monitoring.unregister_event_duration_listener(random_programs)
+    assert len(draws) <= 1, f"{len(draws)} slow compilations for 3 draws of one bucket with new bounds"
     torch.manual_seed(3)
     a = torch.randn(3, 4, device=DEV)
     torch.manual_seed(3)
@@ -534,6 +551,21 @@ def test_small_random_tensors_of_new_shapes_do_not_compile_each_shape():
     assert torch.randint(3, 9, (40,), device=DEV).cpu().min() >= 3 and a.shape == (3, 4)
 
 
+def test_an_op_whose_lowering_branches_on_a_scalar_stays_compiled():
+    """dropout's lowering branches on p: tracing p fails, and the op goes on
+    compiling p as a constant (it once fell back to running op by op for the
+    rest of the process)."""
+    from pjrt_host._torch import _dispatch
+
+    x = torch.ones(64, device=DEV)
+    for p in (0.1, 0.2, 0.3, 0.0, 0.5, 1.0, 0.25):
+        y = torch.nn.functional.dropout(x, p)
+        kept = y.cpu()[y.cpu() != 0]
+        assert torch.allclose(kept, torch.full_like(kept, 1 / (1 - p))) if p < 1 else not kept.numel()
+    op = _dispatch._handlers[torch.ops.aten.native_dropout.default].__self__
+    assert op.dynamic is False and op.eager is False
+
+
 def test_in_place_writes_donate_only_arrays_nothing_else_holds():
     """An in-place op or a write through a view gives the storage's old
     buffer to the computation when nothing else holds its array (XLA then
@@ -542,11 +574,15 @@ def test_in_place_writes_donate_only_arrays_nothing_else_holds():
     def buffer(t):
         return t._storage.array.unsafe_buffer_pointer()
 
+    def program(t):
+        t.add_(1)
+        t[2:4].mul_(10)
+        t[5:6].copy_(torch.tensor([-1.0], device=DEV))
+
+    program(torch.arange(8.0, device=DEV))  # compiled (an op trying traced scalars runs twice, undonated)
     x = torch.arange(8.0, device=DEV)
     before = buffer(x)
-    x.add_(1)
-    x[2:4].mul_(10)
-    x[5:6].copy_(torch.tensor([-1.0], device=DEV))
+    program(x)
     assert x.cpu().tolist() == [1.0, 2.0, 30.0, 40.0, 5.0, -1.0, 7.0, 8.0]
     assert buffer(x) == before  # updated in place, three times
     y = torch.arange(8.0, device=DEV)

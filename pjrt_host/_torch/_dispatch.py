@@ -116,7 +116,40 @@ def handler_for(func: Any) -> Handler:
         handler = _indices_as_torch_reads_them(handler, name)
     elif _index_checks.indexes_along_dim(name):
         handler = _index_moved_to_device(handler)
+    elif name in _DRAWS:
+        handler = _drawn_in_buckets(handler)
     return handler
+
+
+#: In-place random ops that fill self with draws independent of its values
+#: and of its shape (each element alike): ``nn.init`` and ``empty(n).uniform_()``.
+_DRAWS = frozenset({"aten::uniform_", "aten::normal_", "aten::exponential_", "aten::log_normal_",
+                    "aten::cauchy_", "aten::geometric_", "aten::bernoulli_.float", "aten::random_",
+                    "aten::random_.from", "aten::random_.to"})
+
+
+def _drawn_in_buckets(handler: Handler) -> Handler:
+    """A draw into a small tensor of a new shape is made in a power-of-two
+    bucket of elements and copied into it, so the random program (about
+    0.4 s to compile on XLA:CPU) compiles per bucket, not per shape (the
+    copy compiles per shape, cheaply).  Initialising a model's parameters
+    on the device meets a new shape per layer."""
+    from ._factories import bucket
+
+    def handle(args: tuple, kwargs: dict) -> Any:
+        self = args[0] if args else None
+        if isinstance(self, _tensor.JaxTensor) and type(self._storage.place) is int:
+            n = self.numel()
+            size = bucket(n)
+            if size is not None and (size != n or self._view is not None):
+                stand_in = _tensor.new_tensor((size,), self.dtype, self._storage.device_index)
+                handler((stand_in, *args[1:]), kwargs)
+                with torch.no_grad():
+                    self.copy_(stand_in[:n].view(self.shape))
+                return self
+        return handler(args, kwargs)
+
+    return handle
 
 
 def _index_moved_to_device(handler: Handler) -> Handler:

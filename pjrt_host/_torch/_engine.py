@@ -285,6 +285,7 @@ class CompiledOp:
         devs: list[int] = []
         out_targets: list[JaxTensor] = []
         generator = None
+        given = kwargs
         if not self.simple or self.dynamic:
             kwargs, out_targets, generator = self._split_kwargs(kwargs)
         try:
@@ -315,17 +316,20 @@ class CompiledOp:
         # ``index``: the torch device; ``place`` is ``index`` itself unless the
         # op runs on a mesh (an operand is sharded).
         index = place if type(place) is int else place.index
-        if self.lowering.needs_rng:
-            dyn.extend(_rng.next_key_args(index, generator))
         cfg = _config.current()
         key = (key_args, key_kwargs, targets_key, cfg)
         entry = self.cache.get(key)
         if entry is None:
             self.misses += 1
-            if self.misses > 3 and self.dynamic is None and self.scalar_slots and self.simple \
+            # A random op's scalars (bounds, mean, std, p) are tried traced
+            # from its second signature: nn.init passes new ones per layer.
+            if self.misses > (1 if self.lowering.needs_rng else 3) and self.dynamic is None and self.scalar_slots \
+                    and not self.out_names \
                     and not self.in_trial and not self.eager:
                 return self._trial_dynamic(args, kwargs)
             entry = self._build(key, args, kwargs, out_targets, cfg)
+        if self.lowering.needs_rng:  # drawn once the call runs (a trial above draws for itself)
+            dyn.extend(_rng.next_key_args(index, generator))
         try:
             try:
                 if entry.raw is not None and type(place) is int and not self.in_trial:
@@ -346,6 +350,15 @@ class CompiledOp:
                 else:
                     result = entry.fn(*dyn)
             except _CONCRETE_ERRORS:
+                if self.dynamic and _has_dynamic(key):
+                    # The lowering branches on a traced scalar's value: its
+                    # scalars compile as constants from now on (a trial then
+                    # compares two static runs).  Not eager: that would run
+                    # every later call op by op.
+                    self.dynamic = False
+                    for k in [k for k in self.cache if _has_dynamic(k)]:
+                        del self.cache[k]
+                    return self(args, given)
                 self.eager = True
                 self.cache.clear()
                 entry = self._build(key, args, kwargs, out_targets, cfg)
@@ -451,11 +464,14 @@ class CompiledOp:
         branches on a scalar's value cannot)."""
         target = args[self.inplace] if self.inplace is not None else None
         saved = target._storage.get() if target is not None else None
+        redraw = self._same_draw_again(args, kwargs)  # a random op: both runs draw the same numbers
         self.in_trial = True
         try:
             static_out = self(args, kwargs)
         finally:
             self.in_trial = False
+        if redraw is not None:
+            redraw()
         if target is not None:
             static_value = target._storage.array
             if _nbytes(static_value) > _TRIAL_BYTES:
@@ -481,6 +497,21 @@ class CompiledOp:
         if target is not None:
             target._storage.array = static_value
         return static_out
+
+    def _same_draw_again(self, args: tuple, kwargs: dict) -> Any:
+        """For a random op: a function that rewinds the random state the
+        next call draws from (the device's counter, or a generator passed
+        to the op), so a second run draws what the first did."""
+        if not self.lowering.needs_rng:
+            return None
+        generator = kwargs.get("generator")
+        if generator is not None:
+            snapshot = generator.get_state()
+            return lambda: generator.set_state(snapshot)
+        device = _first_jax_device(list(args) + list(kwargs.values()))
+        st = _rng.state(device.index or 0 if device is not None else 0)
+        counter = st.counter
+        return lambda: setattr(st, "counter", counter)
 
     def _build(self, key: Any, args: tuple, kwargs: dict, out_targets: list, cfg: _config.Config) -> _Entry:
         known, meta = _meta.run_meta(self.meta_op, args, kwargs)

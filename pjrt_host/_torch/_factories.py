@@ -33,7 +33,7 @@ from ._devices import DEVICE_NAME, device_index, sharding
 from ._dtype_policy import device_dtype
 from ._tensor import new_tensor, wrap_array
 
-__all__ = ["BUILDERS", "factory", "run", "run_named"]
+__all__ = ["BUILDERS", "bucket", "factory", "run", "run_named"]
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
     numel = math.prod(shape)
     drawn = shape
     if builder.elementwise and 0 < numel <= _BUCKETED:
-        drawn = (max(16, 1 << (numel - 1).bit_length()),)
+        drawn = (bucket(numel),)
     try:  # a bucketed draw is keyed without its size (its only list argument)
         key = (name, _freeze(args if drawn == shape else tuple(a for a in args if not isinstance(a, (list, tuple)))),
                dtype, drawn, index)
@@ -224,9 +224,16 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
     return wrap_array(arr, index, dtype)
 
 
-#: Elementwise random factories of at most this many elements are drawn in
-#: power-of-two buckets (see _Factory).
+#: Elementwise random factories and in-place draws (``uniform_``,
+#: ``normal_`` ...) of at most this many elements are drawn in power-of-two
+#: buckets (see _Factory).
 _BUCKETED = 1 << 16
+
+
+def bucket(numel: int) -> int | None:
+    """The power-of-two bucket a draw of ``numel`` elements is made in
+    (None: drawn at its own size)."""
+    return max(16, 1 << (numel - 1).bit_length()) if 0 < numel <= _BUCKETED else None
 
 
 @functools.partial(jax.jit, static_argnums=1)

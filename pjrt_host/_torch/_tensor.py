@@ -108,6 +108,7 @@ class View:
     ``kind`` is the cheapest way to read them: ``"reshape"`` (a contiguous
     reinterpretation of the whole storage), ``"perm"`` (a permutation of the
     storage's dims, e.g. ``.t()``: ``perm`` over ``perm_shape``) or
+    ``"range"`` (a contiguous run of the storage at ``offset``: a slice) or
     ``"gather"`` (anything else: flat indices ``offset + sum(i_k *
     stride_k)``).  ``elem`` is None, or the element type the view reads the
     storage's bytes as (``view(dtype)``: sizes, strides and offset count
@@ -124,7 +125,7 @@ class View:
         self.stride = stride
         self.offset = offset
         self.elem = elem
-        self.run_offset = offset if kind == "gather" else 0
+        self.run_offset = offset if kind in ("gather", "range") else 0
         self.static = (kind, size, stride if kind == "gather" else None, permutation, elem)
         self.spec = TensorSpec((storage.jax_dtype, storage.shape, self.static))
 
@@ -163,6 +164,9 @@ def view_for(storage: Storage, size: tuple[int, ...], stride: tuple[int, ...], o
         if tuple(stride[d] for d in dims) == contiguous_strides(sorted_size) and all(s > 0 for s in size):
             inverse = tuple(dims.index(d) for d in range(len(size)))
             return View(storage, "perm", size, stride, 0, (sorted_size, inverse), elem=elem)
+    if numel > 0 and _is_contiguous(size, stride) and offset + numel <= whole:
+        # A contiguous run of the storage (x[i], x[a:b]): a slice, not a gather.
+        return View(storage, "range", size, stride, offset, elem=elem)
     return View(storage, "gather", size, stride, offset, elem=elem)
 
 

@@ -4,6 +4,7 @@ through a slice or a write into one is fused with the op)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -36,6 +37,8 @@ def read(array: Any, static: tuple | None, offset: Any) -> Any:
     if kind == "perm":
         sorted_size, inverse = extra
         return jnp.transpose(array.reshape(sorted_size), inverse)
+    if kind == "range":
+        return lax.dynamic_slice_in_dim(array.reshape(-1), offset, math.prod(size)).reshape(size)
     return array.reshape(-1)[gather_index(size, stride, offset)]
 
 
@@ -54,6 +57,8 @@ def write(array: Any, static: tuple | None, offset: Any, value: Any) -> Any:
         sorted_size, inverse = extra
         forward = tuple(inverse.index(d) for d in range(len(inverse)))
         return jnp.transpose(value, forward).reshape(array.shape)
+    if kind == "range":
+        return lax.dynamic_update_slice_in_dim(array.reshape(-1), value.reshape(-1), offset, 0).reshape(array.shape)
     flat = array.reshape(-1).at[gather_index(size, stride, offset)].set(value)
     return flat.reshape(array.shape)
 
