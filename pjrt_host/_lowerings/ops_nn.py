@@ -315,6 +315,19 @@ def native_batch_norm_no_training(x, weight, bias, running_mean, running_var, mo
 def native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
                                output_mask):
     w = weight if weight is not None else jnp.ones(x.shape[1], x.dtype)
+    if train and save_mean is not None and save_invstd is not None and save_mean.size == x.shape[1]:
+        # torch's closed form from the saved statistics (no second pass over
+        # x for its mean and variance): with xhat = (x - mean) * invstd,
+        # dx = w * invstd / n * (n * g - sum(g) - xhat * sum(g * xhat)).
+        axes = (0,) + tuple(range(2, x.ndim))
+        n = x.size // x.shape[1]
+        mean, invstd = save_mean.astype(x.dtype), save_invstd.astype(x.dtype)
+        xhat = (x - _channel(mean, x)) * _channel(invstd, x)
+        g = grad_out.astype(x.dtype)
+        gb = jnp.sum(g, axis=axes)
+        gw = jnp.sum(g * xhat, axis=axes)
+        gx = _channel(w * invstd / n, x) * (n * g - _channel(gb, x) - xhat * _channel(gw, x))
+        return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb if output_mask[2] else None)
     if train:
         def forward(x_, w_):
             mean, var = _batch_stats(x_)
@@ -580,6 +593,35 @@ def _windows(x, taps):
     return values, flat, valid
 
 
+def _windows_by_slices(x, taps, k, s, p, d):
+    """Every pooling window as the last axis, [..., *out, prod(k)], built
+    from strided slices of the input padded with the dtype's lowest value
+    (cheaper than gathering flat indices), and the flat input index of
+    each tap (a constant)."""
+    n = len(taps)
+    lead = x.ndim - n
+    spatial = x.shape[lead:]
+    outs = [pos.shape[0] for pos, _ in taps]
+    pads = [(0, 0)] * lead + [(pp, max((o - 1) * ss + dd * (kk - 1) + 1 - size - pp, 0))
+                              for size, o, kk, ss, pp, dd in zip(spatial, outs, k, s, p, d)]
+    xp = jnp.pad(x, pads, constant_values=jnp.asarray(_lowest(x.dtype), x.dtype))
+    slices = []
+    for offsets in np.ndindex(*k):
+        start = [0] * lead + [o * dd for o, dd in zip(offsets, d)]
+        limit = list(xp.shape[:lead]) + [st + ss * (o - 1) + 1 for st, ss, o in zip(start[lead:], s, outs)]
+        slices.append(jax.lax.slice(xp, start, limit, [1] * lead + list(s)))
+    values = jnp.stack(slices, axis=-1)
+    flat = np.zeros(tuple(outs) + tuple(k), np.int64)
+    stride = 1
+    for i in reversed(range(n)):
+        pos, _ = taps[i]
+        shape = [1] * (2 * n)
+        shape[i], shape[n + i] = outs[i], k[i]
+        flat = flat + np.clip(pos, 0, spatial[i] - 1).reshape(shape) * stride
+        stride *= spatial[i]
+    return values, flat.reshape(tuple(outs) + (-1,))
+
+
 def _lowest(dtype):
     return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
 
@@ -589,8 +631,7 @@ def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n):
     s = _tuple(stride, n) if stride else k
     p, d = _tuple(padding, n), _tuple(dilation, n)
     taps = [_window_indices(x.shape[x.ndim - n + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(n)]
-    values, flat, valid = _windows(x, taps)
-    values = jnp.where(jnp.asarray(valid), values, jnp.asarray(_lowest(x.dtype), x.dtype))
+    values, flat = _windows_by_slices(x, taps, k, s, p, d)
     best = jnp.argmax(values, axis=-1)  # NaN wins, as in torch
     out = jnp.take_along_axis(values, best[..., None], axis=-1)[..., 0]
     index_map = jnp.broadcast_to(jnp.asarray(flat), values.shape)
