@@ -77,9 +77,15 @@ _aot_backend: Any = None
 
 
 def _make_aot_backend(extra: dict | None = None) -> Any:
+    from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
     return aot_autograd(
+        # What the backward needs: inductor's choice, recomputing cheap
+        # pointwise values in the backward instead of saving them (XLA fuses
+        # them into their consumers there), so fewer activations are written
+        # by the forward and read back.
+        partition_fn=min_cut_rematerialization_partition,
         fw_compiler=functools.partial(compile_graph, what="forward"),
         bw_compiler=functools.partial(compile_graph, what="backward"),
         inference_compiler=functools.partial(compile_graph, what="inference"),
