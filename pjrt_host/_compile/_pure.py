@@ -149,13 +149,17 @@ def run(entry: _Entry, tensors: list) -> Any:
     outputs wrapped and put in the caller's structure.  With a sharded
     tensor among the arguments the call runs on its mesh (the others are
     replicated onto it) and the outputs keep the shardings XLA gives them."""
-    arrays = [_device.read(t) for t in tensors]
+    arrays = []
     place = entry.mesh
+    sharded = None
+    for t in tensors:  # one pass: the arrays (a whole storage's own array: no call) and any mesh
+        st = t._storage
+        arr = st.array
+        arrays.append(arr if arr is not None and t._view is None else _device.read(t))
+        if sharded is None and type(st.place) is not int:
+            sharded = st.place
     if place is None:
-        for t in tensors:
-            if type(t._storage.place) is not int:
-                place = t._storage.place
-                break
+        place = sharded
     if place is not None:
         place = _device.onto_mesh(arrays, [t._storage for t in tensors], place)
     rng = _device.next_key_args(entry.index) if entry.needs_rng else None
