@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 import pjrt_host
 import pjrt_host._runtime
+from bench_compile import Block  # the GPT-2 decoder block bench_compile times
 
 nn = torch.nn
 
@@ -128,27 +129,7 @@ def jax_logsumexp(jnp, x):
     return m + jnp.log(jnp.exp(x - m).sum(-1, keepdims=True))
 
 
-# ---------------------------------------------------------------- GPT-2 block
-
-
-class GPT2Block(nn.Module):
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln_1 = nn.LayerNorm(width)
-        self.c_attn = nn.Linear(width, 3 * width)
-        self.c_proj = nn.Linear(width, width)
-        self.ln_2 = nn.LayerNorm(width)
-        self.c_fc = nn.Linear(width, 4 * width)
-        self.mlp_proj = nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(a.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+# ---------------------------------------------------------------- GPT-2 block (jax; torch's is bench_compile.Block)
 
 
 def jax_block(jnp, heads):
@@ -164,17 +145,17 @@ def jax_block(jnp, heads):
         p = params
         b, t, c = x.shape
         d = c // heads
-        q, k, v = jnp.split(lin(ln(x, p, "ln_1"), p, "c_attn"), 3, axis=2)
+        q, k, v = jnp.split(lin(ln(x, p, "ln1"), p, "qkv"), 3, axis=2)
         q, k, v = (z.reshape(b, t, heads, d).transpose(0, 2, 1, 3) for z in (q, k, v))
         s = (q @ k.transpose(0, 1, 3, 2)) / math.sqrt(d)
         s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
         s = s - s.max(-1, keepdims=True)
         w = jnp.exp(s)
         a = (w / w.sum(-1, keepdims=True)) @ v
-        h = x + lin(a.transpose(0, 2, 1, 3).reshape(b, t, c), p, "c_proj")
-        g = lin(ln(h, p, "ln_2"), p, "c_fc")
+        h = x + lin(a.transpose(0, 2, 1, 3).reshape(b, t, c), p, "proj")
+        g = lin(ln(h, p, "ln2"), p, "fc")
         g = 0.5 * g * (1 + jnp.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
-        out = h + lin(g, p, "mlp_proj")
+        out = h + lin(g, p, "out")
         return ((out - y) ** 2).mean(), {}
 
     return loss
@@ -283,7 +264,7 @@ def main() -> None:
         width, heads = 256, 4
         x = torch.randn(8, 128, width)
         y = torch.randn(8, 128, width)
-        _compare(f"GPT-2 block (batch 8, 128 tokens, width {width}, {heads} heads)", GPT2Block(width, heads), x, y,
+        _compare(f"GPT-2 block (batch 8, 128 tokens, width {width}, {heads} heads)", Block(width, heads), x, y,
                  F.mse_loss, {"jnp": jax_block(jnp, heads)}, args.rounds, args.steps)
 
 

@@ -17,7 +17,6 @@ graph holding an op with no lowering.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import warnings
@@ -38,7 +37,7 @@ logger = logging.getLogger("pjrt_host")
 REPORT = "docs/op-coverage.md in the pjrt_host sources"
 
 #: PJRT_HOST_DONATE=0 turns buffer donation off (for comparisons).
-DONATE = os.environ.get("PJRT_HOST_DONATE", "1") != "0"
+DONATE = _device.DONATE
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()

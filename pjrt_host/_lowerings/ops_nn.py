@@ -562,6 +562,12 @@ def _pool_out_size(size, k, s, p, d, ceil_mode):
     return out
 
 
+def _window_pads(size, out, k, s, p, d):
+    """(low, high) padding of one dim so that ``out`` windows fit (ceil mode
+    may need more on the high side than ``p``)."""
+    return p, max((out - 1) * s + d * (k - 1) + 1 - size - p, 0)
+
+
 def _window_indices(size, k, s, p, d, ceil_mode):
     """(positions [out, k], valid [out, k]) of each window's taps along one dim."""
     out = _pool_out_size(size, k, s, p, d, ceil_mode)
@@ -572,23 +578,9 @@ def _window_indices(size, k, s, p, d, ceil_mode):
 def _windows(x, taps):
     """Gather every pooling window: x [N?, C, *S] -> [..., *out, prod(k)],
     with the flat input index of each tap and whether it is inside."""
-    n = len(taps)
-    lead = x.ndim - n
+    lead = x.ndim - len(taps)
     spatial = x.shape[lead:]
-    outs = [pos.shape[0] for pos, _ in taps]
-    ks = [pos.shape[1] for pos, _ in taps]
-    flat = np.zeros(tuple(outs) + tuple(ks), np.int64)
-    valid = np.ones(tuple(outs) + tuple(ks), bool)
-    stride = 1
-    for i in reversed(range(n)):
-        pos, ok = taps[i]
-        shape = [1] * (2 * n)
-        shape[i], shape[n + i] = outs[i], ks[i]
-        flat = flat + np.clip(pos, 0, spatial[i] - 1).reshape(shape) * stride
-        valid = valid & ok.reshape(shape)
-        stride *= spatial[i]
-    flat = flat.reshape(tuple(outs) + (-1,))
-    valid = valid.reshape(tuple(outs) + (-1,))
+    flat, valid = _tap_indices(taps, spatial)
     values = jnp.take(x.reshape(x.shape[:lead] + (math.prod(spatial),)), jnp.asarray(flat), axis=lead)
     return values, flat, valid
 
@@ -602,7 +594,7 @@ def _windows_by_slices(x, taps, k, s, p, d):
     lead = x.ndim - n
     spatial = x.shape[lead:]
     outs = [pos.shape[0] for pos, _ in taps]
-    pads = [(0, 0)] * lead + [(pp, max((o - 1) * ss + dd * (kk - 1) + 1 - size - pp, 0))
+    pads = [(0, 0)] * lead + [_window_pads(size, o, kk, ss, pp, dd)
                               for size, o, kk, ss, pp, dd in zip(spatial, outs, k, s, p, d)]
     xp = jnp.pad(x, pads, constant_values=jnp.asarray(_lowest(x.dtype), x.dtype))
     slices = []
@@ -610,16 +602,26 @@ def _windows_by_slices(x, taps, k, s, p, d):
         start = [0] * lead + [o * dd for o, dd in zip(offsets, d)]
         limit = list(xp.shape[:lead]) + [st + ss * (o - 1) + 1 for st, ss, o in zip(start[lead:], s, outs)]
         slices.append(jax.lax.slice(xp, start, limit, [1] * lead + list(s)))
-    values = jnp.stack(slices, axis=-1)
-    flat = np.zeros(tuple(outs) + tuple(k), np.int64)
+    return jnp.stack(slices, axis=-1), _tap_indices(taps, spatial)[0]
+
+
+def _tap_indices(taps, spatial):
+    """(flat input index [*out, prod(k)] of each window's taps, clipped into
+    the input; whether each tap is inside it), numpy constants."""
+    n = len(taps)
+    outs = [pos.shape[0] for pos, _ in taps]
+    ks = [pos.shape[1] for pos, _ in taps]
+    flat = np.zeros(tuple(outs) + tuple(ks), np.int64)
+    valid = np.ones(tuple(outs) + tuple(ks), bool)
     stride = 1
     for i in reversed(range(n)):
-        pos, _ = taps[i]
+        pos, ok = taps[i]
         shape = [1] * (2 * n)
-        shape[i], shape[n + i] = outs[i], k[i]
+        shape[i], shape[n + i] = outs[i], ks[i]
         flat = flat + np.clip(pos, 0, spatial[i] - 1).reshape(shape) * stride
+        valid = valid & ok.reshape(shape)
         stride *= spatial[i]
-    return values, flat.reshape(tuple(outs) + (-1,))
+    return flat.reshape(tuple(outs) + (-1,)), valid.reshape(tuple(outs) + (-1,))
 
 
 def _lowest(dtype):
@@ -682,8 +684,7 @@ def max_pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     lead = x.ndim - n
     pads = [(0, 0)] * lead
     for size, kk, ss, pp, dd in zip(x.shape[lead:], k, s, p, d):
-        out = _pool_out_size(size, kk, ss, pp, dd, ceil_mode)
-        pads.append((pp, max((out - 1) * ss + dd * (kk - 1) + 1 - size - pp, 0)))
+        pads.append(_window_pads(size, _pool_out_size(size, kk, ss, pp, dd, ceil_mode), kk, ss, pp, dd))
     return jax.lax.reduce_window(x, jnp.asarray(_lowest(x.dtype), x.dtype), jax.lax.max, (1,) * lead + tuple(k),
                                  (1,) * lead + tuple(s), pads, window_dilation=(1,) * lead + tuple(d))
 

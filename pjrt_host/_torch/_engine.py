@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 import threading
 import warnings
@@ -36,7 +35,7 @@ from .._lowerings._dtypes import jax_dtype, torch_dtype
 from . import _config, _meta, _rng, _sharding, _views
 from ._devices import device_mismatch, torch_device
 from ._dtype_policy import device_dtype
-from ._tensor import JaxTensor, Storage, TensorSpec, note_result, read, wrap_array
+from ._tensor import DONATE, JaxTensor, Storage, TensorSpec, note_result, read, wrap_array
 
 __all__ = ["CompiledOp", "lowering_context", "missing_lowering", "op_name"]
 
@@ -224,10 +223,9 @@ class _Entry(NamedTuple):
 
 
 #: An in-place or out= op donates the storage array it overwrites when
-#: nothing else holds it (PJRT_HOST_DONATE=0: never): XLA then writes the
-#: result into the same buffer, so ``bucket[i:j].copy_(g)`` or ``x[k] += 1``
-#: on a large tensor updates it in place instead of copying all of it.
-_DONATE = os.environ.get("PJRT_HOST_DONATE", "1") != "0"
+#: nothing else holds it (``_tensor.DONATE``): XLA then writes the result
+#: into the same buffer, so ``bucket[i:j].copy_(g)`` or ``x[k] += 1`` on a
+#: large tensor updates it in place instead of copying all of it.
 #: References to a storage's array when nothing else holds it: the
 #: storage's attribute, the call's argument list, the local below and
 #: getrefcount's own argument.
@@ -587,8 +585,8 @@ class CompiledOp:
                 return _lowerings.invoke(lowering, call_args, call_kwargs, ctx, result_dtypes)
         jitted = not (self.eager or not cfg.jit)
         writes = self.inplace is not None or bool(out_targets)
-        entry = _Entry(jax.jit(fn) if jitted else fn, plan, fn if (jitted and writes and _DONATE) else None,
-                       {} if (jitted and writes and _DONATE) else None)
+        entry = _Entry(jax.jit(fn) if jitted else fn, plan, fn if (jitted and writes and DONATE) else None,
+                       {} if (jitted and writes and DONATE) else None)
         with _lock:
             if len(self.cache) > 512:  # shapes that never repeat: bound the memory
                 self.cache.clear()

@@ -424,15 +424,17 @@ def write(t: JaxTensor, value: Any) -> None:
         arr = storage.get()
         # Nothing else holds the array (the attribute, ``arr``, getrefcount's
         # argument): donated, so XLA writes the view's elements in place.
-        sole = _DONATE and sys.getrefcount(arr) <= 3 and value is not arr
+        sole = DONATE and sys.getrefcount(arr) <= 3 and value is not arr
         storage.array = _view_writer(view.static, sole)(arr, view.run_offset, value)
         del arr
     storage.version += 1
     _last[storage.device_index] = _weak(storage.array)
 
 
-#: PJRT_HOST_DONATE=0: writes through a view never donate the storage's array.
-_DONATE = os.environ.get("PJRT_HOST_DONATE", "1") != "0"
+#: Writes give up the array they overwrite when nothing else holds it (eager
+#: in-place / out= ops, writes through views, compiled graphs' input
+#: mutations); PJRT_HOST_DONATE=0 never does, for comparisons.
+DONATE = os.environ.get("PJRT_HOST_DONATE", "1") != "0"
 
 
 def _view_writer(static: tuple, donate: bool = False) -> Any:
