@@ -558,6 +558,45 @@ def test_factories_inside_the_compiled_code_are_graph_constants():
     assert len(graphs) == 1
 
 
+def test_compiles_under_a_default_device_mode():
+    """``with torch.device('jax'):`` around a compiled call, and the
+    DeviceContext mode that ``set_default_device`` leaves on the stack (even
+    after ``set_default_device('cpu')``): dynamo reads the 'jax' tensors'
+    attributes through the mode (it once refused: "Unsupported tensor
+    subclass overridden attribute access"), and factories without a device
+    take the mode's."""
+    def f(a):
+        empty = torch.tensor([], device=a.device)
+        made = torch.zeros(3)
+        return torch.cat([empty, (a * 2).flatten()]), made, a.shape[0] + a.size(1), a.dtype, a.is_jax
+
+    x = torch.arange(4.0).reshape(2, 2).to("jax")
+    with torch.device("jax"):
+        flat, made, n, dtype, is_jax = torch.compile(f, backend="jax", fullgraph=True)(x)
+    assert flat.cpu().tolist() == [0.0, 2.0, 4.0, 6.0] and made.device.type == "jax"
+    assert (n, dtype, is_jax) == (4, torch.float32, True)
+    torch.set_default_device("jax")
+    torch.set_default_device("cpu")
+    try:
+        flat, made, *_ = torch.compile(f, backend="jax", fullgraph=True)(x)
+    finally:
+        torch.set_default_device(None)
+    assert flat.cpu().tolist() == [0.0, 2.0, 4.0, 6.0] and made.device.type == "cpu"
+
+
+def test_pins_the_dynamo_internals_read_under_a_mode():
+    """pjrt_host._compile._hiding replaces dynamo's attribute read for 'jax'
+    tensors under a torch-function mode with these functions; a torch that
+    renames them must fail here, not silently at a user's compile."""
+    from torch._dynamo.variables import torch_function as tf
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    for name in ("_is_attr_overridden", "can_dispatch_torch_function", "dispatch_torch_function"):
+        assert callable(getattr(tf, name)), name
+    assert callable(tf.TensorWithTFOverrideVariable.var_getattr)
+    assert issubclass(tf.TensorWithTFOverrideVariable, TensorVariable)
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama", "t5"])
 def test_transformers_language_models_compile_with_their_default_cache(family):
     """transformers' decoders called as users call them: forward with the

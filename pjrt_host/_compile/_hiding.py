@@ -134,6 +134,8 @@ class DispatchDescriptor:
         if obj is None and torch.compiler.is_compiling() and compiling_in_this_thread() \
                 and not getattr(_local, "creating", 0):
             _check_backend(owner)
+            if not _attributes_under_modes_installed:
+                _install_attributes_under_modes(owner)
             return _PLAIN
         try:
             return self._bound[owner]
@@ -143,6 +145,57 @@ class DispatchDescriptor:
 
 
 never_traced(DispatchDescriptor.__get__)
+
+
+_attributes_under_modes_installed = False
+
+
+def _install_attributes_under_modes(owner: type) -> None:
+    """Let dynamo read a 'jax' tensor's attributes while a torch-function
+    mode is active -- ``with torch.device('jax'):`` around a compiled call,
+    or the mode ``torch.set_default_device`` leaves on the stack (even after
+    ``set_default_device('cpu')``).
+
+    Dynamo wraps a 'jax' tensor as a ``TensorWithTFOverrideVariable`` (its
+    class is a subclass).  Reading an attribute such as ``x.device`` under a
+    mode, dynamo calls the *subclass's* ``__torch_function__`` directly --
+    ours is torch's disabled one, which dynamo cannot trace ("Unsupported
+    tensor subclass overridden attribute access").  Python itself would call
+    the mode, then (the subclass's being disabled) the plain getter; this
+    does that: a tensor attribute is dispatched as dynamo dispatches a
+    function call (modes, then subclasses that have a ``__torch_function__``),
+    and a Python property (``is_jax``) is traced as on a plain tensor.  It
+    applies only to 'jax' tensors, and only to attributes dynamo would
+    otherwise refuse.  tests/test_compile.py pins the dynamo internals used
+    here (a torch upgrade that moves them fails there, loudly)."""
+    global _attributes_under_modes_installed
+    _attributes_under_modes_installed = True
+    try:
+        import inspect
+
+        from torch._dynamo.variables import torch_function as tf
+        from torch._dynamo.variables.tensor import TensorVariable
+
+        cls = tf.TensorWithTFOverrideVariable
+        original = cls.var_getattr
+    except Exception as err:  # pragma: no cover - depends on the torch build
+        logger.warning("pjrt_host: torch %s's dynamo has no TensorWithTFOverrideVariable.var_getattr (%s); "
+                       "compiling under torch.device('jax') or set_default_device may fail", torch.__version__, err)
+        return
+
+    def var_getattr(self: Any, tx: Any, name: str) -> Any:
+        if issubclass(self.class_type, owner) and hasattr(torch.Tensor, name) \
+                and not tf._is_attr_overridden(tx, self, name) \
+                and not inspect.ismethoddescriptor(getattr(torch.Tensor, name)) \
+                and tf.can_dispatch_torch_function(tx, [self], {}):
+            if isinstance(inspect.getattr_static(torch.Tensor, name), property):
+                return TensorVariable.var_getattr(self, tx, name)
+            getter = tf.VariableTracker.build(tx, getattr(torch.Tensor, name).__get__)
+            return tf.dispatch_torch_function(tx, getter, [self], {})
+        return original(self, tx, name)
+
+    var_getattr.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.var_getattr = var_getattr
 
 
 #: Backends that run real ops on the graph's devices while compiling, which
