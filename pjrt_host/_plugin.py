@@ -161,3 +161,19 @@ class DevicePlugin:
     def describe(self) -> str:
         """The name shown to users: :attr:`display_name` or the class name."""
         return self.display_name or type(self).__name__
+
+
+#: The DevicePlugin members that tune lowerings: each an int >= 0 (0: off).
+LOWERING_OPTIONS = ("dense_gather_factor", "conv_as_matmul_max_positions")
+
+
+def lowering_option_problems(plugin: Any) -> list[str]:
+    """What is wrong with ``plugin``'s :data:`LOWERING_OPTIONS` (one sentence
+    each; empty when nothing is).  Shared by the runtime, which refuses such
+    a plugin at its first op, and ``python -m pjrt_host check``."""
+    problems = []
+    for attr in LOWERING_OPTIONS:
+        value = getattr(plugin, attr, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            problems.append(f"{attr} is {value!r}, expected an int >= 0 (0 turns it off)")
+    return problems

@@ -474,6 +474,32 @@ def test_plugin_dtype_mapping_warns_once_in_subprocess():
     assert out.stdout.strip().endswith("ok")
 
 
+def test_plugin_with_a_bad_lowering_option_is_refused_by_name():
+    """A plugin whose conv_as_matmul_max_positions is not an int is refused
+    at its first op with an error naming the plugin, the member and the
+    value (it once failed with Python's bare ValueError from int())."""
+    code = textwrap.dedent("""
+        import torch
+        import pjrt_host
+
+        class Loose(pjrt_host.DevicePlugin):
+            jaxlib_backend = "cpu"
+            conv_as_matmul_max_positions = "64"
+
+        pjrt_host.register_plugin("loose", Loose)
+        pjrt_host.select("loose")
+        try:
+            torch.ones(3, device='jax') + 1
+        except pjrt_host.PluginLoadError as err:
+            print("refused:", err)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PJRT_")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused:" in out.stdout and "'loose'" in out.stdout, out.stdout
+    assert "conv_as_matmul_max_positions is '64', expected an int >= 0" in out.stdout, out.stdout
+
+
 def test_changing_scalars_do_not_recompile_forever():
     """An optimizer passes a new step size every step: after a few values the
     op traces its scalars instead of compiling once per value (counted as

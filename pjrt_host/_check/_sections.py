@@ -23,6 +23,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .._plugin import lowering_option_problems
+
 __all__ = ["run_section"]
 
 
@@ -133,14 +135,11 @@ def contract(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
 
     with rec.check("properties") as info:
         problems = []
-        for attr, kind in (("priority", int), ("dense_gather_factor", int), ("conv_as_matmul_max_positions", int),
-                           ("jaxlib_backend", str)):
+        for attr, kind in (("priority", int), ("jaxlib_backend", str)):
             value = getattr(plugin, attr)
             if not isinstance(value, kind) or isinstance(value, bool):
                 problems.append(f"{attr} is {value!r}, expected {kind.__name__}")
-        for attr in ("dense_gather_factor", "conv_as_matmul_max_positions"):
-            if isinstance(getattr(plugin, attr), int) and getattr(plugin, attr) < 0:
-                problems.append(f"{attr} is {getattr(plugin, attr)}, expected >= 0")
+        problems += lowering_option_problems(plugin)
         for src, dst in dict(plugin.unsupported_dtypes).items():
             for n in (src, dst):
                 if not isinstance(getattr(torch, str(n), None), torch.dtype):

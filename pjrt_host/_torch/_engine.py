@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .. import _lowerings, _runtime
+from .. import _lowerings, _plugin, _runtime
+from .._errors import PluginLoadError
 from .._lowerings import Lowering, LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from . import _config, _meta, _rng, _sharding, _views
@@ -55,6 +56,18 @@ _contexts: dict[Any, LoweringContext] = {}
 _plugin_options: dict | None = None
 
 
+def _lowering_options() -> dict:
+    """The selected plugin's lowering options, refused with the plugin's name
+    and the fix when one is not an int >= 0."""
+    record = _runtime.runtime().record
+    problems = _plugin.lowering_option_problems(record.plugin)
+    if problems:
+        raise PluginLoadError(record.name, record.distribution,
+                              f"pjrt_host: plugin {record.name!r} ({type(record.plugin).__qualname__}) cannot lower "
+                              f"ops: {'; '.join(problems)}. Fix the class attribute in the plugin.")
+    return {name: getattr(record.plugin, name, 0) for name in _plugin.LOWERING_OPTIONS}
+
+
 def lowering_context(cfg: _config.Config) -> LoweringContext:
     """The context lowerings run with under device configuration ``cfg``
     (no random key: a caller that runs random ops adds its own)."""
@@ -62,9 +75,7 @@ def lowering_context(cfg: _config.Config) -> LoweringContext:
     if ctx is None:
         global _plugin_options
         if _plugin_options is None:
-            plugin = _runtime.plugin()
-            _plugin_options = {name: int(getattr(plugin, name, 0) or 0)
-                               for name in ("dense_gather_factor", "conv_as_matmul_max_positions")}
+            _plugin_options = _lowering_options()
         ctx = _contexts[cfg] = LoweringContext(matmul_precision=cfg.matmul_precision, **_plugin_options)
     return ctx
 
