@@ -10,7 +10,11 @@
 (b) ``call_jax`` per-call overhead: ``call_jax(f, t)`` against calling the
     jitted JAX function ``f`` on the tensor's array directly (target: <= 10 us).
 
-    python benchmarks/bench_interop.py [--rounds 5] [--layers 100]
+    python benchmarks/bench_interop.py [--rounds 5] [--layers 100] [--hidden 128 --inner 1024]
+
+``--hidden 32 --inner 64`` is the dispatch-bound form of (a) (issue 19's
+target: assume_pure >= 5x faster than eager), where per-op cost, not
+arithmetic, sets eager's time.
 """
 
 from __future__ import annotations
@@ -128,7 +132,7 @@ def decoder(layers: int) -> None:
           f"seq {SEQ}):")
     print(f"    eager 'jax'   {t['eager'] * 1e3:9.2f} ms")
     print(f"    assume_pure   {t['pure'] * 1e3:9.2f} ms   {t['eager'] / t['pure']:6.1f}x faster than eager "
-          f"(target >= 10x)")
+          f"(target >= {10 if HIDDEN >= 128 else 5}x)")
     print(f"    jax.jit       {t['jax'] * 1e3:9.2f} ms   assume_pure / jax.jit = {t['pure'] / t['jax']:.2f} "
           f"(target <= 1.2)")
 
@@ -154,7 +158,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--layers", type=int, default=100)
+    parser.add_argument("--hidden", type=int, default=HIDDEN)
+    parser.add_argument("--inner", type=int, default=INTER)
     args = parser.parse_args()
+    HIDDEN, INTER = args.hidden, args.inner
     print(f"pjrt_host {pjrt_host.__version__}, torch {torch.__version__}, jax {jax.__version__}, "
           f"device {pjrt_host.backend_name()}")
     call_jax_overhead()

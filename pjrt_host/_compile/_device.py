@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from .._lowerings import LoweringContext
-from .._lowerings._dtypes import jax_dtype
+from .._lowerings._dtypes import jax_dtype, torch_dtype
 from .._torch import DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _rng, _sharding, _tensor, _views
-from .._torch._tensor import DONATE, JaxTensor
+from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
-    "DEVICE_NAME", "DONATE", "JaxTensor", "config", "current_index", "device_dtype", "device_index", "eager_dispatch_hooks",
+    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "torch_dtype", "config", "current_index", "device_dtype", "device_index", "eager_dispatch_hooks",
     "index_of_array", "jax_device", "lowering_context", "read", "torch_device", "write", "next_key_args", "note_result", "put_storage", "storage_of", "to_jax_array",
     "to_torch", "wrap",
 ]

@@ -91,7 +91,7 @@ def _call(fn: Callable, args: tuple, kwargs: dict) -> Any:
                 _cache.move_to_end(sig)
             except KeyError:
                 pass
-    return run(entry, tensors)
+    return run(entry, read)
 
 
 def _build(sig: Any, fn: Callable, treedef: Any, statics: tuple, tensors: list, index: int, grad: bool) -> _Entry:

@@ -143,23 +143,14 @@ class _Entry:
         return self._bwd
 
 
-def run(entry: _Entry, tensors: list) -> Any:
+def run(entry: _Entry, read: Arguments) -> Any:
     """One call: the jitted forward on the tensors' arrays (as one autograd
     node when a gradient is needed), the written arguments updated, the
     outputs wrapped and put in the caller's structure.  With a sharded
     tensor among the arguments the call runs on its mesh (the others are
     replicated onto it) and the outputs keep the shardings XLA gives them."""
-    arrays = []
-    place = entry.mesh
-    sharded = None
-    for t in tensors:  # one pass: the arrays (a whole storage's own array: no call) and any mesh
-        st = t._storage
-        arr = st.array
-        arrays.append(arr if arr is not None and t._view is None else _device.read(t))
-        if sharded is None and type(st.place) is not int:
-            sharded = st.place
-    if place is None:
-        place = sharded
+    tensors, arrays = read.tensors, read.arrays
+    place = entry.mesh if entry.mesh is not None else read.sharded
     if place is not None:
         place = _device.onto_mesh(arrays, [t._storage for t in tensors], place)
     rng = _device.next_key_args(entry.index) if entry.needs_rng else None
@@ -174,8 +165,8 @@ def run(entry: _Entry, tensors: list) -> Any:
         t = tensors[i]
         _device.write(t, value)
         torch.autograd.graph.increment_version(t)
-    if outs:
-        _device.note_result(entry.index, _device.read(outs[-1]))
+    if outs:  # torch.jax.synchronize() waits for it (a result is its storage's own array)
+        _device.note_result(entry.index, outs[-1]._storage.array)
     return entry.unflatten(list(outs))
 
 
@@ -303,7 +294,7 @@ class PureFunction:
                     self._cache.move_to_end(sig)
                 except KeyError:
                     pass
-        return run(entry, tensors)
+        return run(entry, read)
 
     # -------------------------------------------------------- tracing
 
@@ -411,11 +402,17 @@ def _describe(leaves: list, treedef: Any, pos: int) -> str:
     return f"keyword argument {key!s}{rest}"
 
 
+#: Marks a tensor's part of a call's cache key (a static's part starts with its type).
+_TENSOR = object()
+
+
 class Arguments(NamedTuple):
     """The flat arguments of one call, read for its cache key."""
 
     tensors: list  #: the 'jax' tensors, in order
-    parts: tuple  #: per leaf: (dtype, shape, needs grad) for a tensor, (type, value) otherwise
+    arrays: list  #: their values, one jax array each
+    sharded: Any  #: the placement of the first sharded tensor, None if none is
+    parts: tuple  #: per leaf: (_TENSOR, storage spec or (dtype, shape), needs grad) for a tensor, (type, value) otherwise
     statics: tuple  #: (position, value) of each non-tensor leaf
     index: int  #: the tensors' device index
 
@@ -425,32 +422,44 @@ def read_arguments(leaves: list, treedef: Any, what: str, grad: bool) -> Argumen
     None when a tensor is a fake or functional 'jax' tensor (a trace is
     running); a tensor of another device, or two devices, is an error."""
     tensors: list[torch.Tensor] = []
+    arrays: list[Any] = []
+    sharded = None
     parts: list[Any] = []
     statics: list[tuple[int, Any]] = []
     index = None
     JaxTensor = _device.JaxTensor
     for pos, leaf in enumerate(leaves):
-        if isinstance(leaf, torch.Tensor):
-            if type(leaf) is not JaxTensor:
-                if leaf.device.type == _device.DEVICE_NAME:
-                    return None
-                where = _describe([None] * len(leaves), treedef, pos)
-                raise RuntimeError(
-                    f"{what}: {where} is a tensor on {leaf.device} (shape {tuple(leaf.shape)}, {leaf.dtype}); it "
-                    f"runs on the '{_device.DEVICE_NAME}' device: move it there first "
-                    f"(t.to('{_device.DEVICE_NAME}')).")
-            i = leaf._storage.device_index
+        if type(leaf) is JaxTensor:
+            st = leaf._storage
+            i = st.device_index
             if index is None:
                 index = i
             elif i != index:
                 raise RuntimeError(f"{what}: the tensor arguments are on two devices, {_device.DEVICE_NAME}:{index} "
                                    f"and {_device.DEVICE_NAME}:{i}; move them to one device")
             tensors.append(leaf)
-            parts.append((leaf.dtype, leaf.shape, grad and leaf.requires_grad))
+            arr = st.array
+            arrays.append(arr if arr is not None and leaf._view is None else _device.read(leaf))
+            if sharded is None and type(st.place) is not int:
+                sharded = st.place
+            # A whole storage is keyed by its spec (dtype and shape, made
+            # once per storage); torch's own attributes cost ~0.15 us each
+            # on a tensor subclass.
+            parts.append((_TENSOR, st.spec if leaf._view is None else (leaf.dtype, leaf.shape),
+                          grad and leaf.requires_grad))
+        elif isinstance(leaf, torch.Tensor):
+            if leaf.device.type == _device.DEVICE_NAME:
+                return None
+            where = _describe([None] * len(leaves), treedef, pos)
+            raise RuntimeError(
+                f"{what}: {where} is a tensor on {leaf.device} (shape {tuple(leaf.shape)}, {leaf.dtype}); it "
+                f"runs on the '{_device.DEVICE_NAME}' device: move it there first "
+                f"(t.to('{_device.DEVICE_NAME}')).")
         else:
             statics.append((pos, leaf))
             parts.append((type(leaf), leaf))
-    return Arguments(tensors, tuple(parts), tuple(statics), _device.current_index() if index is None else index)
+    return Arguments(tensors, arrays, sharded, tuple(parts), tuple(statics),
+                     _device.current_index() if index is None else index)
 
 
 def _unhashable(what: str, leaves: list, treedef: Any) -> TypeError:
@@ -482,8 +491,11 @@ def _what_changed(last: _Signature | None, sig: _Signature, leaves: list) -> str
 
 
 def _show(part: tuple) -> str:
-    if isinstance(part[0], torch.dtype):
-        return f"tensor {tuple(part[1])} {part[0]}" + (" requiring grad" if part[2] else "")
+    if part[0] is _TENSOR:
+        desc = part[1]
+        if isinstance(desc, _device.TensorSpec):  # a whole storage: (jax dtype, shape, None)
+            desc = (_device.torch_dtype(desc[0]), desc[1])
+        return f"tensor {tuple(desc[1])} {desc[0]}" + (" requiring grad" if part[2] else "")
     return repr(part[1])
 
 
@@ -502,20 +514,19 @@ class PureModule(torch.nn.Module):
         name = type(module).__qualname__
         self._pure = PureFunction(self._functional, name=name, maxsize=maxsize)
 
-    def _functional(self, state: dict, training: tuple, *args: Any, **kwargs: Any) -> Any:
+    def _functional(self, state: dict, training: int, *args: Any, **kwargs: Any) -> Any:
         from torch.nn.utils.stateless import _reparametrize_module
 
         with _reparametrize_module(self.module, state, tie_weights=True):
             return self.module(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        module = self.module
         if _hiding.dynamo_compiling():
-            return module(*args, **kwargs)
+            return self.module(*args, **kwargs)
         state, training = self._state()
         return self._pure(state, training, *args, **kwargs)
 
-    def _state(self) -> tuple[dict, tuple]:
+    def _state(self) -> tuple[dict, int]:
         """The module's parameters and buffers (tied ones once) by name, and
         every submodule's training flag.  Where they live is read once (a
         module walk costs tens of microseconds); the tensors themselves are
@@ -539,7 +550,12 @@ class PureModule(torch.nn.Module):
         except KeyError:  # a parameter or buffer was removed: read the module again
             del self.__dict__["_where"]
             return self._state()
-        return state, tuple(m.training for m in self.__dict__["_submodules"])
+        # The training flags as one int (bit per submodule): one leaf of the
+        # cache key instead of one per submodule.
+        modes = 0
+        for m in self.__dict__["_submodules"]:
+            modes = modes + modes + m.training
+        return state, modes
 
     def cache_info(self) -> CacheInfo:
         return self._pure.cache_info()
