@@ -103,6 +103,29 @@ def test_to_and_back():
     assert torch.equal(j.to("cpu", torch.float64), c.double())
 
 
+@pytest.mark.parametrize("make_view", [
+    lambda t: t, lambda t: t.t(), lambda t: t[1:, ::2], lambda t: t.view(torch.int32), lambda t: t[0].expand(3, 4),
+    lambda t: t.reshape(12)[3:9],
+], ids=["whole", "transpose", "strided", "dtype-view", "expand", "range"])
+def test_detach_and_alias_share_the_view(make_view):
+    """detach() (what autograd's AccumulateGrad calls on every gradient) and
+    alias() read and write exactly what their source does."""
+    base = torch.arange(12.0).reshape(3, 4).to(DEV)
+    src = make_view(base)
+    ref = make_view(torch.arange(12.0).reshape(3, 4))
+    for out in (src.detach(), torch.ops.aten.alias(src)):
+        assert (out.shape, out.stride(), out.storage_offset(), out.dtype) == \
+            (ref.shape, ref.stride(), ref.storage_offset(), ref.dtype)
+        assert out.data_ptr() == src.data_ptr() and not out.requires_grad
+        assert torch.equal(out.cpu(), ref)
+    if not src.stride() or min(src.stride()) > 0:  # an expanded view cannot be written
+        src.detach().fill_(7)
+        assert torch.equal(src.cpu(), torch.full_like(ref, 7))
+    with torch.inference_mode():
+        d = base.detach()
+    assert not d.is_inference() and d.data_ptr() == base.data_ptr()
+
+
 def test_move_does_not_alias_either_way():
     c = torch.zeros(3)
     j = c.to(DEV)
