@@ -152,6 +152,39 @@ def test_inductor_and_dataloader_on_cpu_still_work_and_need_no_jax():
     assert "jax imported: False" in out.stdout
 
 
+def test_compiled_cpu_code_pays_nothing_per_call_for_the_device():
+    """torch.compile of CPU code in a process that has not used the device
+    runs as without pjrt_host: dynamo asks torch.accelerator.is_available()
+    as it traces, and with an accelerator available it reads the
+    accelerator's current stream on every call (a Python device-guard round
+    trip, +10% on a small graph).  Once the device is in use, it is
+    available, compiling included."""
+    out = run("""
+        import torch
+        m = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), backend="eager")
+        x = torch.randn(2, 8)
+        m(x)
+        reads = []
+        real = torch.accelerator.current_stream
+        torch.accelerator.current_stream = lambda *a, **k: reads.append(a) or real(*a, **k)
+        for _ in range(5):
+            m(x)
+        print("stream reads:", len(reads))
+        print("available:", torch.accelerator.is_available(), torch.jax.is_available())
+        y = torch.ones(3, device="jax")
+        seen = []
+        def f(t):
+            seen.append(torch.accelerator.is_available())
+            return t * 2
+        assert torch.compile(f, backend="jax")(y).cpu().tolist() == [2.0, 2.0, 2.0]
+        print("available while compiling after use:", seen)
+    """)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "stream reads: 0" in out.stdout
+    assert "available: True True" in out.stdout
+    assert "available while compiling after use: [True]" in out.stdout
+
+
 def test_cpu_results_unchanged_on_torch_opinfo_samples():
     # torch's own OpInfo database (the data its CPU test-suite runs on): the
     # same ops on the same samples give bit-identical results with the device
