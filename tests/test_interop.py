@@ -511,3 +511,67 @@ def test_is_compiling_is_true_while_tracing_as_under_torch_export():
 
     close(f(torch.tensor([-1.0, 2.0], device=DEV)), torch.tensor([0.0, 2.0]))
     assert not torch.compiler.is_compiling()
+
+
+def _xla_compiles():
+    seen = []
+
+    def listener(event: str, duration: float, **_: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            seen.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    return seen
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        self.factor = factor
+
+    def forward(self, x):
+        shift = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0, 3.0], device=x.device) * self.factor
+        return torch.nn.functional.gelu(self.lin(x)) * 2.0 + shift
+
+
+def test_identical_layers_under_their_own_assume_pure_compile_once():
+    """Each layer of a stack under its own assume_pure (PyTorch/XLA's
+    pattern) traces separately, but layers that are the same program (same
+    graph, shapes, constants) share one compilation, forward and backward;
+    each still computes with its own weights."""
+    torch.manual_seed(0)
+    layers = [_Scaled(1.0) for _ in range(4)]
+    dev = torch.nn.Sequential(*[pjrt_host.assume_pure(l.to(DEV)) for l in layers])
+    x = torch.randn(3, 6)
+    compiles = _xla_compiles()
+    # Two other layers first: the first layer's programs (its input needs no
+    # gradient), the next one's (it does), and the loss's eager ops.
+    warm = torch.nn.Sequential(*[pjrt_host.assume_pure(_Scaled(1.0).to(DEV)) for _ in range(2)])
+    warm(x.to(DEV)).square().sum().backward()
+    first = len(compiles)
+    out = dev(x.to(DEV))
+    out.square().sum().backward()
+    assert len(compiles) == first, len(compiles) - first  # four more layers, no new program
+    grads = [l.lin.weight.grad.cpu() for l in layers]
+    cpu_layers = [_Scaled(1.0) for _ in range(4)]
+    for c, l in zip(cpu_layers, layers):
+        c.load_state_dict({k: v.cpu() for k, v in l.state_dict().items()})
+    want = torch.nn.Sequential(*cpu_layers)(x)
+    want.square().sum().backward()
+    close(out.cpu(), want.detach(), 1e-4)
+    for g, c in zip(grads, cpu_layers):
+        close(g, c.lin.weight.grad, 1e-4)
+
+
+def test_layers_with_other_constants_do_not_share_a_program():
+    torch.manual_seed(0)
+    a, b = _Scaled(1.0).to(DEV), _Scaled(3.0).to(DEV)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 6, device=DEV)
+    with torch.no_grad():
+        ya, yb = pjrt_host.assume_pure(a)(x), pjrt_host.assume_pure(b)(x)
+        ea, eb = a(x), b(x)
+    close(ya.cpu(), ea.cpu(), 1e-5)
+    close(yb.cpu(), eb.cpu(), 1e-5)
+    assert not torch.allclose(ya.cpu(), yb.cpu())

@@ -105,6 +105,29 @@ class Program:
             if step is not None:
                 self.steps.append(step)
 
+    def fingerprint(self) -> str | None:
+        """A digest equal for two programs that compute the same function of
+        their inputs: the graph's code (ops, their order and arguments), its
+        inputs' shapes, dtypes and strides, and its constants' values.  None
+        when the graph holds an opaque Python step, whose code says nothing
+        of what it calls."""
+        import hashlib
+
+        import numpy as np
+
+        digest = hashlib.sha256(self.gm.code.encode())
+        for meta in self.input_meta:
+            digest.update(repr(None if meta is None else (tuple(meta.shape), meta.dtype, tuple(meta.stride())))
+                          .encode())
+        for step in self.steps:
+            if step.kind == "python":
+                return None
+            if step.kind == "constant":
+                values = np.asarray(step.fn)
+                digest.update(repr((values.shape, values.dtype.str)).encode())
+                digest.update(values.tobytes())
+        return digest.hexdigest()
+
     # ------------------------------------------------------------ reading
 
     def _read(self, node: torch.fx.Node, placeholders: dict) -> _Step | None:

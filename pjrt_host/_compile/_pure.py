@@ -25,6 +25,7 @@ import functools
 import logging
 import threading
 import warnings
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -62,7 +63,7 @@ class _Entry:
     forms."""
 
     __slots__ = ("body", "out_dtypes", "in_dtypes", "mutated", "needs_rng", "unflatten", "index", "diff", "other",
-                 "float_outs", "other_outs", "name", "_plain", "_fwd", "_bwd", "res_treedef", "mesh")
+                 "float_outs", "other_outs", "name", "programs", "mesh")
 
     def __init__(self, body: Callable, out_dtypes: list, in_dtypes: list, mutated: list, needs_rng: bool,
                  unflatten: Callable, index: int, diff: tuple[int, ...], name: str, mesh: Any = None) -> None:
@@ -79,8 +80,7 @@ class _Entry:
         self.float_outs = tuple(i for i, d in enumerate(out_dtypes) if d.is_floating_point or d.is_complex)
         self.other_outs = tuple(i for i in range(len(out_dtypes)) if i not in set(self.float_outs))
         self.name = name
-        self._plain = self._fwd = self._bwd = None
-        self.res_treedef = None
+        self.programs = _Programs()
 
     @staticmethod
     def _key(rng: Any) -> Any:
@@ -91,26 +91,29 @@ class _Entry:
 
     def plain(self) -> Any:
         """jit: (arrays, rng) -> (outputs, new values of the written arguments)."""
-        if self._plain is None:
+        programs = self.programs
+        if programs.plain is None:
             body, name = self.body, self.name
 
             def fn(arrays: list, rng: Any) -> Any:
                 with jax.named_scope(name):
-                    outs, muts = body(arrays, self._key(rng))
+                    outs, muts = body(arrays, _Entry._key(rng))
                 return outs, [_like(v, arrays[i]) for i, v in muts]
 
-            self._plain = jax.jit(fn)
-        return self._plain
+            programs.plain = jax.jit(fn)
+        return programs.plain
 
     def forward(self) -> Any:
         """jit: (diff arrays, other arrays, rng) -> (float outputs, other
         outputs, written values, vjp residuals)."""
-        if self._fwd is None:
+        programs = self.programs
+        if programs.forward is None:
             body, name, diff, other = self.body, self.name, self.diff, self.other
             float_outs, other_outs = self.float_outs, self.other_outs
+            treedef = programs.res_treedef
 
             def fn(d_arrays: list, o_arrays: list, rng: Any) -> Any:
-                key = self._key(rng)
+                key = _Entry._key(rng)
 
                 def f(d: list) -> Any:
                     arrays = [None] * (len(diff) + len(other))
@@ -124,23 +127,69 @@ class _Entry:
                                                           [_like(v, arrays[i]) for i, v in muts])
 
                 fl, pullback, (rest, muts) = jax.vjp(f, list(d_arrays), has_aux=True)
-                res, self.res_treedef = jax.tree_util.tree_flatten(pullback)
+                res, treedef[0] = jax.tree_util.tree_flatten(pullback)
                 return fl, rest, muts, res
 
-            self._fwd = jax.jit(fn)
-        return self._fwd
+            programs.forward = jax.jit(fn)
+        return programs.forward
 
     def backward(self) -> Any:
         """jit: (residuals, float output cotangents) -> gradients of the diff arrays."""
-        if self._bwd is None:
-            name = self.name
+        programs = self.programs
+        if programs.backward is None:
+            name, treedef = self.name, programs.res_treedef
 
             def fn(res: list, cts: list) -> Any:
                 with jax.named_scope(name + ".backward"):
-                    return jax.tree_util.tree_unflatten(self.res_treedef, res)(cts)[0]
+                    return jax.tree_util.tree_unflatten(treedef[0], res)(cts)[0]
 
-            self._bwd = jax.jit(fn)
-        return self._bwd
+            programs.backward = jax.jit(fn)
+        return programs.backward
+
+
+class _Programs:
+    """The jitted forms of one traced body, shared by every entry whose
+    trace is the same program (:func:`_share`): each compiles once."""
+
+    __slots__ = ("plain", "forward", "backward", "res_treedef", "__weakref__")
+
+    def __init__(self) -> None:
+        self.plain = self.forward = self.backward = None
+        #: The vjp residuals' structure, set when the forward is traced.  A
+        #: list the jitted functions close over: they hold neither this
+        #: object nor an entry, so no reference cycle keeps them alive.
+        self.res_treedef: list = [None]
+
+
+#: Traced programs by what they compute (see :func:`_share`), held as long
+#: as an entry of some pure function holds them: a model with many
+#: identical layers, each under its own assume_pure, compiles one layer's
+#: programs once, and ``cache_clear()`` of every such function frees them.
+_shared: weakref.WeakValueDictionary[Any, _Programs] = weakref.WeakValueDictionary()
+_shared_lock = threading.Lock()
+
+
+def _share(entry: _Entry, program: Any, cfg: Any) -> None:
+    """Give ``entry`` the jitted programs of an earlier entry that computes
+    the same function -- the same graph code, input shapes, dtypes and
+    strides, constant values, written arguments, outputs, gradient
+    arguments and device configuration -- or offer its own.  The jitted
+    functions close over the first entry's body, which computes the same
+    values from the same arrays.  Graphs with opaque Python steps or a
+    sharding mesh keep their own."""
+    if entry.mesh is not None:
+        return
+    fp = program.fingerprint()
+    if fp is None:
+        return
+    key = (fp, cfg, entry.diff, tuple(entry.mutated), tuple(entry.out_dtypes), tuple(entry.in_dtypes),
+           entry.needs_rng)
+    with _shared_lock:
+        found = _shared.get(key)
+        if found is not None:
+            entry.programs = found
+        else:
+            _shared[key] = entry.programs
 
 
 def run(entry: _Entry, read: Arguments) -> Any:
@@ -325,6 +374,7 @@ class PureFunction:
         entry = _Entry(functools.partial(traced.run, ctx=ctx), [d for d in traced.out_dtypes if d is not None],
                        [t.dtype for t in tensors], traced.mutated, traced.needs_rng, traced.unflatten, index, diff,
                        self.name, traced.mesh)
+        _share(entry, traced.program, sig.cfg)
         with self._lock:
             self._traces += 1
             self._cache[sig] = entry
