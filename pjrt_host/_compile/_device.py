@@ -18,9 +18,9 @@ from .._torch import DEVICE_NAME, _config, _conversion, _devices, _dtype_policy,
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
-    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "torch_dtype", "config", "current_index", "device_dtype", "device_index", "eager_dispatch_hooks",
-    "index_of_array", "jax_device", "lowering_context", "read", "torch_device", "write", "next_key_args", "note_result", "put_storage", "storage_of", "to_jax_array",
-    "to_torch", "wrap",
+    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "config", "current_index", "device_dtype", "device_index",
+    "eager_dispatch_hooks", "index_of_array", "jax_device", "lowering_context", "next_key_args", "note_result",
+    "put_storage", "read", "storage_of", "to_jax_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
 ]
 
 

@@ -171,9 +171,10 @@ _shared_lock = threading.Lock()
 
 def _share(entry: _Entry, program: Any, cfg: Any) -> None:
     """Give ``entry`` the jitted programs of an earlier entry that computes
-    the same function -- the same graph code, input shapes, dtypes and
-    strides, constant values, written arguments, outputs, gradient
-    arguments and device configuration -- or offer its own.  The jitted
+    the same function -- the same program (:meth:`Program.fingerprint`:
+    graph code, input layout, constant values; what it writes, returns and
+    draws follows from them), gradient arguments and device configuration
+    -- or offer its own.  The jitted
     functions close over the first entry's body, which computes the same
     values from the same arrays.  Graphs with opaque Python steps or a
     sharding mesh keep their own."""
@@ -182,8 +183,7 @@ def _share(entry: _Entry, program: Any, cfg: Any) -> None:
     fp = program.fingerprint()
     if fp is None:
         return
-    key = (fp, cfg, entry.diff, tuple(entry.mutated), tuple(entry.out_dtypes), tuple(entry.in_dtypes),
-           entry.needs_rng)
+    key = (fp, cfg, entry.diff)
     with _shared_lock:
         found = _shared.get(key)
         if found is not None:

@@ -38,7 +38,7 @@ from .. import _lowerings
 from . import _backward, _config, _index_checks, _memory, _profile, _storage_ops, _tensor
 from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
-from ._view_ops import run_inplace_view, run_view
+from ._view_ops import run_inplace_view, run_same_view, run_view
 
 __all__ = ["custom_op_kernel", "dispatch", "handler_for"]
 
@@ -201,7 +201,7 @@ def _handler_for(func: Any) -> Handler:
     if inplace_view:
         return lambda args, kwargs: run_inplace_view(func, args, kwargs)
     if op_name(func) in _SAME_VIEW_OPS:
-        return _same_view
+        return run_same_view
     if func.is_view or _returns_alias(schema):
         # Composite ops that may return their input (to, reshape, narrow ...)
         # reach the device undecomposed below autograd (inference mode, or
@@ -249,26 +249,6 @@ def _handler_for(func: Any) -> Handler:
 #: View ops whose result reads exactly what self reads (autograd's
 #: AccumulateGrad detaches every gradient it stores: once per parameter and step).
 _SAME_VIEW_OPS = frozenset({"aten::detach", "aten::alias"})
-
-
-def _same_view(args: tuple, kwargs: dict) -> Any:
-    """``detach(self)`` / ``alias(self)``: a new tensor over self's storage
-    with self's view, made directly (6.4 -> ~3 us: no meta kernel, no view
-    key; the result's metadata is self's)."""
-    self = args[0] if args else kwargs["self"]
-    if not isinstance(self, _tensor.JaxTensor):
-        raise TypeError("pjrt_host: detach/alias expects a 'jax' tensor")
-    if torch.is_inference_mode_enabled() and not self.is_inference():
-        with torch.inference_mode(False):  # a view of a normal tensor is a normal tensor (as _view_ops)
-            return _same_view_of(self)
-    return _same_view_of(self)
-
-
-def _same_view_of(self: Any) -> Any:
-    storage, view = self._storage, self._view
-    if view is None:
-        return _tensor.make(storage, storage.shape, self.dtype)
-    return _tensor.make(storage, view.size, self.dtype, view.stride, view.offset, view)
 
 
 def _returns_alias(schema: Any) -> bool:

@@ -23,7 +23,7 @@ from . import _views
 from ._meta import meta_view_of
 from ._tensor import JaxTensor, make, read, view_for, wrap_array
 
-__all__ = ["run_inplace_view", "run_view"]
+__all__ = ["run_inplace_view", "run_same_view", "run_view"]
 
 
 class _ViewResult(NamedTuple):
@@ -93,6 +93,23 @@ def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
                 raise missing_lowering(func)
             return CompiledOp(func, lowering)(args, kwargs)
     return _outside_inference_mode(self, _views_of, self, metas, single)
+
+
+def run_same_view(args: tuple, kwargs: dict) -> Any:
+    """``detach(self)`` / ``alias(self)``: a new tensor over self's storage
+    with self's own view, made directly (6.4 -> 3.5 us: no meta kernel, no
+    view key; the result's metadata is self's)."""
+    self = args[0] if args else kwargs["self"]
+    if not isinstance(self, JaxTensor):
+        raise TypeError("pjrt_host: detach/alias expects a 'jax' tensor first")
+    return _outside_inference_mode(self, _same_view_of, self)
+
+
+def _same_view_of(self: JaxTensor) -> JaxTensor:
+    storage, view = self._storage, self._view
+    if view is None:
+        return make(storage, storage.shape, self.dtype)
+    return make(storage, view.size, self.dtype, view.stride, view.offset, view)
 
 
 def _outside_inference_mode(self: JaxTensor, fn: Any, *args: Any) -> Any:
