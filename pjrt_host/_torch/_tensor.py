@@ -179,6 +179,11 @@ def _is_contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return True
 
 
+# Instance attributes that are this class's own (the data, and torch's mark
+# of a Parameter), not a user's: pickling leaves them out of the state.
+_OWN_ATTRIBUTES = frozenset(("_storage", "_view", "_is_param"))
+
+
 def _no_dispatcher(func: Any, args: tuple, kwargs: dict) -> Any:
     raise RuntimeError("pjrt_host: the 'jax' device is not registered with torch (import pjrt_host)")
 
@@ -217,8 +222,25 @@ class JaxTensor(torch.Tensor):
         # back sharing it), offset, size and stride.  The storage is tagged
         # 'jax:N', so torch.load's map_location applies as for cuda, and
         # torch.save writes it through storage.cpu().
+        #
+        # A Parameter on 'jax' is this class with ``_is_param`` set (torch's
+        # nn.Parameter path for tensor subclasses), so it reduces as
+        # nn.Parameter.__reduce_ex__ does: torch._utils._rebuild_parameter
+        # over the detached data, with requires_grad, no hooks, and the
+        # user's attributes, if any (_rebuild_parameter_with_state).  Both
+        # are on torch.load's weights_only list, and rebuild a Parameter on
+        # whatever device map_location puts the data (a CPU Parameter with
+        # map_location='cpu').
         import collections
 
+        attrs = self.__dict__
+        if attrs.get("_is_param", False):
+            state = {k: v for k, v in attrs.items() if k not in _OWN_ATTRIBUTES}
+            data = torch.Tensor.detach(self)
+            if state:
+                return (torch._utils._rebuild_parameter_with_state,
+                        (data, self.requires_grad, collections.OrderedDict(), state))
+            return (torch._utils._rebuild_parameter, (data, self.requires_grad, collections.OrderedDict()))
         storage = torch.storage.TypedStorage(wrap_storage=self.untyped_storage(), dtype=self.dtype, _internal=True)
         return (torch._utils._rebuild_tensor_v2,
                 (storage, self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad,
