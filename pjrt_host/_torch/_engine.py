@@ -335,7 +335,10 @@ class CompiledOp:
             if self.misses > (1 if self.lowering.needs_rng else 3) and self.dynamic is None and self.scalar_slots \
                     and not self.out_names \
                     and not self.in_trial and not self.eager:
-                return self._trial_dynamic(args, kwargs)
+                # The trial takes the call as given: its generator= decides
+                # what both runs draw (the split kwargs have lost it, and a
+                # seeded generator's draw then depended on earlier calls).
+                return self._trial_dynamic(args, given)
             entry = self._build(key, args, kwargs, out_targets, cfg)
         if self.lowering.needs_rng:  # drawn once the call runs (a trial above draws for itself)
             dyn.extend(_rng.next_key_args(index, generator))
@@ -596,6 +599,9 @@ class CompiledOp:
                 return _lowerings.invoke(lowering, call_args, call_kwargs, ctx, result_dtypes)
         jitted = not (self.eager or not cfg.jit)
         writes = self.inplace is not None or bool(out_targets)
+        # jax names the program after the function: compile logs, profiles
+        # and jax.monitoring events then say which torch op compiled.
+        fn.__name__ = fn.__qualname__ = self.name.replace("::", ".")
         entry = _Entry(jax.jit(fn) if jitted else fn, plan, fn if (jitted and writes and DONATE) else None,
                        {} if (jitted and writes and DONATE) else None)
         with _lock:

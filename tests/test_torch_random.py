@@ -1,0 +1,87 @@
+"""Same seed, same numbers, whatever ran before: every random op on the
+'jax' device, with the global seed and with a ``torch.Generator('jax')``,
+eager and compiled, draws in a process that has used these ops before
+exactly what a fresh process draws.
+
+An op's compiled form depends on what the process did before it (its
+scalars are traced after a second signature, a trial runs it twice), so
+each check compares against a fresh child process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+from conftest import run_python  # noqa: E402
+
+# Run here and in a fresh child: every random op the device has, with a
+# 'jax' generator, with the global seed, and inside a compiled function.
+DRAWS = r'''
+import torch
+
+def eager_draws(g):
+    kw = {} if g is None else {"generator": g}
+    x = torch.empty(4, device="jax")
+    w = torch.ones(5, device="jax")
+    return [torch.randn(3, device="jax", **kw), torch.rand(2, 3, device="jax", **kw),
+            torch.randint(0, 100, (5,), device="jax", **kw), torch.randint(7, (2,), device="jax", **kw),
+            torch.randperm(6, device="jax", **kw), x.normal_(**kw).clone(), x.normal_(2.0, 3.0, **kw).clone(),
+            x.uniform_(**kw).clone(), x.uniform_(-1.0, 1.0, **kw).clone(),
+            x.bernoulli_(0.5, **kw).clone(), x.bernoulli_(0.25, **kw).clone(),
+            torch.bernoulli(torch.full((4,), 0.5, device="jax"), **kw),
+            x.exponential_(**kw).clone(), x.random_(0, 10, **kw).clone(), x.cauchy_(**kw).clone(),
+            x.log_normal_(**kw).clone(), x.geometric_(0.3, **kw).clone(),
+            torch.normal(torch.zeros(3, device="jax"), torch.ones(3, device="jax"), **kw),
+            torch.multinomial(w, 3, **kw), torch.multinomial(w, 8, replacement=True, **kw)]
+
+def compiled_draws():
+    f = torch.compile(lambda a: torch.nn.functional.dropout(a, 0.5) + torch.rand_like(a), backend="jax")
+    return [f(torch.ones(8, device="jax"))]
+
+def all_draws():
+    g = torch.Generator(device="jax")
+    g.manual_seed(123)
+    torch.manual_seed(7)
+    return [t.cpu().tolist() for t in eager_draws(g) + eager_draws(None) + compiled_draws()]
+'''
+
+
+def _fresh_draws() -> list:
+    code = DRAWS + "\nimport json\nprint(json.dumps(all_draws()))\n"
+    proc = run_python(["-c", code], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _warm_every_random_op() -> None:
+    """Call every random op with several signatures and scalars, with and
+    without generators: the history that once changed a seeded draw."""
+    other = torch.Generator(device="jax").manual_seed(1)
+    for n in (3, 4, 5, 6):
+        x = torch.empty(n, device="jax")
+        for kw in ({}, {"generator": other}):
+            x.bernoulli_(0.1 * n, **kw)
+            x.normal_(0.5 * n, 1.0, **kw)
+            x.uniform_(-n, n, **kw)
+            x.exponential_(1.0 / n, **kw)
+            x.random_(0, n + 2, **kw)
+            x.geometric_(0.1 * n, **kw)
+            torch.rand(n, device="jax", **kw)
+            torch.multinomial(torch.ones(n, device="jax"), 2, **kw)
+
+
+def test_a_seed_draws_what_a_fresh_process_draws_after_any_history():
+    expected = _fresh_draws()
+    namespace: dict = {}
+    exec(DRAWS, namespace)
+    # Before any history here, and after each op has seen other signatures.
+    first = namespace["all_draws"]()
+    _warm_every_random_op()
+    after = namespace["all_draws"]()
+    for i, (want, got_first, got_after) in enumerate(zip(expected, first, after, strict=True)):
+        assert got_first == want, f"draw {i}: {got_first} in this process, {want} in a fresh one"
+        assert got_after == want, f"draw {i} after other calls: {got_after}, fresh: {want}"
