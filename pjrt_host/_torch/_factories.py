@@ -215,6 +215,7 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         else:
             def body():
                 return values(None)
+        body.__name__ = body.__qualname__ = f"aten.{name}"  # what jax's compile logs and events name
         fn = jax.jit(body, out_shardings=sharding(index))
         if key is not None:
             _compiled[key] = fn
