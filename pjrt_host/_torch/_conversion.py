@@ -5,6 +5,13 @@ array is not, so neither may alias the other.  When the plugin lists the
 torch device in ``zero_copy_torch_devices``, the copy is a torch clone on
 that device and the clone is handed over through DLPack (no host round
 trip); otherwise the data goes through host memory once.
+
+Through host memory a tensor becomes a numpy array of jax's dtype over its
+bytes, never a conversion of values, so every dtype both hold moves
+bit-exactly (NaN payloads, negative zero, subnormals).  Where torch's numpy
+bridge gives jax's dtype, it is used as it is; where it has none (bfloat16,
+the float8s: numpy lacks them, jax takes them from ml_dtypes), the tensor
+is read as uint8 and the bytes re-read as the jax dtype (and back).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import numpy as np
 import torch
 
 from .. import _runtime
-from .._lowerings._dtypes import jax_dtype
+from .._lowerings._dtypes import jax_dtype, torch_dtype
 from ._devices import jax_device
 from ._tensor import JaxTensor, read, run_deferred_checks
 
@@ -53,12 +60,48 @@ def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) 
         except Exception:
             pass  # e.g. a dtype DLPack does not carry: the host path below
     host = t.cpu() if t.device.type != "cpu" else t
-    host = host.contiguous()
-    if host.dtype == torch.bfloat16:
-        np_value = host.view(torch.int16).numpy().view(jax_dtype(torch.bfloat16))
-    else:
-        np_value = host.numpy()
-    return jax.device_put(np_value, target, may_alias=False)
+    return jax.device_put(_host_array(host), target, may_alias=False)
+
+
+# torch dtype -> (jax's numpy dtype, whether torch's numpy bridge gives
+# exactly that dtype); learnt once per dtype by asking both libraries.
+_host_dtypes: dict[torch.dtype, tuple[np.dtype, bool]] = {}
+
+
+def _host_dtype(dtype: torch.dtype) -> tuple[np.dtype, bool]:
+    found = _host_dtypes.get(dtype)
+    if found is None:
+        target = np.dtype(jax_dtype(dtype))  # the error naming a dtype jax cannot hold
+        try:
+            bridged = torch.empty(0, dtype=dtype).numpy().dtype == target
+            bridged = bridged and torch.from_numpy(np.empty(0, target)).dtype == dtype
+        except (TypeError, RuntimeError):
+            bridged = False
+        found = _host_dtypes[dtype] = (target, bridged)
+    return found
+
+
+def _host_array(host: torch.Tensor) -> np.ndarray:
+    """A numpy array of the jax dtype over the bytes of CPU tensor ``host``
+    (no copy when it is contiguous)."""
+    target, bridged = _host_dtype(host.dtype)
+    if bridged:
+        return host.contiguous().numpy()
+    # 1-d with stride 1 (a 0-d array cannot change its item size; a size-1
+    # dimension of a contiguous tensor may have any stride)
+    flat = host.contiguous().as_strided((host.numel(),), (1,))
+    return flat.view(torch.uint8).numpy().view(target).reshape(tuple(host.shape))
+
+
+def _host_tensor(host: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of ``dtype`` (the torch dtype of ``host``'s jax dtype)
+    with a copy of the bytes of numpy array ``host``."""
+    if _host_dtype(dtype)[1]:
+        return torch.from_numpy(np.array(host, copy=True))
+    if host.size == 0:  # torch.from_numpy gives an empty array stride 0, which view(dtype) refuses
+        return torch.empty(host.shape, dtype=dtype)
+    flat = np.ascontiguousarray(host).reshape(-1)
+    return torch.from_numpy(flat.view(np.uint8).copy()).view(dtype).reshape(host.shape)
 
 
 def to_torch(t: JaxTensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -83,11 +126,7 @@ def to_torch(t: JaxTensor, device: torch.device, dtype: torch.dtype | None = Non
         from jax.experimental import multihost_utils
 
         arr = multihost_utils.process_allgather(arr, tiled=True)
-    host = np.asarray(arr)
-    if t.dtype == torch.bfloat16:
-        out = torch.from_numpy(host.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        out = torch.from_numpy(np.array(host, copy=True))
+    out = _host_tensor(np.asarray(arr), torch_dtype(arr.dtype))
     if out.dtype != t.dtype:
         out = out.to(t.dtype)
     if device.type != "cpu":
