@@ -27,6 +27,15 @@ _BROKEN_DTYPE = """
         unsupported_dtypes = {"float64": "complex32"}
 """
 
+_NO_ZERO_COPY = """
+    from pjrt_host_cpu_ref import CpuRefPlugin
+
+    class Plugin(CpuRefPlugin):
+        # Like every plugin but cpu_ref: CPU tensors reach the device
+        # through host memory, where numpy has no bfloat16 or float8.
+        zero_copy_torch_devices = ()
+"""
+
 _NO_COLLECTIVES = """
     import jax
     from pjrt_host_cpu_ref import CpuRefPlugin
@@ -88,6 +97,7 @@ def test_cpu_ref_quick_passes_every_section(tmp_path):
         assert not [c for c in section["checks"] if c["status"] == "fail"], (name, section["checks"])
     dtypes = {c["name"]: c["status"] for c in by_name["dtypes"]["checks"]}
     assert dtypes["bfloat16"] == dtypes["float8_e4m3fn"] == dtypes["uint64"] == "pass"
+    assert "through DLPack" in by_name["dtypes"]["checks"][0]["detail"]  # cpu_ref's zero_copy_torch_devices
     assert dtypes["complex32"] == "expected"  # jax has none: refused on every plugin
     ops = by_name["ops"]
     assert sum(c["counts"].get("passed", 0) for c in ops["checks"]) >= 20
@@ -110,6 +120,22 @@ def test_a_declared_dtype_the_device_cannot_hold_fails_the_dtypes_section(tmp_pa
     assert [c["name"] for c in failed] == ["float64"]
     assert "complex32" in failed[0]["detail"]
     assert "FAIL float64:" in out and out.rstrip().splitlines()[-1].startswith("FAIL: dtypes")
+
+
+def test_a_plugin_without_zero_copy_passes_the_dtypes_section(tmp_path, site):
+    """Every dtype's bit-exact round trip runs through host memory here; a
+    host defect on that path (float8 once failed it) must not fail the
+    plugin's report card."""
+    _install(site, "nozerocopy", _NO_ZERO_COPY)
+    code, out, doc, _ = _check(tmp_path, "nozerocopy", "--quick", "--only", "contract,dtypes", site=site)
+    assert code == 0, out
+    assert _sections(doc) == {"contract": "pass", "dtypes": "pass"}
+    checks = {c["name"]: c for s in doc["sections"] if s["name"] == "dtypes" for c in s["checks"]}
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                 "float8_e8m0fnu", "uint64", "complex128", "bool"):
+        assert checks[name]["status"] == "pass", checks[name]
+        assert "through host memory" in checks[name]["detail"], checks[name]
+    assert checks["complex32"]["status"] == "expected"
 
 
 def test_a_client_without_cross_process_collectives_fails_only_collectives(tmp_path, site):

@@ -269,12 +269,26 @@ def _bits(torch: Any, t: Any) -> Any:
     return t.contiguous().view(torch.uint8)
 
 
+def _usable_torch_devices(torch: Any, device_types: Any) -> list[str]:
+    """Those of ``device_types`` torch has a usable device of here."""
+    return [d for d in device_types
+            if d == "cpu" or getattr(getattr(torch, d, None), "is_available", lambda: False)()]
+
+
 def dtypes(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
     import torch
 
     from .._lowerings._dtypes import jax_dtype
 
-    declared = dict(_record(name).plugin.unsupported_dtypes)
+    plugin = _record(name).plugin
+    declared = dict(plugin.unsupported_dtypes)
+    zero_copy = tuple(plugin.zero_copy_torch_devices)
+    # CPU tensors go through DLPack where the plugin declares it, else through
+    # host memory (where numpy has no bfloat16 or float8): the report says
+    # which one these checks ran.  Tensors of the other declared devices move
+    # through DLPack as well, checked where torch has such a device.
+    cpu_path = "through DLPack" if "cpu" in zero_copy else "through host memory"
+    others = _usable_torch_devices(torch, [d for d in zero_copy if d != "cpu"])
     for dtype_name in _DTYPE_NAMES:
         dtype = getattr(torch, dtype_name, None)
         if not isinstance(dtype, torch.dtype):
@@ -308,13 +322,20 @@ def dtypes(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
                 assert got.dtype == target, f"{what} gives {got.dtype}, expected {target}"
                 if not torch.equal(_bits(torch, got), _bits(torch, want)):
                     differ = int((_bits(torch, got) != _bits(torch, want)).sum())
-                    raise AssertionError(f"{what} is not bit-exact: {differ} of {want.numel() * want.element_size()}"
-                                         " bytes differ")
+                    raise AssertionError(f"{what} ({cpu_path}) is not bit-exact: {differ} of "
+                                         f"{want.numel() * want.element_size()} bytes differ")
+            for device_type in others:
+                got = host.to(device_type).to("jax").to(device_type).cpu()
+                if not torch.equal(_bits(torch, got), _bits(torch, want)):
+                    raise AssertionError(f"torch {device_type} -> 'jax' -> {device_type} (DLPack, "
+                                         "zero_copy_torch_devices) is not bit-exact")
             if target != dtype:
                 info["status"] = "expected"
                 info["detail"] = f"declared unsupported: held as {declared[dtype_name]}, values round-trip as such"
             else:
-                info["detail"] = f"{host.numel()} values bit-exact, both ways and through a device copy"
+                info["detail"] = (f"{host.numel()} values bit-exact, both ways ({cpu_path}"
+                                  f"{''.join(f'; from {d} through DLPack' for d in others)}) and through a device "
+                                  "copy")
 
 
 # ---------------------------------------------------------------- ops
