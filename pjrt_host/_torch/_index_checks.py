@@ -34,12 +34,13 @@ import torch
 
 from ._tensor import JaxTensor, defer_check, read
 
-__all__ = ["check", "check_structure", "checker_for", "indexes_along_dim"]
+__all__ = ["check", "check_structure", "checker_for", "failure", "indexes_along_dim", "sites"]
 
 _minmax = jax.jit(lambda a: jnp.stack([jnp.min(a), jnp.max(a)]).astype(jnp.int64))
 
 
-_local = threading.local()  # .op: the op being checked, .deferred: check at the next sync point
+_local = threading.local()  # .op: the op being checked, .deferred: check at the next sync point,
+#                             .collect: a list while :func:`sites` reads an op's checks (graph form)
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
@@ -95,7 +96,20 @@ def _first_bad(values: Any, low: int, high: int) -> int:
     return int(values[(values < low) | (values >= high)][0])
 
 
+def failure(error: Callable[[int, int, int], Exception], value: int, dim: int, size: int, op: str, where: str,
+            when: str) -> Exception:
+    """The error of an index check found after its op ran: torch's type and
+    text for ``value``, then which op raised it ``where`` and ``when``."""
+    err = error(value, dim, size)
+    return type(err)(f"{err} (raised by {op} {where}, {when})")
+
+
 def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[int, int, int], Exception]) -> None:
+    collect = getattr(_local, "collect", None)
+    if collect is not None:  # graph form: the check itself is computed inside the compiled program
+        if isinstance(index, torch.Tensor) and not index.dtype.is_floating_point:
+            collect.append((index, size, dim, negative_ok, error))
+        return
     if not isinstance(index, JaxTensor) or index.numel() == 0 or index.dtype.is_floating_point:
         return
     low = -size if negative_ok else 0
@@ -113,9 +127,9 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
             return False
         lo, hi = np.asarray(bounds).tolist()
         if lo < low or hi >= size:
-            err = error(_first_bad(values, low, size), dim, size)
-            raise type(err)(f"{err} (raised by {op} on {device}, found at the next synchronisation point; "
-                            "pjrt_host.config(check_indices='sync') raises at the op itself)")
+            raise failure(error, _first_bad(values, low, size), dim, size, op, f"on {device}",
+                          "found at the next synchronisation point; pjrt_host.config(check_indices='sync') raises "
+                          "at the op itself")
         return True
 
     defer_check(verdict)
@@ -127,6 +141,25 @@ def check(func_name: str, check_fn: Callable[[tuple, dict], None], mode: Any, ar
     _local.op = func_name
     _local.deferred = mode != "sync"
     check_fn(args, kwargs)
+
+
+def sites(name: str, args: tuple, kwargs: dict) -> list[tuple]:
+    """Graph form: the index checks ATen op ``name`` makes on ``args``
+    (fake tensors, as a traced graph records them), without reading values:
+    ``[(index tensor, size, dim, negative_ok, error)]``, the index valid in
+    ``[-size if negative_ok else 0, size)``; ``error(value, dim, size)`` is
+    torch's exception for a bad ``value``.  The compiled program computes
+    the verdict itself."""
+    fn = checker_for(name)
+    if fn is None:
+        return []
+    found: list[tuple] = []
+    _local.collect = found
+    try:
+        fn(args, kwargs)
+    finally:
+        _local.collect = None
+    return found
 
 
 def _located(exc: type, text: Callable[[int, int, int], str]) -> Callable[[int, int, int], Exception]:
