@@ -22,7 +22,7 @@ import jax
 import torch
 
 from .._lowerings._dtypes import torch_dtype
-from . import _device
+from . import _checks, _device
 from ._pure import PurityError, _describe
 from ._trace import NotTraceable, Traced, call_with_leaves, fake_tensors, trace
 
@@ -70,9 +70,23 @@ class TorchAsJax:
         key = None
         if traced.needs_rng:
             key = _key(rng, arrays, f"pjrt_host.interop.{self.what}({self.name})")
-        ctx = _device.lowering_context(_device.config())
-        outs, _ = traced.run(list(arrays), key, ctx)
+        cfg = _device.config()
+        ctx = _device.lowering_context(cfg)
+        rows: list | None = [] if cfg.check_indices and traced.program.sites else None
+        outs, _ = traced.run(list(arrays), key, ctx, rows)
+        if rows:
+            self._check(rows, traced, cfg.check_indices)
         return traced.unflatten(outs)
+
+    def _check(self, rows: list, traced: Traced, mode: Any) -> None:
+        """The index checks of one call: queued with eager's deferred checks
+        when the call ran on values, ``checkify.debug_check``s under a JAX
+        transformation (no host code runs per call there)."""
+        where = f"in pjrt_host.interop.{self.what}({self.name})"
+        if any(isinstance(r, jax.core.Tracer) for _, _, r in rows):
+            _checks.debug_checks(rows, traced.program.sites, where)
+        else:
+            _checks.report(_checks.stack(rows), traced.program.sites, mode, where)
 
     def _trace(self, sig: Any, leaves: list, treedef: Any, arrays: list) -> Traced:
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]

@@ -20,7 +20,7 @@ import torch
 
 from .._jax_settings import x64_scope as _x64_scope
 from .. import _lowerings
-from . import _device, _graph_ops
+from . import _checks, _device, _graph_ops
 from ._interpreter import Program
 from ._runtime import REPORT, CompiledGraph, EagerGraph, warn_once
 
@@ -60,7 +60,9 @@ def _short(op: Any) -> str:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, what: str) -> Any:
     """fw / bw / inference compiler: the ATen graph as a callable."""
-    program = Program(gm, _device.jax_dtype_of)
+    # A backward graph's indices are the forward's (saved or recomputed from
+    # its inputs), checked there: it runs unchecked.
+    program = Program(gm, _device.jax_dtype_of, _checks.sites_of if what != "backward" else None)
     if program.unsupported:
         ops = ", ".join(f"{op} ({why})" for op, why in sorted(program.unsupported.items()))
         for op in program.unsupported:

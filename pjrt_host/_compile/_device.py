@@ -14,12 +14,13 @@ import torch
 
 from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from .._torch import DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _rng, _sharding, _tensor, _views
+from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _index_checks, _rng, _sharding,
+                      _tensor, _views)
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
-    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "config", "current_index", "device_dtype", "device_index",
-    "eager_dispatch_hooks", "index_of_array", "jax_device", "lowering_context", "next_key_args", "note_result",
+    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "config", "current_index", "defer_check", "device_dtype",
+    "device_index", "eager_dispatch_hooks", "index_failure", "index_of_array", "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result",
     "put_storage", "read", "storage_of", "to_jax_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
 ]
 
@@ -162,6 +163,23 @@ def last_result(index: int) -> Any:
     (None: none, or nobody holds it any more)."""
     ref = _tensor._last.get(index)
     return None if ref is None else ref()
+
+
+def index_sites(name: str, args: tuple, kwargs: dict) -> list[tuple]:
+    """The index checks eager mode makes for ATen op ``name``, read from a
+    graph's fake tensors: ``[(index, size, dim, negative_ok, error)]``."""
+    return _index_checks.sites(name, args, kwargs)
+
+
+def index_failure(error: Any, value: int, dim: int, size: int, op: str, where: str, when: str) -> Exception:
+    """The exception of a failed index check, worded as eager's deferred one."""
+    return _index_checks.failure(error, value, dim, size, op, where, when)
+
+
+def defer_check(verdict: Any) -> None:
+    """Queue ``verdict(wait)`` with eager's deferred checks (run at the next
+    synchronisation point: ``.item()``, ``.cpu()``, ``torch.jax.synchronize()``)."""
+    _tensor.defer_check(verdict)
 
 
 def jax_device(index: int) -> Any:

@@ -24,7 +24,7 @@ from .._lowerings import LoweringContext, invoke
 from . import _graph_ops
 from ._graph_ops import Out
 
-__all__ = ["GraphLoweringError", "Program"]
+__all__ = ["GraphLoweringError", "Program", "index_row"]
 
 
 class GraphLoweringError(Exception):
@@ -65,6 +65,7 @@ class _Step(NamedTuple):
     random: int = -1  # index of the random op (its key is fold_in(key, random))
     meta: Any = None  # result dtypes (lowering) / Out template (graph)
     index: int = -1  # placeholder position (input), or mutated placeholder (copy_ into an input)
+    checks: tuple[int, ...] = ()  # the op's index checks (numbers into Program.sites)
 
 
 _PYTHON_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
@@ -83,11 +84,18 @@ def _python_callable(target: Any) -> bool:
 
 class Program:
     """One ATen graph, read once.  ``dtype_of(torch dtype) -> jax dtype``
-    maps result dtypes (the device may map some, e.g. float64 -> float32)."""
+    maps result dtypes (the device may map some, e.g. float64 -> float32).
+    ``sites_of(node, op name) -> [site]`` gives the index checks of an op
+    (``_checks.sites_of``; each site has ``.index``, the index's node,
+    ``.size`` and ``.negative_ok``): :meth:`run` computes them on request."""
 
-    def __init__(self, gm: torch.fx.GraphModule, dtype_of: Callable[[torch.dtype], Any]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, dtype_of: Callable[[torch.dtype], Any],
+                 sites_of: Callable[[torch.fx.Node, str], list] | None = None) -> None:
         self.gm = gm
         self.dtype_of = dtype_of
+        self._sites_of = sites_of
+        #: The index checks of the graph's ops, in graph order.
+        self.sites: list[Any] = []
         self.steps: list[_Step] = []
         #: Ops with no lowering (name -> why): the graph cannot be one jax function.
         self.unsupported: dict[str, str] = {}
@@ -174,7 +182,8 @@ class Program:
                         index = placeholders[dst]
                         if index not in self.mutated_inputs:
                             self.mutated_inputs.append(index)
-                return _Step("graph", node, graph_op, self._next_random(graph_op.random), index=index)
+                return _Step("graph", node, graph_op, self._next_random(graph_op.random), index=index,
+                             checks=self._checks(node, name))
             lowering = _lowerings.lookup(target)
             writes = any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
             if lowering is None and not writes:
@@ -193,7 +202,7 @@ class Program:
                 self.unsupported.setdefault(name, "it writes to an argument")
                 return None
             return _Step("lowering", node, lowering, self._next_random(lowering.needs_rng),
-                         meta=self._result_dtypes(node))
+                         meta=self._result_dtypes(node), checks=self._checks(node, name))
         if isinstance(target, torch._ops.HigherOrderOperator):
             self.unsupported.setdefault(f"higher-order op {target.name()}", "not supported in graph form")
             return None
@@ -224,6 +233,13 @@ class Program:
                 array = host.numpy()
         return jax.numpy.asarray(array).astype(self.dtype_of(value.dtype))
 
+    def _checks(self, node: torch.fx.Node, name: str) -> tuple[int, ...]:
+        if self._sites_of is None:
+            return ()
+        found = self._sites_of(node, name)
+        self.sites.extend(found)
+        return tuple(range(len(self.sites) - len(found), len(self.sites)))
+
     def _next_random(self, random: bool) -> int:
         if not random:
             return -1
@@ -240,9 +256,12 @@ class Program:
 
     # ------------------------------------------------------------ running
 
-    def run(self, inputs: list[Any], key: Any, ctx: LoweringContext) -> tuple[list[Any], list[tuple[int, Any]]]:
+    def run(self, inputs: list[Any], key: Any, ctx: LoweringContext,
+            checks: list | None = None) -> tuple[list[Any], list[tuple[int, Any]]]:
         """Evaluate the graph on jax values (traceable).  Returns (outputs,
-        [(placeholder, new value)] for each write into an input, in order)."""
+        [(placeholder, new value)] for each write into an input, in order).
+        With a list ``checks``, appends ``(site number, size, row)`` for each
+        index check of :attr:`sites` (``row``: see :func:`index_row`)."""
         env: dict[torch.fx.Node, Any] = {}
         mutations: list[tuple[int, Any]] = []
         bindings: dict[Any, int] = {}
@@ -261,10 +280,14 @@ class Program:
                     _bind(node.meta.get("val"), v, bindings)
                 elif kind == "lowering":
                     args, kwargs = value(node.args), value(node.kwargs)
+                    if checks is not None and step.checks:
+                        self._check(step.checks, env, bindings, checks)
                     c = ctx if step.random < 0 else dataclasses.replace(ctx, rng_key=jax.random.fold_in(key, step.random))
                     env[node] = invoke(step.fn, args, kwargs, c, step.meta)
                 elif kind == "graph":
                     args, kwargs = value(node.args), value(node.kwargs)
+                    if checks is not None and step.checks:
+                        self._check(step.checks, env, bindings, checks)
                     k = None if step.random < 0 else jax.random.fold_in(key, step.random)
                     with jax.default_matmul_precision(ctx.matmul_precision):
                         result = step.fn.fn(self._out(node, bindings), k, *args, **kwargs)
@@ -291,6 +314,12 @@ class Program:
                 raise GraphLoweringError(op_name(node.target) if kind != "output" else "output", node.name,
                                          err) from err
         return outputs, mutations
+
+    def _check(self, numbers: tuple[int, ...], env: dict, bindings: dict, checks: list) -> None:
+        for number in numbers:
+            site = self.sites[number]
+            size = _concrete(site.size, bindings)
+            checks.append((number, size, index_row(env[site.index], size, site.negative_ok)))
 
     def _out(self, node: torch.fx.Node, bindings: dict) -> Out:
         val = node.meta.get("val")
@@ -338,6 +367,20 @@ def _foreach(lowering: Any, args: tuple, kwargs: dict, ctx: LoweringContext, dty
         dtype = dtypes[i] if isinstance(dtypes, list) else dtypes
         out.append(invoke(lowering, elem, kwargs, ctx, dtype))
     return out
+
+
+def index_row(index: Any, size: int, negative_ok: bool) -> Any:
+    """Traceable: ``[any value out of range, an out-of-range value (the
+    largest if one is too large, else the smallest), size]`` of the index
+    values ``index``, in the index's dtype; in range is ``[-size, size)``
+    with ``negative_ok``, else ``[0, size)``.  One small vector per check:
+    a min/max reduction over the index (as eager's check), no read of the
+    indexed data."""
+    jnp = jax.numpy
+    lo, hi = jnp.min(index), jnp.max(index)
+    too_high = hi >= size
+    bad = too_high | (lo < (-size if negative_ok else 0))
+    return jnp.stack([bad.astype(index.dtype), jnp.where(too_high, hi, lo), jnp.asarray(size, index.dtype)])
 
 
 def _has_symbols(val: torch.Tensor) -> bool:

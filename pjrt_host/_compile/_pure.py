@@ -32,7 +32,7 @@ import jax
 import torch
 
 from .._jax_settings import x64_api as _x64_api, x64_scope as _x64_scope
-from . import _device, _hiding
+from . import _checks, _device, _hiding
 from ._trace import NotTraceable, call_with_leaves, fake_tensors, trace
 
 __all__ = ["CacheInfo", "PureFunction", "PureModule", "PurityError", "assume_pure"]
@@ -59,15 +59,21 @@ class CacheInfo(NamedTuple):
 
 class _Entry:
     """One argument signature of a jax-backed call: ``body(arrays, key) ->
-    (outputs, [(argument number, new value)])`` (traceable) and its jitted
-    forms."""
+    (outputs, [(argument number, new value)])`` (traceable; with ``sites``,
+    also ``body(arrays, key, checks=list)`` collecting the index checks'
+    rows) and its jitted forms."""
 
     __slots__ = ("body", "out_dtypes", "in_dtypes", "mutated", "needs_rng", "unflatten", "index", "diff", "other",
-                 "float_outs", "other_outs", "name", "programs", "mesh")
+                 "float_outs", "other_outs", "name", "programs", "mesh", "sites", "checks")
 
     def __init__(self, body: Callable, out_dtypes: list, in_dtypes: list, mutated: list, needs_rng: bool,
-                 unflatten: Callable, index: int, diff: tuple[int, ...], name: str, mesh: Any = None) -> None:
+                 unflatten: Callable, index: int, diff: tuple[int, ...], name: str, mesh: Any = None,
+                 sites: list | None = None, checks: Any = None) -> None:
         self.body = body
+        self.sites = sites or []  # the trace's index checks (_checks.Site)
+        #: The check_indices mode when the jitted forms also return the
+        #: checks' verdicts (one array, see _checks.report), else None.
+        self.checks = checks if self.sites else None
         self.mesh = mesh  # the mesh the body's sharding constraints name (None: none)
         self.out_dtypes = out_dtypes  # torch dtype of each tensor output
         self.in_dtypes = in_dtypes  # torch dtype of each tensor argument
@@ -90,25 +96,29 @@ class _Entry:
         return jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), counter)
 
     def plain(self) -> Any:
-        """jit: (arrays, rng) -> (outputs, new values of the written arguments)."""
+        """jit: (arrays, rng) -> (outputs, new values of the written
+        arguments, index checks' verdicts or None)."""
         programs = self.programs
         if programs.plain is None:
-            body, name = self.body, self.name
+            body, name, checking = self.body, self.name, self.checks is not None
 
             def fn(arrays: list, rng: Any) -> Any:
+                rows: list | None = [] if checking else None
                 with jax.named_scope(name):
-                    outs, muts = body(arrays, _Entry._key(rng))
-                return outs, [_like(v, arrays[i]) for i, v in muts]
+                    outs, muts = body(arrays, _Entry._key(rng), checks=rows) if checking else \
+                        body(arrays, _Entry._key(rng))
+                return outs, [_like(v, arrays[i]) for i, v in muts], None if rows is None else _checks.stack(rows)
 
             programs.plain = jax.jit(fn)
         return programs.plain
 
     def forward(self) -> Any:
         """jit: (diff arrays, other arrays, rng) -> (float outputs, other
-        outputs, written values, vjp residuals)."""
+        outputs, written values, vjp residuals, index checks' verdicts or None)."""
         programs = self.programs
         if programs.forward is None:
             body, name, diff, other = self.body, self.name, self.diff, self.other
+            checking = self.checks is not None
             float_outs, other_outs = self.float_outs, self.other_outs
             treedef = programs.res_treedef
 
@@ -121,14 +131,16 @@ class _Entry:
                         arrays[i] = a
                     for i, a in zip(other, o_arrays):
                         arrays[i] = a
+                    rows: list | None = [] if checking else None
                     with jax.named_scope(name):
-                        outs, muts = body(arrays, key)
+                        outs, muts = body(arrays, key, checks=rows) if checking else body(arrays, key)
                     return [outs[i] for i in float_outs], ([outs[i] for i in other_outs],
-                                                          [_like(v, arrays[i]) for i, v in muts])
+                                                          [_like(v, arrays[i]) for i, v in muts],
+                                                          None if rows is None else _checks.stack(rows))
 
-                fl, pullback, (rest, muts) = jax.vjp(f, list(d_arrays), has_aux=True)
+                fl, pullback, (rest, muts, flags) = jax.vjp(f, list(d_arrays), has_aux=True)
                 res, treedef[0] = jax.tree_util.tree_flatten(pullback)
-                return fl, rest, muts, res
+                return fl, rest, muts, res, flags
 
             programs.forward = jax.jit(fn)
         return programs.forward
@@ -206,9 +218,9 @@ def run(entry: _Entry, read: Arguments) -> Any:
     if entry.diff:
         box: list = []
         outs = _Call.apply(entry, arrays, rng, box, place, *tensors)
-        muts = box[0]
+        muts, flags = box
     else:
-        arrs, muts = entry.plain()(arrays, rng)
+        arrs, muts, flags = entry.plain()(arrays, rng)
         outs = [_device.wrap(a, entry.index, dt, place) for a, dt in zip(arrs, entry.out_dtypes)]
     for i, value in zip(entry.mutated, muts):
         t = tensors[i]
@@ -216,6 +228,9 @@ def run(entry: _Entry, read: Arguments) -> Any:
         torch.autograd.graph.increment_version(t)
     if outs:  # torch.jax.synchronize() waits for it (a result is its storage's own array)
         _device.note_result(entry.index, outs[-1]._storage.array)
+    if flags is not None:
+        _checks.report(flags, entry.sites, entry.checks,
+                       f"in pjrt_host.assume_pure({entry.name}) on {_device.DEVICE_NAME}:{entry.index}")
     return entry.unflatten(list(outs))
 
 
@@ -231,11 +246,11 @@ class _Call(torch.autograd.Function):
                 *tensors: torch.Tensor) -> Any:
         d = [arrays[i] for i in entry.diff]
         o = [arrays[i] for i in entry.other]
-        fl, rest, muts, res = entry.forward()(d, o, rng)
+        fl, rest, muts, res, flags = entry.forward()(d, o, rng)
         ctx.entry = entry
         ctx.res = res
         ctx.place = place
-        box.append(muts)
+        box.extend((muts, flags))
         outs: list[Any] = [None] * len(entry.out_dtypes)
         for i, a in zip(entry.float_outs, fl):
             outs[i] = a
@@ -379,7 +394,7 @@ class PureFunction:
         ctx = _device.lowering_context(sig.cfg)
         entry = _Entry(functools.partial(traced.run, ctx=ctx), [d for d in traced.out_dtypes if d is not None],
                        [t.dtype for t in tensors], traced.mutated, traced.needs_rng, traced.unflatten, index, diff,
-                       self.name, traced.mesh)
+                       self.name, traced.mesh, traced.program.sites, sig.cfg.check_indices or None)
         _share(entry, traced.program, sig.cfg)
         with self._lock:
             self._traces += 1

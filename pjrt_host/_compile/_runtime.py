@@ -8,7 +8,10 @@ results.  The arrays a graph overwrites (an optimizer step's parameters and
 state, batch norm's statistics) are donated to that call when nothing but
 their storage holds them, so old and new values are not alive together.  The jitted function is specialised on the arguments' layout (which
 arguments share a storage, which are views); jax itself keys it on shapes,
-so each new shape compiles once and an earlier shape is reused.
+so each new shape compiles once and an earlier shape is reused.  With
+``pjrt_host.config(check_indices=...)`` on (the default), a forward or
+inference graph that indexes also returns its index checks' verdicts, which
+the call queues with eager's deferred checks (:mod:`._checks`).
 
 :class:`EagerGraph` runs a graph op by op on the device: the fallback for a
 graph holding an op with no lowering.
@@ -26,7 +29,7 @@ import jax
 import torch
 
 from .._jax_settings import x64_scope as _x64_scope
-from . import _device
+from . import _checks, _device
 from ._interpreter import GraphLoweringError, Program
 
 __all__ = ["CompiledGraph", "EagerGraph", "REPORT"]
@@ -64,6 +67,7 @@ class _Entry(NamedTuple):
     foreign_slots: tuple[int, ...]  # slots holding tensors of another device (copied in per call)
     core: Any  # the function fn jits: (arrays, offsets, *rng)
     donating: dict  # donated slots -> the jitted function taking them apart (built on first use)
+    checks: Any  # the check_indices mode when the function also returns its index checks' verdicts, else None
 
 
 def _calibrate() -> int:
@@ -176,12 +180,16 @@ class CompiledGraph:
                 with warnings.catch_warnings():
                     # A donated buffer XLA cannot reuse for an output is freed all the same.
                     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                    outs, new = fn(give, arrays, offsets, *rng)
+                    result = fn(give, arrays, offsets, *rng)
                 del give
             else:
-                outs, new = entry.fn(arrays, offsets, *rng)
+                result = entry.fn(arrays, offsets, *rng)
         except GraphLoweringError as err:
             return self._go_eager(err, args)
+        if entry.checks is None:
+            outs, new = result
+        else:
+            outs, new, flags = result
         for slot, arr in zip(entry.mutated_slots, new):
             owner = owners[slot]
             if isinstance(owner, torch.Tensor):  # a tensor of another device: copy the values back
@@ -206,6 +214,9 @@ class CompiledGraph:
             _device.note_result(index, last)
         elif new:
             _device.note_result(index, new[-1])
+        if entry.checks is not None:
+            _checks.report(flags, self.program.sites, entry.checks,
+                           f"in the {self.what} graph of torch.compile(backend='jax') on {_device.DEVICE_NAME}:{index}")
         return results
 
     # ------------------------------------------------------------ building
@@ -236,6 +247,7 @@ class CompiledGraph:
         static_outputs: dict[int, Any] = {}
         out_specs = self.out_specs
         random = self.random
+        checking = cfg.check_indices if program.sites and cfg.check_indices else None
 
         def fn(arrays: list, offsets: list, *rng: Any) -> Any:
             inputs = []
@@ -250,7 +262,8 @@ class CompiledGraph:
             if random:
                 kd, counter = rng
                 rng_key = jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), counter)
-            outs, mutations = program.run(inputs, rng_key, ctx)
+            rows: list | None = [] if checking else None
+            outs, mutations = program.run(inputs, rng_key, ctx, rows)
             new: dict[int, Any] = {}
             for ph, value in mutations:
                 slot, static, off = where[ph]
@@ -266,10 +279,12 @@ class CompiledGraph:
                     arrays_out.append(v)
                 else:
                     static_outputs[pos] = v if not hasattr(v, "shape") else None
+            if rows is not None:
+                return tuple(arrays_out), tuple(new[s] for s in mutated_slots), _checks.stack(rows)
             return tuple(arrays_out), tuple(new[s] for s in mutated_slots)
 
         foreign = tuple(spec[1] for spec in layout if type(spec) is tuple and spec[0] == "c")
-        entry = _Entry(jax.jit(fn), tuple(mutated_slots), static_outputs, foreign, fn, {})
+        entry = _Entry(jax.jit(fn), tuple(mutated_slots), static_outputs, foreign, fn, {}, checking)
         with self._lock:
             if len(self.cache) > 64:  # layouts that never repeat: bound the memory
                 self.cache.clear()

@@ -24,7 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .._lowerings import LoweringContext
-from . import _device, _hiding
+from . import _checks, _device, _hiding
 from ._backend import decompositions
 from ._interpreter import Program
 
@@ -51,10 +51,13 @@ class Traced:
     #: The mesh placement the graph's sharding constraints name (None: none).
     mesh: Any = None
 
-    def run(self, arrays: list[Any], key: Any, ctx: LoweringContext) -> tuple[list[Any], list[tuple[int, Any]]]:
+    def run(self, arrays: list[Any], key: Any, ctx: LoweringContext,
+            checks: list | None = None) -> tuple[list[Any], list[tuple[int, Any]]]:
         """``arrays``: the tensor arguments' values, in order.  Returns (tensor
-        outputs in order, [(tensor argument number, new value)])."""
-        outs, mutations = self.program.run(arrays, key, ctx)
+        outputs in order, [(tensor argument number, new value)]).  With a
+        list ``checks``, the graph's index checks are appended to it
+        (:meth:`Program.run`)."""
+        outs, mutations = self.program.run(arrays, key, ctx, checks)
         return [o for o, d in zip(outs, self.out_dtypes) if d is not None], mutations
 
     @property
@@ -123,7 +126,7 @@ def trace(flat_fn: Callable, tensors: list[torch.Tensor], what: str) -> Traced:
     except Exception as err:
         raise NotTraceable(f"{what} could not be traced into one graph: {type(err).__name__}: "
                            f"{_first_line(err)}") from err
-    program = Program(gm, _device.jax_dtype_of)
+    program = Program(gm, _device.jax_dtype_of, _checks.sites_of)
     if program.unsupported:
         ops = ", ".join(f"{op} ({why})" for op, why in sorted(program.unsupported.items()))
         raise NotTraceable(f"{what} uses ops that have no lowering to JAX in graph form: {ops}")

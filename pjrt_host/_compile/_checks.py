@@ -1,0 +1,141 @@
+"""Index checks inside compiled programs (``pjrt_host.config(check_indices=...)``).
+
+An XLA gather or scatter cannot fail: it clips or drops an out-of-range
+index.  Eager mode checks each indexing op's indices on the device and reads
+the verdict at the next synchronisation point (``_torch._index_checks``).
+A compiled program does the same inside itself: for every indexing op of the
+graph (advanced indexing and index puts, index_select, gather, scatter,
+index_add / index_copy / index_fill, embedding, take -- the ops and bounds
+eager checks, read from the graph's fake tensors) it computes one row
+``[any index out of range, the first such index, the bound]`` and returns
+the rows as one extra output.  The caller queues that output with eager's
+deferred checks, so the error is torch's, names the op (and the line of the
+user's code the graph recorded) and surfaces at the next ``.item()``,
+``.cpu()``, print or ``torch.jax.synchronize()``; with ``check_indices='sync'``
+it is read, and raised, right after the call; ``check_indices=False``
+compiles programs without the rows.
+
+Under a JAX transformation (``call_torch`` / ``extract_jax`` inside
+``jax.jit``) no host code runs per call: the checks are
+``checkify.debug_check``s there, reported by ``checkify.checkify`` and free
+without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import torch.fx
+
+from .._jax_settings import x64_mode
+from . import _device
+
+__all__ = ["Site", "debug_checks", "report", "sites_of", "stack"]
+
+
+class Site(NamedTuple):
+    """One index check of a graph: ``index`` (a graph node) must lie in
+    ``[-size if negative_ok else 0, size)``."""
+
+    op: str  #: the ATen op, "aten::index.Tensor"
+    index: torch.fx.Node
+    size: Any  #: an int, or a SymInt of a symbolic graph
+    dim: int
+    negative_ok: bool
+    error: Callable[[int, int, int], Exception]  #: torch's exception for (value, dim, size)
+    source: str  #: "file.py:12 in fn", where the user's code called the op ("" unknown)
+
+
+def sites_of(node: torch.fx.Node, name: str) -> list[Site]:
+    """The index checks of op ``name`` at ``node`` (empty for other ops)."""
+    fakes: dict[int, torch.fx.Node] = {}
+
+    def fake(a: Any) -> Any:
+        if not isinstance(a, torch.fx.Node):
+            return a
+        val = a.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            fakes[id(val)] = a
+        return val
+
+    args = torch.fx.node.map_aggregate(node.args, fake)
+    kwargs = torch.fx.node.map_aggregate(node.kwargs, fake)
+    found = []
+    for index, size, dim, negative_ok, error in _device.index_sites(name, args, kwargs):
+        at = fakes.get(id(index))
+        if at is None or 0 in tuple(index.shape):  # no index values to check
+            continue
+        found.append(Site(name, at, size, dim, negative_ok, error, _source(node)))
+    return found
+
+
+def _source(node: torch.fx.Node) -> str:
+    """Where the user's code called the op, from the stack the trace kept."""
+    trace = node.meta.get("stack_trace") or ""
+    for line in reversed(trace.splitlines()):
+        line = line.strip()
+        if line.startswith('File "'):
+            path, _, rest = line[len('File "'):].partition('", line ')
+            number, _, fn = rest.partition(", in ")
+            return f"{path}:{number} in {fn}" if fn else f"{path}:{number}"
+    return ""
+
+
+def stack(rows: list) -> Any:
+    """Traceable: one array of the rows ``Program.run`` collected
+    (``(site number, size, row)`` each), one row per check in order."""
+    dtype = jnp.result_type(*(r.dtype for _, _, r in rows))
+    return jnp.stack([r.astype(dtype) for _, _, r in rows])
+
+
+def _raise_first(values: Any, sites: list[Site], where: str, when: str) -> None:
+    for site, (bad, value, size) in zip(sites, np.asarray(values).tolist()):
+        if bad:
+            at = f"{where}, called from {site.source}" if site.source else where
+            raise _device.index_failure(site.error, value, site.dim, size, site.op, at, when)
+
+
+_DEFERRED = ("found at the next synchronisation point; pjrt_host.config(check_indices='sync') raises at the "
+             "call itself, check_indices=False compiles without the check")
+_SYNC = "found at the call (pjrt_host.config(check_indices='sync')); check_indices=True defers it to the next " \
+        "synchronisation point"
+
+
+def report(flags: Any, sites: list[Site], mode: Any, where: str) -> None:
+    """After a call of a checked program: queue its verdict ``flags`` (the
+    stacked rows) with eager's deferred checks, or with ``mode`` "sync"
+    read it now.  ``where`` says which program ran ("in the forward graph of
+    torch.compile(backend='jax') on jax:0")."""
+    if mode == "sync":
+        _raise_first(flags, sites, where, _SYNC)
+        return
+
+    def verdict(wait: bool) -> bool:
+        if not wait and not flags.is_ready():
+            return False
+        _raise_first(flags, sites, where, _DEFERRED)
+        return True
+
+    _device.defer_check(verdict)
+
+
+def debug_checks(rows: list, sites: list[Site], where: str) -> None:
+    """Traceable, under a JAX transformation: each row as a
+    ``checkify.debug_check`` (reported by ``checkify.checkify``)."""
+    from jax.experimental import checkify
+
+    for number, size, r in rows:
+        site = sites[number]
+        at = f"{where}, called from {site.source}" if site.source else where
+        # torch's text names the value: put the traced value there.
+        text = str(site.error(-987654321, site.dim, size)).replace("{", "{{").replace("}", "}}") \
+            .replace("-987654321", "{}")
+        value = r[1].astype(jnp.int32)
+        # checkify keeps its error state in the caller's types, made outside
+        # pjrt_host's 64-bit scope: the check is added in the caller's mode.
+        with jax.enable_x64(x64_mode() == "process"):
+            checkify.debug_check(r[0] == 0, f"{text} (raised by {site.op} {at})", value)

@@ -1,0 +1,209 @@
+"""Out-of-range indices in compiled programs (torch.compile(backend='jax'),
+assume_pure, call_torch) raise the error eager mode raises, at the next
+synchronisation point (pjrt_host.config(check_indices=...)): an XLA gather
+or scatter would clip or drop them."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+
+import torch._dynamo  # noqa: E402
+
+import pjrt_host  # noqa: E402
+from pjrt_host import interop  # noqa: E402
+
+nn = torch.nn
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    torch.jax.synchronize()  # a test leaves no failed check behind for the next
+
+
+def ones(n=2):
+    return torch.ones(n, device="jax")
+
+
+# op -> fn(x, i) with x = arange(10.), i a 1-d index; every checked op family
+OPS = {
+    "aten::index": lambda x, i: x[i] * 2,
+    "aten::index_put": lambda x, i: x.index_put((i,), ones()),
+    "aten::index_select": lambda x, i: x.index_select(0, i),
+    "aten::index_add": lambda x, i: x.index_add(0, i, ones()),
+    "aten::index_copy": lambda x, i: x.index_copy(0, i, ones()),
+    "aten::index_fill": lambda x, i: x.index_fill(0, i, 1.0),
+    "aten::embedding": lambda x, i: nn.functional.embedding(i, x.view(10, 1)),
+    "aten::gather": lambda x, i: x.gather(0, i),
+    "aten::gather (take_along_dim)": lambda x, i: torch.take_along_dim(x, i),
+    "aten::scatter": lambda x, i: x.scatter(0, i, ones()),
+    "aten::scatter_add": lambda x, i: x.scatter_add(0, i, ones()),
+    "aten::scatter_reduce": lambda x, i: x.scatter_reduce(0, i, ones(), "amax"),
+    "aten::take": lambda x, i: x.take(i),
+}
+
+
+def eager_error(fn, x, i):
+    with pjrt_host.config(check_indices="sync"), pytest.raises(Exception) as caught:
+        fn(x, i)
+    return caught.value
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_compiled_op_raises_eagers_error_at_the_next_synchronisation(op):
+    fn = OPS[op]
+    x = torch.arange(10.0, device="jax")
+    bad = torch.tensor([3, 12], device="jax")
+    expected = eager_error(fn, x, bad)
+    compiled = torch.compile(fn, backend="jax")
+    compiled(x, bad)  # the call itself returns: the verdict is read later
+    with pytest.raises(type(expected)) as caught:
+        torch.jax.synchronize()
+    text = str(caught.value)
+    assert text.startswith(str(expected)), text
+    assert op.split(" ")[0] in text and "torch.compile(backend='jax')" in text
+    assert "next synchronisation point" in text and "check_indices" in text
+    assert __file__ in text  # the line of user code that called the op
+
+
+def test_the_issue_examples():
+    x = torch.arange(10.0, device="jax")
+    i = torch.tensor([3, 12], device="jax")
+    f = torch.compile(lambda x, i: x[i] * 2, backend="jax")
+    with pytest.raises(IndexError, match="index 12 is out of bounds for dimension 0 with size 10"):
+        f(x, i).cpu()
+    g = torch.compile(lambda x, i: x.index_add(0, i, torch.ones(2, device="jax")), backend="jax")
+    with pytest.raises((IndexError, RuntimeError), match="aten::index_add"):
+        g(x, i).tolist()
+
+
+def test_in_range_values_and_negatives_give_cpus_result():
+    cpu = torch.arange(10.0)
+    i = torch.tensor([3, -1, -10, 9])
+    f = lambda x, i: (x[i] * 2, x.take(i), x.index_put((i,), torch.zeros(4, device=x.device)))  # noqa: E731
+    got = torch.compile(f, backend="jax")(cpu.to("jax"), i.to("jax"))
+    for g, e in zip(got, f(cpu, i)):
+        assert g.cpu().tolist() == e.tolist()
+    torch.jax.synchronize()
+
+
+def test_negatives_out_of_range_and_where_torch_refuses_them():
+    x = torch.arange(10.0, device="jax")
+    f = torch.compile(lambda x, i: x[i] * 2, backend="jax")
+    with pytest.raises(IndexError, match="index -11 is out of bounds"):
+        f(x, torch.tensor([-11], device="jax")).cpu()
+    gather = torch.compile(lambda x, i: x.gather(0, i), backend="jax")
+    with pytest.raises(RuntimeError, match="index -1 is out of bounds.*aten::gather"):
+        gather(x, torch.tensor([-1], device="jax")).cpu()  # gather takes no negative index, as on CPU
+
+
+def test_sync_raises_at_the_call():
+    x = torch.arange(10.0, device="jax")
+    f = torch.compile(lambda x, i: x[i] * 2, backend="jax")
+    with pjrt_host.config(check_indices="sync"), pytest.raises(IndexError, match="found at the call"):
+        f(x, torch.tensor([12], device="jax"))
+
+
+def test_off_compiles_without_the_check():
+    x = torch.arange(10.0, device="jax")
+    f = torch.compile(lambda x, i: x[i] * 2, backend="jax")
+    with pjrt_host.config(check_indices=False):
+        out = f(x, torch.tensor([3, 12], device="jax"))
+        torch.jax.synchronize()
+    assert out.cpu().tolist()[0] == 6.0  # the second value is what the lowering makes of 12: unchecked
+    # and the same function, checked again once the setting is back
+    with pytest.raises(IndexError):
+        f(x, torch.tensor([3, 12], device="jax")).cpu()
+
+
+def test_a_failed_check_is_raised_once_and_later_calls_run():
+    x = torch.arange(10.0, device="jax")
+    f = torch.compile(lambda x, i: x[i] * 2, backend="jax")
+    f(x, torch.tensor([12], device="jax"))
+    f(x, torch.tensor([11], device="jax"))
+    with pytest.raises(IndexError, match="index 12 "):  # the first failure; those queued after it are dropped
+        torch.jax.synchronize()
+    assert f(x, torch.tensor([1], device="jax")).cpu().tolist() == [2.0]
+
+
+def test_training_step_with_valid_tokens_matches_unchecked():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50)).to("jax")
+    tokens = torch.randint(0, 50, (4, 6), device="jax")
+    compiled = torch.compile(model, backend="jax")
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        loss = nn.functional.cross_entropy(compiled(tokens).flatten(0, 1), tokens.flatten())
+        loss.backward()
+        return loss.item(), model[0].weight.grad.cpu()
+
+    loss_on, grad_on = step()
+    with pjrt_host.config(check_indices=False):
+        loss_off, grad_off = step()
+    assert loss_on == loss_off and torch.equal(grad_on, grad_off)
+    with pytest.raises(IndexError, match="index out of range in self.*aten::embedding.*forward graph"):
+        compiled(torch.tensor([[50]], device="jax")).sum().backward()
+        torch.jax.synchronize()
+
+
+def test_dynamic_shapes_check_each_size():
+    f = torch.compile(lambda x, i: x[i] + 1, backend="jax", dynamic=True)
+    for n in (10, 20):
+        x = torch.arange(float(n), device="jax")
+        assert f(x, torch.tensor([n - 1], device="jax")).cpu().tolist() == [float(n)]
+        with pytest.raises(IndexError, match=f"index {n} is out of bounds for dimension 0 with size {n}"):
+            f(x, torch.tensor([n], device="jax")).cpu()
+
+
+# ------------------------------------------------------------ assume_pure
+
+
+def test_assume_pure_checks_its_indices():
+    x = torch.arange(10.0, device="jax")
+    f = pjrt_host.assume_pure(lambda x, i: x[i] * 2)
+    f(x, torch.tensor([3, 12], device="jax"))
+    with pytest.raises(IndexError, match=r"index 12 is out of bounds.*aten::index.*assume_pure"):
+        torch.jax.synchronize()
+    assert f(x, torch.tensor([-1, 0], device="jax")).cpu().tolist() == [18.0, 0.0]
+    with pjrt_host.config(check_indices=False):
+        f(x, torch.tensor([12], device="jax")).cpu()  # unchecked: no error
+    with pjrt_host.config(check_indices="sync"), pytest.raises(IndexError, match="found at the call"):
+        f(x, torch.tensor([12], device="jax"))
+
+
+def test_assume_pure_module_with_gradient_checks_its_indices():
+    emb = pjrt_host.assume_pure(nn.Embedding(10, 3).to("jax"))
+    emb(torch.tensor([1, 9], device="jax")).sum().backward()
+    torch.jax.synchronize()
+    with pytest.raises(IndexError, match="index out of range in self.*aten::embedding"):
+        emb(torch.tensor([10], device="jax")).sum().backward()
+        torch.jax.synchronize()
+
+
+# ------------------------------------------------------------ torch functions as JAX functions
+
+
+def test_call_torch_checks_on_values_and_under_checkify():
+    from jax.experimental import checkify
+
+    xa, bad = jax.numpy.arange(10.0), jax.numpy.array([3, 12])
+    fn = lambda x, i: x[i] * 2  # noqa: E731
+    interop.call_torch(fn, xa, bad)
+    with pytest.raises(IndexError, match="index 12 is out of bounds.*call_torch"):
+        torch.jax.synchronize()
+
+    checked = jax.jit(checkify.checkify(lambda x, i: interop.call_torch(fn, x, i), errors=checkify.user_checks))
+    err, _ = checked(xa, bad)
+    assert "index 12 is out of bounds for dimension 0 with size 10" in err.get()
+    err, out = checked(xa, jax.numpy.array([3, -1]))
+    assert err.get() is None and out.tolist() == [6.0, 18.0]
+    # without checkify, under jit: no check, no host work per call
+    assert jax.jit(lambda x, i: interop.call_torch(fn, x, i))(xa, bad).tolist()[0] == 6.0
+    torch.jax.synchronize()
