@@ -26,6 +26,9 @@ __all__ = [
     "integer",
     "plugin_allow_list",
     "probe_timeout",
+    "program_cache_dir",
+    "program_cache_enabled",
+    "program_cache_max_bytes",
     "requested_device",
     "seconds",
     "text",
@@ -108,6 +111,40 @@ def probe_timeout() -> float:
     """``PJRT_HOST_PROBE_TIMEOUT``: seconds ``list --probe`` gives each
     plugin's client.  Default: 60."""
     return seconds("PJRT_HOST_PROBE_TIMEOUT", 60.0)
+
+
+# -- the program cache -----------------------------------------------------------
+
+
+def program_cache_enabled() -> bool:
+    """``PJRT_HOST_PROGRAM_CACHE=0`` keeps compiled programs in memory only
+    (nothing read from or written to disk).  Default: on."""
+    return flag("PJRT_HOST_PROGRAM_CACHE", True)
+
+
+def program_cache_dir() -> str:
+    """``PJRT_HOST_CACHE_DIR``: the directory compiled programs are kept in
+    across processes.  Default: ``$XDG_CACHE_HOME/pjrt_host``, else
+    ``~/.cache/pjrt_host`` (per user: whoever can write the cache can run
+    code in every process that reads it)."""
+    value = text("PJRT_HOST_CACHE_DIR")
+    if value is not None:
+        return os.path.expanduser(value)
+    base = text("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pjrt_host")
+
+
+def program_cache_max_bytes() -> int:
+    """``PJRT_HOST_CACHE_MAX_BYTES``: the size the program cache of one
+    plugin and jaxlib version is kept under (least recently used programs
+    go first).  Default: 2 GiB."""
+    value = integer("PJRT_HOST_CACHE_MAX_BYTES")
+    if value is None:
+        return 2 << 30
+    if value <= 0:
+        raise EnvironmentSettingError(f"PJRT_HOST_CACHE_MAX_BYTES={value!r} must be more than 0 "
+                                      "(PJRT_HOST_PROGRAM_CACHE=0 turns the cache off)")
+    return value
 
 
 # -- multi-process ---------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any, Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["disable_preemption_service", "enable_x64", "use_platforms", "x64_api", "x64_if_loaded", "x64_mode", "x64_scope"]
+__all__ = ["disable_preemption_service", "enable_x64", "persistent_cache_dir", "use_persistent_cache", "use_platforms", "x64_api", "x64_if_loaded", "x64_mode", "x64_scope"]
 
 _lock = threading.Lock()
 _x64 = False
@@ -157,3 +157,37 @@ def disable_preemption_service() -> None:
     import jax
 
     jax.config.update("jax_enable_preemption_service", False)
+
+
+def persistent_cache_dir() -> str | None:
+    """The directory of jax's persistent compilation cache, if set."""
+    import jax
+
+    return jax.config.jax_compilation_cache_dir
+
+
+def use_persistent_cache(directory: str, store: Any) -> bool:
+    """jax's persistent compilation cache over ``store`` (a
+    ``CacheInterface`` in ``directory``), for every program: an eager op or
+    segment compiles in 10-100 ms, under jax's default threshold of 1 s (so
+    none would be written), yet a training step compiles hundreds of them.
+    jax's own store either writes entries in place (a process reading at
+    that moment could load half of one) or, with a size bound, scans the
+    whole directory on every write; ``store`` writes atomically and evicts
+    rarely.  jax makes its store itself from ``jax_compilation_cache_dir``;
+    setting ours in its place is a private step, pinned by
+    tests/test_program_cache.py.  A cache directory the user gave jax is left as it is: False."""
+    import jax
+    from jax._src import compilation_cache
+
+    if jax.config.jax_compilation_cache_dir is not None:
+        return False
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    with compilation_cache._cache_initialized_mutex:
+        if compilation_cache._cache is not None:  # made by jax already: not ours to replace
+            return False
+        compilation_cache._cache = store
+        compilation_cache._cache_initialized = True
+    jax.config.update("jax_compilation_cache_dir", directory)
+    return True

@@ -15,7 +15,7 @@ import re
 import threading
 from typing import Any
 
-from . import _jax_settings, _registry
+from . import _jax_settings, _program_cache, _registry
 from ._discovery import PluginRecord
 from ._errors import ClientCreationError, PjrtHostError, cause_text
 
@@ -112,6 +112,7 @@ def _create(record: PluginRecord) -> Runtime:
         raise _error(record, "jax could not be imported", err, fix="pip install the versions in constraints.txt") from err
 
     _skip_jax_plugin_discovery(xla_bridge)
+    _program_cache.configure(record.name)  # before the first program compiles
     if record.library is None:
         backend = plugin.jaxlib_backend
     else:

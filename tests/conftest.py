@@ -23,6 +23,17 @@ REPO = Path(__file__).resolve().parent.parent
 _OUR_JAX_PLATFORMS = "JAX_PLATFORMS" not in os.environ
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# The suite keeps its compiled programs in a directory of its own, made new
+# for each run (children too, unless a test sets the variable): it neither
+# fills the user's cache nor depends on what an earlier run left there.
+if "PJRT_HOST_CACHE_DIR" not in os.environ:
+    import atexit
+    import tempfile
+
+    _PROGRAMS = tempfile.mkdtemp(prefix="pjrt_host_test_programs_")
+    os.environ["PJRT_HOST_CACHE_DIR"] = _PROGRAMS
+    atexit.register(shutil.rmtree, _PROGRAMS, ignore_errors=True)
+
 
 class Site:
     """A directory of installed distributions (``*.dist-info`` with
@@ -142,7 +153,8 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def run_python(args: list[str], *, site: Site | None = None, env: dict[str, str] | None = None,
                timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``python ARGS`` in a clean child environment with ``site`` on its path."""
-    child = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "PYTEST_"))}
+    child = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PJRT_", "PYTEST_")) or k == "PJRT_HOST_CACHE_DIR"}
     if _OUR_JAX_PLATFORMS:
         child.pop("JAX_PLATFORMS", None)
     if site is not None:

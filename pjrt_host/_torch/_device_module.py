@@ -46,6 +46,7 @@ __all__ = [
     "memory_allocated",
     "memory_reserved",
     "memory_stats",
+    "program_cache_stats",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",
     "manual_seed_all",
@@ -350,3 +351,13 @@ def _is_in_bad_fork() -> bool:
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.float16, torch.bfloat16, torch.float32]
+
+
+def program_cache_stats() -> dict[str, Any]:
+    """The programs this process has compiled for the device, and what the
+    disk cache gave it: ``programs``, ``compiled`` (of those, compiled
+    here, not loaded), ``disk_hits``, ``disk_writes``, ``compile_seconds``
+    and the cache ``directory`` (None when off; docs/torch-device.md)."""
+    from .. import _program_cache
+
+    return _program_cache.stats()

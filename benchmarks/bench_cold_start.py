@@ -1,0 +1,95 @@
+"""Cold start of a real training step: transformers GPT-2 (random weights,
+4 layers, width 128, vocabulary 1000), AdamW, batch 4 x 64, on 'jax' eager
+beside torch CPU eager, each in a fresh process.
+
+For each it prints the first step (everything compiles), the steady step,
+and the first step at a new sequence length (48).  The 'jax' runs go twice
+over one program-cache directory: a cold one (an empty cache) and a second
+process that finds the first one's programs on disk.  A third 'jax' run
+with the cache off shows what the disk cache costs a cold process.
+
+    python benchmarks/bench_cold_start.py [--steps 5]
+
+Ratios: cold first step / CPU first step, new length / CPU new length, and
+the warm second process's first step / its own steady step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, sys, time
+import torch
+import transformers
+
+device, steps = sys.argv[1], int(sys.argv[2])
+transformers.set_seed(0)
+config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=128)
+model = transformers.GPT2LMHeadModel(config).to(device)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+def step(length):
+    ids = torch.randint(0, 1000, (4, length), device=device)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item()  # the host waits for the step
+
+def timed(length):
+    t = time.perf_counter()
+    step(length)
+    return time.perf_counter() - t
+
+first = timed(64)
+for _ in range(2):
+    timed(64)
+steady = min(timed(64) for _ in range(steps))
+new_length = timed(48)
+out = {"first": first, "steady": steady, "new_length": new_length}
+if device == "jax":
+    out["programs"] = torch.jax.program_cache_stats()
+print(json.dumps(out))
+"""
+
+
+def run(device: str, steps: int, env: dict[str, str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CHILD, device, str(steps)], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"the {device} run failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as cache:
+        on = {"PJRT_HOST_CACHE_DIR": cache}
+        cpu = run("cpu", args.steps, {})
+        cold = run("jax", args.steps, on)
+        warm = run("jax", args.steps, on)
+        off = run("jax", args.steps, {"PJRT_HOST_PROGRAM_CACHE": "0"})
+    rows = [("torch cpu", cpu), ("jax, cold cache", cold), ("jax, warm cache (2nd process)", warm),
+            ("jax, cache off", off)]
+    print(f"{'run':32s} {'first step':>11s} {'steady':>9s} {'new length':>11s}")
+    for name, r in rows:
+        print(f"{name:32s} {r['first']:10.3f}s {r['steady'] * 1e3:7.1f}ms {r['new_length']:10.3f}s")
+    for name, r in rows[1:]:
+        stats = r.get("programs", {})
+        print(f"{name:32s} programs: {stats}")
+    print(f"cold first step / cpu first step:          {cold['first'] / cpu['first']:8.1f}x")
+    print(f"cold new length / cpu new length:          {cold['new_length'] / cpu['new_length']:8.1f}x")
+    print(f"warm 2nd process first step / its steady:  {warm['first'] / warm['steady']:8.1f}x")
+    print(f"cold first step, cache on / cache off:     {cold['first'] / off['first']:8.2f}x")
+
+
+if __name__ == "__main__":
+    main()

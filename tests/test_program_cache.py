@@ -1,0 +1,152 @@
+"""The program cache on disk: a script run a second time finds its programs,
+processes compiling at once share one directory safely, and the settings
+(directory, off switch, size bound) behave as documented.  Each case runs
+real child processes over a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+from conftest import REPO, run_python  # noqa: E402
+
+# A small training step: eager ops, a backward, an optimizer.
+SCRIPT = r"""
+import json, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2)).to("jax")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(4, 8, device="jax")
+loss = model(x).square().mean()
+loss.backward()
+opt.step()
+print(json.dumps({"loss": loss.item(), "weight": model[0].weight.sum().item(),
+                  "stats": torch.jax.program_cache_stats()}))
+"""
+
+
+def run(env: dict[str, str], script: str = SCRIPT) -> dict:
+    proc = run_python(["-c", script], env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["stderr"] = proc.stderr
+    return out
+
+
+def test_a_second_process_loads_every_program_from_disk(tmp_path):
+    env = {"PJRT_HOST_CACHE_DIR": str(tmp_path)}
+    first = run(env)
+    second = run(env)
+    s1, s2 = first["stats"], second["stats"]
+    assert s1["compiled"] > 10 and s1["disk_writes"] == s1["compiled"] and s1["disk_hits"] == 0
+    assert s2["programs"] == s1["programs"]
+    assert s2["disk_hits"] == s2["programs"] and s2["compiled"] == 0 and s2["disk_writes"] == 0
+    assert (first["loss"], first["weight"]) == (second["loss"], second["weight"])
+    # one directory per plugin and jaxlib version, private to the user
+    import jaxlib
+
+    where = tmp_path / "cpu_ref" / f"jaxlib-{jaxlib.__version__}"
+    assert s1["directory"] == str(where)
+    assert stat.S_IMODE(where.stat().st_mode) == 0o700
+    assert any(where.iterdir())
+
+
+def test_the_default_directory_is_the_users_cache(tmp_path):
+    out = run({"XDG_CACHE_HOME": str(tmp_path), "PJRT_HOST_CACHE_DIR": ""})
+    assert out["stats"]["directory"].startswith(str(tmp_path / "pjrt_host" / "cpu_ref"))
+
+
+def test_off_switch_keeps_programs_in_memory_only(tmp_path):
+    out = run({"PJRT_HOST_CACHE_DIR": str(tmp_path / "c"), "PJRT_HOST_PROGRAM_CACHE": "0"})
+    assert out["stats"]["directory"] is None and out["stats"]["disk_writes"] == 0
+    assert out["stats"]["compiled"] > 0
+    assert not (tmp_path / "c").exists()
+
+
+def test_an_unusable_directory_warns_and_the_device_works(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    out = run({"PJRT_HOST_CACHE_DIR": str(blocker)})
+    assert out["stats"]["directory"] is None and out["stats"]["compiled"] > 0
+    assert "compiled programs are not kept on disk" in out["stderr"] and "PJRT_HOST_CACHE_DIR" in out["stderr"]
+
+
+def test_a_bad_size_setting_names_the_variable(tmp_path):
+    proc = run_python(["-c", "import torch; torch.ones(2, device='jax')"],
+                      env={"PJRT_HOST_CACHE_DIR": str(tmp_path), "PJRT_HOST_CACHE_MAX_BYTES": "lots"})
+    assert proc.returncode != 0
+    assert "PJRT_HOST_CACHE_MAX_BYTES='lots' is not a whole number" in proc.stderr
+
+
+def test_a_cache_directory_the_user_gave_jax_is_kept(tmp_path):
+    script = ("import jax; jax.config.update('jax_compilation_cache_dir', %r)\n" % str(tmp_path / "mine")) + SCRIPT
+    out = run({"PJRT_HOST_CACHE_DIR": str(tmp_path / "ours")}, script)
+    assert out["stats"]["directory"] is None
+    assert not (tmp_path / "ours").exists()
+
+
+def test_processes_compiling_at_once_share_the_directory(tmp_path):
+    """Three processes start together on an empty cache (as the ranks of a
+    job do): all finish with the same numbers, and a fourth finds
+    everything on disk."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "PYTEST_"))}
+    env.pop("JAX_PLATFORMS", None)
+    env["PJRT_HOST_CACHE_DIR"] = str(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL) for _ in range(3)]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr[-3000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert len({(o["loss"], o["weight"]) for o in outs}) == 1
+    last = run({"PJRT_HOST_CACHE_DIR": str(tmp_path)})
+    assert last["stats"]["compiled"] == 0 and (last["loss"], last["weight"]) == (outs[0]["loss"], outs[0]["weight"])
+
+
+def test_the_size_bound_evicts_the_least_recently_used(tmp_path):
+    from pjrt_host import _program_cache
+
+    store = _program_cache._store(str(tmp_path), 10_000)
+    for i in range(8):
+        store.put(f"k{i}", bytes(1000))
+        os.utime(tmp_path / f"k{i}", (i, i))  # k0 the oldest
+    assert store.get("k0") == bytes(1000)  # a hit makes k0 the newest
+    store.put("big", bytes(3000))  # 11,000 bytes: down to 3/4 of the bound, oldest first
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["big", "k0", "k5", "k6", "k7"]
+    assert store.get("k1") is None
+    store.put("k7", b"other")  # an existing entry is kept as it is
+    assert store.get("k7") == bytes(1000)
+
+
+def test_a_run_stays_under_the_size_bound(tmp_path):
+    out = run({"PJRT_HOST_CACHE_DIR": str(tmp_path), "PJRT_HOST_CACHE_MAX_BYTES": "40000"})
+    where = out["stats"]["directory"]
+    files = os.listdir(where)
+    assert out["stats"]["disk_writes"] > len(files) > 0
+    assert sum(os.path.getsize(os.path.join(where, f)) for f in files) <= 40000
+    assert not any(f.startswith(".tmp-") for f in files)
+
+
+def test_jax_internals_the_cache_relies_on():
+    """The private jax names that plugging the store in uses: a jax upgrade
+    that moves them fails here, not silently in every user's cold start."""
+    from jax._src import compilation_cache
+    from jax._src.compilation_cache_interface import CacheInterface
+
+    assert {"get", "put"} <= set(CacheInterface.__abstractmethods__)
+    assert hasattr(compilation_cache, "_cache") and hasattr(compilation_cache, "_cache_initialized")
+    assert hasattr(compilation_cache._cache_initialized_mutex, "acquire")
+    import inspect
+
+    # jax reads the store through _get_cache, and makes its own only while _cache is None
+    assert "_cache" in inspect.getsource(compilation_cache._get_cache)
