@@ -11,6 +11,7 @@ friends run on the plugin's devices too.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from typing import Any
@@ -19,7 +20,8 @@ from . import _jax_settings, _program_cache, _registry
 from ._discovery import PluginRecord
 from ._errors import ClientCreationError, PjrtHostError, cause_text
 
-__all__ = ["Runtime", "backend_name", "client", "devices", "is_initialized", "plugin", "runtime"]
+__all__ = ["Runtime", "backend_name", "client", "devices", "forked_error", "in_bad_fork", "is_initialized", "plugin",
+           "runtime"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,40 @@ class Runtime:
 _lock = threading.Lock()
 _runtime: Runtime | None = None
 _failure: ClientCreationError | None = None
+# In a child of os.fork() made after this process had (or was creating) its
+# client: what the parent had.  The child inherits the client's memory but
+# not its threads, so any call into it can wait forever; runtime() raises.
+_forked_from: str | None = None
+
+
+def _after_fork_in_child() -> None:
+    global _lock, _runtime, _forked_from
+    if _runtime is not None:
+        _forked_from = f"created the PJRT client of plugin {_runtime.record.name!r}"
+        _runtime = None  # runtime() takes the slow path, which raises
+    elif _lock.locked():
+        _forked_from = "was creating its PJRT client"
+    _lock = threading.Lock()  # a thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def in_bad_fork() -> bool:
+    """Whether this process is a fork() child of one that had its client: the
+    device cannot be used here (torch.cuda's ``_is_in_bad_fork``)."""
+    return _forked_from is not None
+
+
+def forked_error() -> PjrtHostError:
+    """The error for using the device in a fork() child (see in_bad_fork)."""
+    return PjrtHostError(
+        f"pjrt_host: this process was made by fork() after its parent {_forked_from}; a forked child "
+        f"cannot use that client (its threads do not survive fork(), so device calls would hang).  "
+        f"To use the device in worker processes, use the "
+        f"'spawn' start method: DataLoader(..., multiprocessing_context='spawn'), "
+        f"multiprocessing.get_context('spawn') or torch.multiprocessing.spawn; or keep forked workers on "
+        f"CPU tensors and move their results to the device in the parent.")
 
 
 def runtime() -> Runtime:
@@ -51,6 +87,8 @@ def runtime() -> Runtime:
     with _lock:
         if _runtime is not None:
             return _runtime
+        if _forked_from is not None:
+            raise forked_error()
         if _failure is not None:
             raise _failure
         record = _registry.selected_record()

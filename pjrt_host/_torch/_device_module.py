@@ -342,8 +342,11 @@ def set_rng_state_all(new_states: Any) -> None:
 
 
 def _is_in_bad_fork() -> bool:
-    # torch.manual_seed seeds custom devices only when this says False.
-    return False
+    """Whether this process is a fork() child of one that had created the
+    client (as torch.cuda's): the device cannot be used here.
+    torch.manual_seed -- which every DataLoader worker calls -- seeds the
+    device only when this says False."""
+    return _runtime.in_bad_fork()
 
 
 # ---------------------------------------------------------------- autocast

@@ -10,6 +10,7 @@ autoload use it.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -61,20 +62,38 @@ def torch_device(index: int) -> torch.device:
 
 
 _jax_devices: list[Any] | None = None
+_forked_count: int | None = None  # in a fork() child: how many devices the parent had
 
 
 def _all() -> list[Any]:
     global _jax_devices
     if _jax_devices is None:
-        devs = _runtime.devices()  # creates the client
+        devs = _runtime.devices()  # creates the client; raises in a fork() child of a process with one
         _jax_settings.enable_x64()  # torch keeps int64 and float64 as they are: jax must too
         _jax_devices = devs
     return _jax_devices
 
 
 def count() -> int:
-    """Number of the selected plugin's devices (creates the client)."""
+    """Number of the selected plugin's devices (creates the client).  In a
+    fork() child it is the parent's count, as torch.cuda.device_count() is
+    there; using a device raises."""
+    if _forked_count is not None and _runtime.in_bad_fork():
+        return _forked_count
     return len(_all())
+
+
+def _after_fork_in_child() -> None:
+    # The parent's jax devices belong to a client the child cannot use: ask
+    # the runtime again, which raises its fork() error.
+    global _jax_devices, _forked_count
+    if _jax_devices is not None:
+        _forked_count = len(_jax_devices)
+    _jax_devices = None
+    _shardings.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def jax_device(index: int) -> Any:

@@ -313,7 +313,7 @@ class JaxTensor(torch.Tensor):
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
         if self.dtype == torch.bfloat16:
             return self.cpu().numpy()  # raises torch's own TypeError
-        return np.array(read(self), copy=True)
+        return np.array(_read_here(self), copy=True)
 
     def tolist(self):
         return self.detach().cpu().tolist()
@@ -323,10 +323,10 @@ class JaxTensor(torch.Tensor):
         return arr if dtype is None else arr.astype(dtype)
 
     def __dlpack__(self, *args: Any, **kwargs: Any):
-        return read(self).__dlpack__(*args, **kwargs)
+        return _read_here(self).__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
-        return read(self).__dlpack_device__()
+        return _read_here(self).__dlpack_device__()
 
 
 def install_dispatcher(dispatch: Callable[[Any, tuple, dict], Any]) -> None:
@@ -351,6 +351,75 @@ def install_dispatcher(dispatch: Callable[[Any, tuple, dict], Any]) -> None:
 
 
 _dispatch: Callable[[Any, tuple, dict], Any] = _no_dispatcher
+
+
+def _reduce_for_process(t: JaxTensor) -> tuple:
+    # How a 'jax' tensor crosses processes through multiprocessing's
+    # ForkingPickler (DataLoader workers, torch.multiprocessing queues and
+    # pipes): as a CPU copy of its values, which torch then sends through
+    # shared memory like any CPU tensor, rebuilt on the same device index
+    # by the receiver.  A PJRT buffer has no handle another process can open
+    # (cuda's IPC), so the receiver gets a copy of the values, not memory
+    # shared with the sender.  Without this the storage reduction fails in
+    # the queue's feeder thread and the receiver waits forever.
+    if t.requires_grad and not t.is_leaf:
+        raise RuntimeError(  # torch's own refusal (reduce_tensor)
+            "Cowardly refusing to serialize non-leaf tensor which requires_grad, since autograd does not "
+            "support crossing process boundaries.  If you just want to transfer the data, call detach() on "
+            "the tensor before serializing (e.g., putting it on the queue).")
+    values = torch.Tensor.detach(t).cpu()
+    return (_rebuild_from_process,
+            (values, t.device.index, t.requires_grad, bool(t.__dict__.get("_is_param", False))))
+
+
+def _rebuild_from_process(values: torch.Tensor, index: int, requires_grad: bool, is_param: bool) -> torch.Tensor:
+    t = values.to(torch_device(index))
+    if is_param:
+        return torch.nn.Parameter(t, requires_grad)
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+def _register_process_reduction() -> None:
+    # multiprocessing.reduction is loaded by ``import torch`` already.
+    from multiprocessing.reduction import ForkingPickler
+
+    ForkingPickler.register(JaxTensor, _reduce_for_process)
+
+
+_register_process_reduction()
+
+
+_forked = False  # a fork() child of a process with a client (_after_fork_in_child)
+
+
+def _forked_dispatcher(func: Any, args: tuple, kwargs: dict) -> Any:
+    from .. import _runtime
+
+    raise _runtime.forked_error()
+
+
+def _read_here(t: JaxTensor) -> Any:
+    """read(t) for the reads outside dispatch (numpy(), DLPack)."""
+    if _forked:
+        _forked_dispatcher(None, (), {})
+    return read(t)
+
+
+def _after_fork_in_child() -> None:
+    # A fork() child of a process with a client: every op on a 'jax' tensor
+    # raises the runtime's error instead of calling into the inherited
+    # client (which would hang).  Swapping the function costs the parent
+    # nothing per op.  New tensors (factories, .to('jax')) reach the
+    # runtime through _devices, which raises the same error.
+    global _dispatch, _forked
+    from .. import _runtime
+
+    if _runtime.in_bad_fork():
+        _dispatch = _forked_dispatcher
+        _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _coerce_tangent(self, expected_metadata: Any = None, expected_type: Any = None) -> JaxTensor:
