@@ -401,7 +401,9 @@ def _forked_dispatcher(func: Any, args: tuple, kwargs: dict) -> Any:
 def _read_here(t: JaxTensor) -> Any:
     """read(t) for the reads outside dispatch (numpy(), DLPack)."""
     if _forked:
-        _forked_dispatcher(None, (), {})
+        from .. import _runtime
+
+        raise _runtime.forked_error()
     return read(t)
 
 
