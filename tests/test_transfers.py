@@ -64,6 +64,16 @@ _WORKER = textwrap.dedent(r"""
         held = jbytes(interop.jax_view(dev))
         assert torch.equal(held, tbytes(host)), "the device array's bytes differ from the tensor's"
         same(".cpu()", dev.cpu(), host)
+        # one copy each way: neither side aliases the other
+        src = host.clone()
+        moved = src.to("jax")
+        part = src[7:100].to("jax")  # a view into a larger storage, at an offset
+        src.view(torch.uint8).zero_() if dtype != torch.bool else src.zero_()
+        same("after writing the source", moved.cpu(), host)
+        same("after writing the source of a view", part.cpu(), host[7:100])
+        back = dev.cpu()
+        back.view(torch.uint8).zero_() if dtype != torch.bool else back.zero_()
+        same("after writing the copy", dev.cpu(), host)
         same(".to('cpu') of a device copy", dev.clone().to("cpu"), host)
         for what, t in (("0-d", host[-5]), ("empty", host[:0].reshape(0, 4)),
                         ("transposed", host[:256].reshape(16, 16).t()), ("strided", host[::3]),

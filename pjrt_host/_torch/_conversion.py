@@ -43,6 +43,7 @@ def zero_copy_devices() -> tuple[str, ...]:
 def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) -> Any:
     """A jax array on device ``index`` with the values of torch tensor ``t``
     (cast to ``dtype`` if given), made with one copy."""
+    given = t
     t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()
@@ -60,7 +61,35 @@ def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) 
         except Exception:
             pass  # e.g. a dtype DLPack does not carry: the host path below
     host = t.cpu() if t.device.type != "cpu" else t
-    return jax.device_put(_host_array(host), target, may_alias=False)
+    value = _host_array(host)
+    if _keeps_host_memory(target):
+        storage = given.untyped_storage()
+        if 0 <= value.ctypes.data - storage.data_ptr() < storage.nbytes():
+            value = value.copy()  # the one copy; the device keeps it, not the tensor's memory
+    return jax.device_put(value, target, may_alias=False)
+
+
+# jax device -> whether device_put of a numpy array leaves the array using
+# the numpy array's memory.  jaxlib's CPU client does that for a 64-byte
+# aligned buffer (torch's CPU allocations are), may_alias=False
+# notwithstanding (jax applies it to jax arrays only), so a write to the
+# torch tensor afterwards would change the 'jax' one.  Learnt once per
+# device by trying it.
+_keeps: dict[Any, bool] = {}
+
+
+def _keeps_host_memory(device: Any) -> bool:
+    found = _keeps.get(device)
+    if found is None:
+        page = np.zeros(2 * 4096, np.uint8)
+        start = -page.ctypes.data % 4096
+        probe = page[start:start + 4096]
+        arr = jax.device_put(probe, device, may_alias=False)
+        arr.block_until_ready()
+        probe[:] = 1
+        found = _keeps[device] = bool(np.asarray(arr).any())
+        del arr
+    return found
 
 
 # torch dtype -> (jax's numpy dtype, whether torch's numpy bridge gives
