@@ -2,9 +2,14 @@
 
 torch's linalg ops return auxiliary outputs (``info`` codes, LU factors,
 1-based int32 pivots) that its Python API then drops or checks; the
-lowerings produce them with torch's shapes and dtypes.  ``info`` is 0 (LDL
-aside, whose algorithm gives LAPACK's info as it goes): a jitted function
-cannot raise on singular input, so, as with torch's ``check_errors=False``, a
+lowerings produce them with torch's shapes and dtypes.  ``info`` is LAPACK's
+for the factorisations whose failure torch reports (Cholesky: the order of
+the first leading minor that is not positive-definite; LU, solve, inverse:
+the first zero pivot), so ``torch.linalg.cholesky`` / ``inv`` / ``solve``
+of a bad matrix raise torch's ``LinAlgError`` with torch's text where they
+returned NaN / inf: ``_linalg_check_errors`` reads ``info`` from the device
+(as torch's cuda kernels do) and runs torch's own check on it.  Inside a
+compiled graph nothing is read, and, as with ``check_errors=False``, a
 singular matrix shows up as inf / NaN.
 
 Where torch CPU's LAPACK leaves a free choice the lowerings take jaxlib's:
@@ -27,13 +32,28 @@ def _info(a):
     return jnp.zeros(a.shape[:-2], jnp.int32)
 
 
+def _first(bad):
+    """LAPACK's info from a per-column failure mask: the 1-based position of
+    the first failure along the last axis, 0 where there is none."""
+    if bad.shape[-1] == 0:  # an empty matrix cannot fail
+        return jnp.zeros(bad.shape[:-1], jnp.int32)
+    return jnp.where(bad.any(-1), jnp.argmax(bad, -1) + 1, 0).astype(jnp.int32)
+
+
+def _lu_info(lu):
+    """getrf's info: the first zero on U's diagonal."""
+    return _first(jnp.diagonal(lu, axis1=-2, axis2=-1) == 0)
+
+
 def _mT(a):
     return jnp.swapaxes(a, -1, -2)
 
 
 @lowering("aten::linalg_inv_ex")
 def inv_ex(a, *, check_errors=False):
-    return jnp.linalg.inv(a), _info(a)
+    lu_, piv, _ = jax.lax.linalg.lu(a)
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    return jsl.lu_solve((lu_, piv), eye), _lu_info(lu_)
 
 
 @lowering("aten::linalg_inv", "aten::inverse")
@@ -44,7 +64,32 @@ def inv(a):
 @lowering("aten::linalg_cholesky_ex")
 def cholesky_ex(a, *, upper=False, check_errors=False):
     lower = jnp.linalg.cholesky(a)
-    return (_mT(lower).conj() if upper else lower), _info(a)
+    info = jnp.zeros(a.shape[:-2], jnp.int32)
+    if a.shape[-1]:
+        failed = ~jnp.isfinite(lower).all()  # jax fills a failed factor with NaN
+        info = jax.lax.cond(failed, _cholesky_info, lambda m: info, a)
+    return (_mT(lower).conj() if upper else lower), info
+
+
+def _cholesky_info(a):
+    """potrf's info: the order of the first leading minor that is not
+    positive-definite -- where elimination without pivoting (Cholesky's
+    pivots, squared) meets a pivot that is not positive.  Only computed when
+    the factorisation failed."""
+    n = a.shape[-1]
+    lower = jnp.tril(a)
+    m = lower + _mT(jnp.tril(a, -1)).conj()  # the triangle torch reads, made whole
+    ahead = jnp.arange(n)
+
+    def step(k, m):
+        pivot = m[..., k, k]
+        below = jnp.where(ahead > k, m[..., :, k] / pivot[..., None], 0)
+        right = jnp.where(ahead > k, m[..., k, :], 0)
+        return m - below[..., :, None] * right[..., None, :]
+
+    m = jax.lax.fori_loop(0, n, step, m)
+    pivots = jnp.real(jnp.diagonal(m, axis1=-2, axis2=-1))
+    return _first(~(pivots > 0))
 
 
 @lowering("aten::cholesky")
@@ -85,7 +130,7 @@ def _lu_factor(a):
 @lowering("aten::linalg_lu_factor_ex")
 def lu_factor_ex(a, *, pivot=True, check_errors=False):
     lu, piv = _lu_factor(a)
-    return lu, piv, _info(a)
+    return lu, piv, _lu_info(lu)
 
 
 @lowering("aten::linalg_lu")
@@ -120,7 +165,7 @@ def solve_ex(a, b, *, left=True, check_errors=False):
         x = jnp.linalg.solve(a, b[..., None])[..., 0] if vector else jnp.linalg.solve(a, b)
     else:
         x = _mT(jnp.linalg.solve(_mT(a), _mT(b)))
-    return x, lu_, piv, _info(a)
+    return x, lu_, piv, _lu_info(lu_)
 
 
 @lowering("aten::linalg_solve_triangular")
@@ -176,9 +221,16 @@ def householder_product(a, tau):
     return jax.lax.linalg.householder_product(a, tau)
 
 
-@lowering("aten::_linalg_check_errors")
+@lowering("aten::_linalg_check_errors", data_dependent=True)
 def check_errors(info, api_name, *, is_matrix):
-    """Nothing to check: the lowerings report info == 0 (see module doc)."""
+    """torch's own check (its ``LinAlgError`` and text) on the ``info`` the
+    lowerings computed, read from the device; in a traced graph, none."""
+    if isinstance(info, jax.core.Tracer):
+        return None
+    import numpy as np
+    import torch
+
+    torch.ops.aten._linalg_check_errors(torch.from_numpy(np.array(info)), api_name, is_matrix=is_matrix)
     return None
 
 

@@ -910,3 +910,10 @@ def view_as_real(self):
 @lowering("aten::view_as_complex")
 def view_as_complex(self):
     return jax.lax.complex(self[..., 0], self[..., 1])
+
+
+@lowering("aten::_assert_async", "aten::_assert_async.msg")
+def assert_async(cond, assert_msg=None):
+    """Nothing to compute: the device's value check of the condition
+    (``_torch._value_checks``) reports a false one as torch does."""
+    return None

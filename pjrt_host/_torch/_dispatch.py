@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _lowerings
-from . import _backward, _config, _index_checks, _memory, _profile, _storage_ops, _tensor
+from . import _backward, _config, _index_checks, _memory, _profile, _storage_ops, _tensor, _value_checks
 from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_same_view, run_view
@@ -111,7 +111,10 @@ def handler_for(func: Any) -> Handler:
     name = op_name(func)
     check = _index_checks.checker_for(name)
     if check is not None:
-        handler = _checked(handler, name, check)
+        handler = _checked(handler, lambda mode, args, kwargs: _index_checks.check(name, check, mode, args, kwargs))
+    value_check = _value_checks.checker_for(name)
+    if value_check is not None:
+        handler = _checked(handler, value_check)
     if name in _BYTE_MASK_OPS:  # outermost: the index checks see the indices as the op reads them
         handler = _indices_as_torch_reads_them(handler, name)
     elif _index_checks.indexes_along_dim(name):
@@ -172,13 +175,15 @@ def _index_moved_to_device(handler: Handler) -> Handler:
     return handle
 
 
-def _checked(handler: Handler, name: str, check: Any) -> Handler:
+def _checked(handler: Handler, run_check: Callable[[Any, tuple, dict], None]) -> Handler:
+    """``handler`` after ``run_check(mode, args, kwargs)`` (an index or value
+    check, deferred or at the op by ``check_indices``)."""
     def checked(args: tuple, kwargs: dict) -> Any:
         mode = _config.current().check_indices
         if not mode:
             return handler(args, kwargs)
         before = len(_tensor._deferred)
-        _index_checks.check(name, check, mode, args, kwargs)
+        run_check(mode, args, kwargs)
         queued = _tensor._deferred[before:]
         try:
             return handler(args, kwargs)

@@ -566,6 +566,8 @@ class CompiledOp:
                 arr, offset = inputs[position]
                 return _views.write(arr, target_view, offset, value)
         elif out_targets:
+            if self.meta_op is not self.func:
+                _meta.check_out(self.func, args, kwargs, self.out_names, out_targets)
             views = [None if t._view is None else t._view.static for t in out_targets]
             shapes = [(jax_dtype(t.dtype), tuple(t.shape)) for t in out_targets]
             plan = _meta.OutputPlan("tuple", None)

@@ -123,6 +123,51 @@ def check_inplace(result: torch.Tensor, target: JaxTensor) -> None:
             f"output with shape {list(target.shape)} doesn't match the broadcast shape {list(result.shape)}")
 
 
+def check_out(func: Any, args: tuple, kwargs: dict, out_names: tuple, targets: list) -> None:
+    """torch's dtype errors for ``out=`` tensors (``torch.add(a, 1,
+    out=int_tensor)``), found by running the out= overload's own meta
+    kernel with meta out tensors; worded as torch's CPU kernels word them.
+    Other meta complaints are left to the op (a resize is no error)."""
+    import re
+    import warnings
+
+    meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+    meta_kwargs.update({n: _to_meta(t) for n, t in zip(out_names, targets)})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the op warns about resizing itself
+            func(*_to_meta(args), **meta_kwargs)
+    except (RuntimeError, TypeError) as err:
+        text = str(err)
+        cast = re.match(r"Attempting to cast from torch\.(\w+) to out tensor with dtype torch\.(\w+), but this "
+                        r"can't be cast", text)
+        exact = re.match(r"Expected out tensor to have dtype torch\.(\w+),? but got torch\.(\w+) instead", text)
+        if cast:
+            src, dst = (SCALAR_NAMES.get(getattr(torch, n), n) for n in cast.groups())
+            if op_base(func) == "cat":
+                raise TypeError(f"torch.cat(): input types can't be cast to the desired output type {dst}") from None
+            raise RuntimeError(f"result type {src} can't be cast to the desired output type {dst}") from None
+        if exact:
+            want, got = (_C_NAMES.get(getattr(torch, n), n) for n in exact.groups())
+            raise RuntimeError(f"Expected out tensor to have dtype {want}, but got {got} instead") from None
+    except Exception:
+        pass
+
+
+def op_base(func: Any) -> str:
+    """``aten::add.out`` -> ``add``."""
+    return str(getattr(func, "__name__", func)).split("::")[-1].split(".")[0]
+
+
+#: torch's C++ names of dtypes, as its kernels' messages print them.
+_C_NAMES = {
+    torch.bool: "bool", torch.uint8: "unsigned char", torch.int8: "signed char", torch.int16: "short int",
+    torch.int32: "int", torch.int64: "long int", torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
+    torch.float32: "float", torch.float64: "double", torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
+
+
 def check_out_dtypes(op: str, result_dtypes: list, targets: list) -> None:
     """torch's error for the out= tensor of an op whose result dtype is its
     own (``nonzero``'s indices, ``masked_select``'s values): the out tensor

@@ -99,6 +99,28 @@ DENSE_GRADIENT_OPS = (("_gather_sparse_backward", _gather_dense_backward),
                       ("embedding_backward", _embedding_dense_backward))
 
 
+def _one_hot_checked(self, num_classes=-1):
+    """one_hot's own composite kernel, after CPU's checks of the classes:
+    torch leaves them to a device assert on accelerators, and the form it
+    takes for them (``arange == x``) gives a zero row for a bad class."""
+    from .. import _jax_settings
+    from . import _config, _value_checks
+
+    if self.dtype != torch.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if num_classes == -1 and self.numel() == 0:
+        raise RuntimeError("Can not infer total number of classes from empty tensor.")
+    _jax_settings.x64_scope(_value_checks.one_hot_classes)(self, num_classes, _config.current().check_indices)
+    if num_classes == -1:
+        num_classes = int(self.max().item()) + 1
+    return (self.unsqueeze(-1) == torch.arange(num_classes, dtype=self.dtype, device=self.device)).to(torch.int64)
+
+
+#: Composite ops whose 'jax' form checks argument values first (autograd
+#: key: a composite op decomposes there, before reaching the device).
+CHECKED_COMPOSITE_OPS = (("one_hot", _one_hot_checked),)
+
+
 #: Everything of torch's that registration replaces: name -> (its key in
 #: PJRT_HOST_SKIP_PATCHES, why), besides the registrations torch offers (device
 #: name, device module, hooks, kernels, serialization package).  Each
@@ -375,7 +397,7 @@ def _register_kernels() -> None:
                 aten.impl(name, _never_traced(scoped(kernel)) if key == "PrivateUse1" else kernel, key)
             except Exception as err:  # a renamed overload must not stop the device
                 logger.debug("no %s kernel for aten::%s: %s", key, name, err)
-    for name, kernel in DENSE_GRADIENT_OPS:
+    for name, kernel in DENSE_GRADIENT_OPS + CHECKED_COMPOSITE_OPS:
         try:
             aten.impl(name, kernel, "AutogradPrivateUse1")
         except Exception as err:

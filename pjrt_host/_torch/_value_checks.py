@@ -1,0 +1,141 @@
+"""Argument values torch's CPU kernels refuse, refused on the device too.
+
+A compiled program cannot raise, so without these checks a bad value gives
+a result where CPU raises: ``torch.multinomial`` of a negative or NaN
+probability draws anyway, ``one_hot`` of a negative class gives a zero row.
+Per checked op, one small compiled program computes a verdict code on the
+device; it is read at the next synchronisation point (``.item()``,
+``.cpu()``, printing, ``torch.jax.synchronize()``), or at the op itself with
+``pjrt_host.config(check_indices='sync')``; ``check_indices=False`` turns
+these off with the index checks (the same switch: both are torch's
+device-side asserts).  Errors are CPU's type and text, followed by the op
+and when it was found.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ._tensor import JaxTensor, defer_check, read
+
+__all__ = ["check", "checker_for", "one_hot_classes"]
+
+
+class _Check:
+    """``verdict(array, *static) -> int32 code`` (0: fine), and per code
+    CPU's exception."""
+
+    __slots__ = ("verdict", "errors", "_jitted")
+
+    def __init__(self, verdict: Callable[..., Any], errors: dict[int, tuple[type, str]]) -> None:
+        self.verdict = verdict
+        self.errors = errors
+        self._jitted: dict[tuple, Any] = {}
+
+    def code(self, array: Any, *static: Any) -> Any:
+        fn = self._jitted.get(static)
+        if fn is None:
+            fn = self._jitted[static] = jax.jit(lambda a: self.verdict(a, *static).astype(jnp.int32))
+        return fn(array)
+
+
+def _probabilities(p: Any) -> Any:
+    bad = ~jnp.isfinite(p) | (p < 0)
+    empty = jnp.sum(jnp.where(bad, 0, p), axis=-1) <= 0
+    return jnp.where(bad.any(), 1, jnp.where(empty.any(), 2, 0))
+
+
+_MULTINOMIAL = _Check(_probabilities, {
+    1: (RuntimeError, "probability tensor contains either `inf`, `nan` or element < 0"),
+    2: (RuntimeError, "invalid multinomial distribution (sum of probabilities <= 0)"),
+})
+
+
+def _classes(x: Any, num_classes: int) -> Any:
+    negative = (x < 0).any()
+    too_big = (x >= num_classes).any() if num_classes >= 0 else False
+    return jnp.where(negative, 1, jnp.where(too_big, 2, 0))
+
+
+_ONE_HOT = _Check(_classes, {
+    1: (RuntimeError, "Class values must be non-negative."),
+    2: (RuntimeError, "Class values must be smaller than num_classes."),
+})
+
+
+def _false(cond: Any) -> Any:
+    return jnp.where(jnp.all(cond != 0), 0, 1)
+
+
+_ASSERT = _Check(_false, {1: (RuntimeError, "Expected Tensor with single nonzero value, but got zero")})
+
+
+def _run(op: str, spec: _Check, tensor: Any, mode: Any, *static: Any, text: str | None = None) -> None:
+    if not isinstance(tensor, JaxTensor) or tensor.numel() == 0:
+        return
+    code = spec.code(read(tensor), *static)
+    device = tensor.device
+
+    def verdict(wait: bool) -> bool:
+        if not wait and not code.is_ready():
+            return False
+        value = int(np.asarray(code))
+        if value:
+            exc, message = spec.errors[value]
+            message = text or message
+            if wait is None:  # at the op itself
+                raise exc(message)
+            raise exc(f"{message} (raised by {op} on {device}, found at the next synchronisation point; "
+                      "pjrt_host.config(check_indices='sync') raises at the op itself)")
+        return True
+
+    if mode == "sync":
+        verdict(None)  # type: ignore[arg-type]
+    else:
+        defer_check(verdict)
+
+
+def _multinomial(mode: Any, args: tuple, kwargs: dict) -> None:
+    probs = args[0] if args else kwargs.get("self")
+    if isinstance(probs, torch.Tensor) and probs.dtype.is_floating_point:
+        _run("aten::multinomial", _MULTINOMIAL, probs, mode)
+
+
+def _assert_async(mode: Any, args: tuple, kwargs: dict) -> None:
+    """torch's device-side assert (its decompositions' checks: ``one_hot``,
+    ``nll_loss`` ...), with its message."""
+    cond = args[0] if args else kwargs.get("self")
+    msg = args[1] if len(args) > 1 else kwargs.get("assert_msg")
+    _run("aten::_assert_async", _ASSERT, cond, mode, text=msg or None)
+
+
+_CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
+    "multinomial": _multinomial,
+    "_assert_async": _assert_async,
+}
+
+
+def checker_for(name: str) -> Callable[[Any, tuple, dict], None] | None:
+    """The value check of ATen op ``name`` ("aten::multinomial.out"), or None."""
+    namespace, _, rest = name.rpartition("::")
+    if namespace not in ("aten", ""):
+        return None
+    base = rest.split(".", 1)[0]
+    return _CHECKS.get(base if base.startswith("_") else base.rstrip("_"))
+
+
+def check(check_fn: Callable[[Any, tuple, dict], None], mode: Any, args: tuple, kwargs: dict) -> None:
+    check_fn(mode, args, kwargs)
+
+
+def one_hot_classes(x: Any, num_classes: int, mode: Any) -> None:
+    """CPU's errors for ``one_hot`` classes out of ``[0, num_classes)``
+    (torch leaves them to a device assert on accelerators).  With
+    ``num_classes=-1`` torch reads the largest class itself."""
+    if mode and not x.dtype.is_floating_point and x.dtype != torch.bool:
+        _run("aten::one_hot", _ONE_HOT, x, mode, int(num_classes))

@@ -1,0 +1,114 @@
+"""Inputs torch CPU refuses are refused on 'jax' with CPU's exception type and
+text, never answered with values (NaN, inf, a zero row, a silent cast).
+
+Value-dependent refusals (a probability, a class, a singular matrix) come
+at the next synchronisation point by default, naming the op, or at the op
+itself with ``check_indices='sync'``; dtype refusals come at the call."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+import pjrt_host  # noqa: E402
+
+F = torch.nn.functional
+
+CASES = {
+    "add out= int": lambda d: torch.add(torch.ones(2, device=d), 1, out=torch.empty(2, dtype=torch.long, device=d)),
+    "sub out= bool": lambda d: torch.sub(torch.ones(2, device=d), 1, out=torch.empty(2, dtype=torch.bool, device=d)),
+    "mul out= int from int*float": lambda d: torch.mul(torch.ones(2, dtype=torch.long, device=d), 0.5,
+                                                       out=torch.empty(2, dtype=torch.long, device=d)),
+    "mm out= long": lambda d: torch.mm(torch.ones(1, 2, device=d), torch.ones(2, 1, device=d),
+                                       out=torch.empty(1, 1, dtype=torch.long, device=d)),
+    "cat out= long": lambda d: torch.cat([torch.ones(1, 2, device=d)] * 2,
+                                         out=torch.empty(2, 2, dtype=torch.long, device=d)),
+    "solve singular": lambda d: torch.linalg.solve(torch.zeros(2, 2, device=d), torch.ones(2, device=d)),
+    "solve batch, one singular": lambda d: torch.linalg.solve(
+        torch.stack([torch.eye(3, device=d), torch.ones(3, 3, device=d)]), torch.ones(2, 3, device=d)),
+    "cholesky not positive-definite": lambda d: torch.linalg.cholesky(
+        torch.tensor([[4.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]], device=d)),
+    "cholesky negative": lambda d: torch.linalg.cholesky(-torch.eye(2, device=d)),
+    "inv singular": lambda d: torch.linalg.inv(torch.zeros(2, 2, device=d)),
+    "inverse singular": lambda d: torch.inverse(torch.tensor([[1.0, 2.0], [2.0, 4.0]], device=d)),
+    "multinomial negative": lambda d: torch.multinomial(torch.tensor([0.5, -0.1, 0.6], device=d), 1),
+    "multinomial nan": lambda d: torch.multinomial(torch.tensor([0.5, float("nan")], device=d), 1),
+    "multinomial inf": lambda d: torch.multinomial(torch.tensor([0.5, float("inf")], device=d), 1),
+    "multinomial all zero": lambda d: torch.multinomial(torch.zeros(2, 3, device=d), 1),
+    "one_hot negative": lambda d: F.one_hot(torch.tensor([0, -1], device=d), 3),
+    "one_hot too big": lambda d: F.one_hot(torch.tensor([0, 5], device=d), 3),
+    "one_hot empty, classes unknown": lambda d: F.one_hot(torch.tensor([], dtype=torch.long, device=d)),
+    "one_hot int32": lambda d: F.one_hot(torch.tensor([1], dtype=torch.int32, device=d), 3),
+    "assert_async false": lambda d: torch._assert_async(torch.tensor(0, device=d)),
+    "assert_async message": lambda d: torch._assert_async(torch.tensor(False, device=d), "my message"),
+}
+
+# Where CPU accepts: the device gives CPU's values (the checks must not refuse these).
+GOOD = {
+    "add out= float from int": lambda d: torch.add(torch.ones(2, dtype=torch.long, device=d), 1,
+                                                   out=torch.empty(2, device=d)),
+    "sum out= long from float (reductions cast)": lambda d: torch.sum(torch.ones(1, 2, device=d), 0,
+                                                                     out=torch.empty(2, dtype=torch.long, device=d)),
+    "add out= resized": lambda d: torch.add(torch.ones(2, device=d), 1, out=torch.empty(0, device=d)),
+    "cholesky": lambda d: torch.linalg.cholesky(torch.tensor([[4.0, 2.0], [2.0, 3.0]], device=d)),
+    "cholesky empty": lambda d: torch.linalg.cholesky(torch.empty(0, 0, device=d)),
+    "solve": lambda d: torch.linalg.solve(torch.tensor([[2.0, 1.0], [1.0, 3.0]], device=d), torch.ones(2, device=d)),
+    "inv": lambda d: torch.linalg.inv(torch.tensor([[2.0, 1.0], [1.0, 3.0]], device=d)),
+    "inv_ex reports without raising": lambda d: torch.linalg.inv_ex(torch.zeros(2, 2, device=d)).info,
+    "cholesky_ex reports without raising": lambda d: torch.linalg.cholesky_ex(-torch.eye(2, device=d)).info,
+    "multinomial": lambda d: torch.multinomial(torch.tensor([0.0, 1.0, 0.0], device=d), 2, replacement=True),
+    "one_hot": lambda d: F.one_hot(torch.tensor([0, 2, 1], device=d)),
+    "one_hot classes given": lambda d: F.one_hot(torch.tensor([[0], [2]], device=d), 4),
+    "one_hot empty": lambda d: F.one_hot(torch.tensor([], dtype=torch.long, device=d), 3),
+    "assert_async true": lambda d: torch._assert_async(torch.tensor(True, device=d), "fine"),
+}
+
+
+def _outcome(fn, device):
+    try:
+        result = fn(device)
+        if isinstance(result, torch.Tensor):
+            result = result.cpu()
+        else:
+            torch.jax.synchronize() if device == "jax" else None
+        return ("value", result)
+    except Exception as err:  # noqa: BLE001 - the exception is what is compared
+        return ("raised", type(err), str(err))
+
+
+@pytest.mark.parametrize("mode", [True, "sync"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_device_refuses_what_cpu_refuses(case, mode):
+    want = _outcome(CASES[case], "cpu")
+    assert want[0] == "raised", f"CPU accepts {case}: not a bad input"
+    with pjrt_host.config(check_indices=mode):
+        got = _outcome(CASES[case], "jax")
+    assert got[0] == "raised", f"{case}: 'jax' returned {got[1]} where CPU raised {want[1].__name__}: {want[2]}"
+    assert issubclass(got[1], want[1]) or got[1].__name__ == want[1].__name__, (case, got, want)
+    text = want[2].split("\n")[0]
+    assert got[2].startswith(text), f"{case}: {got[2]!r} is not CPU's {text!r}"
+
+
+@pytest.mark.parametrize("case", sorted(GOOD))
+def test_the_device_accepts_what_cpu_accepts(case):
+    want = _outcome(GOOD[case], "cpu")
+    got = _outcome(GOOD[case], "jax")
+    assert want[0] == got[0] == "value", (case, got, want)
+    if isinstance(want[1], torch.Tensor):
+        torch.testing.assert_close(got[1], want[1])
+
+
+def test_a_value_check_names_the_op_when_found_later():
+    probs = torch.tensor([0.5, -1.0], device="jax")
+    draw = torch.multinomial(probs, 1)  # no wait for the device here
+    with pytest.raises(RuntimeError, match=r"element < 0 \(raised by aten::multinomial on jax:0, found at the next"):
+        draw.cpu()
+    torch.ones(2, device="jax").cpu()  # reported once: the device keeps working
+
+
+def test_checks_off_gives_the_unchecked_values():
+    with pjrt_host.config(check_indices=False):
+        row = F.one_hot(torch.tensor([-1], device="jax"), 3).cpu()
+    assert row.tolist() == [[0, 0, 0]]
