@@ -152,3 +152,58 @@ def test_export_save_load_with_parameters_on_device():
         assert isinstance(p, torch.nn.Parameter) and p.device.type == DEV, name
     assert not isinstance(loaded.state_dict["scale"], torch.nn.Parameter)
     torch.testing.assert_close(loaded.module()(x).cpu(), model(x).cpu())
+
+
+def _held_dtypes() -> list[torch.dtype]:
+    from pjrt_host._lowerings._dtypes import _TORCH_TO_JAX
+
+    return sorted(_TORCH_TO_JAX, key=str)
+
+
+def _random_bits(dtype: torch.dtype, n: int) -> torch.Tensor:
+    """A CPU tensor of ``n`` elements of ``dtype`` with random bit patterns
+    (NaN payloads, infinities and subnormals included), bools 0/1."""
+    g = torch.Generator().manual_seed(n)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    size = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=g)
+    return raw.view(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().cpu().contiguous()
+    return t.view(torch.uint8) if t.dtype != torch.bool else t
+
+
+@pytest.mark.parametrize("map_location", [None, "cpu", DEV])
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize("dtype", _held_dtypes(), ids=str)
+def test_every_held_dtype_round_trips_bit_exactly(dtype, weights_only, map_location):
+    # The newer dtypes (float8s, uint16/32/64) go as torch saves them: the
+    # untyped storage with the dtype beside it (_rebuild_tensor_v3); the
+    # older ones through a TypedStorage (_rebuild_tensor_v2).
+    host = _random_bits(dtype, 24)
+    t = host.to(DEV)
+    view = t[2:].reshape(2, 11)[:, ::2]  # an offset and a stride into the same storage
+    loaded = _round_trip({"t": t, "view": view}, map_location=map_location, weights_only=weights_only)
+    device = "cpu" if map_location == "cpu" else DEV
+    for name, original in (("t", t), ("view", view)):
+        got = loaded[name]
+        assert got.dtype == dtype and got.device.type == device, name
+        assert got.shape == original.shape and got.stride() == original.stride(), name
+        assert got.storage_offset() == original.storage_offset(), name
+        assert torch.equal(_bits(got), _bits(original)), name
+    assert torch.equal(_bits(loaded["t"]), _bits(host))
+    # Saved once, they come back sharing their storage, as on CPU.
+    assert loaded["view"].untyped_storage().data_ptr() == loaded["t"].untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.uint16], ids=str)
+def test_newer_dtype_parameter_round_trips(dtype):
+    p = torch.nn.Parameter(torch.arange(4, device=DEV).to(dtype), requires_grad=False)
+    for location in (None, "cpu", DEV):
+        loaded = _round_trip(p, map_location=location)
+        assert isinstance(loaded, torch.nn.Parameter) and loaded.dtype == dtype
+        assert loaded.device.type == ("cpu" if location == "cpu" else DEV)
+        assert loaded.float().tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -241,10 +241,15 @@ class JaxTensor(torch.Tensor):
                 return (torch._utils._rebuild_parameter_with_state,
                         (data, self.requires_grad, collections.OrderedDict(), state))
             return (torch._utils._rebuild_parameter, (data, self.requires_grad, collections.OrderedDict()))
+        args = (self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad,
+                collections.OrderedDict())
+        if self.dtype in torch.storage._new_dtypes():
+            # torch's rule (Tensor._reduce_ex_internal): dtypes TypedStorage
+            # does not know (float8s, uint16/32/64, ...) are saved as the
+            # untyped storage with the dtype beside it (_rebuild_tensor_v3).
+            return (torch._utils._rebuild_tensor_v3, (self.untyped_storage(), *args, self.dtype))
         storage = torch.storage.TypedStorage(wrap_storage=self.untyped_storage(), dtype=self.dtype, _internal=True)
-        return (torch._utils._rebuild_tensor_v2,
-                (storage, self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad,
-                 collections.OrderedDict()))
+        return (torch._utils._rebuild_tensor_v2, (storage, *args))
 
     # ``z.real = v`` / ``z.imag = v``: torch writes through the real view of
     # a complex tensor, which the device computes as a new tensor (see
