@@ -52,6 +52,8 @@ class Site(NamedTuple):
 
 def sites_of(node: torch.fx.Node, name: str) -> list[Site]:
     """The index checks of op ``name`` at ``node`` (empty for other ops)."""
+    if not _device.has_index_check(name):
+        return []
     fakes: dict[int, torch.fx.Node] = {}
 
     def fake(a: Any) -> Any:

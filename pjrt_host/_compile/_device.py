@@ -20,7 +20,7 @@ from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
     "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "config", "current_index", "defer_check", "device_dtype",
-    "device_index", "eager_dispatch_hooks", "index_failure", "index_of_array", "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result",
+    "device_index", "eager_dispatch_hooks", "has_index_check", "index_failure", "index_of_array", "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result",
     "put_storage", "read", "storage_of", "to_jax_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
 ]
 
@@ -163,6 +163,11 @@ def last_result(index: int) -> Any:
     (None: none, or nobody holds it any more)."""
     ref = _tensor._last.get(index)
     return None if ref is None else ref()
+
+
+def has_index_check(name: str) -> bool:
+    """Whether eager mode checks the indices of ATen op ``name``."""
+    return _index_checks.checker_for(name) is not None
 
 
 def index_sites(name: str, args: tuple, kwargs: dict) -> list[tuple]:
