@@ -14,14 +14,15 @@ import torch
 
 from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _index_checks, _rng, _sharding,
-                      _tensor, _views)
+from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _index_checks, _rng,
+                      _sharding, _tensor, _views)
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
     "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "config", "current_index", "defer_check", "device_dtype",
-    "device_index", "eager_dispatch_hooks", "has_index_check", "index_failure", "index_of_array", "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result",
-    "put_storage", "read", "storage_of", "to_jax_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
+    "device_index", "eager_dispatch_hooks", "has_index_check", "index_failure", "index_of_array", "index_sites",
+    "jax_device", "lowering_context", "next_key_args", "note_result", "put_storage", "read", "storage_of",
+    "to_jax_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
 ]
 
 
