@@ -226,6 +226,63 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 _lock = threading.Lock()
 
 
+#: Why an op compiles again: ``logging.getLogger("pjrt_host.recompiles")``
+#: at INFO logs every new signature of an op that had compiled before, with
+#: what changed; a WARNING (once per op) says when an op keeps compiling new
+#: signatures after it had run warm -- a shape that changes every step.
+recompiles = logging.getLogger("pjrt_host.recompiles")
+#: An op "runs warm" once it has reused its programs this many times; this
+#: many new signatures after that warn.
+_WARM_HITS = 64
+_LATE_MISSES_WARN = 8
+
+
+def _note_miss(op: CompiledOp, key: tuple) -> None:
+    prev, op.last_key = op.last_key, key
+    if prev is None:
+        return
+    if op.hits >= _WARM_HITS:
+        op.late_misses += 1
+        if op.late_misses == _LATE_MISSES_WARN:
+            recompiles.warning(
+                "pjrt_host: %s keeps compiling new programs after running warm (%d new signatures after %d reuses; "
+                "the last: %s). Each new shape compiles once: pad or bucket the sizes that change (sequence "
+                "lengths to a multiple of 64, drop_last=True for the last batch). logging.getLogger("
+                "'pjrt_host.recompiles').setLevel('INFO') logs every recompilation.",
+                op.name, op.late_misses, op.hits, _difference(prev, key))
+    if recompiles.isEnabledFor(logging.INFO):
+        recompiles.info("%s compiles a new program: %s", op.name, _difference(prev, key))
+
+
+def _difference(prev: tuple, key: tuple) -> str:
+    """What differs between two keys of one op, in a user's terms."""
+    changes = []
+    (pa, pk, pt, pc), (a, k, t, c) = prev, key
+    for where, old, new in [(f"argument {i}", x, y) for i, (x, y) in enumerate(zip(pa, a))] + \
+            [(f"argument {n!r}", x, y) for (n, x), (_, y) in zip(pk, k)]:
+        if old != new:
+            changes.append(f"{where} {_describe(old)} -> {_describe(new)}")
+    if len(pa) != len(a) or [n for n, _ in pk] != [n for n, _ in k]:
+        changes.append("other arguments")
+    if pt != t:
+        changes.append("the out= tensors")
+    if pc != c:
+        changes.append("pjrt_host.config settings")
+    return "; ".join(changes) or "the same arguments (the earlier program was evicted)"
+
+
+def _describe(part: Any) -> str:
+    if isinstance(part, TensorSpec):
+        view = part.view
+        if view is None:
+            return f"{jnp.dtype(part[0]).name}{list(part[1])}"
+        # View.static: (kind, size, ...)
+        return f"{jnp.dtype(part[0]).name}{list(view[1])} ({view[0]} view of {list(part[1])})"
+    if isinstance(part, tuple) and len(part) == 2 and isinstance(part[0], type):
+        return repr(part[1])
+    return repr(part)
+
+
 class _Entry(NamedTuple):
     fn: Any  #: (*dyn) -> the op's result arrays
     plan: _meta.OutputPlan  #: how they come back (ignored for in-place / out=)
@@ -268,7 +325,7 @@ class CompiledOp:
     op whose meta kernel gives the results (the functional one)."""
 
     __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "scalar_slots",
-                 "dynamic", "misses", "in_trial", "simple")
+                 "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses")
 
     def __init__(self, func: Any, lowering: Lowering, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
@@ -285,6 +342,9 @@ class CompiledOp:
         self.scalar_slots = _scalar_slots(func)
         self.dynamic: bool | None = None  # scalars traced (True), static (False), undecided (None)
         self.misses = 0
+        self.hits = 0
+        self.late_misses = 0  # new signatures after the op had run warm (see _note_miss)
+        self.last_key: Any = None
         self.in_trial = False
         # No out= targets, no random key, scalars static: the common case.
         self.simple = not out_names and not lowering.needs_rng
@@ -328,8 +388,12 @@ class CompiledOp:
         cfg = _config.current()
         key = (key_args, key_kwargs, targets_key, cfg)
         entry = self.cache.get(key)
-        if entry is None:
+        if entry is not None:
+            self.hits += 1
+        else:
             self.misses += 1
+            if not self.in_trial:
+                _note_miss(self, key)
             # A random op's scalars (bounds, mean, std, p) are tried traced
             # from its second signature: nn.init passes new ones per layer.
             if self.misses > (1 if self.lowering.needs_rng else 3) and self.dynamic is None and self.scalar_slots \

@@ -1,0 +1,49 @@
+"""Seeing why the device compiles: every new signature of an op that had
+compiled before is logged at INFO with what changed, and an op that keeps
+compiling new shapes after running warm warns once, naming the shape.  Run
+in a fresh process, so that what earlier tests compiled does not count."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+from conftest import run_python  # noqa: E402
+
+SCRIPT = r"""
+import logging, sys, torch
+logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")
+if sys.argv[1] == "info":
+    logging.getLogger("pjrt_host.recompiles").setLevel("INFO")
+# warm-up: many shapes at first (a model's layers) warn nothing
+for n in range(2, 30):
+    torch.ones(n, 3, device="jax").exp()
+x = torch.ones(4, 8, device="jax")
+for _ in range(70):
+    x.exp()
+print("warm")
+# a length that changes every step, after running warm
+for n in range(9, 20):
+    torch.ones(4, n, device="jax").exp()
+"""
+
+
+def test_an_op_compiling_every_step_after_warm_up_warns_once():
+    proc = run_python(["-c", SCRIPT, "warn"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before, after = proc.stdout.split("warm\n")
+    assert "WARNING" not in before
+    warnings = [line for line in after.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1, after
+    assert "aten::exp keeps compiling new programs after running warm" in warnings[0]
+    assert "argument 0 float32[4, 15] -> float32[4, 16]" in warnings[0]
+    assert "pad or bucket" in warnings[0]
+
+
+def test_the_recompile_log_says_what_changed():
+    proc = run_python(["-c", SCRIPT, "info"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "INFO aten::exp compiles a new program: argument 0 float32[2, 3] -> float32[3, 3]" in proc.stdout
+    assert "INFO aten::exp compiles a new program: argument 0 float32[29, 3] -> float32[4, 8]" in proc.stdout
