@@ -55,10 +55,29 @@ def _unary(fn):
 
 
 for _name in ("sqrt", "exp", "abs", "neg", "log", "log1p", "expm1", "sigmoid", "tanh", "sin", "cos", "reciprocal",
-              "floor", "ceil", "round", "trunc", "frac", "sign", "erf", "rsqrt", "log2", "log10", "exp2"):
+              "floor", "ceil", "round", "trunc", "frac", "sign", "erf", "rsqrt", "log2", "log10", "exp2",
+              "tan", "asin", "acos", "atan", "sinh", "cosh", "erfc", "lgamma"):
     _fn = lookup(_Name(f"aten::{_name}"))
     if _fn is not None:
         lowering(f"aten::_foreach_{_name}")(_unary(_fn.fn))
+
+
+@lowering("aten::_foreach_pow.ScalarAndTensor")
+def foreach_pow_scalar_and_tensor(base, exponents):
+    """``base ** e`` for each tensor ``e``: the capturable optimizers' bias
+    corrections (``torch._foreach_pow(beta1, state_steps)``)."""
+    return [pw.pow(base, e) for e in exponents]
+
+
+@lowering("aten::_foreach_max")
+def foreach_max(tensors):
+    """Each tensor's largest element (clip_grad_norm_'s inf norm)."""
+    return [jnp.max(t) for t in tensors]
+
+
+@lowering("aten::_foreach_clone")
+def foreach_clone(tensors, memory_format=None):
+    return [jnp.array(t, copy=True) for t in tensors]
 
 
 @lowering("aten::_foreach_zero")
