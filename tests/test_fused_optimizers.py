@@ -43,9 +43,9 @@ def _lr(kwargs, device):
     return kwargs
 
 
-def run_optimizer(opt_cls, device, steps, schedule=False, dtype=torch.float32, **kwargs):
+def run_optimizer(opt_cls, device, steps, schedule=False, dtype=torch.float32, jax_impl=None, **kwargs):
     params = _params(device, dtype)
-    impl = {"fused": True} if device == "jax" else {"foreach": False}
+    impl = (jax_impl or {"fused": True}) if device == "jax" else {"foreach": False}
     opt = opt_cls(params, **impl, **_lr(kwargs, device))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s)) if schedule else None
     for step in range(steps):
@@ -57,10 +57,11 @@ def run_optimizer(opt_cls, device, steps, schedule=False, dtype=torch.float32, *
     return opt, params
 
 
-def assert_same_steps(opt_cls, steps=4, rtol=1e-5, atol=1e-6, **kwargs):
-    jax_opt, jax_params = run_optimizer(opt_cls, "jax", steps, **kwargs)
+def assert_same_steps(opt_cls, steps=4, rtol=1e-5, atol=1e-6, jax_impl=None, **kwargs):
+    jax_opt, jax_params = run_optimizer(opt_cls, "jax", steps, jax_impl=jax_impl, **kwargs)
     cpu_opt, cpu_params = run_optimizer(opt_cls, "cpu", steps, **kwargs)
-    assert jax_opt.param_groups[0]["fused"] is True
+    for k, v in (jax_impl or {"fused": True}).items():
+        assert jax_opt.param_groups[0][k] is v
     for i, (a, b) in enumerate(zip(jax_params, cpu_params)):
         assert a.device.type == "jax"
         torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=rtol, atol=atol, msg=f"param {i}")
@@ -124,6 +125,40 @@ def test_learning_rate_schedule(opt_cls):
     """A new lr every step (LambdaLR) gives the steps CPU takes."""
     kwargs = {"lr": 0.1, "momentum": 0.9} if opt_cls is torch.optim.SGD else {"lr": 0.05}
     assert_same_steps(opt_cls, steps=6, schedule=True, **kwargs)
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam,
+                                     torch.optim.Adamax, torch.optim.ASGD],
+                         ids=lambda c: c.__name__)
+def test_capturable_foreach_optimizers(opt_cls):
+    """capturable=True keeps the step count on the device and raises the
+    betas to it there (``_foreach_pow(beta, steps)``)."""
+    assert_same_steps(opt_cls, jax_impl={"foreach": True, "capturable": True}, lr=0.01)
+
+
+def test_foreach_ops_optimizers_and_clipping_use():
+    """The foreach forms of pow(scalar, tensors), max, clone and a few
+    unary functions, against torch CPU."""
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.rand(s, generator=g) * 0.9 + 0.05 for s in [(3, 4), (5,), ()]]
+    on_jax = [x.to("jax") for x in xs]
+    checks = {
+        "pow(scalar, tensors)": lambda ts: torch._foreach_pow(0.9, ts),
+        "max": torch._foreach_max,
+        "clone": torch._foreach_clone,
+        **{name: getattr(torch, f"_foreach_{name}")
+           for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "erfc", "lgamma")},
+    }
+    for name, fn in checks.items():
+        for a, b in zip(fn(on_jax), fn(xs)):
+            assert a.device.type == "jax", name
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-6, msg=name)
+    clones = torch._foreach_clone(on_jax)
+    torch._foreach_add_(clones, 1.0)
+    torch.testing.assert_close(on_jax[0].cpu(), xs[0])  # a clone is its own tensor
+    steps = [torch.tensor(float(i + 1), device="jax") for i in range(3)]
+    torch._foreach_pow_(steps, 2.0)
+    assert [float(s) for s in steps] == [1.0, 4.0, 9.0]
 
 
 class _OpLog(TorchDispatchMode):
