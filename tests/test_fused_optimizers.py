@@ -265,7 +265,7 @@ def test_half_precision_params_as_torch_cpu_fused(dtype):
         torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-2, atol=1e-3)
 
 
-def _train_with_scaler(opt_cls, device, inf_steps, **kwargs):
+def _train_with_scaler(opt_cls, device, inf_steps, clip=False, **kwargs):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device)
     impl = {"fused": True} if device == "jax" else {"foreach": False}
@@ -280,6 +280,9 @@ def _train_with_scaler(opt_cls, device, inf_steps, **kwargs):
         loss = model(x.to(device)).pow(2).mean()
         opt.zero_grad()
         scaler.scale(loss).backward()
+        if clip:  # unscaled before the step: the step then gets found_inf alone
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         scaler.step(opt)
         scaler.update()
         scales.append(scaler.get_scale())
@@ -292,13 +295,16 @@ def _train_with_scaler(opt_cls, device, inf_steps, **kwargs):
     (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
     (torch.optim.Adagrad, {"lr": 0.05}),
 ], ids=["Adam", "AdamW", "SGD", "Adagrad"])
-def test_grad_scaler(opt_cls, kwargs):
+@pytest.mark.parametrize("clip", [False, True], ids=["", "unscale_clip"])
+def test_grad_scaler(opt_cls, kwargs, clip):
     """torch.amp.GradScaler('jax') hands the fused step grad_scale and
     found_inf: a step with inf gradients is skipped (the scale backs off),
-    the others equal CPU's non-fused steps after GradScaler.unscale_."""
+    the others equal CPU's non-fused steps after GradScaler.unscale_.
+    ``clip``: unscale_ and clip_grad_norm_ before the step (Trainer's
+    order), so the fused step gets found_inf without grad_scale."""
     inf_steps = {2, 3}  # after the first step: an SGD buffer is then created by a step that ran
-    jax_model, jax_scales, jax_opt = _train_with_scaler(opt_cls, "jax", inf_steps, **kwargs)
-    cpu_model, cpu_scales, cpu_opt = _train_with_scaler(opt_cls, "cpu", inf_steps, **kwargs)
+    jax_model, jax_scales, jax_opt = _train_with_scaler(opt_cls, "jax", inf_steps, clip, **kwargs)
+    cpu_model, cpu_scales, cpu_opt = _train_with_scaler(opt_cls, "cpu", inf_steps, clip, **kwargs)
     assert jax_scales == cpu_scales
     assert jax_scales[2] < jax_scales[1]  # backed off: the inf was seen
     for (name, a), (_, b) in zip(jax_model.named_parameters(), cpu_model.named_parameters()):
