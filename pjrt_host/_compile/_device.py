@@ -20,9 +20,9 @@ from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
     "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "config", "current_index", "defer_check", "device_dtype",
-    "device_index", "eager_dispatch_hooks", "has_index_check", "index_failure", "index_of_array", "index_sites",
-    "jax_device", "lowering_context", "next_key_args", "note_result", "put_storage", "read", "storage_of",
-    "to_jax_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
+    "device_index", "eager_dispatch_hooks", "has_index_check", "host_values", "index_failure", "index_of_array",
+    "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result", "put_storage", "read",
+    "storage_of", "to_jax_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
 ]
 
 
@@ -243,6 +243,18 @@ def to_jax_array(t: torch.Tensor, index: int) -> Any:
     """A jax array on device ``index`` with a (non-'jax') torch tensor's
     values (DLPack where the plugin allows it)."""
     return _conversion.to_jax_array(t, index, device_dtype(t.dtype))
+
+
+def host_values(t: torch.Tensor) -> Any:
+    """A numpy array of the jax dtype with a copy of CPU tensor ``t``'s
+    values, bit for bit (the bytes of the host transfer path of
+    :func:`to_jax_array`: bfloat16, float8s, float64, NaN payloads and
+    large integers exactly).  On no device: for a graph's constants, which
+    the program it is traced into puts where it runs."""
+    import numpy as np
+
+    t = t.detach().resolve_conj().resolve_neg()
+    return np.array(_conversion._host_array(t), copy=True)
 
 
 def to_torch(array: Any, index: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

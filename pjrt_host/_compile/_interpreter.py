@@ -218,19 +218,17 @@ class Program:
         else (a fake tensor has no values to read)."""
         from torch.utils._mode_utils import no_dispatch
 
-        from .._torch._tensor import JaxTensor, read
+        from . import _device
 
         value = getattr(self.gm, node.target, None)
-        if isinstance(value, JaxTensor):
-            return read(value).astype(self.dtype_of(value.dtype))
+        if isinstance(value, _device.JaxTensor):
+            return _device.read(value).astype(self.dtype_of(value.dtype))
         if type(value) is not torch.Tensor or value.device.type != "cpu":
             return None
         with no_dispatch():  # compilers run inside the trace's fake mode; a plain host tensor needs none
-            host = value.detach().resolve_conj().resolve_neg()
-            if host.is_floating_point():  # numpy has no bfloat16: through float32, exactly
-                array = host.float().numpy()
-            else:
-                array = host.numpy()
+            # The bytes as they are: a float64 constant stays float64 (not
+            # through float32), NaN payloads and large int64s survive.
+            array = _device.host_values(value)
         return jax.numpy.asarray(array).astype(self.dtype_of(value.dtype))
 
     def _checks(self, node: torch.fx.Node, name: str) -> tuple[int, ...]:
