@@ -161,6 +161,21 @@ def test_foreach_ops_optimizers_and_clipping_use():
     assert [float(s) for s in steps] == [1.0, 4.0, 9.0]
 
 
+def test_fused_step_under_torch_compile():
+    """``torch.compile(opt.step, backend='jax')`` of a fused AdamW: the
+    graph holds the functional ``_fused_adamw``, lowered by the same table."""
+    params = _params("jax")
+    opt = torch.optim.AdamW(params, fused=True, lr=0.01, weight_decay=0.1, amsgrad=True)
+    step = torch.compile(opt.step, backend="jax")
+    for i in range(3):
+        for p, g in zip(params, _grads(i, "jax")):
+            p.grad = g
+        step()
+    _, cpu_params = run_optimizer(torch.optim.AdamW, "cpu", 3, lr=0.01, weight_decay=0.1, amsgrad=True)
+    for a, b in zip(params, cpu_params):
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-6)
+
+
 class _OpLog(TorchDispatchMode):
     def __init__(self):
         super().__init__()
