@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ._devices import DEVICE_NAME
+from ._devices import DEVICE_NAME, current_index
 
 __all__ = ["install"]
 
@@ -84,6 +84,57 @@ def _restore(before: dict[int, tuple[torch.Tensor, list[tuple[Any, str]]]]) -> N
             m._parameters[name] = keep
 
 
+def _aten_graphs(module: torch.nn.Module) -> list[torch.fx.GraphModule]:
+    """The graph modules of ATen graphs (what ``ExportedProgram.module()``
+    gives) in ``module``'s tree."""
+    import torch.fx
+
+    return [m for m in module.modules() if isinstance(m, torch.fx.GraphModule)
+            and any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) for n in m.graph.nodes)]
+
+
+def _state_devices(module: torch.nn.Module) -> list[tuple[Any, str, str, torch.device]]:
+    return [(m, kind, name, t.device) for m in module.modules() for kind in ("_parameters", "_buffers")
+            for name, t in getattr(m, kind).items() if isinstance(t, torch.Tensor)]
+
+
+def _move_graph_devices(graphs: list[torch.fx.GraphModule], devices: list) -> None:
+    """An exported program's graph has the devices it was traced on burnt
+    into its ops (``arange(device=cpu)``, ``_assert_tensor_metadata(device=
+    cpu)``, ``to(device=cpu)``), so after ``ep.module().to('jax')`` they
+    would make CPU tensors beside the moved weights.  Where the weights
+    moved between one device and 'jax', those arguments move with them, as
+    torch.export.passes.move_to_device_pass does for the ExportedProgram
+    (moves with no 'jax' side are left as torch leaves them)."""
+    moves: dict[torch.device, set[torch.device]] = {}
+    for m, kind, name, old in devices:
+        new = getattr(m, kind).get(name)
+        if isinstance(new, torch.Tensor) and new.device != old:
+            moves.setdefault(old, set()).add(new.device)
+    mapping = {old: next(iter(new)) for old, new in moves.items()
+               if len(new) == 1 and DEVICE_NAME in (old.type, next(iter(new)).type)}
+    if not mapping:
+        return
+
+    def moved(device: torch.device) -> torch.device:
+        if device.type == DEVICE_NAME and device.index is None:
+            device = torch.device(DEVICE_NAME, current_index())
+        return mapping.get(device, device)
+
+    for gm in graphs:
+        changed = False
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+                continue
+            args = tuple(moved(a) if isinstance(a, torch.device) else a for a in node.args)
+            kwargs = {k: moved(v) if isinstance(v, torch.device) else v for k, v in node.kwargs.items()}
+            if args != node.args or kwargs != node.kwargs:
+                node.args, node.kwargs = args, kwargs
+                changed = True
+        if changed:
+            gm.recompile()
+
+
 def install() -> None:
     """Wrap ``nn.Module._apply`` once (idempotent)."""
     original = torch.nn.Module._apply
@@ -94,12 +145,16 @@ def install() -> None:
         if getattr(_local, "depth", 0):
             return original(self, fn, recurse)  # a child of the call being handled
         before = _slots(self, recurse)
+        graphs = _aten_graphs(self) if recurse else []
+        devices = _state_devices(self) if graphs else []
         _local.depth = 1
         try:
             result = original(self, fn, recurse)
         finally:
             _local.depth = 0
         _restore(before)
+        if graphs:
+            _move_graph_devices(graphs, devices)
         return result
 
     _apply.__doc__ = original.__doc__

@@ -225,6 +225,30 @@ def lift_fresh(func: Any, args: tuple, kwargs: dict) -> Any:
     return func(host).to(tensor.device)
 
 
+@storage_op("aten::_assert_tensor_metadata")
+def assert_tensor_metadata(func: Any, args: tuple, kwargs: dict) -> None:
+    """torch.export's guard before a ``.to()`` in the traced code: the
+    tensor's size, stride, dtype and layout are checked by torch's own meta
+    kernel (over a meta tensor of the same metadata: its errors, word for
+    word), the device here, as torch's CPU kernel does.  Nothing is read
+    from the device."""
+    t, *rest = args
+    kwargs = dict(kwargs)
+    device = kwargs.pop("device", None)
+    with no_dispatch():
+        func(torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta"), *rest, **kwargs)
+    expected = None if device is None else torch.device(device)
+    if expected is not None and not (expected.type == DEVICE_NAME and device_index(expected) == t.device.index):
+        # 'jax' without an index is the current device (what
+        # move_to_device_pass(ep, 'jax') writes), as everywhere on 'jax'.
+        raise RuntimeError(
+            f"Tensor device mismatch! Expected: {device}, Got: {t.device} (aten::_assert_tensor_metadata: the "
+            f"program was traced with this tensor on {device}, and torch.export burnt that device into the graph; "
+            f"move an exported program with torch.export.passes.move_to_device_pass(ep, '{DEVICE_NAME}') "
+            f"before ep.module(), or export the model with its inputs on '{DEVICE_NAME}')")
+    return None
+
+
 @storage_op("aten::is_pinned")
 def is_pinned(func: Any, args: tuple, kwargs: dict) -> Any:
     return False
