@@ -256,6 +256,7 @@ def _plugin_members(record: PluginRecord) -> dict[str, Any]:
         "conv_as_matmul_max_positions": plugin.conv_as_matmul_max_positions,
         "unsupported_dtypes": dict(plugin.unsupported_dtypes),
         "zero_copy_torch_devices": list(plugin.zero_copy_torch_devices),
+        "is_host_cpu": bool(plugin.is_host_cpu),
     }
     for method in ("physical_chip_count", "requires_xla_coordinator", "host_index", "client_create_options"):
         try:

@@ -75,6 +75,15 @@ class DevicePlugin:
     #: Default: none; every transfer copies through host memory.
     zero_copy_torch_devices: ClassVar[tuple[str, ...]] = ()
 
+    #: Whether the plugin's devices are this host's own CPU (a reference or
+    #: test plugin such as cpu_ref), not an accelerator.  Libraries that
+    #: choose their device themselves and fall back to ``'cpu'`` when they
+    #: know none of the machine's (accelerate, and transformers' Trainer
+    #: through it) are given ``'jax'`` instead only when this is False:
+    #: moving a CPU program onto a stand-in for the same CPU gains nothing.
+    #: Default False: a plugin is an accelerator.
+    is_host_cpu: ClassVar[bool] = False
+
     def library_path(self) -> str | None:
         """Absolute path of the PJRT C API shared library (``GetPjrtApi``).
 

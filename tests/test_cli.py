@@ -95,6 +95,7 @@ def test_info_shows_the_contract_members(site):
     assert info["unsupported_dtypes"] == {"float64": "float32"}
     assert info["client_create_options"] == {"memory_fraction": 0.5}
     assert info["physical_chip_count"] == 1 and info["requires_xla_coordinator"] is False
+    assert info["is_host_cpu"] is False  # a plugin is an accelerator unless it says otherwise
 
     text = run_cli("info", "acme", site=site).stdout
     assert "dense_gather_factor: 64" in text

@@ -12,7 +12,7 @@ import threading
 
 import torch
 
-from . import _accelerator, _backward, _device_module, _generators, _modules, _storage_bridge
+from . import _accelerate, _accelerator, _backward, _device_module, _generators, _modules, _storage_bridge
 from ._devices import DEVICE_NAME
 
 __all__ = ["AUTOCAST_FP32_OPS", "AUTOCAST_OPS", "DEVICE_OPS", "FACTORY_OPS", "PATCHES", "is_registered", "register"]
@@ -268,6 +268,8 @@ def _optional() -> list:
         ("module_to", "import", _modules.install, "module.to('jax') keeping parameter objects and tied weights"),
         ("generator", "import", _generators.install, "torch.Generator(device='jax')"),
         ("c10d", "import", _c10d_register, "the 'pjrt' torch.distributed backend"),
+        ("accelerate", "import", _accelerate.install, "accelerate's and Trainer's default device 'jax' on an "
+                                                      "accelerator plugin (an import hook: neither is imported)"),
         ("backward", "device", _backward.install, "device errors inside backward() raised at backward()"),
     ]
 

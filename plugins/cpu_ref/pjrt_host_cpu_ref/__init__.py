@@ -42,6 +42,8 @@ class CpuRefPlugin(DevicePlugin):
     jaxlib_backend = "cpu"  # no library of its own: library_path() stays None
     # torch CPU tensors and jax CPU arrays can share memory through DLPack.
     zero_copy_torch_devices = ("cpu",)
+    # The host's own CPU: accelerate / transformers' Trainer keep their 'cpu'.
+    is_host_cpu = True
     # XLA:CPU's convolution falls off a cliff on small images with many
     # channels (ResNet-18's last stage, 2x2 positions and 512 channels: 27 ms
     # forward against 0.4 ms as patches x kernel); up to 8x8 output positions
