@@ -14,7 +14,10 @@ machine.  Prints the median step time of each, its ratio to fused, how many
 ATen ops each step sends to the device and how many programs each timed
 step compiled.
 
-    python benchmarks/bench_fused_optimizers.py [--width 256] [--layers 4] [--steps 20]
+``--schedule`` gives every step a new lr (LambdaLR), as transformers'
+Trainer does: compiles/step then shows whether the steps keep compiling.
+
+    python benchmarks/bench_fused_optimizers.py [--width 256] [--layers 4] [--steps 20] [--schedule]
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per optimizer")
+    parser.add_argument("--schedule", action="store_true",
+                        help="a new lr every step (LambdaLR), as Trainer's default linear schedule gives")
     args = parser.parse_args()
 
     base = make_model(args.width, args.layers)
@@ -66,23 +71,30 @@ def main() -> None:
         for p in model.parameters():
             p.grad = (torch.randn(p.shape, generator=g) * 1e-3).to("jax")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, **impl)
-        for _ in range(3):  # compiles, state allocation
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s)) if args.schedule else None
+
+        def step(opt=opt, sched=sched):
             opt.step()
+            if sched is not None:
+                sched.step()
+
+        for _ in range(3):  # compiles, state allocation
+            step()
         torch.jax.synchronize()
         with _Count() as count:
-            opt.step()
+            step()
         torch.jax.synchronize()
-        runs[name] = {"opt": opt, "model": model, "times": [], "ops": count.ops}
+        runs[name] = {"step": step, "model": model, "times": [], "ops": count.ops}
 
     rounds = 4
     per_round = max(1, args.steps // rounds)
     for _ in range(rounds):
         for run in runs.values():
-            opt = run["opt"]
+            step = run["step"]
             before = torch.jax.program_cache_stats()["programs"]
             for _ in range(per_round):
                 t0 = time.perf_counter()
-                opt.step()
+                step()
                 torch.jax.synchronize()
                 run["times"].append(time.perf_counter() - t0)
             run["compiles"] = run.get("compiles", 0) + torch.jax.program_cache_stats()["programs"] - before
@@ -94,7 +106,7 @@ def main() -> None:
 
     device = torch.jax.get_device_name(0) if hasattr(torch.jax, "get_device_name") else "jax:0"
     print(f"AdamW step on 'jax' ({device}): {n_params / 1e6:.1f}M parameters in {n_tensors} tensors, "
-          f"median of {rounds * per_round} steps each")
+          f"median of {rounds * per_round} steps each{', lr schedule' if args.schedule else ''}")
     med = {}
     steps = rounds * per_round
     for name, run in runs.items():
