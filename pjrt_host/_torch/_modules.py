@@ -135,8 +135,43 @@ def _move_graph_devices(graphs: list[torch.fx.GraphModule], devices: list) -> No
             gm.recompile()
 
 
+def _install_encoder_rule() -> None:
+    """``nn.TransformerEncoder`` in eval with a ``src_key_padding_mask``
+    packs its input into a nested tensor (``_nested_tensor_from_mask``) for
+    every device torch lists for its fast path, 'jax' (PrivateUse1) among
+    them; nested tensors are C++ tensors over real memory, which the device
+    has not.  For a 'jax' input the encoder runs as with
+    ``enable_nested_tensor=False``: its layers get the padding mask (and take
+    their own fast path, ``_transformer_encoder_layer_fwd``), which gives
+    CPU's values at every position that is not padding (torch's nested path
+    leaves zeros at padding positions; the unnested path, values there).  The
+    module itself is not changed: the forward runs over a shallow copy of
+    its attributes with ``use_nested_tensor`` False.  CPU and other devices
+    take torch's path unchanged."""
+    cls = torch.nn.TransformerEncoder
+    original = cls.forward
+    if getattr(original, "_pjrt_host", False):
+        return
+
+    def forward(self, src, *args, **kwargs):
+        if (self.__dict__.get("use_nested_tensor") and isinstance(src, torch.Tensor)
+                and src.device.type == DEVICE_NAME and not torch.compiler.is_compiling()):
+            unnested = object.__new__(type(self))
+            unnested.__dict__.update(self.__dict__)
+            unnested.__dict__["use_nested_tensor"] = False
+            return original(unnested, src, *args, **kwargs)
+        return original(self, src, *args, **kwargs)
+
+    forward.__doc__ = original.__doc__
+    forward.__wrapped__ = original  # type: ignore[attr-defined]
+    forward._pjrt_host = True  # type: ignore[attr-defined]
+    cls.forward = forward  # type: ignore[method-assign]
+
+
 def install() -> None:
-    """Wrap ``nn.Module._apply`` once (idempotent)."""
+    """Wrap ``nn.Module._apply`` once (idempotent), and
+    ``nn.TransformerEncoder.forward`` (:func:`_install_encoder_rule`)."""
+    _install_encoder_rule()
     original = torch.nn.Module._apply
     if getattr(original, "_pjrt_host", False):
         return

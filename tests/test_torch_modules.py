@@ -1,0 +1,162 @@
+"""torch.nn modules whose fast paths torch takes on the 'jax' device (it
+lists the PrivateUse1 backend beside cpu and cuda): nn.MultiheadAttention,
+nn.TransformerEncoderLayer and nn.TransformerEncoder in eval without grad
+(``_native_multi_head_attention``, ``_transformer_encoder_layer_fwd``,
+``_masked_softmax``) and in training, with and without masks, give torch
+CPU's results.  The encoder's nested-tensor path (eval with a
+``src_key_padding_mask``) runs unnested on 'jax': equal to CPU at every
+position that is not padding, where CPU's nested path leaves zeros."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pjrt_host  # noqa: E402,F401
+
+DEV = "jax"
+nn = torch.nn
+D, H, FF = 16, 4, 32
+
+
+def _close(got, expected, where=None):
+    got = got.detach().cpu()
+    expected = expected.detach()
+    if where is not None:
+        got, expected = got[where], expected[where]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=2e-5, equal_nan=True)
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, D, generator=g)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])  # left-aligned
+    return x, pad
+
+
+def _grad_mode(grad):
+    return contextlib.nullcontext() if grad else torch.no_grad()
+
+
+def _encoder(norm_first=False, activation="relu", final_norm=False, enable_nested_tensor=True):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                       activation=activation)
+    return nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(D) if final_norm else None,
+                                 enable_nested_tensor=enable_nested_tensor)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("masked", [False, True], ids=["no_mask", "padding_mask"])
+@pytest.mark.parametrize("variant", ["relu", "gelu_norm_first", "final_norm"])
+def test_transformer_encoder_matches_cpu(variant, masked, training, grad):
+    enc = _encoder(norm_first=variant == "gelu_norm_first",
+                   activation="gelu" if variant == "gelu_norm_first" else "relu",
+                   final_norm=variant == "final_norm").train(training)
+    x, pad = _inputs()
+    kwargs = {"src_key_padding_mask": pad} if masked else {}
+    with _grad_mode(grad):
+        expected = enc(x, **kwargs)
+        on_device = enc.to(DEV)
+        got = on_device(x.to(DEV), **{k: v.to(DEV) for k, v in kwargs.items()})
+    assert got.device.type == DEV and got.shape == expected.shape
+    nested_on_cpu = masked and not training and not grad and variant != "gelu_norm_first"
+    # CPU's nested path defines no values at padding positions (it leaves
+    # zeros, then the final norm); everywhere else all of it is compared.
+    _close(got, expected, where=~pad if nested_on_cpu else None)
+    assert enc.use_nested_tensor is (variant != "gelu_norm_first")  # the module is not changed
+
+
+def test_encoder_without_nested_tensor_matches_cpu_everywhere():
+    # enable_nested_tensor=False: CPU's layers take their own fast path with
+    # the padding mask, which defines every position.
+    enc = _encoder(enable_nested_tensor=False).eval()
+    x, pad = _inputs()
+    with torch.no_grad():
+        expected = enc(x, src_key_padding_mask=pad)
+        got = enc.to(DEV)(x.to(DEV), src_key_padding_mask=pad.to(DEV))
+    _close(got, expected)
+
+
+def test_encoder_on_cpu_keeps_torch_nested_path():
+    # CPU tensors are torch's own: after a 'jax' round trip the CPU encoder
+    # still packs into a nested tensor (zeros at padding positions).
+    enc = _encoder().eval()
+    x, pad = _inputs()
+    with torch.no_grad():
+        enc.to(DEV)(x.to(DEV), src_key_padding_mask=pad.to(DEV))
+        out = enc.cpu()(x, src_key_padding_mask=pad)
+    assert torch.equal(out[1, 3:], torch.zeros(2, D))
+
+
+def test_encoder_trains_like_cpu():
+    enc_cpu = _encoder().train()
+    enc_dev = _encoder().train().to(DEV)
+    x, pad = _inputs()
+    for enc, device in ((enc_cpu, "cpu"), (enc_dev, DEV)):
+        enc(x.to(device), src_key_padding_mask=pad.to(device))[~pad.to(device)].square().sum().backward()
+    for (name, p), (_, q) in zip(enc_cpu.named_parameters(), enc_dev.named_parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("mask", ["none", "padding", "attn", "both", "fully_padded_row"])
+@pytest.mark.parametrize("need_weights,average", [(True, True), (True, False), (False, True)],
+                         ids=["weights", "per_head_weights", "no_weights"])
+def test_multihead_attention_matches_cpu(mask, training, grad, need_weights, average):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(D, H, dropout=0.0, batch_first=True).train(training)
+    x, pad = _inputs()
+    if mask == "fully_padded_row":
+        pad = pad.clone()
+        pad[0] = True  # NaN for that batch on CPU, fast path and slow path alike
+    attn = torch.triu(torch.ones(5, 5, dtype=torch.bool), diagonal=1)
+    kwargs = {"need_weights": need_weights, "average_attn_weights": average}
+    if mask in ("padding", "both", "fully_padded_row"):
+        kwargs["key_padding_mask"] = pad
+    if mask in ("attn", "both"):
+        kwargs["attn_mask"] = attn
+    with _grad_mode(grad):
+        out, weights = mha(x, x, x, **kwargs)
+        on_device = mha.to(DEV)
+        xd = x.to(DEV)
+        got, got_weights = on_device(xd, xd, xd, **{k: v.to(DEV) if isinstance(v, torch.Tensor) else v
+                                                    for k, v in kwargs.items()})
+    _close(got, out)
+    if weights is None:
+        assert got_weights is None
+    else:
+        _close(got_weights, weights)
+
+
+def test_multihead_attention_cross_attention_matches_cpu():
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    x, pad = _inputs()
+    memory = torch.randn(3, 7, D, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        out, weights = mha(x, memory, memory)
+        got, got_weights = mha.to(DEV)(x.to(DEV), memory.to(DEV), memory.to(DEV))
+    _close(got, out)
+    _close(got_weights, weights)
+
+
+@pytest.mark.parametrize("mask_type", [None, 0, 1, 2])
+def test_masked_softmax_matches_cpu(mask_type):
+    g = torch.Generator().manual_seed(4)
+    scores = torch.randn(2, 4, 5, 5, generator=g)
+    if mask_type == 0:
+        mask = torch.rand(5, 5, generator=g) > 0.6
+    elif mask_type == 1:
+        mask = torch.rand(2, 5, generator=g) > 0.6
+        mask[1] = True  # a fully masked row: NaN, as on CPU
+    else:
+        mask = torch.rand(2, 4, 5, 5, generator=g) > 0.6
+    expected = torch._masked_softmax(scores, mask, 3, mask_type)
+    got = torch._masked_softmax(scores.to(DEV), mask.to(DEV), 3, mask_type)
+    _close(got, expected)
