@@ -244,15 +244,15 @@ def test_shape_errors_are_torchs():
         torch.ones(2, 3, device=DEV) @ torch.ones(2, 3, device=DEV)
 
 
-# An op with no lowering and no decomposition in torch 2.13 (a fused kernel
-# torch's own CPU / CUDA transformer fast paths call).  If it gets a
+# An op with no lowering and no decomposition in torch 2.13 (the backward of
+# a fused kernel torch's own transformer fast paths call).  If it gets a
 # lowering, pick another such op.
-UNLOWERED = "_masked_softmax"
+UNLOWERED = "_masked_softmax_backward"
 
 
 def call_unlowered(x):
     mask = x.new_zeros(x.shape, dtype=torch.bool)
-    return getattr(torch.ops.aten, UNLOWERED)(x.view(2, 3), mask.view(2, 3))
+    return getattr(torch.ops.aten, UNLOWERED)(x.view(2, 3), x.view(2, 3), mask.view(2, 3))
 
 
 def test_missing_lowering_message():
@@ -271,8 +271,7 @@ _BACKWARD_ERROR = """
 import torch, pjrt_host
 x = torch.randn(2, 3, device="jax", requires_grad=True)
 mask = torch.zeros(2, 3, dtype=torch.bool, device="jax")
-with pjrt_host.config(cpu_fallback=True):  # the forward runs; its backward has no lowering either
-    y = torch.ops.aten._masked_softmax(x, mask)
+y = torch.ops.aten._masked_softmax(x, mask)  # the forward runs; its backward has no lowering
 for run in (lambda: y.sum().backward(retain_graph=True), lambda: torch.autograd.grad(y.sum(), x, retain_graph=True)):
     try:
         run()
