@@ -14,11 +14,13 @@ from typing import Any
 import torch
 
 from .. import _registry, _runtime
+from . import _amp as amp
 from . import _devices, _rng
 from ._devices import DEVICE_NAME
 from ._streams import Event, Stream, current_stream, set_stream, stream
 
 __all__ = [
+    "amp",
     "Event",
     "Stream",
     "current_stream",

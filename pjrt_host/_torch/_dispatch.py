@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _lowerings
-from . import _backward, _config, _index_checks, _memory, _profile, _storage_ops, _tensor, _value_checks
+from . import _backward, _config, _index_checks, _memory, _profile, _sdpa, _storage_ops, _tensor, _value_checks
 from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_same_view, run_view
@@ -107,14 +107,19 @@ def _indices_as_torch_reads_them(handler: Handler, name: str) -> Handler:
 
 def handler_for(func: Any) -> Handler:
     """The handler of ``func`` (uncached)."""
-    handler = _handler_for(func)
     name = op_name(func)
+    if name in _HOST_ANSWERS:
+        return _HOST_ANSWERS[name]
+    handler = _handler_for(func)
     check = _index_checks.checker_for(name)
     if check is not None:
         handler = _checked(handler, lambda mode, args, kwargs: _index_checks.check(name, check, mode, args, kwargs))
     value_check = _value_checks.checker_for(name)
     if value_check is not None:
         handler = _checked(handler, value_check)
+    setting_check = _SETTING_CHECKS.get(name)
+    if setting_check is not None:
+        handler = _after(setting_check, handler)
     if name in _BYTE_MASK_OPS:  # outermost: the index checks see the indices as the op reads them
         handler = _indices_as_torch_reads_them(handler, name)
     elif _index_checks.indexes_along_dim(name):
@@ -122,6 +127,23 @@ def handler_for(func: Any) -> Handler:
     elif name in _DRAWS:
         handler = _drawn_in_buckets(handler)
     return handler
+
+
+#: Ops that reach the device undecomposed in inference mode and first check
+#: a torch setting (with autograd on, registration's kernel checks it).
+_SETTING_CHECKS: dict[str, Callable[[], None]] = {"aten::scaled_dot_product_attention": _sdpa.check_backends}
+
+
+#: Ops about the device that the host answers from torch's settings.
+_HOST_ANSWERS: dict[str, Handler] = {"aten::_fused_sdp_choice": lambda args, kwargs: _sdpa.choice()}
+
+
+def _after(check: Callable[[], None], handler: Handler) -> Handler:
+    def checked(args: tuple, kwargs: dict) -> Any:
+        check()
+        return handler(args, kwargs)
+
+    return checked
 
 
 #: In-place random ops that fill self with draws independent of its values

@@ -8,6 +8,7 @@ import the real implementation on their first call.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 
 import torch
@@ -116,9 +117,20 @@ def _one_hot_checked(self, num_classes=-1):
     return (self.unsqueeze(-1) == torch.arange(num_classes, dtype=self.dtype, device=self.device)).to(torch.int64)
 
 
+def _sdpa_checked(*args, **kwargs):
+    """scaled_dot_product_attention's own composite kernel (the math
+    formulation on this device), after the check that sdpa_kernel allows
+    the math backend: torch asks no backend choice of a PrivateUse1 device
+    without a C++ stub (``_sdpa``)."""
+    from . import _sdpa
+
+    _sdpa.check_backends()
+    return torch.ops.aten.scaled_dot_product_attention.default.decompose(*args, **kwargs)
+
+
 #: Composite ops whose 'jax' form checks argument values first (autograd
 #: key: a composite op decomposes there, before reaching the device).
-CHECKED_COMPOSITE_OPS = (("one_hot", _one_hot_checked),)
+CHECKED_COMPOSITE_OPS = (("one_hot", _one_hot_checked), ("scaled_dot_product_attention", _sdpa_checked))
 
 
 #: Everything of torch's that registration replaces: name -> (its key in
@@ -200,6 +212,8 @@ def register() -> None:
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
         if not hasattr(torch, DEVICE_NAME):
             torch._register_device_module(DEVICE_NAME, _device_module)
+        # torch.jax.amp as torch.cuda.amp: `from torch.jax.amp import autocast`.
+        sys.modules.setdefault(f"torch.{DEVICE_NAME}.amp", _device_module.amp)
         # Without hooks and a device guard, torch.accelerator reports the
         # device but cannot answer current_stream(), and dynamo (which asks
         # for it on every compile, CPU included) fails.
