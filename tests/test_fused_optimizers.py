@@ -232,10 +232,6 @@ _LARGE_SCHEDULE_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the eager engine tries tracing an op's floats only on outputs under 16 MiB (_engine._TRIAL_BYTES), so a "
-    "fused step of a larger model compiles again for each new lr; fix: let a lowering declare its floats traced "
-    "from the first call (a Lowering flag the engine reads), set on the _fused_* lowerings"))
 def test_a_schedule_stops_compiling_for_a_large_model(tmp_path):
     """In a fresh process: an op whose floats were found traceable on a
     small call earlier in the process stays traced for larger ones."""

@@ -66,6 +66,11 @@ class Lowering:
     #: the dtype's own limits) and for the matmul family, which keeps 16-bit
     #: operands and accumulates in float32 itself (``preferred_element_type``).
     opmath: bool = True
+    #: Traces its float / Scalar arguments from the first call (a new value
+    #: never compiles a new program): for lowerings written not to branch on
+    #: them, whose outputs are too large for the engine's trial (the fused
+    #: optimizers: a learning-rate schedule gives a new lr every step).
+    traced_scalars: bool = False
 
 
 class DuplicateLoweringError(RuntimeError):
@@ -78,7 +83,7 @@ _loaded = False
 
 
 def lowering(*names: str, needs_rng: bool = False, data_dependent: bool = False,
-             opmath: bool = True) -> Callable[[Callable], Callable]:
+             opmath: bool = True, traced_scalars: bool = False) -> Callable[[Callable], Callable]:
     """Register the decorated function for each ATen op name, e.g.
     ``@lowering("aten::add.Tensor", "aten::add.Scalar")`` or a whole packet
     ``@lowering("aten::relu")``.  Returns the function unchanged, so lowerings
@@ -90,7 +95,7 @@ def lowering(*names: str, needs_rng: bool = False, data_dependent: bool = False,
     def register(fn: Callable) -> Callable:
         where = f"{fn.__module__}:{fn.__qualname__}"
         record = Lowering(fn, tuple(_normalise(n) for n in names), needs_rng, data_dependent, where,
-                          opmath and not needs_rng)
+                          opmath and not needs_rng, traced_scalars)
         for name in record.names:
             previous = _TABLE.get(name)
             if previous is not None and previous.fn is not fn:

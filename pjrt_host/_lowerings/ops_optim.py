@@ -95,19 +95,19 @@ def _adam(decoupled, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, stat
             _skip(found_inf, new_v, exp_avg_sqs), _skip(found_inf, new_vmax, max_exp_avg_sqs))
 
 
-@lowering("aten::_fused_adam.default", "aten::_fused_adam.tensor_lr")
+@lowering("aten::_fused_adam.default", "aten::_fused_adam.tensor_lr", traced_scalars=True)
 def fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, **kw):
     """Adam with L2 weight decay (added to the gradient)."""
     return _adam(False, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, **kw)
 
 
-@lowering("aten::_fused_adamw.default", "aten::_fused_adamw.tensor_lr")
+@lowering("aten::_fused_adamw.default", "aten::_fused_adamw.tensor_lr", traced_scalars=True)
 def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, **kw):
     """AdamW: decoupled weight decay (``param *= 1 - lr * weight_decay``)."""
     return _adam(True, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, **kw)
 
 
-@lowering("aten::_fused_sgd.default", "aten::_fused_sgd.tensor_lr")
+@lowering("aten::_fused_sgd.default", "aten::_fused_sgd.tensor_lr", traced_scalars=True)
 def fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
               is_first_step, grad_scale=None, found_inf=None):
     """SGD; with momentum (``momentum_buffer_list`` not empty) the buffer
@@ -159,7 +159,7 @@ def _adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay,
             _skip(found_inf, new_sums, state_sums))
 
 
-@lowering("aten::_fused_adagrad.default")
+@lowering("aten::_fused_adagrad.default", traced_scalars=True)
 def fused_adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize,
                   grad_scale=None, found_inf=None):
     """Adagrad: ``state_sum += grad**2``; ``param -= clr * grad /
@@ -172,7 +172,7 @@ def fused_adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weigh
                       found_inf), list(state_steps))
 
 
-@lowering("aten::_fused_adagrad.tensor_lr")
+@lowering("aten::_fused_adagrad.tensor_lr", traced_scalars=True)
 def fused_adagrad_tensor_lr(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize,
                             grad_scale=None, found_inf=None):
     """Adagrad with ``lr`` a tensor."""

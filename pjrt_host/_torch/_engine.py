@@ -340,7 +340,8 @@ class CompiledOp:
         # Arguments typed Scalar / float: an optimizer passes a new value every
         # step (Adam's step size), which must not mean a new compile every step.
         self.scalar_slots = _scalar_slots(func)
-        self.dynamic: bool | None = None  # scalars traced (True), static (False), undecided (None)
+        # scalars traced (True), static (False), undecided (None)
+        self.dynamic: bool | None = True if lowering.traced_scalars and self.scalar_slots else None
         self.misses = 0
         self.hits = 0
         self.late_misses = 0  # new signatures after the op had run warm (see _note_miss)
