@@ -16,6 +16,9 @@ layer  module               job
 5      ``_registration``    torch's side: PrivateUse1 name, hooks, kernels; loads
                             the device on first use and installs the dispatcher
 5      ``_device_module``   ``torch.jax`` (device count, current device, seeds)
+5      ``_amp``             ``torch.jax.amp``: torch.cuda.amp's aliases for 'jax'
+5      ``_accelerate``      accelerate's / Trainer's default device on an
+                            accelerator plugin (an import hook)
 4      ``_dispatch``        routing only: which handler runs an op
 3      ``_storage_ops``     copies, ``_to_copy``, ``item``, ``clone``, ``*_like``,
                             ``set_``, ``resize_``, batch-norm statistics
@@ -34,6 +37,7 @@ layer  module               job
 0      ``_config``          ``pjrt_host.config(...)``, a per-thread stack
 0      ``_rng``             per-device seed and counter
 0      ``_printing``        ``repr`` of a tensor
+0      ``_sdpa``            the attention backends sdpa_kernel allows
 =====  ===================  ====================================================
 
 The math itself is :mod:`pjrt_host._lowerings` (no torch-device imports).
