@@ -160,3 +160,25 @@ def test_masked_softmax_matches_cpu(mask_type):
     expected = torch._masked_softmax(scores, mask, 3, mask_type)
     got = torch._masked_softmax(scores.to(DEV), mask.to(DEV), 3, mask_type)
     _close(got, expected)
+
+
+def test_encoder_still_scripts_on_cpu():
+    # The encoder's forward is torch's source to TorchScript, as without pjrt_host.
+    enc = _encoder().eval()
+    x, pad = _inputs()
+    with torch.no_grad():
+        assert torch.equal(torch.jit.script(enc)(x, src_key_padding_mask=pad), enc(x, src_key_padding_mask=pad))
+
+
+def test_encoder_compiles_on_device():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    enc = _encoder().eval()
+    x, pad = _inputs()
+    with torch.no_grad():
+        expected = enc(x, src_key_padding_mask=pad)
+        compiled = torch.compile(enc.to(DEV), backend="jax", fullgraph=True)
+        got = compiled(x.to(DEV), src_key_padding_mask=pad.to(DEV))
+    torch._dynamo.reset()
+    _close(got, expected, where=~pad)

@@ -28,6 +28,7 @@ too).  Cheap to import: no jax.
 from __future__ import annotations
 
 import threading
+import types
 from typing import Any
 
 import torch
@@ -153,16 +154,26 @@ def _install_encoder_rule() -> None:
     if getattr(original, "_pjrt_host", False):
         return
 
+    device_name, compiling = DEVICE_NAME, torch.compiler.is_compiling  # closure cells: see below
+
     def forward(self, src, *args, **kwargs):
-        if (self.__dict__.get("use_nested_tensor") and isinstance(src, torch.Tensor)
-                and src.device.type == DEVICE_NAME and not torch.compiler.is_compiling()):
+        if (self.__dict__.get("use_nested_tensor") and getattr(src, "device", None) is not None
+                and src.device.type == device_name and not compiling()):
             unnested = object.__new__(type(self))
             unnested.__dict__.update(self.__dict__)
             unnested.__dict__["use_nested_tensor"] = False
             return original(unnested, src, *args, **kwargs)
         return original(self, src, *args, **kwargs)
 
+    # torch.jit.script reads the method's source through __wrapped__ (the
+    # original's) and resolves its names in the function's globals: the
+    # wrapper gets torch's module globals (and uses only its closure and
+    # builtins), so scripting an encoder is unchanged.
+    forward = types.FunctionType(forward.__code__, original.__globals__, original.__name__, original.__defaults__,
+                                 forward.__closure__)
     forward.__doc__ = original.__doc__
+    forward.__qualname__ = original.__qualname__
+    forward.__module__ = original.__module__
     forward.__wrapped__ = original  # type: ignore[attr-defined]
     forward._pjrt_host = True  # type: ignore[attr-defined]
     cls.forward = forward  # type: ignore[method-assign]
