@@ -23,6 +23,12 @@ converted parameter goes into every slot, so ties survive anyway.
 Conversions with no 'jax' tensor on either side are left exactly as torch
 did them.  Buffers are not touched (torch makes new buffer objects for cuda
 too).  Cheap to import: no jax.
+
+Two more rules for modules on 'jax' live here: an exported program's graph
+module moved to or from 'jax' moves the devices burnt into its ops with its
+weights (:func:`_move_graph_devices`), and ``nn.TransformerEncoder`` runs
+'jax' inputs without packing them into nested tensors
+(:func:`_install_encoder_rule`).
 """
 
 from __future__ import annotations
