@@ -36,7 +36,9 @@ def eager_draws(g):
             x.exponential_(**kw).clone(), x.random_(0, 10, **kw).clone(), x.cauchy_(**kw).clone(),
             x.log_normal_(**kw).clone(), x.geometric_(0.3, **kw).clone(),
             torch.normal(torch.zeros(3, device="jax"), torch.ones(3, device="jax"), **kw),
-            torch.multinomial(w, 3, **kw), torch.multinomial(w, 8, replacement=True, **kw)]
+            torch.multinomial(w, 3, **kw), torch.multinomial(w, 8, replacement=True, **kw),
+            torch.nn.functional.dropout(torch.ones(8, device="jax"), 0.5),
+            torch.nn.functional.dropout(torch.ones(8, device="jax"), 0.25)]
 
 def compiled_draws():
     f = torch.compile(lambda a: torch.nn.functional.dropout(a, 0.5) + torch.rand_like(a), backend="jax")
@@ -72,6 +74,7 @@ def _warm_every_random_op() -> None:
             x.geometric_(0.1 * n, **kw)
             torch.rand(n, device="jax", **kw)
             torch.multinomial(torch.ones(n, device="jax"), 2, **kw)
+        torch.nn.functional.dropout(torch.ones(n, 2, device="jax"), 0.1 * n)  # a trial of traced p
 
 
 def test_a_seed_draws_what_a_fresh_process_draws_after_any_history():

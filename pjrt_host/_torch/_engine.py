@@ -405,7 +405,10 @@ class CompiledOp:
                 # seeded generator's draw then depended on earlier calls).
                 return self._trial_dynamic(args, given)
             entry = self._build(key, args, kwargs, out_targets, cfg)
+        rewind = None
         if self.lowering.needs_rng:  # drawn once the call runs (a trial above draws for itself)
+            if self.dynamic and _has_dynamic(key):  # may run again with static scalars, drawing the same
+                rewind = self._same_draw_again(args, given)
             dyn.extend(_rng.next_key_args(index, generator))
         try:
             try:
@@ -435,6 +438,8 @@ class CompiledOp:
                     self.dynamic = False
                     for k in [k for k in self.cache if _has_dynamic(k)]:
                         del self.cache[k]
+                    if rewind is not None:
+                        rewind()
                     return self(args, given)
                 self.eager = True
                 self.cache.clear()
