@@ -21,6 +21,7 @@ __all__ = [
     "coordinator_mode",
     "coordinator_port",
     "coordinator_timeout",
+    "eager_mode",
     "flag",
     "heartbeat_timeout",
     "integer",
@@ -111,6 +112,20 @@ def probe_timeout() -> float:
     """``PJRT_HOST_PROBE_TIMEOUT``: seconds ``list --probe`` gives each
     plugin's client.  Default: 60."""
     return seconds("PJRT_HOST_PROBE_TIMEOUT", 60.0)
+
+
+# -- the torch device ------------------------------------------------------------
+
+
+def eager_mode() -> str:
+    """``PJRT_HOST_EAGER``: ``op`` (each eager op compiled and run as it
+    comes, the default) or ``fused`` (ops recorded and run in segments, one
+    program each; docs/torch-device.md)."""
+    value = (text("PJRT_HOST_EAGER") or "op").lower()
+    if value not in ("op", "fused"):
+        raise EnvironmentSettingError(f"PJRT_HOST_EAGER={value!r}: expected 'op' (each op compiled and run as it "
+                                      "comes) or 'fused' (ops recorded and run in segments)")
+    return value
 
 
 # -- the program cache -----------------------------------------------------------

@@ -41,7 +41,20 @@ class Config:
     #: torch.jax.synchronize()), never stalling the queue; "sync": raised at
     #: the op (waits for the device per checked op); False: unchecked.
     check_indices: bool | str = True
+    #: How eager ops run: "op" compiles and runs each op as it comes; "fused"
+    #: records them and runs each segment of ops as one program when a value
+    #: is needed (``_fused``).  Default: ``PJRT_HOST_EAGER``, else "op".
+    eager: str = dataclasses.field(default_factory=lambda: _eager_default())
 
+
+def _eager_default() -> str:
+    from .._env import eager_mode
+
+    return eager_mode()
+
+
+_VALID = {"matmul_precision": ("highest", "high", "default"), "check_indices": (True, False, "sync"),
+          "eager": ("op", "fused")}
 
 DEFAULTS = Config()
 
@@ -89,9 +102,6 @@ def lent_to_other_threads() -> Iterator[None]:
         yield
     finally:
         _lent = previous
-
-
-_VALID = {"matmul_precision": ("highest", "high", "default"), "check_indices": (True, False, "sync")}
 
 
 @contextlib.contextmanager

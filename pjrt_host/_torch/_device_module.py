@@ -35,6 +35,7 @@ __all__ = [
     "device",
     "device_count",
     "empty_cache",
+    "fused_eager_stats",
     "get_amp_supported_dtype",
     "get_rng_state",
     "get_rng_state_all",
@@ -366,3 +367,11 @@ def program_cache_stats() -> dict[str, Any]:
     from .. import _program_cache
 
     return _program_cache.stats()
+
+
+def fused_eager_stats() -> dict[str, int]:
+    """Fused eager's counts in this process: ``segments`` run, ``ops``
+    recorded, ``programs`` made (docs/torch-device.md)."""
+    from . import _fused
+
+    return _fused.stats()

@@ -33,10 +33,10 @@ from .. import _lowerings, _plugin, _runtime
 from .._errors import PluginLoadError
 from .._lowerings import Lowering, LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from . import _config, _meta, _rng, _sharding, _views
+from . import _config, _fused, _meta, _rng, _sharding, _views
 from ._devices import device_mismatch, torch_device
 from ._dtype_policy import device_dtype
-from ._tensor import DONATE, JaxTensor, Storage, TensorSpec, note_result, read, wrap_array
+from ._tensor import DONATE, JaxTensor, Storage, TensorSpec, note_result, open_segments, read, wrap_array
 
 __all__ = ["CompiledOp", "lowering_context", "missing_lowering", "op_name"]
 
@@ -127,7 +127,7 @@ def _encode(v: Any, dyn: list, devs: list) -> Any:
     if isinstance(v, JaxTensor):
         storage = v._storage
         devs.append(storage.place)
-        arr = storage.array
+        arr = storage._array  # a fused-eager result may be Pending: the caller resolves or records it
         dyn.append(arr if arr is not None else storage.get())
         view = v._view
         if view is None:
@@ -242,8 +242,14 @@ def _note_miss(op: CompiledOp, key: tuple) -> None:
     if prev is None:
         return
     if op.hits >= _WARM_HITS:
+        if not op.late_misses:
+            op.warm_hits = op.hits  # -1 once warned
         op.late_misses += 1
-        if op.late_misses == _LATE_MISSES_WARN:
+        # Often, against the reuses since: a shape changing every step, not
+        # a few more models or layers among thousands of reuses.
+        if op.late_misses >= _LATE_MISSES_WARN and op.late_misses * 32 >= op.hits - op.warm_hits \
+                and op.warm_hits >= 0:
+            op.warm_hits = -1  # warned: once per op
             recompiles.warning(
                 "pjrt_host: %s keeps compiling new programs after running warm (%d new signatures after %d reuses; "
                 "the last: %s). Each new shape compiles once: pad or bucket the sizes that change (sequence "
@@ -288,6 +294,7 @@ class _Entry(NamedTuple):
     plan: _meta.OutputPlan  #: how they come back (ignored for in-place / out=)
     raw: Any = None  #: the traceable function, for an in-place / out= op that may donate what it overwrites
     donating: dict | None = None  #: donated positions in dyn -> fn jitted with them donated (built on first use)
+    fusable: Any = None  #: the traceable function of an op fused eager may record (one tensor result)
 
 
 #: An in-place or out= op donates the storage array it overwrites when
@@ -325,7 +332,7 @@ class CompiledOp:
     op whose meta kernel gives the results (the functional one)."""
 
     __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "scalar_slots",
-                 "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses")
+                 "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses", "warm_hits")
 
     def __init__(self, func: Any, lowering: Lowering, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
@@ -345,6 +352,7 @@ class CompiledOp:
         self.misses = 0
         self.hits = 0
         self.late_misses = 0  # new signatures after the op had run warm (see _note_miss)
+        self.warm_hits = 0  # its reuses at the first of those
         self.last_key: Any = None
         self.in_trial = False
         # No out= targets, no random key, scalars static: the common case.
@@ -410,6 +418,14 @@ class CompiledOp:
             if self.dynamic and _has_dynamic(key):  # may run again with static scalars, drawing the same
                 rewind = self._same_draw_again(args, given)
             dyn.extend(_rng.next_key_args(index, generator))
+        if cfg.eager == "fused":
+            if entry.fusable is not None and not self.in_trial and type(place) is int:
+                fused = self._record(entry, dyn, args, out_targets, index, place)
+                if fused is not None:
+                    return fused
+            dyn = _fused.resolve(dyn)
+        elif open_segments:
+            dyn = _fused.resolve(dyn)
         try:
             try:
                 if entry.raw is not None and type(place) is int and not self.in_trial:
@@ -484,6 +500,24 @@ class CompiledOp:
             t._view = None
             return t
         return _wrap_results(result, plan, index, place)
+
+    def _record(self, entry: _Entry, dyn: list, args: tuple, out_targets: list, index: int, place: Any) -> Any:
+        """Fused eager: the op recorded into this thread's segment (its
+        results pending), or None to run it now."""
+        if self.inplace is not None:
+            target = args[self.inplace]
+            storage = target._storage
+            if storage.read_only is not None or type(storage.place) is not int:
+                return None
+            return target if _fused.record(entry.fusable, dyn, None, index, place, into=[storage]) else None
+        if out_targets:
+            storages = [t._storage for t in out_targets]
+            if any(s.read_only is not None or type(s.place) is not int for s in storages):
+                return None
+            if not _fused.record(entry.fusable, dyn, None, index, place, into=storages, returns_one=False):
+                return None
+            return out_targets[0] if len(out_targets) == 1 else tuple(out_targets)
+        return _fused.record(entry.fusable, dyn, entry.plan, index, place)
 
     def _split_kwargs(self, kwargs: dict) -> tuple[dict, list, Any]:
         out_targets = []
@@ -562,8 +596,12 @@ class CompiledOp:
         elif _nbytes(static_out) > _TRIAL_BYTES:
             return static_out
         self.dynamic = True
+        self.in_trial = True  # the second run too: run now, never recorded by fused eager
         try:
-            dyn_out = self(args, kwargs)
+            try:
+                dyn_out = self(args, kwargs)
+            finally:
+                self.in_trial = False
             if target is not None:
                 same = _same(static_value, target._storage.array)
             else:
@@ -674,8 +712,11 @@ class CompiledOp:
         # jax names the program after the function: compile logs, profiles
         # and jax.monitoring events then say which torch op compiled.
         fn.__name__ = fn.__qualname__ = self.name.replace("::", ".")
+        # Fused eager records ops whose results are tensors torch described in advance.
+        tensors = plan.outputs is not None and all(o.kind == "tensor" for o in plan.outputs) and bool(plan.outputs)
         entry = _Entry(jax.jit(fn) if jitted else fn, plan, fn if (jitted and writes and DONATE) else None,
-                       {} if (jitted and writes and DONATE) else None)
+                       {} if (jitted and writes and DONATE) else None,
+                       fn if (jitted and (tensors or writes)) else None)
         with _lock:
             if len(self.cache) > 512:  # shapes that never repeat: bound the memory
                 self.cache.clear()

@@ -42,6 +42,8 @@ _limits: dict[int, int | None] = {}
 
 def device_stats(index: int) -> dict[str, int] | None:
     """The PJRT device's own statistics, or None where it reports none."""
+    if _tensor.open_segments:  # fused eager: what the queued ops make counts, as on cuda
+        _tensor.flush_segments()
     try:
         stats = jax_device(index).memory_stats()
     except Exception:  # a plugin without the PJRT memory-stats extension
@@ -50,6 +52,8 @@ def device_stats(index: int) -> dict[str, int] | None:
 
 
 def _live_bytes(index: int) -> int:
+    if _tensor.open_segments:
+        _tensor.flush_segments()
     device = jax_device(index)
     cap = _cached_limit(index)
     total = 0

@@ -66,11 +66,31 @@ class Storage:
     itself for one device, a ``MeshPlacement`` for an array sharded over a
     mesh (``device_index`` is then the torch device the tensor reports)."""
 
-    __slots__ = ("array", "shape", "jax_dtype", "device_index", "place", "version", "spec", "torch_storage",
+    __slots__ = ("_array", "shape", "jax_dtype", "device_index", "place", "version", "spec", "torch_storage",
                  "read_only", "__weakref__")
 
+    @property
+    def array(self) -> Any:
+        """The jax array (None before the first write).  Under fused eager a
+        result may still be :class:`Pending` in its segment: reading it runs
+        the segment (``_fused``)."""
+        a = self._array
+        if type(a) is Pending:
+            a.segment.flush()
+            a = self._array
+        return a
+
+    @array.setter
+    def array(self, value: Any) -> None:
+        self._array = value
+
+    @property
+    def pending(self) -> bool:
+        """Whether the array is a result fused eager has not computed yet."""
+        return type(self._array) is Pending
+
     def __init__(self, array: Any, shape: tuple[int, ...], dtype: Any, device_index: int, place: Any = None) -> None:
-        self.array = array
+        self._array = array
         self.shape = shape
         self.jax_dtype = dtype
         self.device_index = device_index
@@ -100,6 +120,30 @@ class Storage:
     @property
     def sharded(self) -> bool:
         return type(self.place) is not int
+
+
+class Pending:
+    """A result fused eager recorded and has not computed yet: the
+    ``index``-th result of ``segment`` (a ``_fused.Segment``), of ``shape``
+    and jax ``dtype``.  Held by a Storage in place of its array."""
+
+    __slots__ = ("segment", "index", "shape", "dtype")
+
+    def __init__(self, segment: Any, index: int, shape: tuple[int, ...], dtype: Any) -> None:
+        self.segment = segment
+        self.index = index
+        self.shape = shape
+        self.dtype = dtype
+
+
+#: Segments fused eager has open, in any thread: synchronisation runs them.
+open_segments: weakref.WeakSet = weakref.WeakSet()
+
+
+def flush_segments() -> None:
+    """Run every open fused-eager segment (all threads)."""
+    for seg in list(open_segments):
+        seg.flush()
 
 
 class View:
@@ -642,6 +686,8 @@ def synchronize(index: int | None = None) -> None:
     """Block until the computations queued so far on the device (all devices
     with None) have finished, as torch.cuda.synchronize: also those whose
     results were already dropped (a timing loop that discards its outputs)."""
+    if open_segments:
+        flush_segments()
     for i, ref in list(_last.items()):
         if index is None or i == index:
             arr = ref()

@@ -1,0 +1,220 @@
+"""Fused eager: ops recorded into segments, each segment run as one program.
+
+With ``pjrt_host.config(eager="fused")`` (or ``PJRT_HOST_EAGER=fused``) an op
+that the engine would run as its own compiled program (a functional op with
+one tensor result) is recorded instead: its result is a tensor whose
+storage holds a :class:`~._tensor.Pending` value, and the op joins its
+thread's open segment.  torch's meta kernel has already given the result's
+shape and dtype and raised torch's errors at the call, as op by op.
+
+A segment runs -- as one ``jax.jit`` of every recorded op, returning only the
+results some tensor still holds -- when anything reads a pending array:
+``.item()``, ``.cpu()``, printing, an op that is not fused (in-place and
+``out=`` ops, random ops, copies, collectives), a view read, or
+``torch.jax.synchronize()``; and when it reaches :data:`LIMIT` ops.  A
+segment that repeats (the same ops on the same signatures: a layer, a loop
+body) reuses its program, so a training step's forward compiles a few
+programs where op by op compiles one per op.  Intermediates nobody holds are
+never written out.
+
+Each thread records into its own segment (autograd's backward thread
+included); reading a value another thread recorded runs that thread's
+segment, under the segment's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import jax
+
+from .._lowerings._dtypes import jax_dtype
+from ._tensor import JaxTensor, Pending, Storage, _make_wrapper, note_result, open_segments
+from ._devices import torch_device
+
+__all__ = ["LIMIT", "Segment", "record", "resolve", "stats"]
+
+#: A segment runs once it holds this many ops.
+LIMIT = 256
+
+_local = threading.local()
+_programs: dict[tuple, Any] = {}
+_validated: set = set()  # traceable op functions known to trace with pending (abstract) inputs
+_counts = {"segments": 0, "ops": 0, "programs": 0}
+
+
+class Segment:
+    """The ops one thread has recorded and not yet run."""
+
+    __slots__ = ("ops", "key", "externals", "ext_ids", "results", "lock", "done", "device", "__weakref__")
+
+    def __init__(self, device: int) -> None:
+        self.ops: list[tuple[Any, tuple[int, ...], bool]] = []  # (traceable fn, argument refs, one result)
+        self.key: list[tuple[Any, tuple[int, ...]]] = []
+        self.externals: list[Any] = []  # arrays and run-time scalars the ops read
+        self.ext_ids: dict[int, int] = {}
+        self.results: list[tuple[Any, Pending]] = []  # (weakref to the Storage, its Pending)
+        self.lock = threading.RLock()
+        self.done = False
+        self.device = device
+        open_segments.add(self)
+
+    def flush(self) -> None:
+        """Run the recorded ops (once; later calls return at once)."""
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
+            open_segments.discard(self)
+            if getattr(_local, "segment", None) is self:
+                _local.segment = None
+            live = tuple(i for i, (ref, p) in enumerate(self.results) if (s := ref()) is not None and s._array is p)
+            if not live:
+                self.externals = []
+                return
+            key = (tuple(self.key), live)
+            program = _programs.get(key)
+            if program is None:
+                if len(_programs) > 2048:  # segments that never repeat: bound the memory
+                    _programs.clear()
+                program = _programs[key] = jax.jit(_program(self.ops, live))
+                _counts["programs"] += 1
+            _counts["segments"] += 1
+            outs = program(*self.externals)
+            self.externals = []
+            for i, arr in zip(live, outs):
+                ref, p = self.results[i]
+                storage = ref()
+                if storage is not None and storage._array is p:
+                    storage._array = arr
+            note_result(self.device, outs[-1])
+
+
+def _program(ops: list, live: tuple[int, ...]) -> Any:
+    def segment(*ext: Any) -> tuple:
+        values: list[Any] = []  # one per result slot (an op with several results has several)
+        for fn, refs, single in ops:
+            out = fn(*[values[~r] if r < 0 else ext[r] for r in refs])
+            if single:
+                values.append(out)
+            else:
+                values.extend(out)
+        return tuple(values[i] for i in live)
+
+    return segment
+
+
+def _segment(device: int) -> Segment:
+    seg = getattr(_local, "segment", None)
+    if seg is None or seg.done or seg.device != device:
+        if seg is not None and not seg.done:
+            seg.flush()
+        seg = _local.segment = Segment(device)
+    return seg
+
+
+def _abstract(v: Any) -> Any:
+    return jax.ShapeDtypeStruct(v.shape, v.dtype) if type(v) is Pending else v
+
+
+def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | None = None,
+           returns_one: bool = True) -> Any:
+    """Record ``fn(*dyn)`` (an op's traceable function and its arguments) and
+    return its results as 'jax' tensors (``plan``: their specs and
+    container) whose arrays are pending; with ``into`` (the storages an
+    in-place or out= op writes) the results become those storages' new
+    arrays instead (``returns_one``: ``fn`` returns one array, not a
+    tuple), and True is returned.  None when the op cannot be fused
+    (the caller runs it itself)."""
+    if fn not in _validated:
+        try:
+            jax.eval_shape(fn, *[_abstract(v) for v in dyn])
+        except Exception:
+            return None  # the op needs concrete values (or fails): op by op
+        _validated.add(fn)
+    seg = _segment(index)
+    with seg.lock:
+        if seg.done:  # another thread ran it meanwhile
+            seg = _segment(index)
+        refs = []
+        for v in dyn:
+            if type(v) is Pending:
+                if v.segment is seg:
+                    refs.append(~v.index)
+                    continue
+                v.segment.flush()
+                v = _resolved(v)
+            i = seg.ext_ids.get(id(v))
+            if i is None:
+                i = seg.ext_ids[id(v)] = len(seg.externals)
+                seg.externals.append(v)
+            refs.append(i)
+        refs_t = tuple(refs)
+        single = plan.container == "single" if into is None else returns_one
+        seg.ops.append((fn, refs_t, single))
+        seg.key.append((fn, refs_t, tuple(_signature(seg.externals[r]) for r in refs_t if r >= 0)))
+        _counts["ops"] += 1
+        if into is not None:
+            result: Any = True
+            for storage in into:
+                pending = Pending(seg, len(seg.results), storage.shape, storage.jax_dtype)
+                storage._array = pending
+                storage.version += 1
+                seg.results.append((weakref.ref(storage), pending))
+        else:
+            device = torch_device(index)
+            tensors = []
+            for spec in plan.outputs:
+                shape = spec.shape
+                pending = Pending(seg, len(seg.results), shape, jax_dtype(spec.dtype))
+                t = _make_wrapper(JaxTensor, shape, dtype=spec.dtype, device=device)
+                storage = Storage(pending, shape, pending.dtype, index, place)
+                t._storage = storage
+                t._view = None
+                seg.results.append((weakref.ref(storage), pending))
+                tensors.append(t)
+            result = tensors[0] if single else (tuple(tensors) if plan.container == "tuple" else tensors)
+        full = len(seg.ops) >= LIMIT
+    if full:
+        seg.flush()
+    return result
+
+
+def _signature(v: Any) -> Any:
+    """What a program is specialised on for one external value: its type
+    for a Python scalar (jit traces it), its shape and dtype for an array."""
+    shape = getattr(v, "shape", None)
+    if shape is None:
+        return type(v)
+    return (tuple(shape), str(v.dtype))
+
+
+def _resolved(p: Pending) -> Any:
+    """The array of a Pending whose segment has run (for an input whose
+    storage still holds it, the storage has the array now)."""
+    seg = p.segment
+    ref, _ = seg.results[p.index]
+    storage = ref()
+    if storage is None or type(storage._array) is Pending:
+        raise RuntimeError("pjrt_host: a fused-eager value was read after nothing held it (internal error)")
+    return storage._array
+
+
+def resolve(dyn: list) -> list:
+    """``dyn`` with every pending value computed (for an op run op by op)."""
+    if not any(type(v) is Pending for v in dyn):
+        return dyn
+    out = []
+    for v in dyn:
+        if type(v) is Pending:
+            v.segment.flush()
+            v = _resolved(v)
+        out.append(v)
+    return out
+
+
+def stats() -> dict[str, int]:
+    """Segments run, ops recorded and programs made by fused eager."""
+    return dict(_counts)

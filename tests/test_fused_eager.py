@@ -1,0 +1,160 @@
+"""Fused eager (``pjrt_host.config(eager="fused")``, ``PJRT_HOST_EAGER=fused``):
+ops recorded into segments, each run as one program when a value is needed.
+
+What it must keep: results equal to op-by-op eager (to rounding: XLA fuses a
+segment's arithmetic), torch's errors at the op, the same random numbers for
+a seed, threads apart; what it must give: fewer programs, and a repeated
+segment reusing its program.  The last test runs a sample of the suite's
+own files with fused eager as the default."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+import pjrt_host  # noqa: E402
+from pjrt_host._torch import _fused  # noqa: E402
+
+from conftest import REPO, run_python  # noqa: E402
+
+def fused():
+    return pjrt_host.config(eager="fused")
+
+
+def _step(model, opt, x, y):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item()
+
+
+def _train(mode: str, steps: int = 4) -> tuple[list[float], list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Dropout(0.1),
+                                torch.nn.LayerNorm(32), torch.nn.Linear(32, 5)).to("jax")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    with pjrt_host.config(eager=mode):
+        for _ in range(steps):
+            x = torch.randn(8, 12, generator=gen).to("jax")
+            y = torch.randint(0, 5, (8,), generator=gen).to("jax")
+            losses.append(_step(model, opt, x, y))
+        weights = [p.detach().cpu() for p in model.parameters()]
+    return losses, weights
+
+
+def test_training_equals_op_by_op_with_the_same_random_numbers():
+    op_losses, op_weights = _train("op")
+    before = _fused.stats()
+    fused_losses, fused_weights = _train("fused")
+    after = _fused.stats()
+    assert after["ops"] - before["ops"] > 50, "nothing was fused"
+    assert after["segments"] - before["segments"] < (after["ops"] - before["ops"]) / 3
+    # dropout draws the same numbers: the segment takes its keys in op order
+    torch.testing.assert_close(fused_losses, op_losses, rtol=1e-5, atol=1e-6)
+    for a, b in zip(fused_weights, op_weights):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_repeated_segment_reuses_its_program():
+    x = torch.randn(16, 16, device="jax")
+
+    def layer(v):
+        return (v @ x).tanh() * 0.5 + v
+
+    with fused():
+        layer(layer(x)).sum().item()  # warm
+        before = _fused.stats()
+        for _ in range(5):
+            layer(layer(x)).sum().item()
+        after = _fused.stats()
+    assert after["segments"] - before["segments"] == 5
+    assert after["programs"] == before["programs"], "the same segment compiled again"
+
+
+def test_values_nobody_holds_are_never_outputs():
+    x = torch.randn(4, 4, device="jax")
+    with fused():
+        y = ((x * 2).exp() + 1).log()  # three intermediates, dead at once
+        seg = y._storage._array.segment
+        live = [ref() for ref, _ in seg.results if ref() is not None]
+        assert len(seg.ops) == 4 and len(live) == 1
+        torch.testing.assert_close(y.cpu(), ((x.cpu() * 2).exp() + 1).log())
+
+
+def test_torchs_errors_come_at_the_op():
+    a, b = torch.ones(2, 3, device="jax"), torch.ones(4, 5, device="jax")
+    with fused():
+        c = a * 2
+        with pytest.raises(RuntimeError, match="broadcast|must match the size"):
+            c + b
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+            torch.add(c, 1, out=torch.empty(2, 3, dtype=torch.long, device="jax"))
+        assert c.sum().item() == 12
+
+
+def test_in_place_writes_and_views_see_each_other():
+    with fused():
+        x = torch.zeros(3, 4, device="jax")
+        x.add_(1)
+        row = x[1]
+        row.mul_(5)
+        y = x.t() + 1
+        x.add_(1)
+        expected = torch.zeros(3, 4)
+        expected.add_(1)
+        expected[1].mul_(5)
+        assert torch.equal(y.cpu(), expected.t() + 1)
+        expected.add_(1)
+        assert torch.equal(x.cpu(), expected)
+
+
+def test_a_value_recorded_in_one_thread_is_read_in_another():
+    out = {}
+    x = torch.randn(8, device="jax")
+
+    def work():
+        with fused():
+            out["y"] = (x * 3).sin()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert out["y"]._storage.pending
+    torch.testing.assert_close(out["y"].cpu(), (x.cpu() * 3).sin())
+
+
+def test_synchronize_runs_every_open_segment():
+    with fused():
+        y = torch.ones(3, device="jax") * 7
+        assert y._storage.pending
+        torch.jax.synchronize()
+        assert not y._storage.pending
+
+
+def test_an_unknown_mode_names_the_valid_ones():
+    with pytest.raises(ValueError, match="'op', 'fused'"):
+        with pjrt_host.config(eager="lazy"):
+            pass
+    proc = run_python(["-c", "import torch; torch.ones(1, device='jax')"], env={"PJRT_HOST_EAGER": "lazy"})
+    assert proc.returncode != 0 and "PJRT_HOST_EAGER='lazy'" in proc.stderr
+
+
+# The suite's own files, with fused eager the default: a sample that runs in
+# about two minutes (op by op is the suite's default; both modes are proven).
+SAMPLE = ["tests/test_torch_training.py", "tests/test_torch_views.py", "tests/test_torch_habits.py",
+          "tests/test_bad_inputs.py", "tests/test_torch_random.py", "tests/test_torch_amp.py"]
+
+
+def test_a_sample_of_the_suite_passes_with_fused_eager():
+    proc = run_python(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *SAMPLE],
+                      env={"PJRT_HOST_EAGER": "fused"}, timeout=1200)
+    tail = proc.stdout[-3000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in tail and "failed" not in tail, tail
