@@ -158,3 +158,28 @@ def test_a_sample_of_the_suite_passes_with_fused_eager():
     tail = proc.stdout[-3000:]
     assert proc.returncode == 0, tail
     assert " passed" in tail and "failed" not in tail, tail
+
+
+def test_segments_line_up_with_a_repeated_block():
+    """No value is read between the blocks, yet each block after the first
+    ones is a segment of its own, all running one program."""
+    w = torch.randn(16, 16, device="jax") / 4
+
+    def block(v):
+        for _ in range(3):  # a block with a shorter repeat inside
+            v = (v @ w).tanh() * 0.5 + v
+        return v
+
+    def run():
+        v = torch.randn(4, 16, device="jax")
+        for _ in range(8):
+            v = block(v)
+        return v.sum().item()
+
+    with fused():
+        run()  # compiles: a first segment until the repeat is seen, then one per block
+        before = _fused.stats()
+        run()
+        after = _fused.stats()
+    assert after["segments"] - before["segments"] >= 6, "the blocks were not split into segments"
+    assert after["programs"] == before["programs"], "the same loop compiled again"

@@ -11,7 +11,8 @@ A segment runs -- as one ``jax.jit`` of every recorded op, returning only the
 results some tensor still holds -- when anything reads a pending array:
 ``.item()``, ``.cpu()``, printing, an op that is not fused (in-place and
 ``out=`` ops, random ops, copies, collectives), a view read, or
-``torch.jax.synchronize()``; and when it reaches :data:`LIMIT` ops.  A
+``torch.jax.synchronize()``; when it reaches :data:`LIMIT` ops; and where
+its last ops repeat the block before them (:func:`_repeats`).  A
 segment that repeats (the same ops on the same signatures: a layer, a loop
 body) reuses its program, so a training step's forward compiles a few
 programs where op by op compiles one per op.  Intermediates nobody holds are
@@ -176,10 +177,46 @@ def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | N
                 seg.results.append((weakref.ref(storage), pending))
                 tensors.append(t)
             result = tensors[0] if single else (tuple(tensors) if plan.container == "tuple" else tensors)
-        full = len(seg.ops) >= LIMIT
+        full = len(seg.ops) >= LIMIT or _repeats(id(fn), len(seg.ops))
     if full:
         seg.flush()
     return result
+
+
+#: A segment also ends where the ops recorded last repeat the ones before
+#: them, a block of 10 to 128 ops (a layer, a loop body), so that segments
+#: line up with the blocks and each later block reuses one program.
+REPEAT_MIN, REPEAT_MAX = 10, 128
+
+
+def _repeats(op: int, recorded: int) -> bool:
+    """Whether this thread's last ops (``op`` the newest, ``recorded`` in
+    the open segment) end a block of REPEAT_MIN to REPEAT_MAX ops that
+    repeats the block before it, and the segment holds at least that block.
+    The block is the shortest one from REPEAT_MIN up, measured from an
+    earlier place of the same op (a block with a shorter repeat inside, as
+    three identical sublayers, is a multiple of it)."""
+    window = getattr(_local, "window", None)
+    if window is None or len(window) > 4 * REPEAT_MAX:
+        window = _local.window = []
+        _local.seen = {}
+    seen = _local.seen
+    i = len(window)
+    window.append(op)
+    places = seen.get(op)
+    if places is None:
+        seen[op] = [i]
+        return False
+    period = 0
+    for p in reversed(places):
+        if i - p >= REPEAT_MIN:
+            period = i - p
+            break
+    places.append(i)
+    if len(places) > 16:
+        del places[:8]
+    return (REPEAT_MIN <= period <= REPEAT_MAX and recorded >= period and i + 1 >= 2 * period
+            and window[i - period + 1:] == window[i - 2 * period + 1:i - period + 1])
 
 
 def _signature(v: Any) -> Any:
