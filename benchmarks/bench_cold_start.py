@@ -55,6 +55,7 @@ new_length = timed(48)
 out = {"first": first, "steady": steady, "new_length": new_length}
 if device == "jax":
     out["programs"] = torch.jax.program_cache_stats()
+    out["programs"]["fused_segments"] = torch.jax.fused_eager_stats()["segments"]
 print(json.dumps(out))
 """
 
@@ -71,24 +72,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as cache:
-        on = {"PJRT_HOST_CACHE_DIR": cache}
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as fused_cache:
+        on = {"PJRT_HOST_CACHE_DIR": cache, "PJRT_HOST_EAGER": "op"}
+        fused = {"PJRT_HOST_CACHE_DIR": fused_cache, "PJRT_HOST_EAGER": "fused"}
         cpu = run("cpu", args.steps, {})
         cold = run("jax", args.steps, on)
         warm = run("jax", args.steps, on)
-        off = run("jax", args.steps, {"PJRT_HOST_PROGRAM_CACHE": "0"})
+        off = run("jax", args.steps, {"PJRT_HOST_PROGRAM_CACHE": "0", "PJRT_HOST_EAGER": "op"})
+        fused_cold = run("jax", args.steps, fused)
+        fused_warm = run("jax", args.steps, fused)
     rows = [("torch cpu", cpu), ("jax, cold cache", cold), ("jax, warm cache (2nd process)", warm),
-            ("jax, cache off", off)]
-    print(f"{'run':32s} {'first step':>11s} {'steady':>9s} {'new length':>11s}")
+            ("jax, cache off", off), ("jax fused, cold cache", fused_cold),
+            ("jax fused, warm cache (2nd process)", fused_warm)]
+    print(f"{'run':36s} {'first step':>11s} {'steady':>9s} {'new length':>11s}")
     for name, r in rows:
-        print(f"{name:32s} {r['first']:10.3f}s {r['steady'] * 1e3:7.1f}ms {r['new_length']:10.3f}s")
+        print(f"{name:36s} {r['first']:10.3f}s {r['steady'] * 1e3:7.1f}ms {r['new_length']:10.3f}s")
     for name, r in rows[1:]:
         stats = r.get("programs", {})
-        print(f"{name:32s} programs: {stats}")
+        print(f"{name:36s} programs: {stats}")
     print(f"cold first step / cpu first step:          {cold['first'] / cpu['first']:8.1f}x")
     print(f"cold new length / cpu new length:          {cold['new_length'] / cpu['new_length']:8.1f}x")
     print(f"warm 2nd process first step / its steady:  {warm['first'] / warm['steady']:8.1f}x")
     print(f"cold first step, cache on / cache off:     {cold['first'] / off['first']:8.2f}x")
+    print(f"fused cold first step / cpu first step:    {fused_cold['first'] / cpu['first']:8.1f}x")
+    print(f"fused cold new length / cpu new length:    {fused_cold['new_length'] / cpu['new_length']:8.1f}x")
+    print(f"fused warm 2nd process first / its steady: {fused_warm['first'] / fused_warm['steady']:8.1f}x")
+    print(f"fused steady / op-by-op steady:            {fused_cold['steady'] / cold['steady']:8.2f}x")
 
 
 if __name__ == "__main__":
