@@ -207,3 +207,16 @@ def test_call_torch_checks_on_values_and_under_checkify():
     # without checkify, under jit: no check, no host work per call
     assert jax.jit(lambda x, i: interop.call_torch(fn, x, i))(xa, bad).tolist()[0] == 6.0
     torch.jax.synchronize()
+
+
+def test_the_calling_line_under_a_torch_function_mode():
+    """set_default_device leaves torch's DeviceContext mode on the stack,
+    whose frame is then the innermost of the traced stack: the error still
+    names the user's line."""
+    torch.set_default_device("jax")
+    torch.set_default_device("cpu")
+    compiled = torch.compile(lambda x, i: x[i] * 2, backend="jax")
+    compiled(torch.arange(10.0, device="jax"), torch.tensor([3, 12], device="jax"))
+    with pytest.raises(IndexError) as caught:
+        torch.jax.synchronize()
+    assert f"called from {__file__}:" in str(caught.value) and "_device.py" not in str(caught.value)

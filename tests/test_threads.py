@@ -22,13 +22,19 @@ def test_threads_training_at_once_equal_each_run_alone():
     alone = [bench_threads.train(bench_threads.KINDS[i % 3], i, steps) for i in range(n)]
     together, errors = bench_threads.run_threads(n, steps)
     assert not errors, errors
+    # To rounding: XLA:CPU's thread pool may split a reduction differently
+    # while other threads compute; another thread's values leaking in would
+    # be far off.
     for i, (a, b) in enumerate(zip(alone, together)):
-        assert a[0] == b[0], f"thread {i} ({bench_threads.KINDS[i % 3]}): losses {b[0]} alone {a[0]}"
+        torch.testing.assert_close(b[0], a[0], rtol=1e-5, atol=1e-6,
+                                   msg=lambda m: f"thread {i} ({bench_threads.KINDS[i % 3]}) losses: {m}")
         for p, q in zip(a[1], b[1]):
-            assert torch.equal(p, q), f"thread {i}: weights differ from its run alone"
+            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="torch.compile() returns the model uncompiled while another thread traces an "
+# Not strict: whether the other thread is inside a trace at that moment
+# depends on what earlier tests left cached.
+@pytest.mark.xfail(strict=False, reason="torch.compile() returns the model uncompiled while another thread traces an "
                    "assume_pure function: the trace sets torch.compiler's process-wide exporting flag")
 def test_torch_compile_while_another_thread_traces():
     import threading

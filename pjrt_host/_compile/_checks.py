@@ -23,6 +23,8 @@ without it.
 
 from __future__ import annotations
 
+import os
+
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -76,15 +78,23 @@ def sites_of(node: torch.fx.Node, name: str) -> list[Site]:
 
 
 def _source(node: torch.fx.Node) -> str:
-    """Where the user's code called the op, from the stack the trace kept."""
+    """Where the user's code called the op, from the stack the trace kept:
+    its innermost frame outside torch (a torch-function mode, as
+    ``set_default_device`` leaves, adds torch's own frame below it)."""
     trace = node.meta.get("stack_trace") or ""
     for line in reversed(trace.splitlines()):
         line = line.strip()
         if line.startswith('File "'):
             path, _, rest = line[len('File "'):].partition('", line ')
+            if path.startswith(_LIBRARY_DIRS):
+                continue
             number, _, fn = rest.partition(", in ")
             return f"{path}:{number} in {fn}" if fn else f"{path}:{number}"
     return ""
+
+
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,))
+
 
 
 def stack(rows: list) -> Any:
