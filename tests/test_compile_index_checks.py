@@ -215,8 +215,11 @@ def test_the_calling_line_under_a_torch_function_mode():
     names the user's line."""
     torch.set_default_device("jax")
     torch.set_default_device("cpu")
-    compiled = torch.compile(lambda x, i: x[i] * 2, backend="jax")
-    compiled(torch.arange(10.0, device="jax"), torch.tensor([3, 12], device="jax"))
-    with pytest.raises(IndexError) as caught:
-        torch.jax.synchronize()
+    try:
+        compiled = torch.compile(lambda x, i: x[i] * 2, backend="jax")
+        compiled(torch.arange(10.0, device="jax"), torch.tensor([3, 12], device="jax"))
+        with pytest.raises(IndexError) as caught:
+            torch.jax.synchronize()
+    finally:
+        torch.set_default_device(None)
     assert f"called from {__file__}:" in str(caught.value) and "_device.py" not in str(caught.value)

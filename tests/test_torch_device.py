@@ -84,7 +84,7 @@ def test_default_device():
         x = torch.zeros(2)
         y = torch.randn(3)
     finally:
-        torch.set_default_device("cpu")
+        torch.set_default_device(None)  # ("cpu" would leave torch's DeviceContext mode on for later tests)
     assert x.device.type == DEV and y.device.type == DEV
     assert torch.zeros(1).device.type == "cpu"
 

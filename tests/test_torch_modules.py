@@ -22,6 +22,16 @@ nn = torch.nn
 D, H, FF = 16, 4, 32
 
 
+@pytest.fixture(autouse=True)
+def no_default_device_mode():
+    """torch takes its transformer fast paths only without a torch-function
+    mode; ``set_default_device("cpu")`` elsewhere leaves torch's DeviceContext
+    mode on, which would change which path CPU takes here."""
+    if torch._C._is_torch_function_mode_enabled():
+        torch.set_default_device(None)
+    yield
+
+
 def _close(got, expected, where=None):
     got = got.detach().cpu()
     expected = expected.detach()
