@@ -104,14 +104,13 @@ def _one_hot_checked(self, num_classes=-1):
     """one_hot's own composite kernel, after CPU's checks of the classes:
     torch leaves them to a device assert on accelerators, and the form it
     takes for them (``arange == x``) gives a zero row for a bad class."""
-    from .. import _jax_settings
     from . import _config, _value_checks
 
     if self.dtype != torch.int64:
         raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
     if num_classes == -1 and self.numel() == 0:
         raise RuntimeError("Can not infer total number of classes from empty tensor.")
-    _jax_settings.x64_scope(_value_checks.one_hot_classes)(self, num_classes, _config.current().check_indices)
+    _value_checks.one_hot_classes(self, num_classes, _config.current().check_indices)
     if num_classes == -1:
         num_classes = int(self.max().item()) + 1
     return (self.unsqueeze(-1) == torch.arange(num_classes, dtype=self.dtype, device=self.device)).to(torch.int64)

@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from .._jax_settings import x64_scope
 from ._tensor import JaxTensor, defer_check, read
 
-__all__ = ["check", "checker_for", "one_hot_classes"]
+__all__ = ["checker_for", "one_hot_classes"]
 
 
 class _Check:
@@ -129,10 +130,7 @@ def checker_for(name: str) -> Callable[[Any, tuple, dict], None] | None:
     return _CHECKS.get(base if base.startswith("_") else base.rstrip("_"))
 
 
-def check(check_fn: Callable[[Any, tuple, dict], None], mode: Any, args: tuple, kwargs: dict) -> None:
-    check_fn(mode, args, kwargs)
-
-
+@x64_scope
 def one_hot_classes(x: Any, num_classes: int, mode: Any) -> None:
     """CPU's errors for ``one_hot`` classes out of ``[0, num_classes)``
     (torch leaves them to a device assert on accelerators).  With
