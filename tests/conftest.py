@@ -35,6 +35,22 @@ if "PJRT_HOST_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _PROGRAMS, ignore_errors=True)
 
 
+# Opt-in tests: long sweeps and many-parametrisation runs that rarely catch
+# what the default run misses. `pytest --slow` (or PJRT_HOST_SLOW_TESTS=1)
+# runs them; the default run (CI) skips them with a reason that says how.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run tests marked slow (long sweeps)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--slow") or os.environ.get("PJRT_HOST_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with `pytest --slow` or PJRT_HOST_SLOW_TESTS=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 class Site:
     """A directory of installed distributions (``*.dist-info`` with
     ``entry_points.txt``), usable on ``sys.path`` or ``PYTHONPATH``."""
