@@ -14,6 +14,7 @@ __all__ = [
     "ClientCreationError",
     "ClientOption",
     "DevicePlugin",
+    "EnvironmentSettingError",
     "PjrtHostError",
     "PluginLoadError",
     "PluginNotFoundError",
@@ -26,6 +27,7 @@ __all__ = [
     "config",
     "devices",
     "distributed",
+    "env",
     "hookimpl",
     "hookspec",
     "interop",
@@ -46,6 +48,7 @@ _LAZY = {
     "ClientCreationError": ("._errors", "ClientCreationError"),
     "ClientOption": ("._plugin", "ClientOption"),
     "DevicePlugin": ("._plugin", "DevicePlugin"),
+    "EnvironmentSettingError": ("._errors", "EnvironmentSettingError"),
     "PjrtHostError": ("._errors", "PjrtHostError"),
     "PluginLoadError": ("._errors", "PluginLoadError"),
     "PluginNotFoundError": ("._errors", "PluginNotFoundError"),
@@ -58,6 +61,7 @@ _LAZY = {
     "config": ("._torch._config", "config"),
     "devices": ("._runtime", "devices"),
     "distributed": (".distributed", None),  # the submodule itself
+    "env": (".env", None),  # the submodule itself: the settings parsers plugins use
     "hookimpl": ("._hookspecs", "hookimpl"),
     "hookspec": ("._hookspecs", "hookspec"),
     "interop": (".interop", None),  # the submodule itself
@@ -113,7 +117,9 @@ _register_torch_device()
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._discovery import PluginRecord, Status
-    from ._errors import ClientCreationError, PjrtHostError, PluginLoadError, PluginNotFoundError, SelectionError
+    from . import env
+    from ._errors import (ClientCreationError, EnvironmentSettingError, PjrtHostError, PluginLoadError,
+                          PluginNotFoundError, SelectionError)
     from ._hookspecs import hookimpl, hookspec
     from ._plugin import ClientOption, DevicePlugin
     from ._registry import plugin_manager, plugins, register_plugin, select

@@ -1,5 +1,5 @@
 """Every environment variable pjrt_host reads, one small function each, over
-one set of parsers.
+the parsers of :mod:`pjrt_host.env` (the public ones plugins use too).
 
 A value that cannot be read raises :class:`EnvironmentSettingError` (a
 ``ValueError``) naming the variable, the
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 
+from . import env
 from ._errors import EnvironmentSettingError
+from .env import flag, integer, seconds, text
 
 __all__ = [
     "autoload_disabled",
@@ -35,52 +37,8 @@ __all__ = [
     "text",
 ]
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-# -- the parsers -----------------------------------------------------------------
-
-
-def text(name: str) -> str | None:
-    """The variable's value, stripped; None when unset or blank."""
-    value = os.environ.get(name, "").strip()
-    return value or None
-
-
-def integer(name: str) -> int | None:
-    value = text(name)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise EnvironmentSettingError(f"{name}={value!r} is not a whole number") from None
-
-
-def seconds(name: str, default: float) -> float:
-    value = text(name)
-    if value is None:
-        return default
-    try:
-        result = float(value)
-    except ValueError:
-        raise EnvironmentSettingError(f"{name}={value!r} is not a number of seconds") from None
-    if result <= 0:
-        raise EnvironmentSettingError(f"{name}={value!r} must be more than 0 seconds")
-    return result
-
-
-def flag(name: str, default: bool) -> bool:
-    value = text(name)
-    if value is None:
-        return default
-    lowered = value.lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise EnvironmentSettingError(f"{name}={value!r}: expected one of {', '.join(sorted(_TRUE | _FALSE))}")
+# The parsers are the public ones plugins use too (pjrt_host.env).
+_TRUE, _FALSE = env._TRUE, env._FALSE
 
 
 # -- plugins ---------------------------------------------------------------------
@@ -119,12 +77,15 @@ def probe_timeout() -> float:
 
 def eager_mode() -> str:
     """``PJRT_HOST_EAGER``: ``op`` (each eager op compiled and run as it
-    comes, the default) or ``fused`` (ops recorded and run in segments, one
-    program each; docs/torch-device.md)."""
+    comes, the default), ``fused`` (ops recorded and run in segments, one
+    program each) or ``sync`` (op by op, each op waited for and its index and
+    value checks raised at the op: a debugging mode, as
+    ``CUDA_LAUNCH_BLOCKING=1``); docs/torch-device.md."""
     value = (text("PJRT_HOST_EAGER") or "op").lower()
-    if value not in ("op", "fused"):
+    if value not in ("op", "fused", "sync"):
         raise EnvironmentSettingError(f"PJRT_HOST_EAGER={value!r}: expected 'op' (each op compiled and run as it "
-                                      "comes) or 'fused' (ops recorded and run in segments)")
+                                      "comes), 'fused' (ops recorded and run in segments) or 'sync' (each op "
+                                      "waited for, its checks raised at the op)")
     return value
 
 

@@ -222,7 +222,8 @@ def test_options_from_the_environment(driver: Driver, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [
-    ("PJRT_ALLOCATOR_FRACTION", "1.5", r"PJRT_ALLOCATOR_FRACTION='1.5' .*in \(0, 1\]"),
+    ("PJRT_ALLOCATOR_FRACTION", "1.5",
+     r"PJRT_ALLOCATOR_FRACTION='1.5' must be more than 0 and at most 1 \(a fraction of GPU memory"),
     ("XLA_PYTHON_CLIENT_MEM_FRACTION", "half", r"XLA_PYTHON_CLIENT_MEM_FRACTION='half'"),
     ("PJRT_ALLOCATOR_FRACTION", "0", r"PJRT_ALLOCATOR_FRACTION='0'"),
     ("PJRT_ALLOCATOR_PREALLOCATE", "maybe", r"PJRT_ALLOCATOR_PREALLOCATE='maybe' is not a boolean"),

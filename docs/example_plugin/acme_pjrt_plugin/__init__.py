@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pjrt_host import DevicePlugin
+from pjrt_host import DevicePlugin, env
 
 __all__ = ["AcmePlugin"]
 
@@ -20,13 +20,17 @@ _BUNDLED = Path(__file__).parent / "lib" / "libacme_pjrt.so"
 
 
 def _library_override() -> str | None:
-    """``ACME_PJRT_LIBRARY``: use this library instead of the bundled one."""
-    return os.environ.get("ACME_PJRT_LIBRARY") or None
+    """``ACME_PJRT_LIBRARY``: use this library instead of the bundled one.
+    Default: unset, the bundled library."""
+    return env.text("ACME_PJRT_LIBRARY")
 
 
 def _visible_chips() -> str | None:
-    """``ACME_VISIBLE_CHIPS``: comma-separated chip ids this process may use."""
-    return os.environ.get("ACME_VISIBLE_CHIPS") or None
+    """``ACME_VISIBLE_CHIPS``: comma-separated chip ids this process may use.
+    Default: unset, every chip.  A value that is not a list of chip ids
+    raises pjrt_host.EnvironmentSettingError naming the variable."""
+    chips = env.integers("ACME_VISIBLE_CHIPS", minimum=0, expected="a chip id (the list is comma-separated, e.g. 0,1)")
+    return None if chips is None else ",".join(map(str, chips))
 
 
 class AcmePlugin(DevicePlugin):

@@ -18,20 +18,15 @@ from __future__ import annotations
 
 import os
 
-from pjrt_host import DevicePlugin
+from pjrt_host import DevicePlugin, env
 
 __all__ = ["CpuRefPlugin"]
 
 
 def _device_count() -> int:
-    """``PJRT_HOST_CPU_REF_DEVICES``: number of CPU devices, default 1."""
-    value = os.environ.get("PJRT_HOST_CPU_REF_DEVICES", "").strip()
-    try:
-        return max(1, int(value)) if value else 1
-    except ValueError:
-        raise ValueError(
-            f"PJRT_HOST_CPU_REF_DEVICES={value!r} is not a whole number of devices"
-        ) from None
+    """``PJRT_HOST_CPU_REF_DEVICES``: number of CPU devices, default 1 (a
+    number below 1 means 1)."""
+    return max(1, env.integer("PJRT_HOST_CPU_REF_DEVICES", 1, expected="a whole number of devices"))
 
 
 class CpuRefPlugin(DevicePlugin):

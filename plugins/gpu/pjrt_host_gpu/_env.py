@@ -2,14 +2,18 @@
 
 Where torch_xla's GPU plugin and jax's CUDA wheels each have a name for the
 same setting, the torch_xla name wins and the jax name is the fallback, so
-that environments written for either keep working.  A value that cannot be
-parsed raises ValueError naming the variable and what it accepts.
+that environments written for either keep working.  The values are read by
+the host's parsers (:mod:`pjrt_host.env`): one that cannot be read raises
+``pjrt_host.EnvironmentSettingError`` (a ValueError) naming the variable
+and what it accepts.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+
+from pjrt_host import env
 
 __all__ = [
     "ALLOCATORS",
@@ -26,14 +30,10 @@ __all__ = [
 #: Allocators the CUDA PJRT plugin accepts for its ``allocator`` option.
 ALLOCATORS = ("default", "platform", "bfc", "cuda_async", "vmm")
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
 def library_path_override(environ: Mapping[str, str] = os.environ) -> str | None:
     """``PJRT_HOST_CUDA_LIBRARY_PATH``: the CUDA PJRT library to load instead
     of the one from jax's PJRT wheels.  Default: unset."""
-    return _get(environ, "PJRT_HOST_CUDA_LIBRARY_PATH")
+    return env.text("PJRT_HOST_CUDA_LIBRARY_PATH", environ=environ)
 
 
 def cuda_visible_devices(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -46,13 +46,7 @@ def cuda_visible_devices(environ: Mapping[str, str] = os.environ) -> str | None:
 def device_count_override(environ: Mapping[str, str] = os.environ) -> int | None:
     """``GPU_NUM_DEVICES``: the number of GPUs to report instead of counting
     them (e.g. where /proc and /dev do not show the driver).  Default: unset."""
-    value = _get(environ, "GPU_NUM_DEVICES")
-    if value is None:
-        return None
-    count = _int(value, "GPU_NUM_DEVICES", "a whole number of GPUs")
-    if count < 0:
-        raise ValueError(f"GPU_NUM_DEVICES={value!r} is negative; expected a whole number of GPUs")
-    return count
+    return env.integer("GPU_NUM_DEVICES", minimum=0, expected="a whole number of GPUs", environ=environ)
 
 
 def memory_fraction(environ: Mapping[str, str] = os.environ) -> float | None:
@@ -61,16 +55,10 @@ def memory_fraction(environ: Mapping[str, str] = os.environ) -> float | None:
     the allocator may take, in (0, 1].  Default: unset, the plugin's own
     default (0.75)."""
     for name in ("PJRT_ALLOCATOR_FRACTION", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
-        value = _get(environ, name)
-        if value is None:
-            continue
-        try:
-            fraction = float(value)
-        except ValueError:
-            fraction = -1.0
-        if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"{name}={value!r} is not a fraction of GPU memory; expected a number in (0, 1], e.g. 0.5")
-        return fraction
+        fraction = env.number(name, above=0, maximum=1, expected="a fraction of GPU memory, e.g. 0.5",
+                              environ=environ)
+        if fraction is not None:
+            return fraction
     return None
 
 
@@ -80,9 +68,9 @@ def preallocate(environ: Mapping[str, str] = os.environ) -> bool | None:
     memory fraction when the client is created.  Default: unset, the
     plugin's own default (true)."""
     for name in ("PJRT_ALLOCATOR_PREALLOCATE", "XLA_PYTHON_CLIENT_PREALLOCATE"):
-        value = _get(environ, name)
+        value = env.flag(name, None, environ=environ)
         if value is not None:
-            return _bool(value, name)
+            return value
     return None
 
 
@@ -90,50 +78,22 @@ def allocator(environ: Mapping[str, str] = os.environ) -> str | None:
     """``PJRT_ALLOCATOR`` (else torch_xla's ``PJRT_ALLOCATOR_CUDA_ASYNC=1``,
     else jax's ``XLA_PYTHON_CLIENT_ALLOCATOR``): one of :data:`ALLOCATORS`.
     Default: unset, the plugin's ``default`` (BFC)."""
-    value = _get(environ, "PJRT_ALLOCATOR")
-    name = "PJRT_ALLOCATOR"
-    if value is None:
-        cuda_async = _get(environ, "PJRT_ALLOCATOR_CUDA_ASYNC")
-        if cuda_async is not None and _bool(cuda_async, "PJRT_ALLOCATOR_CUDA_ASYNC"):
-            return "cuda_async"
-        value, name = _get(environ, "XLA_PYTHON_CLIENT_ALLOCATOR"), "XLA_PYTHON_CLIENT_ALLOCATOR"
-    if value is None:
-        return None
-    if value.lower() not in ALLOCATORS:
-        raise ValueError(f"{name}={value!r} is not a GPU allocator; expected one of {', '.join(ALLOCATORS)}")
-    return value.lower()
+    chosen = env.choice("PJRT_ALLOCATOR", ALLOCATORS, expected="a GPU allocator", environ=environ)
+    if chosen is not None:
+        return chosen
+    if env.flag("PJRT_ALLOCATOR_CUDA_ASYNC", False, environ=environ):
+        return "cuda_async"
+    return env.choice("XLA_PYTHON_CLIENT_ALLOCATOR", ALLOCATORS, expected="a GPU allocator", environ=environ)
 
 
 def rank(environ: Mapping[str, str] = os.environ) -> int:
     """``RANK`` (set by torchrun): this process's index among all processes
     of the job.  Default 0."""
-    value = _get(environ, "RANK")
-    return 0 if value is None else _int(value, "RANK", "a whole number")
+    return env.integer("RANK", 0, environ=environ)
 
 
 def world_size(environ: Mapping[str, str] = os.environ) -> int:
     """``WORLD_SIZE`` (set by torchrun): the number of processes of the job,
     on all hosts.  Default 1."""
-    value = _get(environ, "WORLD_SIZE")
-    return 1 if value is None else max(1, _int(value, "WORLD_SIZE", "a whole number"))
+    return max(1, env.integer("WORLD_SIZE", 1, environ=environ))
 
-
-def _get(environ: Mapping[str, str], name: str) -> str | None:
-    value = environ.get(name, "").strip()
-    return value or None
-
-
-def _int(value: str, name: str, expected: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not {expected}") from None
-
-
-def _bool(value: str, name: str) -> bool:
-    lowered = value.lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ValueError(f"{name}={value!r} is not a boolean; expected 1/0, true/false, yes/no or on/off")
