@@ -8,7 +8,7 @@ its result file after every check, so a crash keeps what ran before it and
 names the check it died in.
 
 This module is the parent side: it imports neither torch nor jax (the
-plugin may not even load).  The checks themselves are in ``_sections.py``.
+plugin may not even load).  The checks themselves are in ``_sections/``.
 
 Exit status: 0 when every conformance section passes, 1 when one fails, 2
 when the plugin cannot be used at all (not installed, its library missing
