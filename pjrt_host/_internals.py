@@ -199,7 +199,8 @@ INTERNALS: tuple[Internal, ...] = (
         files=("pjrt_host/_torch/_printing.py",),
         why="repr of a 'jax' tensor is torch's, formatted from the CPU copy, with device='jax:N' added.",
         fallback="none: printing a 'jax' tensor raises.",
-        pins=("tests/test_spmd.py::test_cpu_printing_numpy_and_save_gather",),
+        pins=("tests/test_torch_device.py::test_printing",
+              "tests/test_spmd.py::test_cpu_printing_numpy_and_save_gather"),
     ),
     # -- modules, autograd, generators --------------------------------------------------------
     Internal(
@@ -267,8 +268,8 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         names=("torch._disable_dynamo",),
         files=("pjrt_host/_compile/_jax_call.py",),
-        why="dynamo must not trace into call_jax's runner (what torch.compiler.disable does, without "
-            "importing dynamo).",
+        why="dynamo must not trace into call_jax's eager runner; torch.compiler.disable would import "
+            "dynamo when pjrt_host's module is imported, torch._disable_dynamo only when first called.",
         fallback="none: call_jax fails to import.",
         pins=("tests/test_interop.py",),
     ),
@@ -299,16 +300,19 @@ INTERNALS: tuple[Internal, ...] = (
         names=("torch.utils._pytree.tree_flatten", "torch.utils._pytree.tree_leaves", "torch.utils._pytree.tree_map",
                "torch.utils._pytree.tree_unflatten"),
         files=("pjrt_host/_compile/_trace.py", "pjrt_host/_torch/_backward.py", "pjrt_host/_check/_opinfo.py"),
-        why="torch's pytrees (torch.utils.pytree is the public name only from torch 2.x on, without every "
-            "node type registered the same way).",
-        fallback="none: those modules fail to import.",
+        why="flattening arguments and results the way torch's own tracing (AOT export, dynamo) flattens "
+            "them, torch's containers included; this torch has no public pytree module.",
+        fallback="none: those modules fail to import; a public `torch.utils.pytree`, where a torch has it, "
+                 "is the replacement.",
     ),
     Internal(
         names=("torch.nn.utils.stateless._reparametrize_module",),
         files=("pjrt_host/_compile/_pure.py", "pjrt_host/interop.py"),
-        why="a module's parameters swapped for traced values with ties kept (`tie_weights=True`), which "
-            "torch.func.functional_call does not offer on every torch pjrt_host supports.",
-        fallback="none: assume_pure on modules and extract_jax fail.",
+        why="a context in which a module's parameters and buffers are given values, ties kept "
+            "(`tie_weights=True`), around more than forward (the training flag is set inside); "
+            "torch.func.functional_call is built on it but only calls forward.",
+        fallback="none: assume_pure on modules and extract_jax fail; torch.func.functional_call is the "
+                 "nearest public replacement.",
         pins=("tests/test_interop.py::test_module_values_and_gradients_and_optimizer_training",),
     ),
     Internal(
@@ -384,10 +388,12 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         names=("jax._src.lib",),
         files=("plugins/gpu/pjrt_host_gpu/_plugin.py",),
-        why="the GPU plugin registers its library's Triton and custom-call handlers with jaxlib's "
-            "xla_client and triton modules, as jax's CUDA plugin does.",
-        fallback="none on a GPU: the plugin's library_loaded fails (tests/test_vendor_libraries.py runs the "
-                 "real library).",
+        why="the GPU plugin registers the jax CUDA extension's custom-call, FFI-type and Triton "
+            "compilation handlers for its library through jaxlib's xla_client and triton (kept in "
+            "jax._src.lib), as jax's own CUDA plugin does.",
+        fallback="the Triton hook is read with getattr: without it Pallas/Triton kernels are unavailable, "
+                 "with a warning; without xla_client the plugin's library_loaded fails on a GPU "
+                 "(tests/test_vendor_libraries.py runs the real library where one is installed).",
     ),
 )
 
