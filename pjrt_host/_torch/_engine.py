@@ -803,9 +803,17 @@ def _same_outputs(x: Any, y: Any) -> bool:
 
 
 def missing_lowering(func: Any) -> NotImplementedError:
-    """The error for an op the device cannot run: what, why, and the two ways on."""
+    """The error for an op the device cannot run: what, why, and the two ways on.
+    An op outside aten is named by its own namespace (``torchvision::nms``
+    is torchvision's, not an ATen op)."""
+    name = op_name(func)
+    namespace = name.split("::", 1)[0] if "::" in name else "aten"
+    if namespace == "aten":
+        what = f"the ATen op {name} has no lowering to JAX and no decomposition in torch {torch.__version__}"
+    else:
+        what = (f"the op {name} (of the {namespace} library, outside ATen) has no lowering to JAX and no "
+                "implementation for every device")
     return NotImplementedError(
-        f"pjrt_host: the ATen op {op_name(func)} has no lowering to JAX and no decomposition in torch "
-        f"{torch.__version__}, so it cannot run on the 'jax' device. To run such ops on torch CPU meanwhile "
+        f"pjrt_host: {what}, so it cannot run on the 'jax' device. To run such ops on torch CPU meanwhile "
         "(slow: two transfers per call), wrap the code in `with pjrt_host.config(cpu_fallback=True):`. "
         "How to report the gap, and how to add a lowering: docs/op-coverage.md in the pjrt_host sources.")
