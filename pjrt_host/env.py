@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping
+from typing import overload
 
 from ._errors import EnvironmentSettingError
 
@@ -45,11 +46,23 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 _BOOLEANS = "1/0, true/false, yes/no or on/off"
 
 
+@overload
+def text(name: str, default: str, *, environ: Mapping[str, str] | None = None) -> str: ...
+@overload
+def text(name: str, default: None = None, *, environ: Mapping[str, str] | None = None) -> str | None: ...
+
+
 def text(name: str, default: str | None = None, *, environ: Mapping[str, str] | None = None) -> str | None:
     """The variable's value, stripped of surrounding blanks; ``default``
     when it is unset or blank."""
     value = (os.environ if environ is None else environ).get(name, "").strip()
     return value or default
+
+
+@overload
+def flag(name: str, default: bool, *, environ: Mapping[str, str] | None = None) -> bool: ...
+@overload
+def flag(name: str, default: None, *, environ: Mapping[str, str] | None = None) -> bool | None: ...
 
 
 def flag(name: str, default: bool | None, *, environ: Mapping[str, str] | None = None) -> bool | None:
@@ -58,6 +71,14 @@ def flag(name: str, default: bool | None, *, environ: Mapping[str, str] | None =
     if value is None:
         return default
     return _boolean(name, value)
+
+
+@overload
+def integer(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None,
+            expected: str = ..., environ: Mapping[str, str] | None = None) -> int: ...
+@overload
+def integer(name: str, default: None = None, *, minimum: int | None = None, maximum: int | None = None,
+            expected: str = ..., environ: Mapping[str, str] | None = None) -> int | None: ...
 
 
 def integer(name: str, default: int | None = None, *, minimum: int | None = None, maximum: int | None = None,
