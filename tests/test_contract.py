@@ -61,7 +61,8 @@ def test_core_holds_no_device_names():
     assert offenders == [], "device names in the core; make them plugin properties:\n" + "\n".join(offenders)
 
 
-@pytest.mark.parametrize("module", ["_plugin", "_discovery", "_registry", "_runtime", "_cli", "_hookspecs"])
+@pytest.mark.parametrize("module", ["_plugin", "_discovery", "_registry", "_runtime", "_cli", "_hookspecs", "env",
+                                    "_internals"])
 def test_core_modules_declare_all(module):
     import importlib
 
