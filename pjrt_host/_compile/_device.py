@@ -273,3 +273,19 @@ def eager_dispatch_hooks() -> list[tuple[Any, str]]:
     from .._torch import _factories, _registration
 
     return [(_tensor, "_dispatch"), (_registration, "_dispatch_fn"), (_factories, "run_named"), (_factories, "run")]
+
+
+def out_of_memory(err: BaseException, what: str, index: int) -> Exception | None:
+    """``torch.OutOfMemoryError`` naming ``what`` for an allocation failure
+    (jax's RESOURCE_EXHAUSTED), None for any other error."""
+    from .._torch import _memory
+
+    return _memory.as_out_of_memory(err, what, index=index)
+
+
+def check_results_fit(arrays: Any, index: int, what: str) -> None:
+    """Raise ``torch.OutOfMemoryError`` naming ``what`` when ``arrays``
+    together exceed what device ``index`` can hold."""
+    from .._torch import _memory
+
+    _memory.check_fits(sum(a.nbytes for a in arrays), index, what)

@@ -186,10 +186,21 @@ class CompiledGraph:
                 result = entry.fn(arrays, offsets, *rng)
         except GraphLoweringError as err:
             return self._go_eager(err, args)
+        except (MemoryError, RuntimeError) as err:  # jax's RESOURCE_EXHAUSTED is a RuntimeError
+            oom = _device.out_of_memory(err, self._oom_name(), index)
+            if oom is None:
+                raise
+            raise oom from err
         if entry.checks is None:
             outs, new = result
         else:
             outs, new, flags = result
+        if not sharded:
+            # A plugin that runs asynchronously reports a failed allocation
+            # only in the results (read later, by whatever op comes next):
+            # results larger than the device are that failure, said here,
+            # before they replace any input's values.
+            _device.check_results_fit((*outs, *new), index, self._oom_name())
         for slot, arr in zip(entry.mutated_slots, new):
             owner = owners[slot]
             if isinstance(owner, torch.Tensor):  # a tensor of another device: copy the values back
@@ -218,6 +229,9 @@ class CompiledGraph:
             _checks.report(flags, self.program.sites, entry.checks,
                            f"in the {self.what} graph of torch.compile(backend='jax') on {_device.DEVICE_NAME}:{index}")
         return results
+
+    def _oom_name(self) -> str:
+        return f"the {self.what} graph of torch.compile(backend='jax')"
 
     # ------------------------------------------------------------ building
 
