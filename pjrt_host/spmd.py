@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ._jax_settings import x64_api as _x64_api
 from . import _runtime
-from ._compile import _hiding
+from ._torch import _hiding
 from ._torch import _devices, _registration, _sharding, _tensor
 from ._torch._tensor import JaxTensor
 

@@ -22,6 +22,9 @@ ALLOWED_UPWARD = {
     # autoload runs inside `import torch` and must stay cheap: the package
     # names the device and imports its registration only when torch calls in.
     ("pjrt_host._torch", "pjrt_host._torch._registration"),
+    # Lightning has no entry point for accelerators: the device's import
+    # hook registers pjrt_host.lightning when the user imports Lightning.
+    ("pjrt_host._torch._lightning", "pjrt_host.lightning"),
 }
 
 
@@ -119,6 +122,57 @@ def test_the_checker_sees_function_level_cycles(tmp_path):
     modules = {"pjrt_host": pkg / "__init__.py", "pjrt_host._a": pkg / "_a.py", "pjrt_host._b": pkg / "_b.py"}
     assert imports_of("pjrt_host._b", pkg / "_b.py", modules) == {"pjrt_host._a"}
     assert imports_of("pjrt_host._a", pkg / "_a.py", modules) == {"pjrt_host._b"}
+
+
+# The package's layers, lowest first: a module imports only from its own
+# layer or below, wherever the import is written (function-level included).
+# A name is a module or a subpackage (everything under it).
+PACKAGE_LAYERS = [
+    ["pjrt_host._errors"],
+    ["pjrt_host.env"],  # the public settings parsers, for plugins too
+    ["pjrt_host._env", "pjrt_host._jax_settings", "pjrt_host._plugin", "pjrt_host._hookspecs", "pjrt_host._library"],
+    ["pjrt_host._discovery"],
+    ["pjrt_host._registry", "pjrt_host._doctor"],
+    ["pjrt_host._process", "pjrt_host._program_cache"],
+    ["pjrt_host._runtime"],
+    ["pjrt_host._collectives", "pjrt_host._launch"],
+    ["pjrt_host._lowerings"],  # ATen -> JAX: imports nothing else of pjrt_host (test below)
+    ["pjrt_host._torch"],  # the 'jax' device
+    ["pjrt_host._compile"],  # graphs over the device (its door: _compile._device)
+    ["pjrt_host.interop", "pjrt_host.spmd", "pjrt_host.distributed", "pjrt_host.lightning"],
+    ["pjrt_host"],  # the facade: its lazy names reach down into every layer
+    ["pjrt_host._check"],  # the report card exercises the public API
+    ["pjrt_host._cli", "pjrt_host.__main__"],
+]
+
+
+def layer_of(module: str) -> int:
+    best, found = -1, None
+    for level, names in enumerate(PACKAGE_LAYERS):
+        for name in names:
+            # "pjrt_host" (the facade) holds only itself
+            inside = module.startswith(name + ".") and name != "pjrt_host"
+            if (module == name or inside) and len(name) > best:
+                best, found = len(name), level
+    assert found is not None, f"{module} is in no layer of PACKAGE_LAYERS (tests/test_layers.py): add it"
+    return found
+
+
+def test_no_import_runs_up_the_package_layers():
+    upward = []
+    for name, targets in graph().items():
+        for target in sorted(targets):
+            if layer_of(target) > layer_of(name):
+                upward.append(f"{name} -> {target}")
+    assert upward == [], "imports that run up the layers (docs/architecture.md):\n" + "\n".join(upward)
+
+
+def test_compile_reaches_the_device_through_its_door():
+    """``_compile._device`` is the backend's one door into ``_torch``."""
+    around = sorted(f"{name} -> {target}" for name, targets in graph().items()
+                    if name.startswith("pjrt_host._compile") and name != "pjrt_host._compile._device"
+                    for target in targets if target.startswith("pjrt_host._torch"))
+    assert around == [], "_compile modules that go around _compile._device:\n" + "\n".join(around)
 
 
 def test_the_lowering_table_imports_nothing_else_of_pjrt_host():

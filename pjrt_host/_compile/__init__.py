@@ -3,8 +3,9 @@
 torch finds the backend through the entry point group
 ``torch_dynamo_backends`` (name ``jax``) the first time the name is used;
 importing this package is cheap (no jax, no dynamo): the backend's machinery
-loads on the first compile.  :mod:`._hiding` holds the part of the device's
-registration that makes dynamo see 'jax' tensors as plain tensors.
+loads on the first compile.  What makes dynamo see 'jax' tensors as plain
+tensors belongs to the device (:mod:`pjrt_host._torch._hiding`), installed at
+``import torch``, before any compile.
 """
 
 from __future__ import annotations

@@ -101,8 +101,6 @@ def _custom_op_decompositions(gm: torch.fx.GraphModule) -> dict:
     implementation for every device: AOTAutograd traces through it, so the
     op's torch code becomes part of the jitted graph (its autograd formula,
     registered above, still gives the backward)."""
-    from .._torch._dispatch import custom_op_kernel
-
     table = {}
     for node in gm.graph.nodes:
         target = node.target
@@ -117,7 +115,7 @@ def _custom_op_decompositions(gm: torch.fx.GraphModule) -> dict:
         for op in overloads:
             if _graph_form(op):
                 continue  # pjrt_host's own ops (sharding constraints, call_jax) stay nodes
-            kernel = custom_op_kernel(op)
+            kernel = _device.custom_op_kernel(op)
             if kernel is not None:
                 table[op] = kernel
     return table

@@ -16,13 +16,14 @@ from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _index_checks, _rng,
                       _sharding, _tensor, _views)
+from .._torch._hiding import dynamo_compiling, our_trace
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
-    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "config", "current_index", "defer_check", "device_dtype",
-    "device_index", "eager_dispatch_hooks", "has_index_check", "host_values", "index_failure", "index_of_array",
-    "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result", "put_storage", "read",
-    "storage_of", "to_jax_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
+    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "config", "constraint_sharding", "current_index", "custom_op_kernel", "defer_check", "device_dtype",
+    "device_index", "dynamo_compiling", "eager_dispatch_hooks", "has_index_check", "host_values", "index_failure", "index_of_array",
+    "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result", "our_trace", "put_storage", "read",
+    "storage_of", "to_device_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
 ]
 
 
@@ -162,8 +163,7 @@ def note_result(index: int, array: Any) -> None:
 def last_result(index: int) -> Any:
     """The array ``torch.jax.synchronize()`` would wait for on ``index``
     (None: none, or nobody holds it any more)."""
-    ref = _tensor._last.get(index)
-    return None if ref is None else ref()
+    return _tensor.last_result(index)
 
 
 def has_index_check(name: str) -> bool:
@@ -239,22 +239,23 @@ def next_key_args(index: int) -> tuple[Any, int]:
     return _rng.next_key_args(index)
 
 
-def to_jax_array(t: torch.Tensor, index: int) -> Any:
+def to_device_array(t: torch.Tensor, index: int) -> Any:
     """A jax array on device ``index`` with a (non-'jax') torch tensor's
-    values (DLPack where the plugin allows it)."""
+    values in the dtype the device holds it in (the plugin's dtype policy;
+    DLPack where the plugin allows it)."""
     return _conversion.to_jax_array(t, index, device_dtype(t.dtype))
 
 
 def host_values(t: torch.Tensor) -> Any:
     """A numpy array of the jax dtype with a copy of CPU tensor ``t``'s
     values, bit for bit (the bytes of the host transfer path of
-    :func:`to_jax_array`: bfloat16, float8s, float64, NaN payloads and
+    :func:`to_device_array`: bfloat16, float8s, float64, NaN payloads and
     large integers exactly).  On no device: for a graph's constants, which
     the program it is traced into puts where it runs."""
     import numpy as np
 
     t = t.detach().resolve_conj().resolve_neg()
-    return np.array(_conversion._host_array(t), copy=True)
+    return np.array(_conversion.host_array(t), copy=True)
 
 
 def to_torch(array: Any, index: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -264,6 +265,19 @@ def to_torch(array: Any, index: int, device: torch.device, dtype: torch.dtype) -
 
 def jax_dtype_of(dtype: torch.dtype) -> Any:
     return jax_dtype(device_dtype(dtype))
+
+
+def constraint_sharding(mesh: str, spec: str) -> Any:
+    """The jax sharding of ``pjrt_host::sharding_constraint(mesh, spec)``."""
+    return _sharding.constraint_sharding(mesh, spec)
+
+
+def custom_op_kernel(op: Any) -> Any:
+    """The one implementation for every device of a custom op (outside
+    aten), or None (see ``_dispatch.custom_op_kernel``)."""
+    from .._torch._dispatch import custom_op_kernel
+
+    return custom_op_kernel(op)
 
 
 def eager_dispatch_hooks() -> list[tuple[Any, str]]:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from .._lowerings._util import arange_values, linspace_values
-from . import _handles
+from . import _device, _handles
 
 __all__ = ["GraphOp", "HANDLERS", "NO_OP", "OPAQUE", "SYMBOLIC"]
 
@@ -210,9 +210,7 @@ NO_OP = frozenset({
 @_reg("pjrt_host::sharding_constraint")
 def _sharding_constraint(out: Out, key: Any, x: Any, mesh: str, spec: str) -> Any:
     # pjrt_host.spmd.mark_sharding / with_sharding_constraint inside a compiled function.
-    from .._torch import _sharding
-
-    return jax.lax.with_sharding_constraint(x, _sharding.constraint_sharding(mesh, spec))
+    return jax.lax.with_sharding_constraint(x, _device.constraint_sharding(mesh, spec))
 
 
 # ------------------------------------------------------------ this package's own ops

@@ -22,7 +22,7 @@ import torch
 
 from .._jax_settings import x64_api as _x64_api
 from .._lowerings._dtypes import torch_dtype
-from . import _device, _handles, _hiding
+from . import _device, _handles
 from ._pure import CacheInfo, _Entry, _unhashable, read_arguments, run
 
 __all__ = ["call_jax", "cache_info", "cache_clear"]
@@ -58,7 +58,7 @@ def _name(fn: Any) -> str:
 def call_jax(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with 'jax' tensors passed as jax arrays and
     the results returned as 'jax' tensors (see the module docstring)."""
-    if _hiding.dynamo_compiling():
+    if _device.dynamo_compiling():
         # dynamo cannot trace into jax; the call runs eagerly, between two
         # compiled graphs (a graph break).
         return _outside_dynamo(fn, *args, **kwargs)

@@ -32,7 +32,7 @@ import jax
 import torch
 
 from .._jax_settings import x64_api as _x64_api, x64_scope as _x64_scope
-from . import _checks, _device, _hiding
+from . import _checks, _device
 from ._trace import NotTraceable, call_with_leaves, fake_tensors, trace
 
 __all__ = ["CacheInfo", "PureFunction", "PureModule", "PurityError", "assume_pure"]
@@ -287,7 +287,7 @@ def _cotangent(array: Any, dtype: Any) -> Any:
 def _as_array(t: torch.Tensor, index: int) -> Any:
     if isinstance(t, _device.JaxTensor):
         return _device.read(t)
-    return _device.to_jax_array(t, index)
+    return _device.to_device_array(t, index)
 
 
 # ---------------------------------------------------------------- the cache
@@ -339,7 +339,7 @@ class PureFunction:
 
     @_x64_api
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _hiding.dynamo_compiling():
+        if _device.dynamo_compiling():
             # torch.compile traces through: the function becomes part of
             # the compiled graph (itself one jitted call).
             return self.fn(*args, **kwargs)
@@ -592,7 +592,7 @@ class PureModule(torch.nn.Module):
             return self.module(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if _hiding.dynamo_compiling():
+        if _device.dynamo_compiling():
             return self.module(*args, **kwargs)
         state, training = self._state()
         return self._pure(state, training, *args, **kwargs)

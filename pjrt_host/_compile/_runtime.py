@@ -150,7 +150,7 @@ class CompiledGraph:
         if entry is None:
             entry = self._build(key, layout, cfg, owners)
         for slot in entry.foreign_slots:
-            arrays[slot] = _device.to_jax_array(arrays[slot], index)
+            arrays[slot] = _device.to_device_array(arrays[slot], index)
         if mixed or type(place) is not int or self.mesh is not None:
             # Sharded arguments (or constraints): one mesh for the whole call.
             place = _device.onto_mesh(arrays, owners, place, self.mesh)

@@ -24,7 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .._lowerings import LoweringContext
-from . import _checks, _device, _hiding
+from . import _checks, _device
 from ._backend import decompositions
 from ._interpreter import Program
 
@@ -115,14 +115,10 @@ def trace(flat_fn: Callable, tensors: list[torch.Tensor], what: str) -> Traced:
         # torch.compiler.is_compiling() is true while tracing, as under
         # torch.export's (equally make_fx-based) non-strict tracing: library
         # code (transformers' masks) takes its traceable paths.
-        with _trace_lock, torch.no_grad(), _compiling_state_context():
-            _hiding.traces_running += 1
-            try:
-                gm, meta, _, out_spec = _aot_export_function(flat_fn, tuple(tensors),
-                                                             decompositions=decompositions(),
-                                                             keep_input_mutations=True)
-            finally:
-                _hiding.traces_running -= 1
+        with _trace_lock, torch.no_grad(), _compiling_state_context(), _device.our_trace():
+            gm, meta, _, out_spec = _aot_export_function(flat_fn, tuple(tensors),
+                                                         decompositions=decompositions(),
+                                                         keep_input_mutations=True)
     except Exception as err:
         raise NotTraceable(f"{what} could not be traced into one graph: {type(err).__name__}: "
                            f"{_first_line(err)}") from err

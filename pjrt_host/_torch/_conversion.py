@@ -27,7 +27,7 @@ from .._lowerings._dtypes import jax_dtype, torch_dtype
 from ._devices import jax_device
 from ._tensor import JaxTensor, read, run_deferred_checks
 
-__all__ = ["to_jax_array", "to_torch", "zero_copy_devices"]
+__all__ = ["host_array", "to_jax_array", "to_torch", "zero_copy_devices"]
 
 _zero_copy: tuple[str, ...] | None = None
 
@@ -61,7 +61,7 @@ def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) 
         except Exception:
             pass  # e.g. a dtype DLPack does not carry: the host path below
     host = t.cpu() if t.device.type != "cpu" else t
-    value = _host_array(host)
+    value = host_array(host)
     if _keeps_host_memory(target):
         storage = given.untyped_storage()
         if 0 <= value.ctypes.data - storage.data_ptr() < storage.nbytes():
@@ -110,7 +110,7 @@ def _host_dtype(dtype: torch.dtype) -> tuple[np.dtype, bool]:
     return found
 
 
-def _host_array(host: torch.Tensor) -> np.ndarray:
+def host_array(host: torch.Tensor) -> np.ndarray:
     """A numpy array of the jax dtype over the bytes of CPU tensor ``host``
     (no copy when it is contiguous)."""
     target, bridged = _host_dtype(host.dtype)

@@ -516,7 +516,7 @@ def _autocast_kernel(name: str, to_float32: bool = False):
 def _never_traced(fn):
     # C++ -> Python entry points: dynamo must never trace them, also when a
     # compiled function's graph break runs an op eagerly.
-    from .._compile import _hiding
+    from . import _hiding
 
     return _hiding.never_traced(fn)
 

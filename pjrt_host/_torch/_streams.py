@@ -40,8 +40,7 @@ def _pending(index: int) -> Any:
     """The device's last queued result still alive (None: nothing to wait for)."""
     from . import _tensor  # imports jax: only once the device is in use
 
-    ref = _tensor._last.get(index)
-    return None if ref is None else ref()
+    return _tensor.last_result(index)
 
 
 def _is_ready(array: Any) -> bool:

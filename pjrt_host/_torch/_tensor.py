@@ -383,12 +383,12 @@ def install_dispatcher(dispatch: Callable[[Any, tuple, dict], Any]) -> None:
     tensors.  Called once, by ``_registration``, before the first tensor.
 
     ``__torch_dispatch__`` becomes the descriptor of
-    :mod:`pjrt_host._compile._hiding`: dynamo, while it compiles in a
+    :mod:`pjrt_host._torch._hiding`: dynamo, while it compiles in a
     thread, sees 'jax' tensors as plain tensors there, and never traces the
     handler.  AOTAutograd's tangent hook treats them as plain tensors too."""
     global _dispatch
     from .. import _jax_settings
-    from .._compile import _hiding
+    from . import _hiding
 
     _dispatch = _hiding.never_traced(_jax_settings.x64_scope(dispatch))
 
@@ -493,8 +493,8 @@ def make(storage: Storage, size: tuple[int, ...], dtype: torch.dtype, stride: tu
             t = _make_wrapper(JaxTensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=device)
     except TypeError:
         # This thread is compiling with dynamo, which sees the class's
-        # __torch_dispatch__ hidden (pjrt_host._compile._hiding).
-        from .._compile import _hiding
+        # __torch_dispatch__ hidden (pjrt_host._torch._hiding).
+        from . import _hiding
 
         with _hiding.creating_tensors():
             if stride is None:
@@ -621,6 +621,13 @@ def note_result(index: int, array: Any) -> None:
     """Record ``array`` as the latest result on device ``index``, for
     :func:`synchronize` (a device runs its computations in order)."""
     _last[index] = _weak(array)
+
+
+def last_result(index: int) -> Any:
+    """The last array produced on device ``index`` that is still alive
+    (None: none, or nobody holds it any more)."""
+    ref = _last.get(index)
+    return None if ref is None else ref()
 
 
 # Checks whose verdict is computed on the device and read at the next

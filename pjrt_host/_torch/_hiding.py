@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["DispatchDescriptor", "compiling_in_this_thread", "dynamo_compiling", "never_traced"]
+__all__ = ["DispatchDescriptor", "compiling_in_this_thread", "dynamo_compiling", "never_traced", "our_trace"]
 
 logger = logging.getLogger("pjrt_host")
 
@@ -80,6 +80,17 @@ def dynamo_compiling() -> bool:
     thread's eager calls must not take the in-graph form."""
     return torch.compiler.is_compiling() and not traces_running
 
+
+@contextlib.contextmanager
+def our_trace() -> Any:
+    """Counts one of pjrt_host's own traces (see ``traces_running``) for
+    its length."""
+    global traces_running
+    traces_running += 1
+    try:
+        yield
+    finally:
+        traces_running -= 1
 
 
 def compiling_in_this_thread() -> bool:
