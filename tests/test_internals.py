@@ -110,11 +110,14 @@ def internals_of(tree: ast.AST, defined: set[str]) -> set[str]:
             chain = _chain(node.value)
             if chain and chain[0] in aliases:
                 aliases.setdefault(node.targets[0].id, ".".join([aliases[chain[0]], *chain[1:]]))
-    outer = {id(child) for parent in ast.walk(tree) if isinstance(parent, ast.Attribute)
-             for child in ast.iter_child_nodes(parent)}
+    # `a.b.c` is read once, from its outermost node; the inner ones (`a.b`)
+    # are looked at only for a private attribute of an object (`f._schema.x`).
+    inner_ids = {id(child) for parent in ast.walk(tree) if isinstance(parent, ast.Attribute)
+                 for child in ast.iter_child_nodes(parent)}
+    foreign_roots = {*aliases, *imported, "self", "cls"}
     for node in ast.walk(tree):
         chain, attr = None, None
-        if isinstance(node, ast.Attribute) and id(node) not in outer:
+        if isinstance(node, ast.Attribute) and id(node) not in inner_ids:
             chain, attr = _chain(node), node.attr
         elif isinstance(node, ast.Call) and (name := _constant_name(node)) is not None:
             inner = _chain(node.args[0])
@@ -122,12 +125,12 @@ def internals_of(tree: ast.AST, defined: set[str]) -> set[str]:
         if chain and chain[0] in aliases:
             used.add(".".join([aliases[chain[0]], *chain[1:]]))
         elif attr is not None and is_private(attr) and attr not in defined \
-                and not (chain and chain[0] in imported | {"self", "cls"}):
+                and not (chain and chain[0] in foreign_roots):
             used.add("." + attr)  # a private attribute of an object pjrt_host does not define
-        if isinstance(node, ast.Attribute) and id(node) in outer and is_private(node.attr) \
+        if isinstance(node, ast.Attribute) and id(node) in inner_ids and is_private(node.attr) \
                 and node.attr not in defined:
             inner_chain = _chain(node)
-            if inner_chain is None or inner_chain[0] not in aliases | dict.fromkeys(imported | {"self", "cls"}):
+            if inner_chain is None or inner_chain[0] not in foreign_roots:
                 used.add("." + node.attr)
     return {form for form in map(listed_form_or_attribute, used) if form}
 
