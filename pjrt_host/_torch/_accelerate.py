@@ -42,7 +42,7 @@ from .. import _registry, _runtime
 from . import _device_module
 from ._devices import DEVICE_NAME
 
-__all__ = ["PATCHERS", "chosen_device", "install", "is_patched"]
+__all__ = ["PATCHERS", "after_import", "chosen_device", "install", "is_patched"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,13 +179,13 @@ class _Loader(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a module of :data:`PATCHERS` it asks the
+    """Finds nothing itself: for a module of :func:`after_import` it asks the
     other finders and hands back their spec with its loader wrapped."""
 
     _pjrt_host = True
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        patch = PATCHERS.get(fullname)
+        patch = _hooks.get(fullname)
         if patch is None:
             return None
         for finder in sys.meta_path:
@@ -199,11 +199,24 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
-def install() -> None:
-    """Wrap what :data:`PATCHERS` names in modules already imported, and in
-    the others when they are.  Idempotent; imports nothing."""
-    for name, patch in PATCHERS.items():
+#: module -> what runs once it has been imported (every :func:`after_import`).
+_hooks: dict[str, Any] = {}
+
+
+def after_import(patchers: dict[str, Any]) -> None:
+    """Run ``patchers[name](module)`` on each module already imported, and on
+    the others right after they are imported (the module's own loader runs
+    first; a patcher that raises is logged and the module stays as it was).
+    Patchers are idempotent; this imports nothing."""
+    for name, patch in patchers.items():
+        _hooks[name] = patch
         if name in sys.modules:
             patch(sys.modules[name])
     if not any(getattr(f, "_pjrt_host", False) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
+
+
+def install() -> None:
+    """Wrap what :data:`PATCHERS` names in modules already imported, and in
+    the others when they are.  Idempotent; imports nothing."""
+    after_import(PATCHERS)

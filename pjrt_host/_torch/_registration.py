@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from . import _accelerate, _accelerator, _backward, _device_module, _generators, _modules, _storage_bridge
+from . import _accelerate, _accelerator, _backward, _device_module, _generators, _lightning, _modules, _storage_bridge
 from ._devices import DEVICE_NAME
 
 __all__ = ["AUTOCAST_FP32_OPS", "AUTOCAST_OPS", "DEVICE_OPS", "FACTORY_OPS", "PATCHES", "is_registered", "register"]
@@ -283,6 +283,8 @@ def _optional() -> list:
         ("c10d", "import", _c10d_register, "the 'pjrt' torch.distributed backend"),
         ("accelerate", "import", _accelerate.install, "accelerate's and Trainer's default device 'jax' on an "
                                                       "accelerator plugin (an import hook: neither is imported)"),
+        ("lightning", "import", _lightning.install, "Trainer(accelerator='jax') and Fabric(accelerator='jax') "
+                                                    "(an import hook: Lightning is not imported)"),
         ("backward", "device", _backward.install, "device errors inside backward() raised at backward()"),
     ]
 

@@ -1,0 +1,134 @@
+"""Lightning Fabric on the 'jax' device: ``Fabric(accelerator='jax')``.
+
+The classes Fabric builds for ``accelerator='jax'`` (registered when
+:mod:`pjrt_host.lightning` is imported, which ``import lightning`` does
+through pjrt_host's import hook): :class:`JaxAccelerator`,
+:class:`SingleDeviceJaxStrategy` for one device, :class:`JaxDDPStrategy`
+for several (one process per device, over the ``pjrt`` torch.distributed
+backend) and :class:`JaxMixedPrecision` for ``precision='bf16-mixed'`` /
+``'16-mixed'``.  Each can also be passed as an instance.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+import torch
+from lightning.fabric.accelerators.accelerator import Accelerator
+from lightning.fabric.accelerators.registry import _AcceleratorRegistry
+from lightning.fabric.plugins.precision.amp import MixedPrecision
+from lightning.fabric.strategies.ddp import DDPStrategy
+from lightning.fabric.strategies.single_device import SingleDeviceStrategy
+from lightning.fabric.utilities.distributed import _init_dist_connection
+
+from . import _common
+from ._common import BACKEND_NAME, DEVICE_NAME
+
+__all__ = ["JaxAccelerator", "JaxDDPStrategy", "JaxMixedPrecision", "SingleDeviceJaxStrategy"]
+
+
+class JaxAccelerator(Accelerator):
+    """The selected pjrt_host plugin's devices, as torch device 'jax'."""
+
+    def setup_device(self, device: torch.device) -> None:
+        if device.type != DEVICE_NAME:
+            raise ValueError(f"{type(self).__name__} runs on '{DEVICE_NAME}' devices, not {device}")
+        torch.jax.set_device(device)
+
+    def teardown(self) -> None:
+        pass
+
+    @staticmethod
+    def parse_devices(devices: Union[int, str, list[int]]) -> Union[int, list[int]]:
+        return _common.parse_devices(devices)
+
+    @staticmethod
+    def get_parallel_devices(devices: Union[int, str, list[int]]) -> list[torch.device]:
+        return _common.get_parallel_devices(devices)
+
+    @staticmethod
+    def auto_device_count() -> int:
+        return _common.auto_device_count()
+
+    @staticmethod
+    def is_available() -> bool:
+        return _common.is_available()
+
+    @staticmethod
+    def name() -> str:
+        return DEVICE_NAME
+
+    @classmethod
+    def register_accelerators(cls, accelerator_registry: _AcceleratorRegistry) -> None:
+        if cls.name() not in accelerator_registry:
+            accelerator_registry.register(cls.name(), cls, description=cls.__name__)
+
+
+class SingleDeviceJaxStrategy(SingleDeviceStrategy):
+    """One 'jax' device in this process."""
+
+    def __init__(self, device: Any = DEVICE_NAME, **kwargs: Any) -> None:
+        device = torch.device(device)
+        if device.type != DEVICE_NAME:
+            raise ValueError(f"{type(self).__name__} runs on a '{DEVICE_NAME}' device, not {device}")
+        if device.index is None:
+            device = torch.device(DEVICE_NAME, 0)
+        super().__init__(device=device, **kwargs)
+
+
+class JaxDDPStrategy(DDPStrategy):
+    """One process per 'jax' device, gradients all-reduced by DDP over the
+    ``pjrt`` torch.distributed backend.  Processes are started by Lightning
+    (``start_method='popen'``: the script is run again per rank) or by a
+    launcher (``python -m pjrt_host launch``, torchrun), whose variables
+    Lightning reads."""
+
+    def __init__(self, *args: Any, process_group_backend: Optional[str] = BACKEND_NAME,
+                 start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen", **kwargs: Any) -> None:
+        super().__init__(*args, process_group_backend=process_group_backend, start_method=start_method, **kwargs)
+        self._rank_device: Optional[torch.device] = None
+
+    @property
+    def root_device(self) -> torch.device:
+        if self._rank_device is None:
+            # Before the processes are set up only the index is known; asking
+            # the device count would create the client too early.
+            if not torch.jax.is_initialized():
+                return torch.device(self.parallel_devices[self.local_rank]) if self.parallel_devices else \
+                    torch.device(DEVICE_NAME, self.local_rank)
+            self._rank_device = _common.rank_device()
+        return self._rank_device
+
+    def setup_environment(self) -> None:
+        self._set_world_ranks()
+        env = self.cluster_environment
+        assert env is not None
+        _common.become_rank(self.global_rank, self.world_size, self.local_rank, self.num_processes, self.node_rank,
+                            self.num_nodes, env.main_address, env.main_port)
+        self._rank_device = _common.rank_device()
+        super().setup_environment()
+
+    def _setup_distributed(self) -> None:
+        # Lightning's, without init_process_group(device_id=...): torch then
+        # asks the group for a 'jax' backend to split, which c10d's device
+        # map for a backend registered from Python does not hold.
+        self._set_world_ranks()
+        self._process_group_backend = self._get_process_group_backend()
+        assert self.cluster_environment is not None
+        _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+
+    def _determine_ddp_device_ids(self) -> None:
+        # DDP takes the module's device; device ids would make Lightning
+        # open a CUDA stream around DistributedDataParallel(...).
+        return None
+
+
+class JaxMixedPrecision(MixedPrecision):
+    """``torch.autocast('jax')`` in bfloat16 (``'bf16-mixed'``) or float16
+    (``'16-mixed'``, with ``torch.amp.GradScaler('jax')``)."""
+
+    def __init__(self, precision: Literal["16-mixed", "bf16-mixed"] = "bf16-mixed",
+                 scaler: Optional[torch.amp.GradScaler] = None) -> None:
+        if precision == "16-mixed" and scaler is None:
+            scaler = torch.amp.GradScaler(DEVICE_NAME)
+        super().__init__(precision=precision, device=DEVICE_NAME, scaler=scaler)
