@@ -72,10 +72,10 @@ class TorchAsJax:
             key = _key(rng, arrays, f"pjrt_host.interop.{self.what}({self.name})")
         cfg = _device.config()
         ctx = _device.lowering_context(cfg)
-        rows: list | None = [] if cfg.check_indices and traced.program.sites else None
+        rows: list | None = [] if cfg.check_mode and traced.program.sites else None
         outs, _ = traced.run(list(arrays), key, ctx, rows)
         if rows:
-            self._check(rows, traced, cfg.check_indices)
+            self._check(rows, traced, cfg.check_mode)
         return traced.unflatten(outs)
 
     def _check(self, rows: list, traced: Traced, mode: Any) -> None:

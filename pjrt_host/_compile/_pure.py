@@ -394,7 +394,7 @@ class PureFunction:
         ctx = _device.lowering_context(sig.cfg)
         entry = _Entry(functools.partial(traced.run, ctx=ctx), [d for d in traced.out_dtypes if d is not None],
                        [t.dtype for t in tensors], traced.mutated, traced.needs_rng, traced.unflatten, index, diff,
-                       self.name, traced.mesh, traced.program.sites, sig.cfg.check_indices or None)
+                       self.name, traced.mesh, traced.program.sites, sig.cfg.check_mode or None)
         _share(entry, traced.program, sig.cfg)
         with self._lock:
             self._traces += 1

@@ -261,7 +261,7 @@ class CompiledGraph:
         static_outputs: dict[int, Any] = {}
         out_specs = self.out_specs
         random = self.random
-        checking = cfg.check_indices if program.sites and cfg.check_indices else None
+        checking = cfg.check_mode if program.sites and cfg.check_mode else None
 
         def fn(arrays: list, offsets: list, *rng: Any) -> Any:
             inputs = []

@@ -43,8 +43,22 @@ class Config:
     check_indices: bool | str = True
     #: How eager ops run: "op" compiles and runs each op as it comes; "fused"
     #: records them and runs each segment of ops as one program when a value
-    #: is needed (``_fused``).  Default: ``PJRT_HOST_EAGER``, else "op".
+    #: is needed (``_fused``); "sync" runs op by op and makes every op a
+    #: synchronisation point (debugging, as CUDA_LAUNCH_BLOCKING=1): the op's
+    #: work is waited for, and its index and value checks raise at the op
+    #: (check_indices=True acts as "sync"; False still turns them off).
+    #: Default: ``PJRT_HOST_EAGER``, else "op".
     eager: str = dataclasses.field(default_factory=lambda: _eager_default())
+
+    @property
+    def check_mode(self) -> bool | str:
+        """The index / value check mode in force: ``check_indices``, made
+        "sync" (at the op) by ``eager="sync"``.  Every reader of the checks
+        asks this, so the debugging mode reaches eager ops, compiled graphs
+        and ``assume_pure`` alike."""
+        if self.eager == "sync" and self.check_indices is True:
+            return "sync"
+        return self.check_indices
 
 
 def _eager_default() -> str:
@@ -54,7 +68,7 @@ def _eager_default() -> str:
 
 
 _VALID = {"matmul_precision": ("highest", "high", "default"), "check_indices": (True, False, "sync"),
-          "eager": ("op", "fused")}
+          "eager": ("op", "fused", "sync")}
 
 DEFAULTS = Config()
 
@@ -64,7 +78,15 @@ DEFAULTS = Config()
 _interned: dict[tuple, Config] = {dataclasses.astuple(DEFAULTS): DEFAULTS}
 
 
+#: Whether any thread may be in ``eager="sync"``: the dispatcher asks only
+#: then which mode the thread is in, so the other modes pay nothing for it.
+sync_used = DEFAULTS.eager == "sync"
+
+
 def _intern(cfg: Config) -> Config:
+    global sync_used
+    if cfg.eager == "sync":
+        sync_used = True
     return _interned.setdefault(dataclasses.astuple(cfg), cfg)
 
 _local = threading.local()

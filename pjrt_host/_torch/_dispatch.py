@@ -58,8 +58,12 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         try:
             if _profile.active:
                 with _profile.op_scope(op_name(func)):
-                    return handler(args, kwargs)
-            return handler(args, kwargs)
+                    result = handler(args, kwargs)
+            else:
+                result = handler(args, kwargs)
+            if _config.sync_used and _config.current().eager == "sync":
+                _tensor.finish_op(result)  # the debugging mode: errors raise at the op that caused them
+            return result
         except (MemoryError, RuntimeError) as err:  # free when nothing is raised
             oom = _memory.as_out_of_memory(err, op_name(func), args, kwargs)
             if oom is None:
@@ -201,7 +205,7 @@ def _checked(handler: Handler, run_check: Callable[[Any, tuple, dict], None]) ->
     """``handler`` after ``run_check(mode, args, kwargs)`` (an index or value
     check, deferred or at the op by ``check_indices``)."""
     def checked(args: tuple, kwargs: dict) -> Any:
-        mode = _config.current().check_indices
+        mode = _config.current().check_mode
         if not mode:
             return handler(args, kwargs)
         before = len(_tensor._deferred)

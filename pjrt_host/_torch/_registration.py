@@ -110,7 +110,7 @@ def _one_hot_checked(self, num_classes=-1):
         raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
     if num_classes == -1 and self.numel() == 0:
         raise RuntimeError("Can not infer total number of classes from empty tensor.")
-    _value_checks.one_hot_classes(self, num_classes, _config.current().check_indices)
+    _value_checks.one_hot_classes(self, num_classes, _config.current().check_mode)
     if num_classes == -1:
         num_classes = int(self.max().item()) + 1
     return (self.unsqueeze(-1) == torch.arange(num_classes, dtype=self.dtype, device=self.device)).to(torch.int64)

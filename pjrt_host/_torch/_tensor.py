@@ -38,7 +38,7 @@ from ._dtype_policy import device_dtype
 
 __all__ = [
     "JaxTensor", "Storage", "TensorSpec", "View", "contiguous_strides", "defer_check", "install_dispatcher", "make", "new_tensor",
-    "forget_results", "note_result", "read", "run_deferred_checks", "synchronize", "view_for", "withdraw_checks",
+    "forget_results", "note_result", "read", "run_deferred_checks", "finish_op", "synchronize", "view_for", "withdraw_checks",
     "wrap_array", "write",
 ]
 
@@ -700,5 +700,22 @@ def synchronize(index: int | None = None) -> None:
             arr = ref()
             if arr is None:  # the latest result is gone, its computation maybe not
                 arr = _barrier(i)
+            arr.block_until_ready()
+    run_deferred_checks()
+
+
+def finish_op(result: Any) -> None:
+    """``eager="sync"`` (debugging): every op a synchronisation point.  Wait
+    for ``result`` (an op's return value) and for all work queued before it,
+    so an error the device finds surfaces at the op that caused it, and raise
+    the deferred checks found so far (the op's own are already run at it)."""
+    for t in result if isinstance(result, (tuple, list)) else (result,):
+        if isinstance(t, JaxTensor):
+            arr = t._storage.array
+            if arr is not None:
+                arr.block_until_ready()
+    for ref in list(_last.values()):
+        arr = ref()
+        if arr is not None:
             arr.block_until_ready()
     run_deferred_checks()
