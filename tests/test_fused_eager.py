@@ -88,6 +88,55 @@ def test_values_nobody_holds_are_never_outputs():
         torch.testing.assert_close(y.cpu(), ((x.cpu() * 2).exp() + 1).log())
 
 
+def test_dead_intermediates_never_take_memory_and_del_frees():
+    x = torch.randn(256, 256, device="jax")
+    nbytes = x.numel() * 4
+    with fused():
+        start = torch.jax.memory_allocated()
+        y = ((x * 2).exp() + 1).log()  # three intermediates nobody holds
+        assert torch.jax.memory_allocated() == start + nbytes  # the segment ran: y, and only y, is a buffer
+        del y
+        assert torch.jax.memory_allocated() == start  # del frees, as op by op
+        z = x * 3
+        del z  # never computed: its segment has nothing to return
+        assert torch.jax.memory_allocated() == start
+
+
+def test_in_place_writes_of_a_segment_reuse_their_buffers():
+    """A segment is given the arrays only it holds (here the parameter's old
+    value and the deleted gradient), so an optimizer-like update writes into
+    the parameter's own buffer, as op by op's donated in-place ops do,
+    instead of holding old and new values at once."""
+    p = torch.randn(512, 512, device="jax")
+    g = torch.randn(512, 512, device="jax")
+    expected = p.cpu() * 0.9 - 0.1 * g.cpu()
+    buffer = p._storage.array.unsafe_buffer_pointer()
+    with fused():
+        p.mul_(0.9).add_(g, alpha=-0.1)
+        del g
+        torch.jax.synchronize()
+    assert p._storage.array.unsafe_buffer_pointer() == buffer
+    torch.testing.assert_close(p.cpu(), expected)
+    # a value something else still holds is read, never given up
+    q = torch.randn(64, device="jax")
+    alias = q[:]
+    keep = q._storage.array
+    with fused():
+        q.add_(1)
+        torch.jax.synchronize()
+    assert not keep.is_deleted()
+    torch.testing.assert_close(alias.cpu(), q.cpu())
+
+
+def test_a_segment_run_from_outside_the_dispatcher_keeps_64_bit_types():
+    x = torch.arange(4, device="jax")
+    with fused():
+        y = (x * 3).cumsum(0) + 2**40
+        torch.jax.synchronize()  # runs the segment outside any op
+    assert y._storage.array.dtype == "int64"
+    assert y.tolist() == [2**40, 2**40 + 3, 2**40 + 9, 2**40 + 18]
+
+
 def test_torchs_errors_come_at_the_op():
     a, b = torch.ones(2, 3, device="jax"), torch.ones(4, 5, device="jax")
     with fused():

@@ -25,14 +25,17 @@ segment, under the segment's lock.
 
 from __future__ import annotations
 
+import sys
 import threading
+import warnings
 import weakref
 from typing import Any
 
 import jax
 
+from .._jax_settings import x64_scope
 from .._lowerings._dtypes import jax_dtype
-from ._tensor import JaxTensor, Pending, Storage, _make_wrapper, note_result, open_segments
+from ._tensor import DONATE, JaxTensor, Pending, Storage, _make_wrapper, note_result, open_segments
 from ._devices import torch_device
 
 __all__ = ["LIMIT", "Segment", "record", "resolve", "stats"]
@@ -43,6 +46,7 @@ LIMIT = 256
 _local = threading.local()
 _programs: dict[tuple, Any] = {}
 _validated: set = set()  # traceable op functions known to trace with pending (abstract) inputs
+_refused: set = set()  # those that do not (they need concrete values), or trace to other shapes than planned
 _counts = {"segments": 0, "ops": 0, "programs": 0}
 
 
@@ -62,6 +66,7 @@ class Segment:
         self.device = device
         open_segments.add(self)
 
+    @x64_scope  # torch.jax.synchronize() and other readers may come from outside the dispatcher
     def flush(self) -> None:
         """Run the recorded ops (once; later calls return at once)."""
         with self.lock:
@@ -75,22 +80,44 @@ class Segment:
             if not live:
                 self.externals = []
                 return
-            key = (tuple(self.key), live)
+            ext, self.externals = self.externals, []
+            donated = _only_here(ext) if DONATE else ()
+            key = (tuple(self.key), live, donated)
             program = _programs.get(key)
+            _counts["segments"] += 1
             if program is None:
                 if len(_programs) > 2048:  # segments that never repeat: bound the memory
                     _programs.clear()
-                program = _programs[key] = jax.jit(_program(self.ops, live))
+                program = _programs[key] = jax.jit(_program(self.ops, live), donate_argnums=donated)
                 _counts["programs"] += 1
-            _counts["segments"] += 1
-            outs = program(*self.externals)
-            self.externals = []
+                with warnings.catch_warnings():  # a donated buffer no output can reuse is freed all the same
+                    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                    outs = program(*ext)
+            else:
+                outs = program(*ext)
+            del ext
             for i, arr in zip(live, outs):
                 ref, p = self.results[i]
                 storage = ref()
                 if storage is not None and storage._array is p:
                     storage._array = arr
             note_result(self.device, outs[-1])
+
+
+def _only_here(ext: list) -> tuple[int, ...]:
+    """Positions of the arrays in ``ext`` (a segment's inputs) that nothing
+    but ``ext`` holds: the old arrays of storages the segment writes in
+    place (an optimizer's parameters and state), values whose tensors were
+    deleted after the segment read them (gradients after ``zero_grad``).
+    The program is given them (donated), so it writes its results into
+    their buffers or frees them as it runs, as op by op's in-place writes
+    do: without that a segment's peak holds each buffer twice."""
+    positions = []
+    for i in range(len(ext)):
+        # the list's reference and getrefcount's argument: nothing else
+        if isinstance(ext[i], jax.Array) and sys.getrefcount(ext[i]) == 2:
+            positions.append(i)
+    return tuple(positions)
 
 
 def _program(ops: list, live: tuple[int, ...]) -> Any:
@@ -116,6 +143,14 @@ def _segment(device: int) -> Segment:
     return seg
 
 
+def _as_planned(shapes: Any, plan: Any) -> bool:
+    """Whether the lowering's result shapes are the shapes torch's meta
+    kernel gave (the shapes the recorded tensors report)."""
+    results = (shapes,) if plan.container == "single" else tuple(shapes)
+    return len(results) == len(plan.outputs) and all(
+        tuple(r.shape) == tuple(spec.shape) for r, spec in zip(results, plan.outputs))
+
+
 def _abstract(v: Any) -> Any:
     return jax.ShapeDtypeStruct(v.shape, v.dtype) if type(v) is Pending else v
 
@@ -130,10 +165,20 @@ def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | N
     tuple), and True is returned.  None when the op cannot be fused
     (the caller runs it itself)."""
     if fn not in _validated:
+        if fn in _refused:
+            return None
         try:
-            jax.eval_shape(fn, *[_abstract(v) for v in dyn])
+            shapes = jax.eval_shape(fn, *[_abstract(v) for v in dyn])
         except Exception:
+            _refused.add(fn)
             return None  # the op needs concrete values (or fails): op by op
+        if plan is not None and not _as_planned(shapes, plan):
+            # torch's meta kernel and the lowering disagree on a result's
+            # shape (native_batch_norm in eval gives CPU's empty saved
+            # statistics where the meta kernel gives a full-size one): op by
+            # op, the tensor takes the shape the lowering computes.
+            _refused.add(fn)
+            return None
         _validated.add(fn)
     seg = _segment(index)
     with seg.lock:
