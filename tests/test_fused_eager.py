@@ -137,6 +137,21 @@ def test_a_segment_run_from_outside_the_dispatcher_keeps_64_bit_types():
     assert y.tolist() == [2**40, 2**40 + 3, 2**40 + 9, 2**40 + 18]
 
 
+def test_an_op_whose_lowering_disagrees_with_the_meta_shapes_runs_op_by_op():
+    """native_batch_norm in eval: CPU (and the lowering) give empty saved
+    statistics where torch's meta kernel gives full-size ones; the tensors
+    report the shapes their values have, as op by op."""
+    x = torch.randn(3, 2, 4)
+    args = (torch.ones(2), torch.zeros(2), torch.zeros(2), torch.ones(2), False, 0.1, 1e-5)
+    expected = torch.ops.aten.native_batch_norm(x, *args)
+    with fused():
+        out = torch.ops.aten.native_batch_norm(x.to("jax"), *[a.to("jax") if isinstance(a, torch.Tensor) else a
+                                                              for a in args])
+        for o, e in zip(out, expected):
+            assert o.shape == e.shape
+            torch.testing.assert_close(o.cpu(), e)
+
+
 def test_torchs_errors_come_at_the_op():
     a, b = torch.ones(2, 3, device="jax"), torch.ones(4, 5, device="jax")
     with fused():

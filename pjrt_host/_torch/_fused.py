@@ -9,14 +9,14 @@ shape and dtype and raised torch's errors at the call, as op by op.
 
 A segment runs -- as one ``jax.jit`` of every recorded op, returning only the
 results some tensor still holds -- when anything reads a pending array:
-``.item()``, ``.cpu()``, printing, an op that is not fused (in-place and
-``out=`` ops, random ops, copies, collectives), a view read, or
-``torch.jax.synchronize()``; when it reaches :data:`LIMIT` ops; and where
-its last ops repeat the block before them (:func:`_repeats`).  A
-segment that repeats (the same ops on the same signatures: a layer, a loop
-body) reuses its program, so a training step's forward compiles a few
-programs where op by op compiles one per op.  Intermediates nobody holds are
-never written out.
+``.item()``, ``.cpu()``, printing, an op that is not recorded (copies,
+collectives, data-dependent ops), or ``torch.jax.synchronize()``; when it
+reaches :data:`LIMIT` ops; and where its last ops repeat the block before
+them (:func:`_repeats`).  A segment that repeats (the same ops on the same
+signatures: a layer, a loop body) reuses its program, so a training step's
+forward compiles a few programs where op by op compiles one per op.
+Intermediates nobody holds are never written out, and inputs only the
+segment holds are donated to it (:func:`_only_here`).
 
 Each thread records into its own segment (autograd's backward thread
 included); reading a value another thread recorded runs that thread's
