@@ -43,6 +43,30 @@ CASES = {
     "one_hot int32": lambda d: F.one_hot(torch.tensor([1], dtype=torch.int32, device=d), 3),
     "assert_async false": lambda d: torch._assert_async(torch.tensor(0, device=d)),
     "assert_async message": lambda d: torch._assert_async(torch.tensor(False, device=d), "my message"),
+    # dtypes and scalar parameters torch CPU's kernels refuse where its meta kernels do not
+    "abs of bool": lambda d: torch.abs(torch.ones(2, dtype=torch.bool, device=d)),
+    "addmm int64 and float": lambda d: torch.addmm(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d),
+                                                   torch.ones(2, 2, dtype=torch.long, device=d)),
+    "sub of bool": lambda d: torch.ones(2, device=d) - torch.ones(2, dtype=torch.bool, device=d),
+    "fmax complex": lambda d: torch.fmax(torch.ones(2, dtype=torch.complex64, device=d),
+                                         torch.ones(2, dtype=torch.complex64, device=d)),
+    "floor complex": lambda d: torch.floor(torch.ones(2, dtype=torch.complex64, device=d)),
+    "normal_ negative std": lambda d: torch.ones(3, device=d).normal_(0, -1),
+    "uniform_ from > to": lambda d: torch.ones(3, device=d).uniform_(3, -1),
+    "uniform_ of int64": lambda d: torch.ones(3, dtype=torch.long, device=d).uniform_(),
+    # writes into a tensor whose elements share memory
+    "abs out= expanded": lambda d: torch.abs(torch.ones(3, device=d), out=torch.zeros(1, device=d).expand(3)),
+    "add_ on expanded": lambda d: torch.zeros(1, device=d).expand(3).add_(1),
+    "uniform_ on expanded": lambda d: torch.zeros(1, device=d).expand(3).uniform_(),
+    "copy_ into expanded": lambda d: torch.zeros(1, device=d).expand(3).copy_(torch.ones(3)),
+    "cumsum out= expanded": lambda d: torch.cumsum(torch.ones(3, device=d), 0, out=torch.zeros(1, device=d).expand(3)),
+    # a view scatter's src of another shape than the slice
+    "diagonal_scatter src too long": lambda d: torch.diagonal_scatter(torch.zeros(3, 4, device=d),
+                                                                      torch.ones(4, device=d)),
+    "select_scatter src too short": lambda d: torch.select_scatter(torch.zeros(3, 4, device=d),
+                                                                   torch.ones(3, device=d), 0, 1),
+    "slice_scatter src broadcast": lambda d: torch.slice_scatter(torch.zeros(3, 4, device=d),
+                                                                 torch.ones(3, 1, device=d), 1, 0, 4, 2),
 }
 
 # Where CPU accepts: the device gives CPU's values (the checks must not refuse these).
@@ -63,6 +87,13 @@ GOOD = {
     "one_hot classes given": lambda d: F.one_hot(torch.tensor([[0], [2]], device=d), 4),
     "one_hot empty": lambda d: F.one_hot(torch.tensor([], dtype=torch.long, device=d), 3),
     "assert_async true": lambda d: torch._assert_async(torch.tensor(True, device=d), "fine"),
+    "add out= resized to 0-dim": lambda d: torch.add(torch.tensor(1.0, device=d), torch.tensor(2.0, device=d),
+                                                     out=torch.empty(4, device=d)),
+    "fill_ on expanded": lambda d: torch.zeros(1, device=d).expand(3).fill_(2),
+    "zero_ on expanded": lambda d: torch.ones(1, device=d).expand(3).zero_(),
+    "cholesky of (0, 5)": lambda d: torch.cholesky(torch.ones(0, 5, device=d)),
+    "diagonal_scatter": lambda d: torch.diagonal_scatter(torch.zeros(3, 4, device=d), torch.ones(2, device=d), 2),
+    "normal_ of float": lambda d: torch.zeros(3, device=d).normal_(0, 0).add(1),
 }
 
 

@@ -116,6 +116,11 @@ class _Generator:
 GENERATOR = _Generator()
 
 
+class _OutResize(Exception):
+    """An out= tensor whose shape is not the result's: taken by torch's
+    resize path (``CompiledOp._into_resized_outputs``), never seen by users."""
+
+
 class _ForeignFirst(Exception):
     """A non-'jax' tensor came before any 'jax' tensor: the caller names both."""
 
@@ -412,7 +417,10 @@ class CompiledOp:
                 # what both runs draw (the split kwargs have lost it, and a
                 # seeded generator's draw then depended on earlier calls).
                 return self._trial_dynamic(args, given)
-            entry = self._build(key, args, kwargs, out_targets, cfg)
+            try:
+                entry = self._build(key, args, kwargs, out_targets, cfg)
+            except _OutResize:
+                return self._into_resized_outputs(args, kwargs, out_targets)
         rewind = None
         if self.lowering.needs_rng:  # drawn once the call runs (a trial above draws for itself)
             if self.dynamic and _has_dynamic(key):  # may run again with static scalars, drawing the same
@@ -634,7 +642,16 @@ class CompiledOp:
         return lambda: setattr(st, "counter", counter)
 
     def _build(self, key: Any, args: tuple, kwargs: dict, out_targets: list, cfg: _config.Config) -> _Entry:
-        known, meta = _meta.run_meta(self.meta_op, args, kwargs)
+        every_kwarg = dict(kwargs, **dict(zip(self.out_names, out_targets)))
+        try:
+            known, meta = _meta.run_meta(self.meta_op, args, kwargs)
+        except Exception:
+            # torch CPU's own refusal where its kernel refuses first (a meta
+            # kernel's assertion is not what CPU users see)
+            _meta.check_cpu_kernel(self.func, args, every_kwarg)
+            raise
+        if known:
+            _meta.check_cpu_kernel(self.func, args, every_kwarg)
         lowering = self.lowering
         needs_rng = lowering.needs_rng
         base_ctx = lowering_context(cfg)
@@ -660,6 +677,7 @@ class CompiledOp:
             target_view = None if target._view is None else target._view.static
             target_dtype = jax_dtype(target.dtype)
             target_shape = tuple(target.shape)
+            _meta.check_out_overlap([target], self.func, self.meta_op)
             if known and self.meta_op is not self.func and isinstance(meta, torch.Tensor):
                 _meta.check_inplace(meta, target)
             position = self.inplace
@@ -676,6 +694,11 @@ class CompiledOp:
         elif out_targets:
             if self.meta_op is not self.func:
                 _meta.check_out(self.func, args, kwargs, self.out_names, out_targets)
+            _meta.check_out_overlap(out_targets, self.func, self.meta_op)
+            if known and _meta.out_needs_resize(meta, out_targets):
+                # torch resizes an out= tensor of another shape to the result's; the
+                # program below would broadcast the result into it instead.
+                raise _OutResize(self.name)
             views = [None if t._view is None else t._view.static for t in out_targets]
             shapes = [(jax_dtype(t.dtype), tuple(t.shape)) for t in out_targets]
             plan = _meta.OutputPlan("tuple", None)

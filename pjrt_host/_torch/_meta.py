@@ -8,13 +8,15 @@ for bad arguments (shapes, dtypes) are raised as they are.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import torch
 
 from ._tensor import JaxTensor
 
-__all__ = ["OutputPlan", "OutputSpec", "check_inplace", "check_out_dtypes", "meta_view_of", "output_plan", "run_meta"]
+__all__ = ["OutputPlan", "OutputSpec", "check_cpu_kernel", "check_inplace", "check_out_dtypes", "check_out_overlap",
+           "meta_view_of", "out_needs_resize", "output_plan", "run_meta"]
 
 
 def meta_view_of(t: JaxTensor) -> torch.Tensor:
@@ -195,3 +197,107 @@ def check_out_dtypes(op: str, result_dtypes: list, targets: list) -> None:
         if d is not None and device_dtype(d) != device_dtype(t.dtype):
             raise RuntimeError(f"{op.split('::')[-1].split('.')[0]}: Expected out tensor to have scalar type "
                                f"{SCALAR_NAMES.get(d, d)} but got scalar type {SCALAR_NAMES.get(t.dtype, t.dtype)}")
+
+
+def check_out_overlap(targets: list, *ops: Any) -> None:
+    """torch's refusal of an in-place or out= tensor in which several
+    elements share one memory location (an expanded tensor), for the ops
+    whose CPU kernels refuse it: elementwise ones (torch's ``pointwise``
+    tag, of the op or its functional form), random fills and the scans.
+    torch's meta kernels do not check it, and its other kernels (matmuls,
+    reductions) let it through, as ``fill_`` and ``zero_`` do."""
+    if not any(_checks_overlap(op) for op in ops):
+        return
+    for t in targets:
+        if isinstance(t, JaxTensor) and t.numel() > 1 and torch._debug_has_internal_overlap(meta_view_of(t)) == 1:
+            raise RuntimeError(_OVERLAP)
+
+
+def _checks_overlap(op: Any) -> bool:
+    if isinstance(op, str):
+        return op in _OVERLAP_CHECKED
+    base = op_base(op)
+    if base in _OVERLAP_ALLOWED:
+        return False
+    tags = getattr(op, "tags", ())
+    return base in _OVERLAP_CHECKED or torch.Tag.pointwise in tags or torch.Tag.nondeterministic_seeded in tags
+
+
+_OVERLAP_ALLOWED = frozenset({"fill_", "zero_", "fill", "zero", "conj_physical_", "conj_physical"})
+_OVERLAP_CHECKED = frozenset({"copy_", "abs_", "cumsum", "cumsum_", "cumprod", "cumprod_", "logcumsumexp"})
+_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single memory "
+            "location. Please clone() the tensor before performing the operation.")
+
+
+def out_needs_resize(meta: Any, targets: list) -> bool:
+    """Whether torch would resize an out= tensor: the meta result's shapes
+    (a tensor or a sequence of them) differ from the out tensors'."""
+    results = [meta] if isinstance(meta, torch.Tensor) else list(meta) if isinstance(meta, (tuple, list)) else None
+    if results is None or len(results) != len(targets) or not all(isinstance(r, torch.Tensor) for r in results):
+        return False
+    return any(tuple(r.shape) != tuple(t.shape) for r, t in zip(results, targets))
+
+
+#: What torch CPU's kernels refuse that their meta kernels let through, by
+#: message: a dtype the kernel has no code for, dtypes that must match, and
+#: the random ops' checks of their scalar parameters.
+_KERNEL_REFUSALS = re.compile("|".join((
+    r"not implemented for '",
+    r"must have the same dtype",
+    r"expected scalar[ _]type",
+    r"expected object of scalar type",
+    r"found dtype \w+ but expected",
+    r"expected out tensor to have dtype",
+    r"expected both inputs to be",
+    r"with a bool tensor is not supported",
+    r"not supported for complex",
+    r"not implemented for complex",
+    r"doesn't support tensors of type",
+    r"integer division with \w+ is no longer supported",
+    r"^\w+ expects (std|sigma|lambda|p) ",
+    r"^\w+ expects to return a \[from, to\) range",
+)), re.IGNORECASE)
+_PROBE_ELEMENTS = 1 << 12
+
+
+def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> None:
+    """torch CPU's refusal of this call's dtypes or scalar parameters, where
+    its meta kernel accepts them (``abs`` of a bool tensor, ``addmm`` of
+    float and int64, ``normal_(std=-1)``): the op runs once on CPU tensors of
+    the same dtypes with every dimension 1 (zeros), and an error of the
+    kinds in ``_KERNEL_REFUSALS`` is raised as torch raises it.  Nothing is
+    probed where the small call's results would be large (sizes given as
+    arguments) or its shapes do not fit; CPU's random state is kept."""
+    import warnings
+
+    def small(v: Any, device: str) -> Any:
+        if isinstance(v, torch.Tensor):
+            return torch.zeros((1,) * v.dim(), dtype=v.dtype, device=device)
+        if isinstance(v, torch.device) or (isinstance(v, str) and v.split(":")[0] == "jax"):
+            return torch.device(device)
+        if isinstance(v, (list, tuple)):
+            return type(v)(small(x, device) for x in v)
+        return v
+
+    if not any(isinstance(a, torch.Tensor) for a in args):
+        return
+    kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            shaped = func(*small(args, "meta"), **{k: small(v, "meta") for k, v in kwargs.items()})
+    except Exception:
+        return  # the small shapes do not fit this call: nothing to learn
+    outs = shaped if isinstance(shaped, (tuple, list)) else (shaped,)
+    if sum(o.numel() for o in outs if isinstance(o, torch.Tensor)) > _PROBE_ELEMENTS:
+        return
+    try:
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+            warnings.simplefilter("ignore")
+            func(*small(args, "cpu"), **{k: small(v, "cpu") for k, v in kwargs.items()})
+    except (NotImplementedError, RuntimeError, TypeError) as err:
+        text = str(err)
+        if _KERNEL_REFUSALS.search(text):
+            raise type(err)(text.split("\n")[0]) from None
+    except Exception:
+        return

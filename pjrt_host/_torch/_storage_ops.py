@@ -26,7 +26,7 @@ from ._conversion import to_jax_array, to_torch
 from ._devices import DEVICE_NAME, device_index, jax_device
 from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
-from ._meta import meta_view_of
+from ._meta import check_out_overlap, meta_view_of
 from . import _sharding, _storage_bridge
 from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, run_deferred_checks, view_for, wrap_array,
                       write)
@@ -115,6 +115,7 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
     if not isinstance(dst, JaxTensor):
         # A torch tensor (CPU, ...) receiving a 'jax' tensor's values.
         return dst.copy_(to_torch(src, dst.device))
+    check_out_overlap([dst], "copy_")
     index = dst._storage.device_index
     if isinstance(src, JaxTensor):
         value = read(src)
