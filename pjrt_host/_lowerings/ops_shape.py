@@ -319,9 +319,18 @@ def diag(x, diagonal=0):
 # ------------------------------------------------ functional view scatters
 
 
+def _check_scatter_src(src, slice_shape):
+    """torch's refusal of a view scatter's ``src`` that is not the slice's
+    shape (a scatter would broadcast it, or cut it short)."""
+    if tuple(src.shape) != tuple(slice_shape):
+        raise RuntimeError(f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, "
+                           f"slice size = {list(slice_shape)}")
+
+
 @lowering("aten::select_scatter")
 def select_scatter(x, src, dim, index):
     dim = canonical_dim(dim, x.ndim)
+    _check_scatter_src(src, x.shape[:dim] + x.shape[dim + 1:])
     return jax.lax.dynamic_update_index_in_dim(x, src.astype(x.dtype), index % x.shape[dim], dim)
 
 
@@ -331,6 +340,7 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     lo, hi, step = _slice_bounds(x.shape[dim], start, end, step)
     where = [slice(None)] * x.ndim
     where[dim] = slice(lo, max(hi, lo), step)
+    _check_scatter_src(src, x[tuple(where)].shape)
     return x.at[tuple(where)].set(src.astype(x.dtype))
 
 
@@ -341,6 +351,8 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     i = jnp.arange(n) + max(-offset, 0)
     j = jnp.arange(n) + max(offset, 0)
     moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    rows, cols = moved.shape[-2:]
+    _check_scatter_src(src, moved.shape[:-2] + (max(0, min(rows - max(-offset, 0), cols - max(offset, 0))),))
     moved = moved.at[..., i, j].set(src.astype(x.dtype))
     return jnp.moveaxis(moved, (-2, -1), (d1, d2))
 
