@@ -77,6 +77,9 @@ def test_trainer_bf16_mixed_trains_on_the_device_as_on_the_cpu():
     assert trainer.strategy.root_device == torch.device("jax", 0)
     assert type(trainer.precision_plugin) is pl_jax.JaxMixedPrecision and trainer.precision_plugin.device == "jax"
     assert on_jax.seen == {"jax:0 torch.bfloat16"} and on_cpu.seen == {"cpu torch.bfloat16"}
+    held = torch.ones(1024, device="jax:0")
+    stats = trainer.accelerator.get_device_stats(held.device)  # what DeviceStatsMonitor logs: numbers only
+    assert stats["allocated_bytes.all.current"] >= 4096 and all(isinstance(v, (int, float)) for v in stats.values())
     assert len(on_jax.losses) == 4 and on_jax.losses[-1] < on_jax.losses[0] * 2
     torch.testing.assert_close(on_jax.losses, on_cpu.losses, rtol=2e-2, atol=2e-2)
     for a, b in zip(on_jax.parameters(), on_cpu.parameters()):
@@ -137,6 +140,11 @@ def test_several_devices_choose_ddp_over_the_pjrt_backend(monkeypatch):
     assert type(named) is pl_jax.JaxDDPStrategy and named._ddp_kwargs == {"find_unused_parameters": True}
     fab = L.Fabric(accelerator="jax", devices="0,1")
     assert type(fab.strategy) is fabric_jax.JaxDDPStrategy and fab.strategy.process_group_backend == "pjrt"
+    from lightning.pytorch.strategies import DDPStrategy
+
+    with pytest.raises(ValueError, match=r"strategy=DDPStrategy\(...\) runs on cuda or the CPU.*"
+                                         r"pjrt_host\.lightning\.JaxDDPStrategy\(...\)"):
+        L.Trainer(accelerator="jax", devices=2, strategy=DDPStrategy(), **_QUIET)
     with pytest.raises(ValueError, match=r"devices=3: this machine has 2 'jax' device\(s\).*PJRT_HOST_CPU_REF_DEVICES"):
         L.Trainer(accelerator="jax", devices=3, **_QUIET)
     assert L.Trainer(accelerator="cpu", devices=2, **_QUIET).strategy.process_group_backend is None  # CPU: Lightning's
@@ -144,7 +152,8 @@ def test_several_devices_choose_ddp_over_the_pjrt_backend(monkeypatch):
 
 def test_a_process_that_already_uses_the_device_cannot_become_a_rank():
     torch.ones(1, device="jax")  # this process's client: one process alone
-    with pytest.raises(RuntimeError, match=r"rank 0 of 1 .* rank 1 of 2.*python -m pjrt_host launch --nproc-per-node 2"):
+    with pytest.raises(RuntimeError, match=r"rank 0 of 1 .* rank 1 of 2.*"
+                                           r"python -m pjrt_host launch --nproc-per-node 2"):
         _common.become_rank(1, 2, 1, 2, 0, 1, "127.0.0.1", 29500)
 
 

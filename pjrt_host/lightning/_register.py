@@ -15,7 +15,8 @@ no strategy or precision object of their own, they choose the 'jax' ones:
   :class:`JaxDDPStrategy` for several devices or nodes;
 - ``_init_strategy``: a strategy *name* of the DDP family (``'ddp'``,
   ``'ddp_spawn'``, ``'ddp_find_unused_parameters_true'``, ...) becomes
-  :class:`JaxDDPStrategy` with that name's parameters;
+  :class:`JaxDDPStrategy` with that name's parameters, and a plain
+  ``DDPStrategy(...)`` object is refused, naming the class to pass;
 - ``_check_and_init_precision``: ``'bf16-mixed'`` / ``'16-mixed'`` become
   :class:`JaxMixedPrecision`;
 - ``_choose_auto_accelerator``: ``accelerator='auto'`` means 'jax' where
@@ -54,13 +55,13 @@ def register() -> None:
 
     fabric.JaxAccelerator.register_accelerators(ACCELERATOR_REGISTRY)
     _trainer.JaxAccelerator.register_accelerators(AcceleratorRegistry)
-    _wrap(fabric_connector._Connector, fabric, STRATEGY_REGISTRY, FabricDDP,
+    _wrap(fabric_connector._Connector, fabric, "pjrt_host.lightning.fabric", STRATEGY_REGISTRY, FabricDDP,
           precision_instance="_precision_instance", precision_flag="_precision_input")
-    _wrap(accelerator_connector._AcceleratorConnector, _trainer, StrategyRegistry, TrainerDDP,
+    _wrap(accelerator_connector._AcceleratorConnector, _trainer, "pjrt_host.lightning", StrategyRegistry, TrainerDDP,
           precision_instance="_precision_plugin_flag", precision_flag="_precision_flag")
 
 
-def _wrap(connector: type, classes: Any, strategies: dict, ddp_base: type, precision_instance: str,
+def _wrap(connector: type, classes: Any, public: str, strategies: dict, ddp_base: type, precision_instance: str,
           precision_flag: str) -> None:
     if getattr(connector, "_pjrt_host", False):
         return
@@ -69,8 +70,8 @@ def _wrap(connector: type, classes: Any, strategies: dict, ddp_base: type, preci
     if missing:
         logger.warning(
             "pjrt_host: this Lightning's %s has no %s; accelerator='jax' is registered but its strategy and "
-            "precision are not chosen for you: pass strategy=%s(...) and plugins=[%s(...)] yourself",
-            connector.__name__, ", ".join(missing), classes.SingleDeviceJaxStrategy.__name__,
+            "precision are not chosen for you: pass strategy=%s.%s(...) and plugins=[%s.%s(...)] yourself",
+            connector.__name__, ", ".join(missing), public, classes.SingleDeviceJaxStrategy.__name__, public,
             classes.JaxMixedPrecision.__name__)
         return
 
@@ -111,6 +112,11 @@ def _wrap(connector: type, classes: Any, strategies: dict, ddp_base: type, preci
         if on_jax(self) and entry is not None and entry["strategy"] is ddp_base:
             self.strategy = classes.JaxDDPStrategy(**entry["init_params"])
             return
+        if on_jax(self) and type(flag) is ddp_base:
+            raise ValueError(
+                f"strategy={ddp_base.__name__}(...) runs on cuda or the CPU (gloo); for accelerator="
+                f"'{classes.JaxAccelerator.name()}' pass {public}."
+                f"{classes.JaxDDPStrategy.__name__}(...) with the same arguments, or strategy='ddp'")
         init_strategy(self)
 
     init_precision = connector._check_and_init_precision

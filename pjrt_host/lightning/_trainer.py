@@ -24,8 +24,10 @@ class JaxAccelerator(Accelerator, fabric.JaxAccelerator):
     """The selected pjrt_host plugin's devices, as torch device 'jax'."""
 
     def get_device_stats(self, device: Any) -> dict[str, Any]:
-        """torch.jax.memory_stats of the device (what the plugin reports)."""
-        return dict(torch.jax.memory_stats(device))
+        """The numbers of ``torch.jax.memory_stats`` for the device (what
+        DeviceStatsMonitor logs; loggers take numbers only)."""
+        return {k: v for k, v in torch.jax.memory_stats(device).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 class SingleDeviceJaxStrategy(SingleDeviceStrategy):
