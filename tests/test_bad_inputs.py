@@ -65,6 +65,11 @@ CASES = {
                                                                       torch.ones(4, device=d)),
     "select_scatter src too short": lambda d: torch.select_scatter(torch.zeros(3, 4, device=d),
                                                                    torch.ones(3, device=d), 0, 1),
+    "max of empty": lambda d: torch.max(torch.ones(0, device=d)),
+    "max over a dim of complex": lambda d: torch.max(torch.ones(2, dtype=torch.complex64, device=d), 0),
+    "masked_select float mask": lambda d: torch.masked_select(torch.ones(2, device=d), torch.ones(2, device=d)),
+    "masked_select shapes": lambda d: torch.masked_select(torch.ones(2, 3, device=d),
+                                                          torch.ones(2, 4, dtype=torch.bool, device=d)),
     "slice_scatter src broadcast": lambda d: torch.slice_scatter(torch.zeros(3, 4, device=d),
                                                                  torch.ones(3, 1, device=d), 1, 0, 4, 2),
 }

@@ -19,8 +19,8 @@ from ._dtypes import jax_dtype, torch_dtype
 from ._invoke import REDUCED_FLOATS, current_context, stored_dtype
 
 __all__ = [
-    "as_float", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "float_dtype", "linspace_values",
-    "arange_values",
+    "as_float", "broadcast_shapes_or_raise", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor",
+    "float_dtype", "linspace_values", "arange_values",
     "optional_jax_dtype", "promote", "result_type", "take", "torch_dtype_of", "to_jax",
 ]
 
@@ -221,3 +221,15 @@ def as_stored(x: jax.Array) -> jax.Array:
     # those are whole multiples of the smallest one, rounded half to even.
     step = float(info.smallest_subnormal)
     return jnp.where(jnp.abs(x) < float(info.tiny), jnp.round(x / step) * step, rounded)
+
+
+def broadcast_shapes_or_raise(a: tuple, b: tuple) -> tuple:
+    """The broadcast of two shapes, or torch's RuntimeError naming the first
+    dimension where they cannot broadcast (jax's ValueError is not torch's)."""
+    ndim = max(len(a), len(b))
+    pa, pb = (1,) * (ndim - len(a)) + tuple(a), (1,) * (ndim - len(b)) + tuple(b)
+    for i, (x, y) in enumerate(zip(pa, pb)):
+        if x != y and x != 1 and y != 1:
+            raise RuntimeError(f"The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton "
+                               f"dimension {i}")
+    return tuple(max(x, y) if 0 not in (x, y) else 0 for x, y in zip(pa, pb))

@@ -94,13 +94,21 @@ def aminmax(x, *, dim=None, keepdim=False):
     return amin(x, dim, keepdim), amax(x, dim, keepdim)
 
 
+def _check_not_empty(x, name):
+    if x.size == 0:  # a max of nothing has no value (torch.amax of an empty dim raises too)
+        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify the "
+                           "reduction dim with the 'dim' argument.")
+
+
 @lowering("aten::max", "aten::max.unary_out")
 def max_all(x):
+    _check_not_empty(x, "max")
     return jnp.max(x)
 
 
 @lowering("aten::min")
 def min_all(x):
+    _check_not_empty(x, "min")
     return jnp.min(x)
 
 

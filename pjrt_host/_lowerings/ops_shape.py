@@ -20,8 +20,8 @@ import torch
 
 from . import lowering as _lowering
 from ._dtypes import jax_dtype
-from ._util import (canonical_dim, canonical_dims, cast, dense_gather_factor, linspace_values, result_type, take,
-                    torch_dtype_of)
+from ._util import (broadcast_shapes_or_raise, canonical_dim, canonical_dims, cast, dense_gather_factor,
+                    linspace_values, result_type, take, torch_dtype_of)
 
 # No lowering here widens 16-bit floats (Lowering.opmath): moving, selecting
 # and comparing values is exact in any dtype, so widening would only double
@@ -624,7 +624,9 @@ def masked_scatter(x, mask, source):
 
 @lowering("aten::masked_select", data_dependent=True)
 def masked_select(x, mask):
-    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    if mask.dtype != jnp.bool_:
+        raise RuntimeError("masked_select: expected BoolTensor for mask")
+    shape = broadcast_shapes_or_raise(mask.shape, x.shape)
     return jnp.broadcast_to(x, shape)[_values(jnp.broadcast_to(mask, shape))]
 
 

@@ -252,6 +252,7 @@ _KERNEL_REFUSALS = re.compile("|".join((
     r"with a bool tensor is not supported",
     r"not supported for complex",
     r"not implemented for complex",
+    r"does not support complex",
     r"doesn't support tensors of type",
     r"integer division with \w+ is no longer supported",
     r"^\w+ expects (std|sigma|lambda|p) ",
