@@ -138,3 +138,61 @@ def test_ranks_calling_different_shapes_raise_on_every_rank(tmp_path):
     for got in results.values():
         assert "called different collectives" in got["error"]
         assert "(4,)" in got["error"] and "(5,)" in got["error"]
+
+
+def _run_ranks(mode: str, outdir: Path) -> tuple[dict[int, int], str]:
+    """Two ranks as plain processes (no launcher agent, which would stop
+    the other rank at once: this is the view of a rank on another host);
+    their exit statuses and rank 0's output."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    child = {k: v for k, v in os.environ.items()
+             if k not in _DROP and not k.startswith(("PJRT_", "PYTEST_", "TORCHELASTIC_", "JAX_"))}
+    child.update({"PJRT_DEVICE": "cpu_ref", "PJRT_HOST_COORDINATOR_TIMEOUT": "60", "PYTHONUNBUFFERED": "1",
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+                  "LOCAL_WORLD_SIZE": "2"})
+    procs = {r: subprocess.Popen([sys.executable, WORKER, mode, str(outdir)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, cwd=str(REPO), start_new_session=True,
+                                 env={**child, "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in (0, 1)}
+    outputs = {}
+    try:
+        for r, proc in procs.items():
+            outputs[r], _ = proc.communicate(timeout=240)  # a hang guard, far above the group's 20 s timeout
+    except subprocess.TimeoutExpired:
+        for proc in procs.values():
+            os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"a rank was still running after 240 s: {mode}\n" + "\n".join(
+            (p.communicate()[0] or "")[-3000:] for p in procs.values()))
+    return {r: p.returncode for r, p in procs.items()}, outputs[0]
+
+
+def test_a_rank_killed_inside_an_all_reduce_is_named_by_the_survivor(tmp_path):
+    """Rank 1 exits while rank 0 is inside an all_reduce: rank 0's
+    all_reduce raises (it does not wait for the group's timeout), naming
+    the collective and rank 1, and rank 0's process ends."""
+    status, output = _run_ranks("killed", tmp_path)
+    assert status[1] == 3, output[-4000:]
+    assert status[0] != 0, output[-4000:]
+    got = json.loads((tmp_path / "rank0.json").read_text())
+    error = got["error"]
+    assert error is not None, "the all_reduce returned although rank 1 had died"
+    assert "all_reduce of a 'jax' tensor of shape (1024,)" in error
+    assert "rank 1 of the group did not answer" in error
+    assert "failed:" in error and "timeout" not in error.split("Cause")[0]  # detected, not timed out
+
+
+def test_a_rank_that_never_joins_an_all_reduce_is_named_after_the_groups_timeout(tmp_path):
+    """Rank 1 is alive but never joins rank 0's all_reduce: rank 0 waits
+    the process group's timeout, then raises, naming the collective, the
+    timeout and rank 1."""
+    status, output = _run_ranks("stuck", tmp_path)
+    assert status[1] == 0 and status[0] != 0, output[-4000:]
+    error = json.loads((tmp_path / "rank0.json").read_text())["error"]
+    assert error is not None, "the all_reduce returned although rank 1 never joined it"
+    assert "all_reduce of a 'jax' tensor of shape (1024,)" in error
+    assert "did not complete within the process group's timeout" in error
+    assert "rank 1 of the group did not answer" in error

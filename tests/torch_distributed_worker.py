@@ -4,16 +4,20 @@ test module).
     python tests/torch_distributed_worker.py MODE OUTDIR
 
 MODE: ``all`` (collectives, DDP, DTensor, FSDP2, DCP), ``collectives``,
-``mismatch`` (rank 1 all-reduces another shape) or ``cpu`` (a CPU-only
-program: init_process_group() with no backend, gloo collectives, jax never
-imported).  Each rank writes OUTDIR/rank<R>.json.
+``mismatch`` (rank 1 all-reduces another shape), ``killed`` (rank 1 exits
+while rank 0 is inside an all_reduce), ``stuck`` (rank 1 never joins rank
+0's all_reduce) or ``cpu`` (a CPU-only program: init_process_group() with no
+backend, gloo collectives, jax never imported).  Each rank writes
+OUTDIR/rank<R>.json (``killed``: rank 0 only).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
+import time
 
 
 def collectives(dist, torch) -> dict:
@@ -217,6 +221,33 @@ def training(dist, torch) -> dict:
     return out
 
 
+#: The process group's timeout in the ``killed`` and ``stuck`` modes.
+FAULT_TIMEOUT = datetime.timedelta(seconds=20)
+
+
+def fault(dist, torch, mode: str, outdir: str) -> dict:
+    """Rank 1 leaves rank 0 alone inside an all_reduce of a signature both
+    have run once (so rank 0 goes straight into the device's collective):
+    it exits (``killed``) or waits for rank 0's result file (``stuck``)."""
+    r = dist.get_rank()
+    x = torch.ones(1024, device="jax")
+    dist.all_reduce(x)
+    if r == 1:
+        if mode == "killed":
+            time.sleep(1.0)  # rank 0 is inside its all_reduce by now
+            os._exit(3)
+        while not os.path.exists(os.path.join(outdir, "rank0.json")):
+            time.sleep(0.2)
+        return {}
+    start = time.monotonic()
+    try:
+        dist.all_reduce(x)
+        error = None
+    except RuntimeError as err:
+        error = str(err)
+    return {"error": error, "seconds": time.monotonic() - start}
+
+
 def main(mode: str, outdir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -224,8 +255,19 @@ def main(mode: str, outdir: str) -> None:
     os.environ["PJRT_HOST_TEST_OUTDIR"] = outdir
     if os.environ.get("PJRT_HOST_TEST_SET_DEVICE"):
         torch.jax.set_device(int(os.environ["LOCAL_RANK"]))  # as a torchrun recipe does
-    dist.init_process_group()
+    if mode in ("killed", "stuck"):
+        dist.init_process_group(timeout=FAULT_TIMEOUT)
+    else:
+        dist.init_process_group()
     result = {"rank": dist.get_rank(), "backend_name": dist.get_backend_config()}
+    if mode in ("killed", "stuck"):
+        result.update(fault(dist, torch, mode, outdir))
+        if dist.get_rank() == 0:
+            with open(os.path.join(outdir, "rank0.json"), "w") as f:
+                json.dump(result, f)
+        # What the program does after such an error is its own: here it
+        # stops, as a training script would.
+        raise SystemExit(0 if dist.get_rank() == 1 else 1)
     if mode == "mismatch":
         x = torch.ones(4 + dist.get_rank(), device="jax")  # rank 1 passes another shape
         try:

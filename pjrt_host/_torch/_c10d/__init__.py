@@ -13,7 +13,10 @@ One job per module:
 - ``_group``: :class:`ProcessGroupJax`, c10d's process-group methods;
 - ``_p2p``: send / recv of 'jax' tensors, queued and run in pairs;
 - ``_mesh``: the group's devices as a jax mesh, its compiled collectives,
-  and the ranks' agreement on each new collective signature;
+  the ranks' agreement on each new collective signature, and a failed
+  collective's error (a roll call names the ranks that are gone);
+- ``_waiting``: waiting for a collective's result, bounded by the group's
+  timeout;
 - ``_dispatcher_ops``: ``c10d::*`` ops (torch.distributed's dispatcher path);
 - ``_functional``: ``_c10d_functional::*`` ops (DTensor, FSDP2, compiled graphs);
 - ``_tensors``: 'jax' tensors' values read and written in place.

@@ -52,39 +52,45 @@ def _boxed(result: Any) -> Any:
     return result
 
 
-def _options(cls: Any, **values: Any) -> Any:
-    """What ProcessGroupJax's methods read of c10d's option objects (the
-    dispatcher hands a boxed ReduceOp that those objects do not take)."""
+def _options(bound: dict, **values: Any) -> Any:
+    """What ProcessGroupJax's methods read of c10d's option objects
+    (``AllreduceOptions`` ...: the dispatcher hands a boxed ReduceOp that
+    those objects do not take), with the caller's ``async_op``."""
     import types
 
-    return types.SimpleNamespace(**values)
+    return types.SimpleNamespace(asyncOp=bound.get("async_op", True), **values)
 
 
 _OPS = {
     "allreduce_": lambda pg, b: (b["tensors"], pg.allreduce(
-        b["tensors"], _options(dist.AllreduceOptions, reduceOp=b["reduce_op"]))),
+        b["tensors"], _options(b, reduceOp=b["reduce_op"]))),
     "allreduce_coalesced_": lambda pg, b: pg.allreduce(
-        b["tensors"], _options(dist.AllreduceOptions, reduceOp=b["reduce_op"])),
-    "allgather_": lambda pg, b: (b["output_tensors"], pg.allgather(b["output_tensors"], b["input_tensors"])),
-    "_allgather_base_": lambda pg, b: (b["output_tensor"], pg._allgather_base(b["output_tensor"],
-                                                                             b["input_tensor"])),
-    "allgather_coalesced_": lambda pg, b: pg.allgather(b["output_lists"], b["input_list"]),
-    "allgather_into_tensor_coalesced_": lambda pg, b: pg.allgather_into_tensor_coalesced(b["outputs"], b["inputs"]),
+        b["tensors"], _options(b, reduceOp=b["reduce_op"])),
+    "allgather_": lambda pg, b: (b["output_tensors"], pg.allgather(b["output_tensors"], b["input_tensors"],
+                                                                   _options(b))),
+    "_allgather_base_": lambda pg, b: (b["output_tensor"], pg._allgather_base(
+        b["output_tensor"], b["input_tensor"], _options(b))),
+    "allgather_coalesced_": lambda pg, b: pg.allgather(b["output_lists"], b["input_list"],
+                                                       _options(b)),
+    "allgather_into_tensor_coalesced_": lambda pg, b: pg.allgather_into_tensor_coalesced(
+        b["outputs"], b["inputs"], _options(b)),
     "reduce_scatter_": lambda pg, b: (b["output_tensors"], pg.reduce_scatter(
-        b["output_tensors"], b["input_tensors"], _options(dist.ReduceScatterOptions, reduceOp=b["reduce_op"]))),
+        b["output_tensors"], b["input_tensors"], _options(b, reduceOp=b["reduce_op"]))),
     "_reduce_scatter_base_": lambda pg, b: (b["output_tensor"], pg._reduce_scatter_base(
-        b["output_tensor"], b["input_tensor"], _options(dist.ReduceScatterOptions, reduceOp=b["reduce_op"]))),
+        b["output_tensor"], b["input_tensor"], _options(b, reduceOp=b["reduce_op"]))),
     "reduce_scatter_tensor_coalesced_": lambda pg, b: pg.reduce_scatter_tensor_coalesced(
-        b["outputs"], b["inputs"], _options(dist.ReduceScatterOptions, reduceOp=b["reduce_op"])),
+        b["outputs"], b["inputs"], _options(b, reduceOp=b["reduce_op"])),
     "broadcast_": lambda pg, b: (b["tensors"], pg.broadcast(
-        b["tensors"], _options(dist.BroadcastOptions, rootRank=b["root_rank"], rootTensor=b["root_tensor"]))),
+        b["tensors"], _options(b, rootRank=b["root_rank"], rootTensor=b["root_tensor"]))),
     "alltoall_base_": lambda pg, b: pg.alltoall_base(b["output"], b["input"], b["output_split_sizes"],
-                                                     b["input_split_sizes"]),
+                                                     b["input_split_sizes"], _options(b)),
     "barrier": lambda pg, b: pg.barrier(),
-    "reduce_": lambda pg, b: pg.reduce_to_root(b["tensors"], b["reduce_op"], b["root_rank"]),
-    "gather_": lambda pg, b: pg.gather_to_root(b["output_tensors"], b["input_tensors"], b["root_rank"]),
-    "scatter_": lambda pg, b: (b["output_tensors"], pg.scatter_from_root(b["output_tensors"], b["input_tensors"],
-                                                                          b["root_rank"])),
+    "reduce_": lambda pg, b: pg.reduce_to_root(b["tensors"], b["reduce_op"], b["root_rank"],
+                                               _options(b)),
+    "gather_": lambda pg, b: pg.gather_to_root(b["output_tensors"], b["input_tensors"], b["root_rank"],
+                                               _options(b)),
+    "scatter_": lambda pg, b: (b["output_tensors"], pg.scatter_from_root(
+        b["output_tensors"], b["input_tensors"], b["root_rank"], _options(b))),
     "send": lambda pg, b: pg.send(b["tensors"], b["dst"], b["tag"]),
     "recv_": lambda pg, b: pg.recv(b["tensors"], b["src"], b["tag"]),
 }

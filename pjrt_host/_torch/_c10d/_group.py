@@ -12,7 +12,10 @@ group meets on 'jax' (each rank says which device its tensors are on), so a
 rank may use any of its process's devices.  Results are written into the
 tensors torch passed (views included) and the returned ``Work`` is complete:
 the device runs the collective in issue order, so any later op sees its
-result; ``wait()`` returns at once.
+result; ``wait()`` returns at once.  A synchronous call (``async_op=False``,
+the default) first waits for its result, at most the group's timeout, so a
+collective that failed or timed out raises there, naming itself and the
+ranks that did not answer.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ._mesh import GroupMesh
 from ._p2p import PointToPoint
 from ._tensors import is_jax as _is_jax
 
-__all__ = ["BACKEND_NAME", "ProcessGroupJax", "completed_work", "reduce_name"]
+__all__ = ["BACKEND_NAME", "ProcessGroupJax", "completed_work", "is_async", "reduce_name"]
 
 #: The name for ``init_process_group(backend=...)``.
 BACKEND_NAME = "pjrt"
@@ -41,6 +44,12 @@ def completed_work(result: Any = None) -> Any:
     future = torch.futures.Future()
     future.set_result(result)
     return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+def is_async(opts: Any) -> bool:
+    """Whether the caller asked for an asynchronous collective (c10d's
+    options say so; without options, as c10d's default: yes)."""
+    return bool(getattr(opts, "asyncOp", True))
 
 
 _REDUCE_NAMES = {
@@ -121,7 +130,7 @@ class ProcessGroupJax(dist.ProcessGroup):
         op = reduce_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for t in tensors:
             self._write(t, self._engine(t).reduce(self._read(t), op))
-        return completed_work(tensors)
+        return self._work(tensors, opts)
 
     @_x64_if_loaded
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
@@ -135,7 +144,7 @@ class ProcessGroupJax(dist.ProcessGroup):
             return self._cpu.broadcast(tensors, opts)
         for t in tensors:
             self._write(t, self._engine(t).broadcast(self._read(t), opts.rootRank))
-        return completed_work(tensors)
+        return self._work(tensors, opts)
 
     @_x64_if_loaded
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
@@ -146,7 +155,7 @@ class ProcessGroupJax(dist.ProcessGroup):
             gathered = self._engine(t).gather(self._read(t))
             for i, out in enumerate(outputs):
                 self._write(out, gathered[i])
-        return completed_work(output_lists)
+        return self._work(output_lists, opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         if not _is_jax(input):
@@ -154,13 +163,13 @@ class ProcessGroupJax(dist.ProcessGroup):
                 self._cpu._allgather_base(output, input)
         gathered = self._engine(input).gather(self._read(input))
         self._write(output, gathered.reshape(tuple(output.shape)))
-        return completed_work(output)
+        return self._work(output, opts)
 
     @_x64_if_loaded
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
         for output, t in zip(outputs, inputs):
             self._allgather_base(output, t, opts)
-        return completed_work(outputs)
+        return self._work(outputs, opts)
 
     @_x64_if_loaded
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any) -> Any:
@@ -172,7 +181,7 @@ class ProcessGroupJax(dist.ProcessGroup):
         for out, inputs in zip(outputs, input_lists):
             stacked = jnp.stack([self._read(t) for t in inputs])
             self._write(out, self._engine(out).reduce_scatter(stacked, op)[0])
-        return completed_work(outputs)
+        return self._work(outputs, opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         if not _is_jax(input):
@@ -180,13 +189,13 @@ class ProcessGroupJax(dist.ProcessGroup):
         op = reduce_name(opts.reduceOp)
         chunks = self._read(input).reshape((self._size, *tuple(output.shape)))
         self._write(output, self._engine(input).reduce_scatter(chunks, op)[0])
-        return completed_work(output)
+        return self._work(output, opts)
 
     @_x64_if_loaded
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any) -> Any:
         for output, t in zip(outputs, inputs):
             self._reduce_scatter_base(output, t, opts)
-        return completed_work(outputs)
+        return self._work(outputs, opts)
 
     @_x64_if_loaded
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
@@ -196,13 +205,13 @@ class ProcessGroupJax(dist.ProcessGroup):
         n = self._size
         if (output_split_sizes and len(set(output_split_sizes)) > 1) or \
                 (input_split_sizes and len(set(input_split_sizes)) > 1):
-            return self._uneven_alltoall(output, input, list(output_split_sizes), list(input_split_sizes))
+            return self._uneven_alltoall(output, input, list(output_split_sizes), list(input_split_sizes), opts)
         chunks = self._read(input).reshape((n, input.shape[0] // n, *tuple(input.shape[1:])))
         self._write(output, self._engine(input).all_to_all(chunks).reshape(tuple(output.shape)))
-        return completed_work(output)
+        return self._work(output, opts)
 
     def _uneven_alltoall(self, output: torch.Tensor, input: torch.Tensor, out_splits: list,
-                         in_splits: list) -> Any:
+                         in_splits: list, opts: Any) -> Any:
         """all_to_all_single with splits of different sizes: XLA's
         all-to-all has static shapes, so every chunk is padded to the
         largest chunk any rank sends (agreed by a max all-reduce), exchanged
@@ -221,25 +230,25 @@ class ProcessGroupJax(dist.ProcessGroup):
                             for a, k in zip(starts, in_splits)])
         received = engine.all_to_all(chunks)  # (n, widest, *rest), row s from rank s
         self._write(output, jnp.concatenate([received[s, :k] for s, k in enumerate(out_splits)]))
-        return completed_work(output)
+        return self._work(output, opts)
 
     @_x64_if_loaded
     def reduce(self, tensors: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in tensors):
             return self._cpu.reduce(tensors, opts)
-        return self.reduce_to_root(tensors, opts.reduceOp, opts.rootRank)
+        return self.reduce_to_root(tensors, opts.reduceOp, opts.rootRank, opts)
 
     @_x64_if_loaded
     def gather(self, output_lists: list, inputs: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in inputs):
             return self._cpu.gather(output_lists, inputs, opts)
-        return self.gather_to_root(output_lists, inputs, opts.rootRank)
+        return self.gather_to_root(output_lists, inputs, opts.rootRank, opts)
 
     @_x64_if_loaded
     def scatter(self, outputs: list, input_lists: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in outputs):
             return self._cpu.scatter(outputs, input_lists, opts)
-        return self.scatter_from_root(outputs, input_lists, opts.rootRank)
+        return self.scatter_from_root(outputs, input_lists, opts.rootRank, opts)
 
     @_x64_if_loaded
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
@@ -254,7 +263,7 @@ class ProcessGroupJax(dist.ProcessGroup):
         received = self._engine(inputs[0]).all_to_all(jnp.stack([self._read(t) for t in inputs]))
         for i, out in enumerate(outputs):
             self._write(out, received[i])
-        return completed_work(outputs)
+        return self._work(outputs, opts)
 
     @_x64_if_loaded
     def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
@@ -288,23 +297,23 @@ class ProcessGroupJax(dist.ProcessGroup):
     # ------------------------------------------------------------ rooted collectives
     # (also what the dispatcher's c10d::reduce_ / gather_ / scatter_ run)
 
-    def reduce_to_root(self, tensors: list, reduce_op: Any, root: int) -> Any:
+    def reduce_to_root(self, tensors: list, reduce_op: Any, root: int, opts: Any = None) -> Any:
         op = reduce_name(reduce_op)
         for t in tensors:
             result = self._engine(t).reduce(self._read(t), op)
             if self._rank == root:
                 self._write(t, result)
-        return completed_work()
+        return self._work(None, opts)
 
-    def gather_to_root(self, output_lists: list | None, inputs: list, root: int) -> Any:
+    def gather_to_root(self, output_lists: list | None, inputs: list, root: int, opts: Any = None) -> Any:
         for outputs, t in zip(output_lists or [[]] * len(inputs), inputs):
             gathered = self._engine(t).gather(self._read(t))
             if self._rank == root:
                 for i, out in enumerate(outputs):
                     self._write(out, gathered[i])
-        return completed_work()
+        return self._work(None, opts)
 
-    def scatter_from_root(self, outputs: list, input_lists: list, root: int) -> Any:
+    def scatter_from_root(self, outputs: list, input_lists: list, root: int, opts: Any = None) -> Any:
         import jax
         import jax.numpy as jnp
 
@@ -316,12 +325,24 @@ class ProcessGroupJax(dist.ProcessGroup):
                 stacked = jnp.zeros((self._size, *tuple(out.shape)), dtype=self._read(out).dtype)
             stacked = jax.device_put(stacked, engine.local_device)
             self._write(out, engine.broadcast(stacked, root)[self._rank])
-        return completed_work()
+        return self._work(None, opts)
 
     # ------------------------------------------------------------ plumbing
 
     _read = staticmethod(_tensors.read)
     _write = staticmethod(_tensors.write)
+
+    def _work(self, result: Any, opts: Any) -> Any:
+        """The Work of collectives just issued.  A synchronous call waits
+        here for their results (at most the group's timeout): one that
+        failed or timed out raises, naming the collective and the ranks that
+        did not answer (``_mesh``).  An asynchronous one returns at once: the
+        device runs collectives in issue order, so any later op sees their
+        results (and a failure shows where they are read)."""
+        if not is_async(opts):
+            for mesh in list(self._meshes.values()):
+                mesh.wait()
+        return completed_work(result)
 
     def _engine(self, t: torch.Tensor) -> GroupMesh:
         if self._p2p.pending:

@@ -11,9 +11,13 @@ raises on every rank instead of ending a process inside the transport.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import functools
+import weakref
 from typing import Any
+
+from . import _waiting
 
 __all__ = ["GroupMesh"]
 
@@ -32,6 +36,11 @@ class GroupMesh:
         self._timeout = timeout
         self._prefix = f"pjrt_signature/{generation}"
         self._signatures = 0
+        self._generation = generation
+        self._runs = 0  # collectives run so far: the same count on every rank
+        # Results not yet waited for, weakly (a reference would stop eager
+        # writes from donating the tensor's buffer): (run, signature, result).
+        self._unwaited: collections.deque = collections.deque(maxlen=64)
 
     @classmethod
     def meet(cls, store: Any, rank: int, size: int, index: int, timeout: datetime.timedelta,
@@ -80,9 +89,10 @@ class GroupMesh:
         try:
             self._store.wait(keys, self._timeout)
         except Exception as err:
+            absent = self._absent(keys) or "not all came"
             raise RuntimeError(
                 f"pjrt_host: rank {self.rank} of a process group of {self.size} reached {key[0]} (shape {key[-2]}, "
-                f"dtype {key[-1]}) and waited {self._timeout} for the other ranks: not all came "
+                f"dtype {key[-1]}) and waited {self._timeout} for the other ranks: {absent} "
                 f"({type(err).__name__}). A rank has died or is stuck, or the ranks call different collectives; "
                 "init_process_group(timeout=...) bounds the wait.") from err
         theirs = [self._store.get(k).decode() for k in keys]
@@ -115,19 +125,87 @@ class GroupMesh:
             self._agree(key)
             spec = PartitionSpec("ranks") if split else PartitionSpec()
             fn = self._cache[key] = jax.jit(body, out_shardings=NamedSharding(self.mesh, spec))
+        run = self._runs
+        self._runs += 1
         try:
-            result = fn(self._global(local))
+            result = fn(self._global(local)).addressable_data(0)
         except Exception as err:
-            from ... import _runtime
+            raise self._failure(run, key, err) from err
+        self._unwaited.append((run, key, weakref.ref(result)))
+        return result
 
-            plugin = _runtime.runtime().record.name
-            raise RuntimeError(
-                f"pjrt_host: {kind[0]} of a 'jax' tensor of shape {tuple(local.shape)} and dtype {local.dtype} "
-                f"failed on group rank {self.rank} of {self.size}: {type(err).__name__}: {str(err)[:300]}. The "
-                "ranks agreed on this collective, shape and dtype before it first ran, so the device's collective "
-                f"itself failed: `python -m pjrt_host check {plugin} --only collectives` tests the plugin's "
-                "collectives.") from err
-        return result.addressable_data(0)
+    def wait(self) -> None:
+        """Wait for the collectives run so far (at most the group's timeout
+        each); a failed or timed-out one raises, naming the collective and
+        the ranks that did not answer."""
+        while self._unwaited:
+            run, key, ref = self._unwaited.popleft()
+            result = ref()
+            if result is None:
+                continue  # nothing holds the result any more: nothing can read a failure
+            # The roll call after a failure fits in the group's timeout too.
+            budget = None if self._timeout is None else self._timeout - self._roll_call_time()
+            error = _waiting.wait_ready(result, budget)
+            del result
+            if error is not None:
+                self._unwaited.clear()
+                raise self._failure(run, key, error) from error
+
+    def _failure(self, run: int, key: tuple, err: BaseException) -> RuntimeError:
+        """The error for collective number ``run`` failing with ``err``:
+        which ranks are gone, found by a roll call in the group's store."""
+        what = (f"{key[0]} of a 'jax' tensor of shape {key[-2]} and dtype {key[-1]} on rank {self.rank} of a "
+                f"process group of {self.size}")
+        cause = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        absent = self._roll_call(run)
+        if absent:
+            how = (f"did not complete within the process group's timeout ({self._timeout})"
+                   if isinstance(err, TimeoutError) else "failed")
+            return RuntimeError(
+                f"pjrt_host: {what} {how}: {absent}. Cause: {cause}. The job cannot go on without that rank: "
+                "restart it (torchrun --max-restarts, from a checkpoint); init_process_group(timeout=...) bounds "
+                "how long a rank waits for the others.")
+        from ... import _runtime
+
+        plugin = _runtime.runtime().record.name
+        return RuntimeError(
+            f"pjrt_host: {what} failed: {cause}. Every rank answered after the failure, and the ranks agreed on "
+            "this collective, shape and dtype before it first ran, so the device's collective itself failed: "
+            f"`python -m pjrt_host check {plugin} --only collectives` tests the plugin's collectives.")
+
+    def _roll_call(self, run: int) -> str:
+        """'' when every rank of the group answers in the store after
+        collective ``run`` failed; else which did not."""
+        if self._store is None or self.size == 1:
+            return ""
+        keys = [f"pjrt_failed/{self._generation}/{run}/{r}" for r in range(self.size)]
+        try:
+            self._store.set(keys[self.rank], "1")
+            try:
+                self._store.wait(keys, self._roll_call_time())
+            except Exception:
+                pass
+            return self._absent(keys)
+        except Exception as err:  # the store is gone: its host (the job's rank 0) has stopped
+            return _STORE_GONE.format(type(err).__name__)
+
+    def _roll_call_time(self) -> datetime.timedelta:
+        # The ranks that are left see the same failure within moments of one
+        # another (the transport fails on all of them): a few seconds, at
+        # most a quarter of the group's timeout, keeps the error prompt.
+        return _ROLL_CALL if self._timeout is None else min(_ROLL_CALL, self._timeout / 4)
+
+    def _absent(self, keys: list[str]) -> str:
+        """Which ranks have not set their key, in words ('' if none)."""
+        try:
+            missing = [r for r, k in enumerate(keys) if not self._store.check([k])]
+        except Exception as err:
+            return _STORE_GONE.format(type(err).__name__)
+        if not missing:
+            return ""
+        ranks = ", ".join(map(str, missing))
+        return (f"rank{'s' if len(missing) > 1 else ''} {ranks} of the group did not answer (died, stuck, or "
+                "calling another collective)")
 
     def reduce(self, local: Any, op: str) -> Any:
         if op in _BITWISE:
@@ -156,6 +234,14 @@ class GroupMesh:
         """``chunks``: (ranks, *chunk), row r for rank r; returns (ranks,
         *chunk), row s from rank s."""
         return self._run(("all_to_all",), chunks, _swap01, split=True)[0]
+
+
+_STORE_GONE = ("the process group's store does not answer ({}): the job's rank 0, which holds it "
+               "(MASTER_ADDR), has died")
+
+#: At most how long a rank waits for the others to answer a roll call after
+#: a collective failed.
+_ROLL_CALL = datetime.timedelta(seconds=5)
 
 
 def _identity(g: Any) -> Any:
