@@ -19,6 +19,8 @@ layer  module               job
 5      ``_amp``             ``torch.jax.amp``: torch.cuda.amp's aliases for 'jax'
 5      ``_accelerate``      accelerate's / Trainer's default device on an
                             accelerator plugin (an import hook)
+5      ``_lightning``       ``import lightning`` registers accelerator='jax'
+                            (imports :mod:`pjrt_host.lightning`; an import hook)
 4      ``_dispatch``        routing only: which handler runs an op
 3      ``_storage_ops``     copies, ``_to_copy``, ``item``, ``clone``, ``*_like``,
                             ``set_``, ``resize_``, batch-norm statistics
