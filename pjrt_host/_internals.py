@@ -158,6 +158,14 @@ INTERNALS: tuple[Internal, ...] = (
         pins=("tests/test_torch_views.py",),
     ),
     Internal(
+        names=("torch._debug_has_internal_overlap",),
+        files=("pjrt_host/_torch/_meta.py",),
+        why="an in-place write into a tensor whose elements overlap (an expanded view) raises torch's own "
+            "error, as CPU does; torch exposes its overlap check only under this name.",
+        fallback="none: in-place ops on 'jax' tensors raise AttributeError.",
+        pins=("tests/test_bad_inputs.py::test_the_device_refuses_what_cpu_refuses",),
+    ),
+    Internal(
         names=("torch.ops.aten._native_batch_norm_legit_functional.default", "torch.ops.aten._linalg_check_errors"),
         files=("pjrt_host/_torch/_storage_ops.py", "pjrt_host/_lowerings/ops_linalg.py"),
         why="private ATen ops the device runs: batch norm's functional form (running statistics written "
