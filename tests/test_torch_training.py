@@ -135,3 +135,31 @@ def test_transformer_trains_in_16_bits(dtype):
     model = TinyTransformer().to(dtype)
     tol = dict(rtol=3.2e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=1e-3)
     assert_same_training(model, make_batch, loss_fn, torch.optim.SGD, steps=1, lr=0.1, **tol)
+
+
+def test_backward_on_a_second_device_says_why_and_what_to_do():
+    """torch's autograd engine counts one device for a Python-registered
+    accelerator (PythonDeviceGuard::deviceCount returns 1), so a backward
+    over jax:1 cannot run in one process. It raises a RuntimeError naming
+    the way out, not torch's INTERNAL ASSERT, and jax:0 still trains after.
+    Pins torch's behaviour: if a torch release counts our devices, the
+    backward succeeds here and this test says the workaround can go."""
+    from conftest import run_python
+
+    code = (
+        "import torch\n"
+        "m = torch.nn.Linear(4, 1).to('jax:1')\n"
+        "try:\n"
+        "    m(torch.ones(2, 4, device='jax:1')).sum().backward()\n"
+        "    print('BACKWARD RAN')\n"
+        "except RuntimeError as e:\n"
+        "    print('ERROR', e)\n"
+        "m = torch.nn.Linear(4, 1).to('jax:0')\n"
+        "m(torch.ones(2, 4, device='jax:0')).sum().backward()\n"
+        "print('GRAD', m.weight.grad.cpu().tolist())\n")
+    proc = run_python(["-c", code], env={"PJRT_HOST_CPU_REF_DEVICES": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "BACKWARD RAN" not in proc.stdout, "torch now counts the device's devices: drop _backward._one_device_only"
+    error = next(line for line in proc.stdout.splitlines() if line.startswith("ERROR"))
+    assert "other than jax:0" in error and "own process" in error and "pjrt_host.spmd" in error
+    assert "GRAD [[2.0, 2.0, 2.0, 2.0]]" in proc.stdout

@@ -89,6 +89,20 @@ def _take() -> BaseException | None:
     return err
 
 
+def _one_device_only(err: BaseException) -> RuntimeError:
+    """torch's message when a backward runs on a 'jax' device other than
+    jax:0: its autograd engine keeps one queue per device, and the device
+    guard torch gives a Python-registered accelerator reports one device
+    (``PythonDeviceGuard::deviceCount`` returns 1 in torch/csrc/acc)."""
+    return RuntimeError(
+        "backward() over tensors on a 'jax' device other than jax:0 is not possible in one process: torch's "
+        "autograd engine keeps a queue per device and counts one device for a Python-registered accelerator "
+        "(torch's INTERNAL ASSERT on device_ready_queues_ was: "
+        f"{str(err).splitlines()[0][:160]}). Train on jax:0 and give each device its own process "
+        "(python -m pjrt_host launch or torchrun: each process's jax:0 is its own device), or shard one model "
+        "over all devices with pjrt_host.spmd.")
+
+
 def install() -> None:
     """Wrap torch's engine entry point once (cheap: one Python frame per
     backward call; nothing changes when no device error is pending)."""
@@ -109,9 +123,11 @@ def install() -> None:
         try:
             with _config.lent_to_other_threads():
                 result = run(*args, **kwargs)
-        except Exception:
+        except Exception as err:
             pending = _take()
             if pending is None:
+                if "device_ready_queues_" in str(err):
+                    raise _one_device_only(err) from err
                 raise
             raise pending from None
         pending = _take()
