@@ -70,6 +70,12 @@ CASES = {
     "masked_select float mask": lambda d: torch.masked_select(torch.ones(2, device=d), torch.ones(2, device=d)),
     "masked_select shapes": lambda d: torch.masked_select(torch.ones(2, 3, device=d),
                                                           torch.ones(2, 4, dtype=torch.bool, device=d)),
+    "conv2d bias of another length": lambda d: F.conv2d(torch.ones(1, 3, 6, 6, device=d),
+                                                        torch.ones(3, 3, 3, 3, device=d), torch.ones(4, device=d)),
+    "conv2d negative padding": lambda d: F.conv2d(torch.ones(1, 3, 6, 6, device=d), torch.ones(3, 3, 3, 3, device=d),
+                                                  padding=-1),
+    "conv_transpose2d output_padding too large": lambda d: F.conv_transpose2d(
+        torch.ones(1, 3, 6, 6, device=d), torch.ones(3, 3, 3, 3, device=d), output_padding=3),
     "slice_scatter src broadcast": lambda d: torch.slice_scatter(torch.zeros(3, 4, device=d),
                                                                  torch.ones(3, 1, device=d), 1, 0, 4, 2),
 }

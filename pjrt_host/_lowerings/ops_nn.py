@@ -162,11 +162,51 @@ def _conv2d_as_matmul(x, weight, stride, padding, dilation):
     return out.reshape(n, o, ho, wo)
 
 
+def _check_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """torch's refusals of a convolution's parameters and shapes, in its
+    order and words (ATen's check_shape_forward: its meta kernel checks
+    none of them, and jax's would name jax's arguments)."""
+    if any(s <= 0 for s in stride):
+        raise RuntimeError("non-positive stride is not supported")
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported")
+    if any(p < 0 for p in output_padding):
+        raise RuntimeError("negative output_padding is not supported")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError(f"dilation should be greater than zero, but got {list(dilation)}")
+    if groups <= 0:
+        raise RuntimeError("non-positive groups is not supported")
+    w = list(weight.shape)
+    if w[0] < groups:
+        raise RuntimeError(f"Given groups={groups}, expected weight to be at least {groups} at dimension 0, but got "
+                           f"weight of size {w} instead")
+    if w[0] % groups:
+        raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, but "
+                           f"got weight of size {w} instead")
+    channels, outputs = (w[0], w[1] * groups) if transposed else (w[1] * groups, w[0])
+    if x.ndim != weight.ndim or x.shape[1] != channels:
+        given = f"Given transposed=1, weight of size {w}" if transposed else \
+            f"Given groups={groups}, weight of size {w}"
+        raise RuntimeError(f"{given}, expected input{list(x.shape)} to have {channels} channels, but got "
+                           f"{x.shape[1] if x.ndim > 1 else 0} channels instead")
+    if bias is not None and (bias.ndim != 1 or bias.shape[0] != outputs):
+        given = f"Given transposed=1, weight of size {w}" if transposed else f"Given weight of size {w}"
+        raise RuntimeError(f"{given}, expected bias to be 1-dimensional with {outputs} elements, but got bias of "
+                           f"size {list(bias.shape)} instead")
+    if transposed and any(p >= s and p >= d for p, s, d in zip(output_padding, stride, dilation)):
+        names = ("depth", "height", "width")[-len(stride):]
+        raise RuntimeError("output padding must be smaller than either stride or dilation, but got " + " ".join(
+            [f"output_padding_{k}: {v}" for k, v in zip(names, output_padding)]
+            + [f"stride_{k}: {v}" for k, v in zip(names, stride)]
+            + [f"dilation_{k}: {v}" for k, v in zip(names, dilation)]))
+
+
 @lowering("aten::convolution", "aten::_convolution", opmath=False)
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *_flags):
     n = weight.ndim - 2
     stride, padding, dilation = (list(v) * n if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     output_padding = list(output_padding) * n if len(output_padding) == 1 else list(output_padding)
+    _check_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     if not transposed and _as_matmul(x, weight, stride, padding, dilation, groups):
         out = _conv2d_as_matmul(x, weight, stride, padding, dilation)
     elif not transposed:
