@@ -18,11 +18,13 @@ from .env import flag, integer, seconds, text
 
 __all__ = [
     "autoload_disabled",
+    "check_timeout",
     "cluster_detection_enabled",
     "coordinator_address",
     "coordinator_mode",
     "coordinator_port",
     "coordinator_timeout",
+    "donate_buffers",
     "eager_mode",
     "flag",
     "heartbeat_timeout",
@@ -87,6 +89,18 @@ def eager_mode() -> str:
                                       "comes), 'fused' (ops recorded and run in segments) or 'sync' (each op "
                                       "waited for, its checks raised at the op)")
     return value
+
+
+def donate_buffers() -> bool:
+    """``PJRT_HOST_DONATE=0`` never gives an op or a compiled graph the
+    buffers it overwrites (for comparisons of memory and speed).  Default: on."""
+    return flag("PJRT_HOST_DONATE", True)
+
+
+def check_timeout(default: float) -> float:
+    """``PJRT_HOST_CHECK_TIMEOUT``: seconds each ``pjrt_host check`` section
+    may take (default: the section's own limit)."""
+    return seconds("PJRT_HOST_CHECK_TIMEOUT", default)
 
 
 # -- the program cache -----------------------------------------------------------

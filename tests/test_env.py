@@ -121,3 +121,19 @@ def test_importing_it_imports_neither_torch_nor_jax() -> None:
     code = "import sys, pjrt_host.env; print(sorted(m for m in ('torch', 'jax', 'jaxlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("name", "read", "bad"), [
+    ("PJRT_HOST_DONATE", lambda: pjrt_host._env.donate_buffers(), "maybe"),
+    ("PJRT_HOST_CHECK_TIMEOUT", lambda: pjrt_host._env.check_timeout(60.0), "soon"),
+])
+def test_the_cores_own_settings_refuse_a_typo(monkeypatch: pytest.MonkeyPatch, name: str, read, bad: str) -> None:
+    """Every core setting is read in _env: a typo is an error naming it, not
+    silently the default (PJRT_HOST_DONATE=false used to mean on)."""
+    import pjrt_host._env
+
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(EnvironmentSettingError, match=name):
+        read()
+    monkeypatch.setenv(name, "0" if name == "PJRT_HOST_DONATE" else "15")
+    assert read() in (False, 15.0)

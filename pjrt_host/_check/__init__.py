@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import _registry
+from .. import _env, _registry
 
 __all__ = ["SCHEMA", "SECTIONS", "run"]
 
@@ -171,7 +171,7 @@ def _plugin_row(record: Any, name: str | None) -> dict[str, Any]:
 
 def _run_section(section: str, name: str, quick: bool, ops_filter: str | None, out: Any) -> dict[str, Any]:
     limit = _BY_NAME[section][3][0 if quick else 1]
-    limit = int(os.environ.get("PJRT_HOST_CHECK_TIMEOUT", limit))
+    limit = _env.check_timeout(limit)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="pjrt_host_check_") as tmp:
         result_file = Path(tmp) / "result.json"
@@ -202,7 +202,7 @@ def _run_section(section: str, name: str, quick: bool, ops_filter: str | None, o
         running = result.pop("running", None)
         where = f" in check {running!r}" if running else ""
         if timed_out:
-            why = (f"the section did not finish within {limit} s{where} (a hang, or a slow device: raise "
+            why = (f"the section did not finish within {limit:g} s{where} (a hang, or a slow device: raise "
                    "PJRT_HOST_CHECK_TIMEOUT)")
         elif rc < 0:
             why = f"the process crashed (signal {-rc}){where}"

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from .. import _env
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from . import _printing, _sharding, _views
 from ._devices import jax_device, torch_device
@@ -576,7 +577,7 @@ def write(t: JaxTensor, value: Any) -> None:
 #: Writes give up the array they overwrite when nothing else holds it (eager
 #: in-place / out= ops, writes through views, compiled graphs' input
 #: mutations); PJRT_HOST_DONATE=0 never does, for comparisons.
-DONATE = os.environ.get("PJRT_HOST_DONATE", "1") != "0"
+DONATE = _env.donate_buffers()
 
 
 def _view_writer(static: tuple, donate: bool = False) -> Any:
