@@ -88,3 +88,31 @@ def test_a_seed_draws_what_a_fresh_process_draws_after_any_history():
     for i, (want, got_first, got_after) in enumerate(zip(expected, first, after, strict=True)):
         assert got_first == want, f"draw {i}: {got_first} in this process, {want} in a fresh one"
         assert got_after == want, f"draw {i} after other calls: {got_after}, fresh: {want}"
+
+
+def _part_moments(z: "torch.Tensor") -> list[float]:
+    z = z.cpu().to(torch.complex128)
+    return [float(z.real.mean()), float(z.real.var()), float(z.imag.mean()), float(z.imag.var())]
+
+
+@pytest.mark.parametrize("name", ["rand", "randn"])
+def test_complex_draws_fill_both_parts_as_cpu_does_eager_and_compiled(name):
+    """torch draws a complex rand / randn part by part: rand's real and
+    imaginary parts are each uniform in [0, 1), randn's each normal with
+    variance 1/2 (so |z|^2 averages 1).  Eager, compiled and ``*_like`` in
+    a compiled graph draw the same distribution as CPU torch."""
+    n = 20000
+    factory, like = getattr(torch, name), getattr(torch, f"{name}_like")
+    torch.manual_seed(0)
+    cpu = _part_moments(factory(n, dtype=torch.complex64))
+    eager = factory(n, dtype=torch.complex64, device="jax")
+    compiled = torch.compile(lambda x: factory(x.shape, dtype=torch.complex64, device=x.device), backend="jax")
+    compiled_like = torch.compile(lambda x: like(x), backend="jax")
+    drawn = {"eager": eager, "compiled": compiled(torch.empty(n, device="jax")),
+             "compiled *_like": compiled_like(torch.empty(n, dtype=torch.complex64, device="jax"))}
+    for how, z in drawn.items():
+        assert z.dtype == torch.complex64, how
+        got = _part_moments(z)
+        assert float(z.imag.abs().max().cpu()) > 0, f"{how}: the imaginary part is all zeros"
+        for moment, (g, want) in enumerate(zip(got, cpu)):
+            assert abs(g - want) < 0.03, f"{how} {name}: moments {got}, CPU {cpu} (differs at {moment})"

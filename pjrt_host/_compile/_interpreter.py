@@ -3,9 +3,10 @@
 :class:`Program` reads a graph once (which ops it has, which of them have no
 lowering, which inputs it writes to) and :meth:`Program.run` evaluates it on
 jax values, to be traced by ``jax.jit``: every op goes through the lowering
-table's :func:`~pjrt_host._lowerings.invoke` (or a graph-form lowering of
-:mod:`._graph_ops`), results take the dtype of torch's fake tensor for the
-node, random ops get ``fold_in(key, node number)``.  Nothing here knows about
+table's :func:`~pjrt_host._lowerings.invoke` (the few ops that are not
+lowerings are in :mod:`._graph_ops`), results take the dtype of torch's fake
+tensor for the node (a factory gets its shape too), random ops get
+``fold_in(key, node number)``.  Nothing here knows about
 torch tensors or the device: inputs and outputs are jax values.
 """
 
@@ -64,7 +65,7 @@ class _Step(NamedTuple):
     fn: Any = None  # the Lowering, GraphOp or callable
     random: int = -1  # index of the random op (its key is fold_in(key, random))
     meta: Any = None  # result dtypes (lowering) / Out template (graph)
-    index: int = -1  # placeholder position (input), or mutated placeholder (copy_ into an input)
+    index: int = -1  # placeholder position (input), or the placeholder a lowering writes (copy_ into an input)
     checks: tuple[int, ...] = ()  # the op's index checks (numbers into Program.sites)
 
 
@@ -175,16 +176,21 @@ class Program:
                 return _Step("symbolic", node, sym)
             graph_op = _graph_ops.HANDLERS.get(short)
             if graph_op is not None:
-                index = -1
-                if short == "aten::copy_":
-                    dst = node.args[0]
-                    if isinstance(dst, torch.fx.Node) and dst in placeholders:
-                        index = placeholders[dst]
-                        if index not in self.mutated_inputs:
-                            self.mutated_inputs.append(index)
-                return _Step("graph", node, graph_op, self._next_random(graph_op.random), index=index,
+                return _Step("graph", node, graph_op, self._next_random(graph_op.random),
                              checks=self._checks(node, name))
             lowering = _lowerings.lookup(target)
+            if short == "aten::copy_" and lowering is not None:
+                # The one write a functional graph keeps: copy_ into an input
+                # (its lowering gives the input's new value, returned as a
+                # mutation).
+                index = -1
+                dst = node.args[0]
+                if isinstance(dst, torch.fx.Node) and dst in placeholders:
+                    index = placeholders[dst]
+                    if index not in self.mutated_inputs:
+                        self.mutated_inputs.append(index)
+                return _Step("lowering", node, lowering, meta=self._result_dtypes(node), index=index,
+                             checks=self._checks(node, name))
             writes = any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
             if lowering is None and not writes:
                 lowering = _lowerings.lookup(_InplaceName(name))
@@ -281,7 +287,10 @@ class Program:
                     if checks is not None and step.checks:
                         self._check(step.checks, env, bindings, checks)
                     c = ctx if step.random < 0 else dataclasses.replace(ctx, rng_key=jax.random.fold_in(key, step.random))
-                    env[node] = invoke(step.fn, args, kwargs, c, step.meta)
+                    shape = self._out(node, bindings).shape if step.fn.factory else None
+                    result = env[node] = invoke(step.fn, args, kwargs, c, step.meta, shape)
+                    if step.index >= 0:
+                        mutations.append((step.index, result))
                 elif kind == "graph":
                     args, kwargs = value(node.args), value(node.kwargs)
                     if checks is not None and step.checks:

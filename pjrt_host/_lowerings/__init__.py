@@ -32,11 +32,11 @@ import pkgutil
 import threading
 from typing import Any, Callable
 
-from ._invoke import LoweringContext, current_context, invoke
+from ._invoke import LoweringContext, Result, current_context, invoke
 
 __all__ = [
-    "DuplicateLoweringError", "Lowering", "LoweringContext", "current_context", "invoke", "load_all", "lookup",
-    "lowering", "registered_names",
+    "DuplicateLoweringError", "Lowering", "LoweringContext", "Result", "current_context", "invoke", "load_all",
+    "lookup", "lowering", "registered_names",
 ]
 
 logger = logging.getLogger(__name__)
@@ -71,6 +71,16 @@ class Lowering:
     #: them, whose outputs are too large for the engine's trial (the fused
     #: optimizers: a learning-rate schedule gives a new lr every step).
     traced_scalars: bool = False
+    #: Makes its result from its arguments alone (``zeros``, ``arange``,
+    #: ``randn``, ``*_like``): it takes a :class:`Result` first (after the
+    #: key of a random one), the shape and dtype torch's meta kernel gives,
+    #: which :func:`invoke` passes from its caller.
+    factory: bool = False
+    #: A random draw made element by element, each alike whatever the
+    #: result's shape (``rand``, ``uniform_``; not ``randperm``): a caller may
+    #: draw a small one in a larger flat buffer and cut it (eager does, so a
+    #: new shape does not compile a new random program).
+    per_element: bool = False
 
 
 class DuplicateLoweringError(RuntimeError):
@@ -82,20 +92,22 @@ _load_lock = threading.RLock()
 _loaded = False
 
 
-def lowering(*names: str, needs_rng: bool = False, data_dependent: bool = False,
-             opmath: bool = True, traced_scalars: bool = False) -> Callable[[Callable], Callable]:
+def lowering(*names: str, needs_rng: bool = False, data_dependent: bool = False, opmath: bool = True,
+             traced_scalars: bool = False, factory: bool = False,
+             per_element: bool = False) -> Callable[[Callable], Callable]:
     """Register the decorated function for each ATen op name, e.g.
     ``@lowering("aten::add.Tensor", "aten::add.Scalar")`` or a whole packet
     ``@lowering("aten::relu")``.  Returns the function unchanged, so lowerings
     can call each other.  A name registered twice raises
     :class:`DuplicateLoweringError` naming both places.  ``opmath=False``:
     see :attr:`Lowering.opmath` (random ops never take it: a draw rounded
-    from float32 could reach the top of its range)."""
+    from float32 could reach the top of its range).  ``factory``,
+    ``per_element``: see :class:`Lowering`."""
 
     def register(fn: Callable) -> Callable:
         where = f"{fn.__module__}:{fn.__qualname__}"
         record = Lowering(fn, tuple(_normalise(n) for n in names), needs_rng, data_dependent, where,
-                          opmath and not needs_rng, traced_scalars)
+                          opmath and not needs_rng, traced_scalars, factory, per_element)
         for name in record.names:
             previous = _TABLE.get(name)
             if previous is not None and previous.fn is not fn:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,15 @@ import jax.numpy as jnp
 if TYPE_CHECKING:
     from . import Lowering
 
-__all__ = ["LoweringContext", "current_context", "invoke", "stored_dtype"]
+__all__ = ["LoweringContext", "Result", "current_context", "invoke", "stored_dtype"]
+
+
+class Result(NamedTuple):
+    """What a factory lowering makes: the shape and jax dtype torch's meta
+    kernel (or a traced graph's fake tensor) gives its result."""
+
+    shape: tuple[int, ...]
+    dtype: Any
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,12 +77,19 @@ def current_context() -> LoweringContext:
 
 
 def invoke(lowering: Lowering, args: Sequence[Any], kwargs: Mapping[str, Any], ctx: LoweringContext,
-           result_dtypes: Any = None) -> Any:
+           result_dtypes: Any = None, result_shape: tuple[int, ...] | None = None) -> Any:
     """Run ``lowering`` on jax values with context ``ctx``.
 
     ``result_dtypes``: None keeps the lowering's dtypes; a jax dtype casts a
     single result; a sequence casts each result of a tuple / list (None
-    entries, and non-array results, stay as they are)."""
+    entries, and non-array results, stay as they are).  ``result_shape``:
+    the result's shape, which a factory lowering (``Lowering.factory``)
+    needs with its single result dtype."""
+    if lowering.factory:
+        if result_shape is None or result_dtypes is None or isinstance(result_dtypes, (tuple, list)):
+            raise RuntimeError(f"pjrt_host: {lowering.names[0]} makes a tensor from its arguments alone and its "
+                               "caller passed no result shape and dtype (invoke's result_shape, result_dtypes)")
+        args = (Result(tuple(result_shape), result_dtypes), *args)
     if lowering.needs_rng:
         if ctx.rng_key is None:
             raise RuntimeError(f"pjrt_host: {lowering.names[0]} is a random op and its caller passed no random key "

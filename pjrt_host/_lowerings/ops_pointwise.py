@@ -262,11 +262,6 @@ def polar(magnitude, angle):
     return jax.lax.complex(*jnp.broadcast_arrays(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle)))
 
 
-@lowering("aten::to.dtype")
-def to_dtype(x, dtype, non_blocking=False, copy=False, memory_format=None):
-    return cast(x, dtype)
-
-
 @lowering("aten::type_as")
 def type_as(x, other):
     return x.astype(other.dtype)

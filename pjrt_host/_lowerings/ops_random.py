@@ -5,7 +5,8 @@ key as its first argument, drawn from the device's random state
 (``torch.manual_seed`` / ``torch.jax.manual_seed``), and drops torch's
 ``generator`` argument (a CPU generator seeds the draw instead).  A lowering
 registered under an in-place name (``aten::normal_``) returns the new value
-of ``self``; the dispatcher writes it back through self's view.
+of ``self``; the dispatcher writes it back through self's view.  The random
+factories (``rand``, ``randn`` ...) are in ``ops_factories``.
 """
 
 from __future__ import annotations
@@ -19,51 +20,51 @@ from ._util import widened
 __all__: list[str] = []
 
 
-def random_lowering(*names: str):
-    return lowering(*names, needs_rng=True)
+def random_lowering(*names: str, per_element: bool = False):
+    return lowering(*names, needs_rng=True, per_element=per_element)
 
 
 def _float(x):
     return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
 
 
-@random_lowering("aten::normal_")
+@random_lowering("aten::normal_", per_element=True)
 def normal_(key, self, mean=0.0, std=1.0, *, generator=None):
     dt = _float(self)
     return (jax.random.normal(key, self.shape, dt) * std + mean).astype(self.dtype)
 
 
-@random_lowering("aten::uniform_")
+@random_lowering("aten::uniform_", per_element=True)
 def uniform_(key, self, from_=0.0, to=1.0, *, generator=None):
     dt = _float(self)
     return jax.random.uniform(key, self.shape, dt, from_, to).astype(self.dtype)
 
 
-@random_lowering("aten::exponential_")
+@random_lowering("aten::exponential_", per_element=True)
 def exponential_(key, self, lambd=1.0, *, generator=None):
     dt = _float(self)
     return (jax.random.exponential(key, self.shape, dt) / lambd).astype(self.dtype)
 
 
-@random_lowering("aten::log_normal_")
+@random_lowering("aten::log_normal_", per_element=True)
 def log_normal_(key, self, mean=1.0, std=2.0, *, generator=None):
     dt = _float(self)
     return jnp.exp(jax.random.normal(key, self.shape, dt) * std + mean).astype(self.dtype)
 
 
-@random_lowering("aten::cauchy_")
+@random_lowering("aten::cauchy_", per_element=True)
 def cauchy_(key, self, median=0.0, sigma=1.0, *, generator=None):
     dt = _float(self)
     return (jax.random.cauchy(key, self.shape, dt) * sigma + median).astype(self.dtype)
 
 
-@random_lowering("aten::geometric_")
+@random_lowering("aten::geometric_", per_element=True)
 def geometric_(key, self, p, *, generator=None):
     u = jax.random.uniform(key, self.shape, jnp.float64, minval=jnp.finfo(jnp.float64).tiny)
     return jnp.ceil(jnp.log(u) / jnp.log1p(-p)).astype(self.dtype)
 
 
-@random_lowering("aten::bernoulli_.float")
+@random_lowering("aten::bernoulli_.float", per_element=True)
 def bernoulli_float_(key, self, p=0.5, *, generator=None):
     return jax.random.bernoulli(key, p, self.shape).astype(self.dtype)
 
@@ -90,7 +91,7 @@ def _random_range(key, shape, dtype, low, high):
     return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
 
 
-@random_lowering("aten::random_.from")
+@random_lowering("aten::random_.from", per_element=True)
 def random_from_(key, self, from_, to=None, *, generator=None):
     if to is None:
         info = jnp.iinfo(self.dtype) if jnp.issubdtype(self.dtype, jnp.integer) else None
@@ -99,12 +100,12 @@ def random_from_(key, self, from_, to=None, *, generator=None):
     return _random_range(key, self.shape, self.dtype, from_, to)
 
 
-@random_lowering("aten::random_.to")
+@random_lowering("aten::random_.to", per_element=True)
 def random_to_(key, self, to, *, generator=None):
     return _random_range(key, self.shape, self.dtype, 0, to)
 
 
-@random_lowering("aten::random_")
+@random_lowering("aten::random_", per_element=True)
 def random_(key, self, *, generator=None):
     if self.dtype == jnp.bool_:
         high = 2

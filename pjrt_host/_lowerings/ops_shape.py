@@ -176,14 +176,15 @@ def as_strided(x, size, stride, storage_offset=None):
     return jnp.ravel(x)[jnp.asarray(index)]
 
 
-@lowering("aten::clone", "aten::contiguous", "aten::lift", "aten::_conj_copy")
+@lowering("aten::clone", "aten::contiguous", "aten::lift", "aten::lift_fresh_copy", "aten::_conj_copy")
 def clone(x, *, memory_format=None):
     return x
 
 
-@lowering("aten::copy")
+@lowering("aten::copy", "aten::copy_", opmath=False)
 def copy(x, src, non_blocking=False):
-    """The functional ``copy_``: ``src`` broadcast to ``x``'s shape, in ``x``'s dtype."""
+    """The functional ``copy_`` (and ``copy_``'s new value of ``x``): ``src``
+    broadcast to ``x``'s shape, in ``x``'s dtype."""
     return jnp.broadcast_to(src.astype(x.dtype), x.shape)
 
 

@@ -128,7 +128,7 @@ def handler_for(func: Any) -> Handler:
         handler = _indices_as_torch_reads_them(handler, name)
     elif _index_checks.indexes_along_dim(name):
         handler = _index_moved_to_device(handler)
-    elif name in _DRAWS:
+    elif _draws_per_element(func):
         handler = _drawn_in_buckets(handler)
     return handler
 
@@ -150,11 +150,12 @@ def _after(check: Callable[[], None], handler: Handler) -> Handler:
     return checked
 
 
-#: In-place random ops that fill self with draws independent of its values
-#: and of its shape (each element alike): ``nn.init`` and ``empty(n).uniform_()``.
-_DRAWS = frozenset({"aten::uniform_", "aten::normal_", "aten::exponential_", "aten::log_normal_",
-                    "aten::cauchy_", "aten::geometric_", "aten::bernoulli_.float", "aten::random_",
-                    "aten::random_.from", "aten::random_.to"})
+def _draws_per_element(func: Any) -> bool:
+    """An in-place random op that fills self with draws independent of its
+    values and of its shape (``Lowering.per_element``): ``nn.init`` and
+    ``empty(n).uniform_()``."""
+    lowering = _lowerings.lookup(func)
+    return lowering is not None and lowering.per_element and not lowering.factory
 
 
 def _drawn_in_buckets(handler: Handler) -> Handler:
@@ -241,7 +242,7 @@ def _handler_for(func: Any) -> Handler:
             return lambda args, kwargs: func.decompose(*args, **kwargs)
         return lambda args, kwargs: run_view(func, args, kwargs)
     mutable = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    lowering = _lowerings.lookup(func)
+    lowering = _eager_lowering(func)
     if not mutable:
         if lowering is not None:
             return CompiledOp(func, lowering).__call__
@@ -260,7 +261,7 @@ def _handler_for(func: Any) -> Handler:
             return functools.partial(_write_back_each, functional[0], schema, mutable)
         if functional is not None:
             functional_op, out_names = functional
-            functional_lowering = _lowerings.lookup(functional_op)
+            functional_lowering = _eager_lowering(functional_op)
             if functional_lowering is not None:
                 if out_names:
                     return CompiledOp(func, functional_lowering, out_names=out_names, meta_op=functional_op).__call__
@@ -275,6 +276,15 @@ def _handler_for(func: Any) -> Handler:
     if decomposition is not None:
         return lambda args, kwargs: decomposition(*args, **kwargs)
     return lambda args, kwargs: _last_resort(func, args, kwargs)
+
+
+def _eager_lowering(func: Any) -> Any:
+    """The lowering the engine compiles for ``func``: none for a factory,
+    which the device makes itself (``_factories``: placed on its device, a
+    small draw bucketed); one that reaches here (an ``out=`` form, a factory
+    given tensor bounds) is decomposed."""
+    lowering = _lowerings.lookup(func)
+    return None if lowering is None or lowering.factory else lowering
 
 
 #: View ops whose result reads exactly what self reads (autograd's

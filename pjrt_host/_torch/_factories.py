@@ -1,146 +1,44 @@
 """Tensors made from nothing on the 'jax' device: ``torch.zeros(...,
-device='jax')``, ``torch.randn``, ``torch.arange`` ...
+device='jax')``, ``torch.randn``, ``torch.arange`` ...: the storage side of
+the factory lowerings (``_lowerings.ops_factories``, which compiled graphs
+run too).
 
 torch's meta kernel of the factory gives the result's shape and dtype (and
-its errors for bad arguments); the values are computed by one compiled
-function per factory and static arguments, placed directly on the target
-device.  Random factories draw from the device's random state.  A factory
-without a builder here is computed on torch CPU and moved (one copy), which
-is exact for every factory torch has.
+its errors for bad arguments); the values are the factory's lowering, one
+compiled function per factory and static arguments, placed directly on the
+target device.  Random factories draw from the device's random state;
+small ones (``Lowering.per_element``) in power-of-two buckets.  ``empty``
+is made lazily.  A factory without a lowering is computed on torch CPU and
+moved (one copy), which is exact for every factory torch has.
 
-Builders are declared with :func:`factory`; ``_registration.FACTORY_OPS``
-names the overloads that get a device kernel (it cannot import this module:
-registration runs inside ``import torch`` and must not import jax), and a
-test keeps the two in step.
+``_kernels.FACTORY_OPS`` names the overloads that get a device kernel (it
+cannot read the lowering table: registration runs inside ``import torch``
+and must not import jax); tests/test_torch_device.py keeps the two equal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
-from typing import Any, Callable
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import torch
 
+from .. import _lowerings
 from .._lowerings._dtypes import jax_dtype
-from .._lowerings._util import arange_values, linspace_values
-from . import _memory, _rng
+from . import _config, _memory, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, sharding
 from ._dtype_policy import device_dtype
+from ._engine import lowering_context
 from ._tensor import new_tensor, wrap_array
 
-__all__ = ["BUILDERS", "bucket", "factory", "run", "run_named"]
+__all__ = ["bucket", "factory_lowering", "run", "run_named"]
 
 logger = logging.getLogger(__name__)
-
-# A builder takes (overload name, args, shape, jax dtype) and returns a
-# traceable key -> array, or None to compute the factory on torch CPU.
-Builder = Callable[[str, tuple, tuple, Any], Callable[[Any], Any] | None]
-
-
-class _Factory:
-    __slots__ = ("build", "random", "elementwise")
-
-    def __init__(self, build: Builder, random: bool, elementwise: bool) -> None:
-        self.build = build
-        self.random = random
-        #: Each element drawn alike whatever the shape: a small tensor is
-        #: drawn flat in a power-of-two bucket and cut to its shape, so a
-        #: program compiles per bucket, not per shape (a random program
-        #: takes XLA about 0.5 s to compile on a CPU).
-        self.elementwise = elementwise
-
-
-#: packet name ("zeros", "arange") -> its builder.
-BUILDERS: dict[str, _Factory] = {}
-
-
-def factory(*packets: str, random: bool = False, elementwise: bool = False) -> Callable[[Builder], Builder]:
-    """Declare the builder of the factories ``packets``; ``random`` ones get
-    a key drawn from the device's random state (see _Factory for
-    ``elementwise``)."""
-
-    def register(fn: Builder) -> Builder:
-        for packet in packets:
-            BUILDERS[packet] = _Factory(fn, random, elementwise)
-        return fn
-
-    return register
-
-
-@factory("zeros")
-def _zeros(name, args, shape, dtype):
-    return lambda key: jnp.zeros(shape, dtype)
-
-
-@factory("ones")
-def _ones(name, args, shape, dtype):
-    return lambda key: jnp.ones(shape, dtype)
-
-
-@factory("full")
-def _full(name, args, shape, dtype):
-    fill = args[1]
-    return lambda key: jnp.full(shape, fill, dtype)
-
-
-@factory("scalar_tensor")
-def _scalar_tensor(name, args, shape, dtype):
-    value = args[0]
-    return lambda key: jnp.asarray(value, dtype)
-
-
-@factory("eye")
-def _eye(name, args, shape, dtype):
-    n = args[0]
-    m = args[1] if len(args) > 1 else n
-    return lambda key: jnp.eye(n, m, dtype=dtype)
-
-
-@factory("arange")
-def _arange(name, args, shape, dtype):
-    if name == "arange":
-        start, step = 0, 1
-    else:
-        start = args[0]
-        step = args[2] if len(args) > 2 else 1
-    return lambda key: arange_values(start, step, shape[0], dtype)
-
-
-@factory("linspace")
-def _linspace(name, args, shape, dtype):
-    start, end, steps = args[0], args[1], args[2]
-    return lambda key: linspace_values(start, end, steps, dtype)
-
-
-@factory("randn", random=True, elementwise=True)
-def _randn(name, args, shape, dtype):
-    return lambda key: jax.random.normal(key, shape, dtype)
-
-
-@factory("rand", random=True, elementwise=True)
-def _rand(name, args, shape, dtype):
-    if jnp.issubdtype(dtype, jnp.complexfloating):  # torch: real and imaginary parts each uniform in [0, 1)
-        part = jnp.finfo(dtype).dtype
-        return lambda key: jax.lax.complex(*jax.random.uniform(key, (2,) + tuple(shape), part))
-    return lambda key: jax.random.uniform(key, shape, dtype)
-
-
-@factory("randint", random=True, elementwise=True)
-def _randint(name, args, shape, dtype):
-    low, high = (0, args[0]) if name in ("randint", "randint.generator") else (args[0], args[1])
-    return lambda key: jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
-
-
-@factory("randperm", random=True)
-def _randperm(name, args, shape, dtype):
-    n = args[0]
-    return lambda key: jax.random.permutation(key, n).astype(dtype)
-
 
 # ---------------------------------------------------------------- running them
 
@@ -192,12 +90,13 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         # fails here, as it would on cuda, not at some later op.
         _memory.check_fits(math.prod(shape) * meta.element_size(), index, f"aten::{name}")
         return new_tensor(shape, dtype, index)
-    builder = BUILDERS.get(name.split(".", 1)[0])
-    if builder is None or any(isinstance(a, torch.Tensor) for a in args):
-        return _on_cpu(_aten(name), args, kwargs, index)
+    op = _aten(name)
+    lowering = factory_lowering(op)
+    if lowering is None or any(isinstance(a, torch.Tensor) for a in args):
+        return _on_cpu(op, args, kwargs, index)
     numel = math.prod(shape)
     drawn = shape
-    if builder.elementwise and 0 < numel <= _BUCKETED:
+    if lowering.per_element and 0 < numel <= _BUCKETED:
         drawn = (bucket(numel),)
     try:  # a bucketed draw is keyed without its size (its only list argument)
         key = (name, _freeze(args if drawn == shape else tuple(a for a in args if not isinstance(a, (list, tuple)))),
@@ -206,28 +105,41 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
     except TypeError:
         key, fn = None, None
     if fn is None:
-        values = builder.build(name, args, drawn, jax_dtype(dtype))
-        if values is None:
-            return _on_cpu(_aten(name), args, kwargs, index)
-        if builder.random:
-            def body(key_data, counter):
-                return values(jax.random.fold_in(jax.random.wrap_key_data(key_data, impl="threefry2x32"), counter))
-        else:
-            def body():
-                return values(None)
-        body.__name__ = body.__qualname__ = f"aten.{name}"  # what jax's compile logs and events name
-        fn = jax.jit(body, out_shardings=sharding(index))
+        fn = _compile(name, lowering, args, kwargs, jax_dtype(dtype), drawn, index)
         if key is not None:
             _compiled[key] = fn
-    arr = fn(*_rng.next_key_args(index, kwargs.get("generator"))) if builder.random else fn()
+    arr = fn(*_rng.next_key_args(index, kwargs.get("generator"))) if lowering.needs_rng else fn()
     if drawn != shape:
         arr = _cut(arr, shape)
     return wrap_array(arr, index, dtype)
 
 
-#: Elementwise random factories and in-place draws (``uniform_``,
-#: ``normal_`` ...) of at most this many elements are drawn in power-of-two
-#: buckets (see _Factory).
+def factory_lowering(op: Any) -> Any:
+    """The factory lowering of ``op`` (an overload), or None."""
+    found = _lowerings.lookup(op)
+    return found if found is not None and found.factory else None
+
+
+def _compile(name: str, lowering: Any, args: tuple, kwargs: dict, dtype: Any, shape: tuple, index: int) -> Any:
+    """The factory's lowering jitted on the target device, its arguments
+    static (what the key in ``_compiled`` holds)."""
+    ctx = lowering_context(_config.current())
+    if lowering.needs_rng:
+        def body(key_data, counter):
+            key = jax.random.fold_in(jax.random.wrap_key_data(key_data, impl="threefry2x32"), counter)
+            return _lowerings.invoke(lowering, args, kwargs, dataclasses.replace(ctx, rng_key=key), dtype, shape)
+    else:
+        def body():
+            return _lowerings.invoke(lowering, args, kwargs, ctx, dtype, shape)
+    body.__name__ = body.__qualname__ = f"aten.{name}"  # what jax's compile logs and events name
+    return jax.jit(body, out_shardings=sharding(index))
+
+
+#: Random factories and in-place draws made element by element
+#: (``Lowering.per_element``: ``rand``, ``uniform_``, ``normal_`` ...) of at
+#: most this many elements are drawn in power-of-two buckets, so a program
+#: compiles per bucket, not per shape (a random program takes XLA about
+#: 0.5 s to compile on a CPU).
 _BUCKETED = 1 << 16
 
 

@@ -4,9 +4,10 @@ cloning (free: jax arrays are immutable), ``set_``, ``resize_``, ``*_like``
 factories, and batch norm's running-statistics update.
 
 Declared with :func:`storage_op`; the dispatcher routes these names here
-before anything else.  The lowering table has graph forms of some of them
-(``clone``, ``lift_fresh``) for callers that trace whole graphs; eager calls
-never reach those.
+before anything else.  The lowering table has the values of some of them
+(``clone``, ``lift_fresh``, ``_to_copy``'s cast, ``copy_``'s new value) for
+callers that trace whole graphs; here eager adds what is about storage
+(devices, layouts, views, sharing an array).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     dtype = device_dtype(dtype)
     arr = read(self)
     if arr.dtype != jax_dtype(dtype):
-        arr = _cast(arr, dtype)
+        arr = _cast(arr, dtype, func)
     if index != self._storage.device_index:
         # To another device: a sharded tensor is gathered there.
         arr = _sharding.device_put(arr, jax_device(index))
@@ -101,11 +102,16 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
 _cast_cache: dict[torch.dtype, Any] = {}
 
 
-def _cast(arr: Any, dtype: torch.dtype) -> Any:
+def _cast(arr: Any, dtype: torch.dtype, to_copy: Any) -> Any:
+    """The values of ``arr`` in ``dtype``: the lowering of ``to_copy`` (the
+    ``_to_copy`` overload), as a compiled graph computes them."""
     fn = _cast_cache.get(dtype)
     if fn is None:
         target = jax_dtype(dtype)
-        fn = _cast_cache[dtype] = jax.jit(lambda a: a.astype(target))
+        lowering = _lowerings.lookup(to_copy)
+        ctx = _lowerings.LoweringContext()  # a cast does no matmul and draws nothing
+        fn = _cast_cache[dtype] = jax.jit(
+            lambda a: _lowerings.invoke(lowering, (a,), {"dtype": dtype}, ctx, target))
     return fn(arr)
 
 
@@ -160,7 +166,7 @@ def sparse_dense_dim(func: Any, args: tuple, kwargs: dict) -> int:
     return 0 if func.name() == "aten::sparse_dim" else args[0].dim()
 
 
-@storage_op("aten::clone")
+@storage_op("aten::clone", "aten::lift_fresh_copy")  # lift_fresh_copy: what its decomposition amounts to
 def clone(func: Any, args: tuple, kwargs: dict) -> Any:
     """A copy in ``memory_format`` (torch's default, preserve_format: the
     source's own strides where they are dense, as on CPU).  jax arrays
