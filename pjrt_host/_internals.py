@@ -20,7 +20,7 @@ value must have it).  Markers pjrt_host sets on torch's objects
 (``_pjrt_host``) are its own.
 
 What torch *functions* pjrt_host replaces is a separate inventory:
-``pjrt_host._torch._registration.PATCHES`` (tests/test_checkpoints.py
+``pjrt_host._torch._patches.PATCHES`` (tests/test_checkpoints.py
 checks it); the replaced functions that are private are listed here too.
 
 This module imports nothing: it is data.
@@ -100,7 +100,7 @@ INTERNALS: tuple[Internal, ...] = (
         names=("torch._C._get_privateuse1_backend_name", "torch._C._get_accelerator",
                "torch._C._accelerator_getAccelerator"),
         files=("pjrt_host/_torch/_registration.py", "pjrt_host/_torch/_builtin.py",
-               "pjrt_host/_torch/_accelerator.py"),
+               "pjrt_host/_torch/_accelerator.py", "pjrt_host/_torch/_storage_bridge.py"),
         why="who owns PrivateUse1 already (another backend: leave it) and which accelerator torch would "
             "use, read without initialising any device.",
         fallback="none: registration raises AttributeError at the first 'jax' tensor.",
@@ -120,7 +120,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         names=("torch._C.DispatchKey", "torch._C.DispatchKeySet", "torch._C._ExcludeDispatchKeyGuard",
                "torch._C._dispatch_has_kernel_for_dispatch_key", "._op_dk"),
-        files=("pjrt_host/_torch/_dispatch.py", "pjrt_host/_torch/_registration.py"),
+        files=("pjrt_host/_torch/_dispatch.py", "pjrt_host/_torch/_autocast.py"),
         why="kernels registered per dispatch key, torch's own kernels of a key for a composite op "
             "(`OpOverload._op_dk`, what `OpOverload.decompose` uses) and re-dispatch below the device's key.",
         fallback="none for the keys; without `_op_dk` composite ops fall to decompositions or the CPU "
@@ -213,7 +213,7 @@ INTERNALS: tuple[Internal, ...] = (
     # -- modules, autograd, generators --------------------------------------------------------
     Internal(
         names=("torch.nn.Module._apply", "._parameters"),
-        files=("pjrt_host/_torch/_modules.py",),
+        files=("pjrt_host/_torch/_patches.py", "pjrt_host/_torch/_modules.py"),
         why="module.to('jax') keeps parameter objects and tied weights (replaces `_apply`, listed in "
             "PATCHES; reads a module's own `_parameters`).",
         fallback="none: the patch fails to install.",
@@ -222,7 +222,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("torch.autograd._engine_run_backward", "torch._C._current_graph_task_id"),
-        files=("pjrt_host/_torch/_backward.py",),
+        files=("pjrt_host/_torch/_patches.py", "pjrt_host/_torch/_backward.py"),
         why="a device error inside backward raises at backward(), not abort() (the replacement is in "
             "PATCHES); whether the current thread is inside a backward.",
         fallback="none: the patch fails to install.",
@@ -230,7 +230,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("torch._C.Generator",),
-        files=("pjrt_host/_torch/_generators.py",),
+        files=("pjrt_host/_torch/_patches.py", "pjrt_host/_torch/_generators.py"),
         why="torch.Generator(device='jax'): torch.Generator is this C++ class, whose metaclass is patched "
             "(PATCHES).",
         fallback="none: the patch fails to install.",

@@ -40,7 +40,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ._jax_settings import x64_api as _x64_api
 from . import _runtime
 from ._torch import _hiding
-from ._torch import _devices, _registration, _sharding, _tensor
+from ._torch import _devices, _loader, _sharding, _tensor
 from ._torch._tensor import JaxTensor
 
 __all__ = [
@@ -57,7 +57,7 @@ class ShardingError(ValueError):
 
 def _global_devices() -> list[Any]:
     """The plugin's devices in every process of the job, device id i = i-th."""
-    _registration._device()  # the device's dispatcher: tensors may be made here first
+    _loader.device()  # the device's dispatcher: tensors may be made here first
     _devices._all()  # the client, and jax's settings for the device
     return list(jax.devices(_runtime.backend_name()))
 

@@ -264,7 +264,7 @@ def test_transformers_save_pretrained_and_from_pretrained(tmp_path):
 
 
 def test_registration_patches_are_exactly_the_inventory():
-    from pjrt_host._torch import _accelerator, _registration
+    from pjrt_host._torch import _accelerator, _patches
 
     torch.ones(1, device=DEV)  # the backward hook comes with the first 'jax' tensor
 
@@ -274,14 +274,15 @@ def test_registration_patches_are_exactly_the_inventory():
             obj = getattr(obj, part)
         return obj
 
-    for name in _registration.PATCHES:
+    for name in _patches.PATCHES:
         if name.startswith("torch.") and " " not in name:
             assert getattr(resolve(name), "_pjrt_host", False), name
     assert getattr(type(torch._C.Generator).__call__, "_pjrt_host", False)
     wrapped = {n for n in dir(torch.accelerator) if getattr(getattr(torch.accelerator, n), "_pjrt_host", False)}
     assert wrapped == set(_accelerator.FUNCTIONS)
-    # Nothing else of torch.Tensor / UntypedStorage / nn.Module is ours.
-    for cls in (torch.Tensor, torch.UntypedStorage, torch.nn.Module):
-        ours = {f"torch.{'nn.Module' if cls is torch.nn.Module else cls.__name__}.{n}" for n, v in vars(cls).items()
+    # Nothing else of torch.Tensor / UntypedStorage / nn.Module / TransformerEncoder is ours.
+    for cls, path in ((torch.Tensor, "torch.Tensor"), (torch.UntypedStorage, "torch.UntypedStorage"),
+                      (torch.nn.Module, "torch.nn.Module"), (torch.nn.TransformerEncoder, "torch.nn.TransformerEncoder")):
+        ours = {f"{path}.{n}" for n, v in vars(cls).items()
                 if getattr(v, "_pjrt_host", False) or getattr(getattr(v, "__func__", None), "_pjrt_host", False)}
-        assert ours <= set(_registration.PATCHES), ours
+        assert ours <= set(_patches.PATCHES), ours

@@ -202,3 +202,20 @@ def test_jax_settings_change_in_one_module():
         if "jax.config.update(" in text or "config.update(\"jax_" in text:
             offenders.append(name)
     assert offenders == [], f"process-wide jax settings changed outside pjrt_host._jax_settings: {offenders}"
+
+
+def test_torch_is_patched_from_the_inventory_module_only():
+    """Every replacement of a torch function is assigned by
+    ``_torch._patches`` (its inventory lists it); feature modules only make
+    the wrappers.  Two modules mark what they wrap of other libraries, not
+    torch (each an inventory row reached through an import hook):
+    ``_accelerate`` (accelerate / transformers) and ``lightning._register``
+    (Lightning's connectors)."""
+    others = ("pjrt_host._torch._patches", "pjrt_host._torch._accelerate", "pjrt_host.lightning._register")
+    offenders = []
+    for name, path in all_modules().items():
+        if name in others:
+            continue
+        if "_pjrt_host = True" in path.read_text():
+            offenders.append(name)
+    assert offenders == [], f"torch patched outside pjrt_host._torch._patches: {offenders}"

@@ -206,7 +206,7 @@ def test_cpu_results_unchanged_on_torch_opinfo_samples():
 
 PATCH_STATE = """
     import json, torch
-    from pjrt_host._torch import _registration
+    from pjrt_host._torch import _patches
 
     def resolve(path):
         obj = torch
@@ -215,7 +215,7 @@ PATCH_STATE = """
         return obj
 
     def patched():
-        names = {n for n in _registration.PATCHES if " " not in n and getattr(resolve(n), "_pjrt_host", False)}
+        names = {n for n in _patches.PATCHES if " " not in n and getattr(resolve(n), "_pjrt_host", False)}
         if getattr(type(torch._C.Generator).__call__, "_pjrt_host", False):
             names.add("torch._C.Generator.__call__ (its metaclass)")
         return sorted(names)
@@ -229,16 +229,17 @@ PATCH_STATE = """
 
 
 def test_patches_are_the_inventory_deferred_where_possible_and_can_be_switched_off():
-    """Every patch of _registration.PATCHES is installed at import, except
+    """Every patch of _patches.PATCHES is installed at import, except
     the backward hook (only after the first 'jax' tensor);
     PJRT_HOST_SKIP_PATCHES turns named ones or all off, and the device still
     computes and differentiates without them."""
-    from pjrt_host._torch import _registration
+    from pjrt_host._torch import _patches
 
-    everything = set(_registration.PATCHES)
-    backward = {n for n, (key, _) in _registration.PATCHES.items() if key == "backward"}
-    keys = {key for key, *_ in _registration._optional()}
-    assert {key for key, _ in _registration.PATCHES.values()} <= keys
+    everything = set(_patches.PATCHES)
+    backward = {n for n, (key, _) in _patches.PATCHES.items() if key == "backward"}
+    keys = {patch.key for patch in _patches.INVENTORY}
+    assert {key for key, _ in _patches.PATCHES.values()} <= keys
+    assert len(keys) == len(_patches.INVENTORY), "a key names one row"
 
     default = run(PATCH_STATE)
     assert default.returncode == 0, default.stderr[-3000:]
@@ -252,7 +253,7 @@ def test_patches_are_the_inventory_deferred_where_possible_and_can_be_switched_o
 
     some = run(PATCH_STATE, extra_env={"PJRT_HOST_SKIP_PATCHES": "backward, pin_memory"})
     assert some.returncode == 0, some.stderr[-3000:]
-    pin = {n for n, (key, _) in _registration.PATCHES.items() if key == "pin_memory"}
+    pin = {n for n, (key, _) in _patches.PATCHES.items() if key == "pin_memory"}
     assert set(json.loads(some.stdout.strip().splitlines()[-1])["after"]) == everything - backward - pin
 
     typo = run(PATCH_STATE, extra_env={"PJRT_HOST_SKIP_PATCHES": "backwards"})

@@ -78,6 +78,29 @@ def test_random_factories_have_torch_shapes_and_ranges():
     assert sorted(p.tolist()) == list(range(10))
 
 
+def test_one_table_says_which_ops_are_factories():
+    """The overloads that get a device kernel at ``import torch``
+    (``_kernels.FACTORY_OPS``, which cannot import jax) are exactly the
+    factory lowerings of ops without a tensor argument, each registered
+    under its own name; ``empty_permuted`` alone reaches the device's
+    fallback (computed on the CPU for its strides, then moved)."""
+    from pjrt_host import _lowerings
+    from pjrt_host._torch import _kernels
+
+    _lowerings.load_all()
+    tables = {name: record for name, record in _lowerings._TABLE.items() if record.factory}
+    made_from_nothing = set()
+    for name in tables:
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        if not any(isinstance(a.type, torch.TensorType) for a in op._schema.arguments):
+            made_from_nothing.add(name)
+    listed = {"aten::" + name.removesuffix(".default") for name in _kernels.FACTORY_OPS}
+    assert made_from_nothing - {"aten::empty_permuted"} == listed
+    random = {name for name in listed if tables[name].needs_rng}
+    assert random == {n for n in listed if n.split("::")[1].split(".")[0] in ("rand", "randn", "randint", "randperm")}
+
+
 def test_default_device():
     torch.set_default_device(DEV)
     try:

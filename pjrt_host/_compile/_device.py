@@ -284,9 +284,9 @@ def eager_dispatch_hooks() -> list[tuple[Any, str]]:
     """(object, attribute) of every function through which an eager op
     reaches the device: ``__torch_dispatch__``'s target and the C++
     kernels' targets.  Tests wrap them to count eager ops."""
-    from .._torch import _factories, _registration
+    from .._torch import _factories, _loader
 
-    return [(_tensor, "_dispatch"), (_registration, "_dispatch_fn"), (_factories, "run_named"), (_factories, "run")]
+    return [(_tensor, "_dispatch"), (_loader, "_dispatch_fn"), (_factories, "run_named"), (_factories, "run")]
 
 
 def out_of_memory(err: BaseException, what: str, index: int) -> Exception | None:

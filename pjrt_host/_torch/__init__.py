@@ -13,8 +13,16 @@ rule lives:
 =====  ===================  ====================================================
 layer  module               job
 =====  ===================  ====================================================
-5      ``_registration``    torch's side: PrivateUse1 name, hooks, kernels; loads
-                            the device on first use and installs the dispatcher
+5      ``_registration``    torch's side: PrivateUse1 name, ``torch.jax``, hooks
+                            and device guard; registers kernels and patches
+5      ``_kernels``         device-key kernels (factories, ``_to_copy``,
+                            ``copy_``) and the fallback
+5      ``_autocast``        ``torch.autocast('jax')``'s op lists and kernels
+5      ``_autograd_kernels`` dense sparse-gradient formulas, checked composites
+5      ``_patches``         every replacement of a torch function, listed once
+                            and installed only from here
+5      ``_loader``          loads the device on first use, installs the
+                            dispatcher
 5      ``_device_module``   ``torch.jax`` (device count, current device, seeds)
 5      ``_amp``             ``torch.jax.amp``: torch.cuda.amp's aliases for 'jax'
 5      ``_accelerate``      accelerate's / Trainer's default device on an
@@ -24,7 +32,8 @@ layer  module               job
 4      ``_dispatch``        routing only: which handler runs an op
 3      ``_storage_ops``     copies, ``_to_copy``, ``item``, ``clone``, ``*_like``,
                             ``set_``, ``resize_``, batch-norm statistics
-3      ``_factories``       ``torch.zeros(..., device='jax')`` and friends
+3      ``_factories``       ``torch.zeros(..., device='jax')`` and friends: the
+                            storage side of the factory lowerings
 3      ``_cpu_fallback``    ``config(cpu_fallback=True)``
 3      ``_view_ops``        view ops: new tensors over the same storage
 2      ``_engine``          an op compiled per signature, run through

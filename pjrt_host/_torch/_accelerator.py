@@ -9,7 +9,7 @@ torch's signatures; with any other accelerator they are torch's own,
 untouched (the wrappers call the originals).
 
 Installed once at autoload (no jax import); listed in
-``_registration.PATCHES``.
+``_patches.INVENTORY``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from . import _device_module
 from ._devices import DEVICE_NAME
 
-__all__ = ["FUNCTIONS", "install"]
+__all__ = ["FUNCTIONS", "wrap"]
 
 
 def _ours() -> bool:
@@ -90,27 +90,18 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
 # gives the one whose synchronize() waits).
 
 
-def install() -> list[str]:
-    """Wrap each of :data:`FUNCTIONS` in ``torch.accelerator`` (and its
-    ``memory`` submodule); returns the names wrapped.  Idempotent."""
-    import torch.accelerator as accelerator
+def wrap(name: str) -> Callable[[Any], Any]:
+    """The maker of the wrapper of ``torch.accelerator.<name>`` (one of
+    :data:`FUNCTIONS`): ours for 'jax', torch's original otherwise
+    (``_patches`` installs it, in ``torch.accelerator.memory`` too)."""
+    ours = FUNCTIONS[name]
 
-    memory = getattr(accelerator, "memory", None)
-    done = []
-    for name, ours in FUNCTIONS.items():
-        original = getattr(accelerator, name, None)
-        if original is None or getattr(original, "_pjrt_host", False):
-            continue
-
-        def wrapper(*args: Any, __original=original, __ours=ours, **kwargs: Any) -> Any:
+    def make(original: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             if _ours():
-                return __ours(*args, **kwargs)
-            return __original(*args, **kwargs)
+                return ours(*args, **kwargs)
+            return original(*args, **kwargs)
 
-        wrapper = functools.wraps(original)(wrapper)
-        wrapper._pjrt_host = True  # type: ignore[attr-defined]
-        setattr(accelerator, name, wrapper)
-        if memory is not None and getattr(memory, name, None) is original:
-            setattr(memory, name, wrapper)
-        done.append(name)
-    return done
+        return functools.wraps(original)(wrapper)
+
+    return make

@@ -38,11 +38,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["defer", "inside_backward", "install"]
+__all__ = ["defer", "inside_backward", "wrap_engine_run_backward"]
 
 _lock = threading.Lock()
 _pending: BaseException | None = None
-_installed = False
 
 
 def inside_backward() -> bool:
@@ -103,18 +102,10 @@ def _one_device_only(err: BaseException) -> RuntimeError:
         "over all devices with pjrt_host.spmd.")
 
 
-def install() -> None:
-    """Wrap torch's engine entry point once (cheap: one Python frame per
-    backward call; nothing changes when no device error is pending)."""
-    global _installed
-    if _installed:
-        return
-    import torch.autograd as autograd
-
-    run = getattr(autograd, "_engine_run_backward", None)
-    if run is None:  # torch moved it: errors still surface, as torch's own message
-        return
-
+def wrap_engine_run_backward(run: Any) -> Any:
+    """torch's engine entry point raising a pending device error at
+    backward() (``_patches`` installs it: one Python frame per backward
+    call; nothing changes when no device error is pending)."""
     from . import _config
 
     @functools.wraps(run)
@@ -135,6 +126,4 @@ def install() -> None:
             raise pending
         return result
 
-    _engine_run_backward._pjrt_host = True  # type: ignore[attr-defined]
-    autograd._engine_run_backward = _engine_run_backward
-    _installed = True
+    return _engine_run_backward

@@ -32,7 +32,7 @@ import torch
 
 from ._devices import DEVICE_NAME, device_index
 
-__all__ = ["JaxGenerator", "install"]
+__all__ = ["JaxGenerator", "wrap_generator_call"]
 
 
 class JaxGenerator(torch._C.Generator):
@@ -67,14 +67,9 @@ def _device_of_call(args: tuple, kwargs: dict) -> Any:
     return args[0] if args else None
 
 
-def install() -> None:
-    """Give torch.Generator's metaclass a ``__call__`` that knows 'jax'
-    (idempotent)."""
-    meta = type(torch._C.Generator)
-    current = meta.__dict__.get("__call__")
-    if getattr(current, "_pjrt_host", False):
-        return
-    base_call = current if current is not None else type.__call__
+def wrap_generator_call(base_call: Any) -> Any:
+    """torch.Generator's metaclass ``__call__`` knowing 'jax' (``_patches``
+    installs it)."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is torch._C.Generator:
@@ -83,5 +78,4 @@ def install() -> None:
                 return _new(device_index(device))
         return base_call(cls, *args, **kwargs)
 
-    __call__._pjrt_host = True  # type: ignore[attr-defined]
-    meta.__call__ = __call__  # type: ignore[method-assign]
+    return __call__

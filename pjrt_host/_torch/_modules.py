@@ -28,7 +28,7 @@ Two more rules for modules on 'jax' live here: an exported program's graph
 module moved to or from 'jax' moves the devices burnt into its ops with its
 weights (:func:`_move_graph_devices`), and ``nn.TransformerEncoder`` runs
 'jax' inputs without packing them into nested tensors
-(:func:`_install_encoder_rule`).
+(:func:`wrap_encoder_forward`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch
 
 from ._devices import DEVICE_NAME, current_index
 
-__all__ = ["install"]
+__all__ = ["wrap_apply", "wrap_encoder_forward"]
 
 _local = threading.local()
 
@@ -142,7 +142,7 @@ def _move_graph_devices(graphs: list[torch.fx.GraphModule], devices: list) -> No
             gm.recompile()
 
 
-def _install_encoder_rule() -> None:
+def wrap_encoder_forward(original: Any) -> Any:
     """``nn.TransformerEncoder`` in eval with a ``src_key_padding_mask``
     packs its input into a nested tensor (``_nested_tensor_from_mask``) for
     every device torch lists for its fast path, 'jax' (PrivateUse1) among
@@ -154,12 +154,7 @@ def _install_encoder_rule() -> None:
     leaves zeros at padding positions; the unnested path, values there).  The
     module itself is not changed: the forward runs over a shallow copy of
     its attributes with ``use_nested_tensor`` False.  CPU and other devices
-    take torch's path unchanged."""
-    cls = torch.nn.TransformerEncoder
-    original = cls.forward
-    if getattr(original, "_pjrt_host", False):
-        return
-
+    take torch's path unchanged.  (``_patches`` installs it.)"""
     device_name, compiling = DEVICE_NAME, torch.compiler.is_compiling  # closure cells: see below
 
     def forward(self, src, *args, **kwargs):
@@ -181,17 +176,12 @@ def _install_encoder_rule() -> None:
     forward.__qualname__ = original.__qualname__
     forward.__module__ = original.__module__
     forward.__wrapped__ = original  # type: ignore[attr-defined]
-    forward._pjrt_host = True  # type: ignore[attr-defined]
-    cls.forward = forward  # type: ignore[method-assign]
+    return forward
 
 
-def install() -> None:
-    """Wrap ``nn.Module._apply`` once (idempotent), and
-    ``nn.TransformerEncoder.forward`` (:func:`_install_encoder_rule`)."""
-    _install_encoder_rule()
-    original = torch.nn.Module._apply
-    if getattr(original, "_pjrt_host", False):
-        return
+def wrap_apply(original: Any) -> Any:
+    """``nn.Module._apply`` keeping parameter objects and tied weights
+    (``_patches`` installs it)."""
 
     def _apply(self, fn, recurse=True):
         if getattr(_local, "depth", 0):
@@ -210,6 +200,5 @@ def install() -> None:
         return result
 
     _apply.__doc__ = original.__doc__
-    _apply._pjrt_host = True  # type: ignore[attr-defined]
     _apply.__wrapped__ = original  # type: ignore[attr-defined]
-    torch.nn.Module._apply = _apply  # type: ignore[method-assign]
+    return _apply

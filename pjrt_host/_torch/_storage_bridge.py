@@ -42,7 +42,8 @@ import torch
 
 from ._devices import DEVICE_NAME
 
-__all__ = ["Entry", "device_storage", "entry_of", "new_staged", "register_serialization", "staged"]
+__all__ = ["Entry", "device_storage", "entry_of", "new_staged", "register_serialization", "staged", "wrap_pin_memory",
+           "wrap_storage_constructor", "wrap_storage_nbytes", "wrap_storage_new", "wrap_storage_resize"]
 
 _lock = threading.Lock()
 _entries: dict[int, "Entry"] = {}  #: data pointer -> entry
@@ -271,3 +272,101 @@ def register_serialization() -> None:
     priority = next(p for p in range(generic - 1, -1000, -1) if p not in taken)
     serialization.register_package(priority, _tag, _deserialize)
     _serialization_registered = True
+
+
+# ---------------------------------------------------------------- torch's storage API for 'jax'
+#
+# The wrappers below replace torch's own (``_patches`` installs them, each
+# once); every device but 'jax' goes to torch's original as before.
+
+def wrap_pin_memory(original: Any) -> Any:
+    """``tensor.pin_memory()`` with no device pins for the current
+    accelerator, which is now 'jax'; torch's pinned allocator for it would
+    have to come from C++ hooks a Python backend cannot register, and PJRT
+    copies from any host memory anyway.  So pinning for 'jax' returns the
+    tensor as it is (unpinned) -- what a CPU-only program got before the
+    device existed (e.g. ``DataLoader(pin_memory=True)``)."""
+    def pin_memory(self, device=None):
+        target = device
+        if target is None:
+            acc = torch._C._accelerator_getAccelerator()
+            target = acc.type if acc is not None else None
+        elif not isinstance(target, str):
+            target = torch.device(target).type
+        if target is not None and str(target).split(":", 1)[0] == DEVICE_NAME:
+            return self
+        return original(self) if device is None else original(self, device)
+
+    pin_memory.__doc__ = original.__doc__
+    return pin_memory
+
+
+def wrap_storage_constructor(original: Any) -> Any:
+    """``torch.UntypedStorage(n, device='jax')`` (and ``(sequence, device=
+    'jax')``): torch's constructor asks the device's C++ allocator, which a
+    Python backend cannot register, and dereferences a null one (the process
+    ends).  For 'jax' it makes a storage of this module instead."""
+    def __new__(cls, *args, **kwargs):
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == DEVICE_NAME:
+            return _new_device_storage(args, kwargs)
+        return original(cls, *args, **kwargs)
+
+    return __new__
+
+
+def wrap_storage_new(original: Any) -> Any:
+    """``storage.new()``: an empty storage of the same device, through the
+    same missing allocator."""
+
+    def new(self):
+        if self.device.type == DEVICE_NAME:
+            return new_staged(0, self.device.index or 0)
+        return original(self)
+
+    new.__doc__ = original.__doc__
+    return new
+
+
+# resize_ / nbytes: FSDP2 frees and re-allocates unsharded parameters through
+# their storage (resize_(0), resize_(n), size()); torch would ask the
+# device's C++ hooks, which a Python backend cannot fill.
+
+def wrap_storage_resize(original: Any) -> Any:
+    def resize_(self, size):
+        if self.device.type == DEVICE_NAME and resize(self, size):
+            return self
+        return original(self, size)
+
+    resize_.__doc__ = original.__doc__
+    return resize_
+
+
+def wrap_storage_nbytes(original: Any) -> Any:
+    def nbytes_(self):
+        if self.device.type == DEVICE_NAME:
+            found = nbytes(self)
+            if found is not None:
+                return found
+        return original(self)
+
+    nbytes_.__doc__ = original.__doc__
+    nbytes_.__name__ = nbytes_.__qualname__ = "nbytes"
+    return nbytes_
+
+
+def _new_device_storage(args: tuple, kwargs: dict) -> Any:
+    from ._devices import device_index
+
+    extra = sorted(set(kwargs) - {"device"})
+    if extra or len(args) > 1:
+        raise TypeError(f"pjrt_host: torch.UntypedStorage(..., device='{DEVICE_NAME}') takes a size or a "
+                        f"sequence of bytes, not {extra or args[1:]}")
+    index = device_index(kwargs["device"])
+    data = args[0] if args else 0
+    if isinstance(data, int):
+        if data < 0:
+            raise RuntimeError(f"Storage size must be non-negative, got {data}")
+        return new_staged(data, index)
+    host = torch.UntypedStorage(data)  # torch's checks of a byte sequence, on the CPU
+    return staged(host, index)

@@ -1,0 +1,126 @@
+"""The device key's kernels: what torch calls for 'jax' work that carries no
+'jax' tensor (factories) or runs with Python dispatch off (``_to_copy``,
+``copy_``), and the fallback for every other such op.
+
+Registered inside ``import torch``: cheap, no jax, no op tables.  Each kernel
+loads the device on its first call (``_loader``).  Names, not
+``torch.ops.aten`` attributes: an overload a torch release drops is skipped,
+never an import error.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from . import _loader
+
+__all__ = ["DEVICE_OPS", "FACTORY_OPS", "aten_op", "never_traced", "register"]
+
+logger = logging.getLogger(__name__)
+
+#: Kept alive: dropping a library unregisters its kernels.
+_libraries: list[torch.library.Library] = []
+
+# Factory ops that get a kernel of their own on the device key.  Without one,
+# torch runs its composite kernel (e.g. zeros = empty + zero_), which works
+# but costs an extra op.  Exactly the overloads the lowering table marks
+# ``factory`` (tests/test_torch_device.py keeps them equal; this list cannot
+# read the table, which imports jax).
+FACTORY_OPS = (
+    "empty.memory_format",
+    "empty_strided",
+    "zeros",
+    "ones",
+    "full",
+    "scalar_tensor",
+    "arange",
+    "arange.start",
+    "arange.start_step",
+    "linspace",
+    "eye",
+    "eye.m",
+    "randn",
+    "rand",
+    "randint",
+    "randint.low",
+    "randperm",
+    # With generator= (torch.Generator(device='jax') or a CPU one): drawn on
+    # the device, the key seeded from the generator.
+    "randn.generator",
+    "rand.generator",
+    "randint.generator",
+    "randint.low_generator",
+    "randperm.generator",
+)
+
+# Ops torch runs on the device key itself, with Python dispatch turned off
+# (``torch.tensor(data, device='jax')`` calls ``_to_copy`` that way).
+DEVICE_OPS = ("_to_copy", "copy_")
+
+
+def never_traced(fn: Callable) -> Callable:
+    # C++ -> Python entry points: dynamo must never trace them, also when a
+    # compiled function's graph break runs an op eagerly.
+    from . import _hiding
+
+    return _hiding.never_traced(fn)
+
+
+def aten_op(name: str) -> Any:
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+
+def register() -> torch.library.Library:
+    """Register the fallback and the kernels of :data:`FACTORY_OPS` and
+    :data:`DEVICE_OPS`; returns the ``aten`` library other kernels join."""
+    from .. import _jax_settings
+
+    scoped = _jax_settings.x64_scope
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(never_traced(scoped(_factory_fallback)), "PrivateUse1")
+    # torch.autocast('jax'): ops pass through, except those _autocast lists.
+    fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    _libraries.append(fallback)
+    aten = torch.library.Library("aten", "IMPL")
+    _libraries.append(aten)
+    for names, make_kernel in ((FACTORY_OPS, _factory_kernel), (DEVICE_OPS, _device_kernel)):
+        for name in names:
+            try:
+                aten.impl(name, never_traced(scoped(make_kernel(name))), "PrivateUse1")
+            except Exception as err:  # a renamed overload must not stop the device
+                logger.debug("no PrivateUse1 kernel for aten::%s: %s", name, err)
+    return aten
+
+
+def _factory_kernel(name: str) -> Callable:
+    def kernel(*args, **kwargs):
+        return _loader.factories().run_named(name, args, kwargs)
+
+    kernel.__name__ = f"jax_{name.replace('.', '_')}"
+    return never_traced(kernel)
+
+
+def _device_kernel(name: str) -> Callable:
+    op = None
+
+    def kernel(*args, **kwargs):
+        nonlocal op
+        if op is None:
+            op = aten_op(name)
+        return _loader.device()(op, args, kwargs)
+
+    kernel.__name__ = f"jax_{name.replace('.', '_')}"
+    return never_traced(kernel)
+
+
+def _factory_fallback(op, *args, **kwargs):
+    # Reached by ops dispatched on the device key with no tensor of ours among
+    # their inputs: factories without a kernel of their own.
+    return _loader.factories().run(op, args, kwargs)
+
+
+never_traced(_factory_fallback)

@@ -1,0 +1,194 @@
+"""Every change pjrt_host makes to torch's own objects, listed once and
+installed from here.
+
+Besides the registrations torch offers (device name, device module, hooks,
+kernels), a few features need a function of torch replaced.  Each is a row
+of :data:`INVENTORY`: its key in ``PJRT_HOST_SKIP_PATCHES``, when it is
+installed, the feature it serves, what it replaces and why.  The wrappers
+themselves live with their feature (``_storage_bridge``, ``_modules``,
+``_generators``, ``_accelerator``, ``_backward``); only :func:`_replace`
+here assigns them to torch.  Each replacement carries ``_pjrt_host = True``
+and defers to torch's original for everything but 'jax';
+tests/test_checkpoints.py checks that what is marked is exactly
+:data:`PATCHES`.
+
+Each serves one feature and leans on torch internals a torch release may
+change: one that fails costs its feature (named in the warning), never the
+device.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from . import _accelerate, _accelerator, _backward, _generators, _lightning, _modules, _storage_bridge
+
+__all__ = ["INVENTORY", "PATCHES", "Patch", "install", "skipped_patches"]
+
+logger = logging.getLogger(__name__)
+
+
+class Patch(NamedTuple):
+    """One row of the inventory."""
+
+    #: Its key in ``PJRT_HOST_SKIP_PATCHES``.
+    key: str
+    #: 'import': at registration, inside ``import torch`` (what a program
+    #: reaches before it has a 'jax' tensor: ``torch.load``, ``module.to``,
+    #: ``torch.Generator``, ``init_process_group``); 'device': when the device
+    #: loads, at the first 'jax' tensor (what only matters once one exists).
+    phase: str
+    #: The feature it serves (named when it is off or fails).
+    feature: str
+    #: (torch attribute replaced, why) -- empty for a registration through
+    #: an API torch offers, or a change outside torch (accelerate's).
+    replaces: tuple[tuple[str, str], ...]
+    install: Callable[[], None]
+
+
+def _replace(owner: Any, name: str, original: Any, make: Callable[[Any], Any], static: bool = False) -> Any:
+    """``owner.name = make(original)``, once (a replacement is marked
+    ``_pjrt_host``); returns the replacement, or None when there was
+    nothing to replace or it is already ours.  ``original`` is passed
+    written out, so that the internals scan (tests/test_internals.py) sees
+    which attribute of torch each patch replaces."""
+    if original is None or getattr(original, "_pjrt_host", False):
+        return None
+    new = make(original)
+    new._pjrt_host = True
+    setattr(owner, name, staticmethod(new) if static else new)
+    return new
+
+
+def _install_pin_memory() -> None:
+    _replace(torch.Tensor, "pin_memory", torch.Tensor.pin_memory, _storage_bridge.wrap_pin_memory)
+
+
+def _install_storage() -> None:
+    cls = torch.UntypedStorage
+    _replace(cls, "__new__", cls.__new__, _storage_bridge.wrap_storage_constructor, static=True)
+    _replace(cls, "new", cls.new, _storage_bridge.wrap_storage_new)
+    _replace(cls, "resize_", cls.resize_, _storage_bridge.wrap_storage_resize)
+    _replace(cls, "nbytes", cls.nbytes, _storage_bridge.wrap_storage_nbytes)
+
+
+def _install_accelerator() -> None:
+    import torch.accelerator as accelerator
+
+    memory = getattr(accelerator, "memory", None)
+    for name in _accelerator.FUNCTIONS:
+        original = getattr(accelerator, name, None)
+        new = _replace(accelerator, name, original, _accelerator.wrap(name))
+        if new is not None and memory is not None and getattr(memory, name, None) is original:
+            setattr(memory, name, new)
+
+
+def _install_module_to() -> None:
+    encoder = torch.nn.TransformerEncoder
+    _replace(encoder, "forward", encoder.forward, _modules.wrap_encoder_forward)
+    _replace(torch.nn.Module, "_apply", torch.nn.Module._apply, _modules.wrap_apply)
+
+
+def _install_generator() -> None:
+    meta = type(torch._C.Generator)
+    _replace(meta, "__call__", meta.__call__, _generators.wrap_generator_call)
+
+
+def _install_backward() -> None:
+    import torch.autograd as autograd
+
+    # Gone in a later torch: nothing is replaced, and errors still surface,
+    # as torch's own message.
+    _replace(autograd, "_engine_run_backward", getattr(autograd, "_engine_run_backward", None),
+             _backward.wrap_engine_run_backward)
+
+
+def _install_c10d() -> None:
+    from . import _c10d
+
+    _c10d.register()
+
+
+_STORAGE = "torch's constructor would dereference a null allocator (no C++ allocator can be registered from Python)"
+
+INVENTORY: tuple[Patch, ...] = (
+    Patch("pin_memory", "import", "tensor.pin_memory() for 'jax'",
+          (("torch.Tensor.pin_memory", "pinning for 'jax' (DataLoader(pin_memory=True)) returns the tensor: no "
+                                       "pinned allocator can be registered from Python"),),
+          _install_pin_memory),
+    Patch("serialization", "import", "torch.load(map_location='jax')", (), _storage_bridge.register_serialization),
+    Patch("storage", "import", "torch.UntypedStorage(n, device='jax')",
+          (("torch.UntypedStorage.__new__", f"UntypedStorage(n, device='jax'): {_STORAGE}"),
+           ("torch.UntypedStorage.new", f"storage.new() of a 'jax' storage: {_STORAGE}"),
+           ("torch.UntypedStorage.resize_", "FSDP2 frees / re-allocates parameters by resizing their storage"),
+           ("torch.UntypedStorage.nbytes", "a freed 'jax' storage reports 0 bytes")),
+          _install_storage),
+    Patch("accelerator", "import", "torch.accelerator memory figures and synchronize",
+          tuple((f"torch.accelerator.{name}", "answered by torch.jax: torch asks a C++ allocator / device guard")
+                for name in _accelerator.FUNCTIONS),
+          _install_accelerator),
+    Patch("module_to", "import", "module.to('jax') keeping parameter objects and tied weights",
+          (("torch.nn.Module._apply", "module.to('jax') keeps parameter objects and tied weights"),
+           ("torch.nn.TransformerEncoder.forward", "an encoder with a padding mask would pack a nested tensor, "
+                                                   "which the device cannot hold")),
+          _install_module_to),
+    Patch("generator", "import", "torch.Generator(device='jax')",
+          (("torch._C.Generator.__call__ (its metaclass)", "torch.Generator(device='jax')"),),
+          _install_generator),
+    Patch("c10d", "import", "the 'pjrt' torch.distributed backend", (), _install_c10d),
+    Patch("accelerate", "import", "accelerate's and Trainer's default device 'jax' on an accelerator plugin (an "
+                                  "import hook: neither is imported)", (), _accelerate.install),
+    Patch("lightning", "import", "Trainer(accelerator='jax') and Fabric(accelerator='jax') (an import hook: "
+                                 "Lightning is not imported)", (), _lightning.install),
+    Patch("backward", "device", "device errors inside backward() raised at backward()",
+          (("torch.autograd._engine_run_backward", "a device error inside backward raises at backward(), not "
+                                                   "abort() (installed at the first 'jax' tensor)"),),
+          _install_backward),
+)
+
+#: torch attribute replaced -> (its key in PJRT_HOST_SKIP_PATCHES, why).
+PATCHES: dict[str, tuple[str, str]] = {name: (patch.key, why) for patch in INVENTORY for name, why in patch.replaces}
+
+
+def skipped_patches() -> set[str]:
+    """The patch keys ``PJRT_HOST_SKIP_PATCHES`` names (comma-separated, or
+    ``all``); an unknown key is an error naming the known ones, at once."""
+    raw = os.environ.get("PJRT_HOST_SKIP_PATCHES", "").strip()
+    if not raw:
+        return set()
+    keys = {k.strip() for k in raw.split(",") if k.strip()}
+    known = {patch.key for patch in INVENTORY}
+    if "all" in keys:
+        return known
+    unknown = keys - known
+    if unknown:
+        raise ValueError(f"PJRT_HOST_SKIP_PATCHES names {sorted(unknown)}; the patches are {sorted(known)} "
+                         f"(or 'all')")
+    return keys
+
+
+def install(phase: str) -> None:
+    """Install the patches of ``phase`` ('import' or 'device') not skipped
+    by ``PJRT_HOST_SKIP_PATCHES``; one that fails is a warning naming its
+    feature."""
+    try:
+        skip = skipped_patches()
+    except ValueError as err:
+        logger.warning("pjrt_host: %s; no patch is skipped", err)
+        skip = set()
+    for patch in INVENTORY:
+        if patch.phase != phase:
+            continue
+        if patch.key in skip:
+            logger.info("pjrt_host: %s is off (PJRT_HOST_SKIP_PATCHES=%s)", patch.feature, patch.key)
+            continue
+        try:
+            patch.install()
+        except Exception as err:
+            logger.warning("pjrt_host: %s is unavailable with this torch (%s): %s: %s. The 'jax' device "
+                           "works without it; please report this with your torch version.",
+                           patch.feature, torch.__version__, type(err).__name__, err)
