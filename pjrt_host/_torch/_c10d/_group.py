@@ -21,6 +21,8 @@ ranks that did not answer.
 from __future__ import annotations
 
 import datetime
+import functools
+import inspect
 import threading
 from typing import Any
 
@@ -28,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..._jax_settings import x64_if_loaded as _x64_if_loaded
-from . import _tensors
+from . import _mesh, _tensors
 from ._mesh import GroupMesh
 from ._p2p import PointToPoint
 from ._tensors import is_jax as _is_jax
@@ -50,6 +52,28 @@ def is_async(opts: Any) -> bool:
     """Whether the caller asked for an asynchronous collective (c10d's
     options say so; without options, as c10d's default: yes)."""
     return bool(getattr(opts, "asyncOp", True))
+
+
+def _waits_if_synchronous(fn: Any) -> Any:
+    """A collective method that, called synchronously (its ``opts`` say
+    ``asyncOp=False``), returns only once the collectives it ran are done:
+    one that failed or timed out raises there, naming itself and the ranks
+    that did not answer (``_mesh``).  Called asynchronously it returns at
+    once: the device runs collectives in issue order, so any later op sees
+    their results (and a failure shows where they are read)."""
+    position = list(inspect.signature(fn).parameters).index("opts")
+
+    @functools.wraps(fn)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        opts = kwargs["opts"] if "opts" in kwargs else (args[position] if len(args) > position else None)
+        if is_async(opts) or _mesh.is_holding():  # asynchronous, or inside a synchronous call already
+            return fn(*args, **kwargs)
+        with _mesh.holding_results() as held:
+            work = fn(*args, **kwargs)
+            _mesh.wait_for(held)
+        return work
+
+    return method
 
 
 _REDUCE_NAMES = {
@@ -124,29 +148,33 @@ class ProcessGroupJax(dist.ProcessGroup):
     # ------------------------------------------------------------ collectives
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         if not any(_is_jax(t) for t in tensors):
             return self._cpu.allreduce(tensors, opts) if opts is not None else self._cpu.allreduce(tensors)
         op = reduce_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for t in tensors:
             self._write(t, self._engine(t).reduce(self._read(t), op))
-        return self._work(tensors, opts)
+        return completed_work(tensors)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
         if not any(_is_jax(t) for t in tensors):
             return self._cpu.allreduce_coalesced(tensors, opts)
         return self.allreduce(tensors, opts)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def broadcast(self, tensors: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in tensors):
             return self._cpu.broadcast(tensors, opts)
         for t in tensors:
             self._write(t, self._engine(t).broadcast(self._read(t), opts.rootRank))
-        return self._work(tensors, opts)
+        return completed_work(tensors)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         if not any(_is_jax(t) for t in inputs):
             return self._cpu.allgather(output_lists, inputs, opts) if opts is not None else \
@@ -155,23 +183,26 @@ class ProcessGroupJax(dist.ProcessGroup):
             gathered = self._engine(t).gather(self._read(t))
             for i, out in enumerate(outputs):
                 self._write(out, gathered[i])
-        return self._work(output_lists, opts)
+        return completed_work(output_lists)
 
+    @_waits_if_synchronous
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         if not _is_jax(input):
             return self._cpu._allgather_base(output, input, opts) if opts is not None else \
                 self._cpu._allgather_base(output, input)
         gathered = self._engine(input).gather(self._read(input))
         self._write(output, gathered.reshape(tuple(output.shape)))
-        return self._work(output, opts)
+        return completed_work(output)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
         for output, t in zip(outputs, inputs):
             self._allgather_base(output, t, opts)
-        return self._work(outputs, opts)
+        return completed_work(outputs)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in outputs):
             return self._cpu.reduce_scatter(outputs, input_lists, opts)
@@ -181,23 +212,26 @@ class ProcessGroupJax(dist.ProcessGroup):
         for out, inputs in zip(outputs, input_lists):
             stacked = jnp.stack([self._read(t) for t in inputs])
             self._write(out, self._engine(out).reduce_scatter(stacked, op)[0])
-        return self._work(outputs, opts)
+        return completed_work(outputs)
 
+    @_waits_if_synchronous
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         if not _is_jax(input):
             return self._cpu._reduce_scatter_base(output, input, opts)
         op = reduce_name(opts.reduceOp)
         chunks = self._read(input).reshape((self._size, *tuple(output.shape)))
         self._write(output, self._engine(input).reduce_scatter(chunks, op)[0])
-        return self._work(output, opts)
+        return completed_work(output)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any) -> Any:
         for output, t in zip(outputs, inputs):
             self._reduce_scatter_base(output, t, opts)
-        return self._work(outputs, opts)
+        return completed_work(outputs)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
                       input_split_sizes: list, opts: Any = None) -> Any:
         if not _is_jax(input):
@@ -208,7 +242,7 @@ class ProcessGroupJax(dist.ProcessGroup):
             return self._uneven_alltoall(output, input, list(output_split_sizes), list(input_split_sizes), opts)
         chunks = self._read(input).reshape((n, input.shape[0] // n, *tuple(input.shape[1:])))
         self._write(output, self._engine(input).all_to_all(chunks).reshape(tuple(output.shape)))
-        return self._work(output, opts)
+        return completed_work(output)
 
     def _uneven_alltoall(self, output: torch.Tensor, input: torch.Tensor, out_splits: list,
                          in_splits: list, opts: Any) -> Any:
@@ -230,27 +264,31 @@ class ProcessGroupJax(dist.ProcessGroup):
                             for a, k in zip(starts, in_splits)])
         received = engine.all_to_all(chunks)  # (n, widest, *rest), row s from rank s
         self._write(output, jnp.concatenate([received[s, :k] for s, k in enumerate(out_splits)]))
-        return self._work(output, opts)
+        return completed_work(output)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def reduce(self, tensors: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in tensors):
             return self._cpu.reduce(tensors, opts)
         return self.reduce_to_root(tensors, opts.reduceOp, opts.rootRank, opts)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def gather(self, output_lists: list, inputs: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in inputs):
             return self._cpu.gather(output_lists, inputs, opts)
         return self.gather_to_root(output_lists, inputs, opts.rootRank, opts)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def scatter(self, outputs: list, input_lists: list, opts: Any) -> Any:
         if not any(_is_jax(t) for t in outputs):
             return self._cpu.scatter(outputs, input_lists, opts)
         return self.scatter_from_root(outputs, input_lists, opts.rootRank, opts)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
         if not any(_is_jax(t) for t in inputs):
             return self._cpu.alltoall(outputs, inputs, opts) if opts is not None else \
@@ -263,9 +301,10 @@ class ProcessGroupJax(dist.ProcessGroup):
         received = self._engine(inputs[0]).all_to_all(jnp.stack([self._read(t) for t in inputs]))
         for i, out in enumerate(outputs):
             self._write(out, received[i])
-        return self._work(outputs, opts)
+        return completed_work(outputs)
 
     @_x64_if_loaded
+    @_waits_if_synchronous
     def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         if not any(_is_jax(t) for t in inputs):
             return self._cpu.allgather_coalesced(output_lists, inputs, opts)
@@ -297,22 +336,25 @@ class ProcessGroupJax(dist.ProcessGroup):
     # ------------------------------------------------------------ rooted collectives
     # (also what the dispatcher's c10d::reduce_ / gather_ / scatter_ run)
 
+    @_waits_if_synchronous
     def reduce_to_root(self, tensors: list, reduce_op: Any, root: int, opts: Any = None) -> Any:
         op = reduce_name(reduce_op)
         for t in tensors:
             result = self._engine(t).reduce(self._read(t), op)
             if self._rank == root:
                 self._write(t, result)
-        return self._work(None, opts)
+        return completed_work()
 
+    @_waits_if_synchronous
     def gather_to_root(self, output_lists: list | None, inputs: list, root: int, opts: Any = None) -> Any:
         for outputs, t in zip(output_lists or [[]] * len(inputs), inputs):
             gathered = self._engine(t).gather(self._read(t))
             if self._rank == root:
                 for i, out in enumerate(outputs):
                     self._write(out, gathered[i])
-        return self._work(None, opts)
+        return completed_work()
 
+    @_waits_if_synchronous
     def scatter_from_root(self, outputs: list, input_lists: list, root: int, opts: Any = None) -> Any:
         import jax
         import jax.numpy as jnp
@@ -325,24 +367,12 @@ class ProcessGroupJax(dist.ProcessGroup):
                 stacked = jnp.zeros((self._size, *tuple(out.shape)), dtype=self._read(out).dtype)
             stacked = jax.device_put(stacked, engine.local_device)
             self._write(out, engine.broadcast(stacked, root)[self._rank])
-        return self._work(None, opts)
+        return completed_work()
 
     # ------------------------------------------------------------ plumbing
 
     _read = staticmethod(_tensors.read)
     _write = staticmethod(_tensors.write)
-
-    def _work(self, result: Any, opts: Any) -> Any:
-        """The Work of collectives just issued.  A synchronous call waits
-        here for their results (at most the group's timeout): one that
-        failed or timed out raises, naming the collective and the ranks that
-        did not answer (``_mesh``).  An asynchronous one returns at once: the
-        device runs collectives in issue order, so any later op sees their
-        results (and a failure shows where they are read)."""
-        if not is_async(opts):
-            for mesh in list(self._meshes.values()):
-                mesh.wait()
-        return completed_work(result)
 
     def _engine(self, t: torch.Tensor) -> GroupMesh:
         if self._p2p.pending:

@@ -11,15 +11,45 @@ raises on every rank instead of ending a process inside the transport.
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import datetime
 import functools
-import weakref
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 from . import _waiting
 
-__all__ = ["GroupMesh"]
+__all__ = ["GroupMesh", "holding_results", "wait_for"]
+
+# The results of the collectives a synchronous call runs, held (only) for
+# the call: a reference kept past it would stop eager in-place writes from
+# donating the tensor's buffer (they count references).
+_held = threading.local()
+
+
+@contextlib.contextmanager
+def holding_results() -> Iterator[list]:
+    """Within: every collective run on this thread adds (mesh, run,
+    signature, result) to the list yielded, for :func:`wait_for`."""
+    _held.results = held = []
+    try:
+        yield held
+    finally:
+        _held.results = None
+
+
+def is_holding() -> bool:
+    return getattr(_held, "results", None) is not None
+
+
+def wait_for(held: list) -> None:
+    """Wait for each held result (at most its group's timeout); a failed or
+    timed-out collective raises, naming itself and the ranks that did not
+    answer."""
+    while held:
+        mesh, run, key, result = held.pop(0)
+        mesh.wait(run, key, result)
+        del result
 
 
 class GroupMesh:
@@ -38,9 +68,6 @@ class GroupMesh:
         self._signatures = 0
         self._generation = generation
         self._runs = 0  # collectives run so far: the same count on every rank
-        # Results not yet waited for, weakly (a reference would stop eager
-        # writes from donating the tensor's buffer): (run, signature, result).
-        self._unwaited: collections.deque = collections.deque(maxlen=64)
 
     @classmethod
     def meet(cls, store: Any, rank: int, size: int, index: int, timeout: datetime.timedelta,
@@ -131,25 +158,18 @@ class GroupMesh:
             result = fn(self._global(local)).addressable_data(0)
         except Exception as err:
             raise self._failure(run, key, err) from err
-        self._unwaited.append((run, key, weakref.ref(result)))
+        held = getattr(_held, "results", None)
+        if held is not None:
+            held.append((self, run, key, result))
         return result
 
-    def wait(self) -> None:
-        """Wait for the collectives run so far (at most the group's timeout
-        each); a failed or timed-out one raises, naming the collective and
-        the ranks that did not answer."""
-        while self._unwaited:
-            run, key, ref = self._unwaited.popleft()
-            result = ref()
-            if result is None:
-                continue  # nothing holds the result any more: nothing can read a failure
-            # The roll call after a failure fits in the group's timeout too.
-            budget = None if self._timeout is None else self._timeout - self._roll_call_time()
-            error = _waiting.wait_ready(result, budget)
-            del result
-            if error is not None:
-                self._unwaited.clear()
-                raise self._failure(run, key, error) from error
+    def wait(self, run: int, key: tuple, result: Any) -> None:
+        """Wait for collective number ``run``'s result, at most the group's
+        timeout (the roll call after a failure fits in it too)."""
+        budget = None if self._timeout is None else self._timeout - self._roll_call_time()
+        error = _waiting.wait_ready(result, budget)
+        if error is not None:
+            raise self._failure(run, key, error) from error
 
     def _failure(self, run: int, key: tuple, err: BaseException) -> RuntimeError:
         """The error for collective number ``run`` failing with ``err``:
