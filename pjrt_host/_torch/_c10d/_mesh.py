@@ -7,6 +7,10 @@ shape, dtype) gives each rank its result -- NCCL on GPUs, ICI on TPUs,
 XLA:CPU's collectives on cpu_ref.  Before a collective of a new signature
 first runs, the ranks compare it through the group's store, so a mismatch
 raises on every rank instead of ending a process inside the transport.
+The results a synchronous call runs are held for it (``holding_results``)
+and waited for (``wait_for``, bounded by the group's timeout); one that
+failed or timed out raises, naming the collective and, from a roll call in
+the store, the ranks that did not answer.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, Iterator
 
 from . import _waiting
 
-__all__ = ["GroupMesh", "holding_results", "wait_for"]
+__all__ = ["GroupMesh", "holding_results", "is_holding", "wait_for"]
 
 # The results of the collectives a synchronous call runs, held (only) for
 # the call: a reference kept past it would stop eager in-place writes from
@@ -39,6 +43,7 @@ def holding_results() -> Iterator[list]:
 
 
 def is_holding() -> bool:
+    """Whether this thread is inside :func:`holding_results`."""
     return getattr(_held, "results", None) is not None
 
 
