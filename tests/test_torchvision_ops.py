@@ -314,6 +314,8 @@ def test_roi_align_matches_cpu(aligned, sampling_ratio, spatial_scale):
     rois = _boxes(6, 18.0, g, torch.float64, batch=2)
     rois[0, 1:] = torch.tensor([-4.0, -3.0, 25.0, 30.0], dtype=torch.float64)  # beyond the map on every side
     rois[1, 1:] = torch.tensor([3.0, 3.0, 3.2, 3.1], dtype=torch.float64)  # smaller than a pixel
+    # Far taller than the map: an adaptive grid of hundreds of samples per bin, few of them on it.
+    rois[2, 1:] = torch.tensor([2.0, -300.0, 8.0, 700.0], dtype=torch.float64)
     args = (spatial_scale, 3, 4, sampling_ratio, aligned)
     want = ops.roi_align(x, rois, *args)
     got = ops.roi_align(_jax(x), _jax(rois), *args)

@@ -108,10 +108,14 @@ def _axis_weights(start, bin_size, grid, pooled: int, size: int, fixed: bool):
     y = jnp.where(at_end, low.astype(dtype), y)
     ly = y - low
     hy = 1 - ly
-    pixels = jnp.arange(size)
-    weights = (jnp.where(valid, hy, 0)[..., None] * (low[..., None] == pixels)
-               + jnp.where(valid, ly, 0)[..., None] * (high[..., None] == pixels))
-    return weights.sum(axis=2)
+    hy, ly = jnp.where(valid, hy, 0), jnp.where(valid, ly, 0)
+    if fixed:  # a few samples per bin: one-hot sums (deterministic, no scatter)
+        pixels = jnp.arange(size)
+        return (hy[..., None] * (low[..., None] == pixels) + ly[..., None] * (high[..., None] == pixels)).sum(axis=2)
+    # Up to 2 * size + 6 samples per bin: scattered, not one-hot ([K, P, S, size] would be large).
+    k, p = jnp.arange(low.shape[0])[:, None, None], jnp.arange(pooled)[None, :, None]
+    weights = jnp.zeros((low.shape[0], pooled, size), dtype)
+    return weights.at[k, p, low].add(hy).at[k, p, high].add(ly)
 
 
 def _align_geometry(rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, height, width):
