@@ -169,9 +169,11 @@ def _passes(args: list[str], mode: str, extra_env: dict[str, str] | None = None,
     return tail
 
 
-# Sync mode raises value-dependent errors at the op, so files that test the
-# deferral itself (test_bad_inputs.py) are not in its sample.
-SYNC_SAMPLE = ["tests/test_torch_training.py", "tests/test_torch_views.py", "tests/test_torch_random.py"]
+# Sync mode raises value-dependent errors at the op, so tests of the
+# deferral itself (test_bad_inputs.py, one of test_torch_habits.py) are not
+# in its sample.  About a minute on two cores.
+SYNC_SAMPLE = ["tests/test_torch_views.py", "tests/test_torch_habits.py",
+               "--deselect", "tests/test_torch_habits.py::test_index_errors_by_default_at_the_next_synchronisation"]
 
 
 def test_a_sample_of_the_suite_passes_in_sync_mode():
