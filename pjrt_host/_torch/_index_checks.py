@@ -128,8 +128,8 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
         lo, hi = np.asarray(bounds).tolist()
         if lo < low or hi >= size:
             raise failure(error, _first_bad(values, low, size), dim, size, op, f"on {device}",
-                          "found at the next synchronisation point; pjrt_host.config(check_indices='sync') raises "
-                          "at the op itself")
+                          "found at the next synchronisation point; pjrt_host.config(check_indices='sync'), or "
+                          "the debugging mode PJRT_HOST_EAGER=sync, raises at the op itself")
         return True
 
     defer_check(verdict)

@@ -92,7 +92,8 @@ def _run(op: str, spec: _Check, tensor: Any, mode: Any, *static: Any, text: str 
             if wait is None:  # at the op itself
                 raise exc(message)
             raise exc(f"{message} (raised by {op} on {device}, found at the next synchronisation point; "
-                      "pjrt_host.config(check_indices='sync') raises at the op itself)")
+                      "pjrt_host.config(check_indices='sync'), or the debugging mode PJRT_HOST_EAGER=sync, raises "
+                      "at the op itself)")
         return True
 
     if mode == "sync":
