@@ -204,6 +204,6 @@ def test_an_opinfo_sample_passes_in_fused_mode():
 
 @pytest.mark.slow
 def test_opinfo_float32_passes_in_fused_mode():
-    """Every float32 OpInfo case in fused mode (about 15 minutes on two cores)."""
+    """Every float32 OpInfo case in fused mode (about 30 minutes on two shared cores)."""
     tail = _passes(["tests/test_opinfo.py"], "fused", {"PJRT_HOST_OPINFO_DTYPES": "float32"}, timeout=3600)
     assert "OpInfo on jax:" in tail
