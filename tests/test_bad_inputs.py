@@ -154,3 +154,11 @@ def test_checks_off_gives_the_unchecked_values():
     with pjrt_host.config(check_indices=False):
         row = F.one_hot(torch.tensor([-1], device="jax"), 3).cpu()
     assert row.tolist() == [[0, 0, 0]]
+
+
+def test_a_jax_refusal_is_a_torch_error_naming_the_op():
+    """Arguments torch's meta kernel lets through but jax refuses (glu of a
+    bool tensor, which torch CPU refuses in its kernel) are never jax's
+    TypeError: a RuntimeError names the op and says what to do."""
+    with pytest.raises(RuntimeError, match=r"aten::glu: jax cannot compute this call .*TypeError: logistic"):
+        F.glu(torch.ones(4, 4, dtype=torch.bool, device="jax")).cpu()

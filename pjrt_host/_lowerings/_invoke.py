@@ -105,6 +105,15 @@ def invoke(lowering: Lowering, args: Sequence[Any], kwargs: Mapping[str, Any], c
     try:
         with jax.default_matmul_precision(ctx.matmul_precision):
             value = lowering.fn(*args, **kwargs)
+    except (TypeError, ValueError, IndexError) as err:
+        if type(err) in (TypeError, ValueError, IndexError) and not _raised_here(err):
+            # jax's (or numpy's) complaint about arguments torch let through: a
+            # torch error naming the op, never jax's type with jax's words alone
+            raise RuntimeError(
+                f"{lowering.names[0]}: jax cannot compute this call with these arguments ({type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}); torch accepted them, so this is a gap in "
+                "pjrt_host's lowering: pass the dtypes and shapes torch documents for the op, and report it") from err
+        raise
     finally:
         _stored.reset(stored)
         _current.reset(token)
@@ -115,6 +124,15 @@ def invoke(lowering: Lowering, args: Sequence[Any], kwargs: Mapping[str, Any], c
     if isinstance(value, (tuple, list)):
         return tuple(v if d is None or v is None else jnp.asarray(v).astype(d) for v, d in zip(value, result_dtypes))
     return jnp.asarray(value).astype(result_dtypes)
+
+
+def _raised_here(err: BaseException) -> bool:
+    """Whether pjrt_host's own code raised ``err`` (its torch-worded
+    refusals), not jax's or numpy's called from it."""
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and "/pjrt_host/" in frames[-1].filename.replace("\\", "/")
 
 
 # ------------------------------------------------------------------ opmath
