@@ -242,9 +242,20 @@ def _repeats(op: int, recorded: int) -> bool:
     earlier place of the same op (a block with a shorter repeat inside, as
     three identical sublayers, is a multiple of it)."""
     window = getattr(_local, "window", None)
-    if window is None or len(window) > 4 * REPEAT_MAX:
+    if window is None:
         window = _local.window = []
         _local.seen = {}
+    elif len(window) > 4 * REPEAT_MAX:
+        # Keep the last two blocks' worth, not nothing: where segments end
+        # must not depend on how many ops ran before (a loop whose history
+        # was cleared at another place each time cut its blocks elsewhere,
+        # and compiled new programs, every run).
+        del window[:-2 * REPEAT_MAX]
+        _local.seen = {}
+        for j, o in enumerate(window):
+            _local.seen.setdefault(o, []).append(j)
+        for places in _local.seen.values():
+            del places[:-16]
     seen = _local.seen
     i = len(window)
     window.append(op)
