@@ -389,6 +389,7 @@ _TRAINER_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # ~20 s; the default run's test_integrations trains with Trainer's fused default and checks it
 def test_transformers_trainer_default_optimizer(tmp_path):
     """Trainer with default TrainingArguments (optim adamw_torch_fused)
     trains a tiny GPT-2 on 'jax' (ACCELERATE_TORCH_DEVICE=jax) with the

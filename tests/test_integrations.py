@@ -131,6 +131,7 @@ _TRAINER = textwrap.dedent("""
     print(json.dumps({"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
                       "device": str(next(model.parameters()).device), "dtypes": sorted(dtypes),
                       "mixed_precision": str(trainer.accelerator.mixed_precision),
+                      "optim": str(args.optim), "fused": trainer.optimizer.param_groups[0].get("fused"),
                       "graphs": counters["stats"]["unique_graphs"]}))
 """)
 
@@ -159,6 +160,8 @@ def test_trainer_that_names_no_device_trains_on_an_accelerator_plugin(tmp_path, 
     on_device = _train(tmp_path, "device", site=site)
     on_cpu = _train(tmp_path, "cpu", {"args": {"use_cpu": True}}, site=site)
     assert on_device["device"] == "jax:0" and on_cpu["device"] == "cpu"
+    # Trainer's default optimizer is torch's fused AdamW, on the device too
+    assert "fused" in on_device["optim"].lower() and on_device["fused"] is True
     _same_losses(on_device, on_cpu)
 
 
@@ -175,6 +178,7 @@ def test_trainer_in_bf16_through_accelerate_mixed_precision(tmp_path):
     _same_losses(on_device, on_cpu, rtol=2e-3)
 
 
+@pytest.mark.slow  # ~35 s: Trainer over torch.compile; the backend's GPT-2 graphs are tested in test_compile
 def test_trainer_with_a_model_compiled_for_the_device(tmp_path):
     """torch_compile_backend='jax' is refused (accelerate's DynamoBackend
     enum); model.compile(backend='jax') before Trainer compiles the model's

@@ -185,6 +185,7 @@ def test_a_rank_killed_inside_an_all_reduce_is_named_by_the_survivor(tmp_path):
     assert "failed:" in error and "timeout" not in error.split("Cause")[0]  # detected, not timed out
 
 
+@pytest.mark.slow  # ~35 s (it waits out the group's timeout); the killed-rank case runs by default
 def test_a_rank_that_never_joins_an_all_reduce_is_named_after_the_groups_timeout(tmp_path):
     """Rank 1 is alive but never joins rank 0's all_reduce: rank 0 waits
     the process group's timeout, then raises, naming the collective, the
