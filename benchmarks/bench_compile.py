@@ -21,7 +21,7 @@ import time
 import torch
 
 import pjrt_host  # noqa: F401  (the device, even with autoload off)
-from pjrt_host._compile import _device
+from pjrt_host._compile import _door
 
 nn = torch.nn
 
@@ -48,7 +48,7 @@ def block(x):
 
     if isinstance(x, torch.Tensor):
         if x.device.type == "jax":
-            _device.storage_of(x)[1].block_until_ready()
+            _door.storage_of(x)[1].block_until_ready()
         return x
     return jax.block_until_ready(x)
 
@@ -67,7 +67,7 @@ def make_mlp(width: int, depth: int) -> nn.Module:
 
 def jax_params(model: nn.Module) -> list:
     """The model's weights as the jax arrays the 'jax' tensors hold (no copy)."""
-    return [(_device.storage_of(m.weight)[1], _device.storage_of(m.bias)[1])
+    return [(_door.storage_of(m.weight)[1], _door.storage_of(m.bias)[1])
             for m in model if isinstance(m, nn.Linear)]
 
 
@@ -90,7 +90,7 @@ def bench_inference(batch: int, width: int, depth: int, calls: int, rounds: int)
     x = torch.randn(batch, width, device="jax")
     compiled = torch.compile(model, backend="jax", fullgraph=True)
     params = jax_params(model)
-    xj = _device.storage_of(x)[1]
+    xj = _door.storage_of(x)[1]
     jitted = jax.jit(jax_mlp)
 
     def run_torch():
@@ -134,7 +134,7 @@ def bench_training(batch: int, width: int, depth: int, calls: int, rounds: int) 
     # Hand-written: params as a pytree, one jit of value_and_grad + AdamW.
     params = [(jnp.array(w), jnp.array(b)) for w, b in jax_params(model)]
     state = (jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.int32))
-    xj, yj = _device.storage_of(x)[1], _device.storage_of(y)[1]
+    xj, yj = _door.storage_of(x)[1], _door.storage_of(y)[1]
 
     def loss_fn(p, x, y):
         return jnp.mean((jax_mlp(p, x) - y) ** 2)

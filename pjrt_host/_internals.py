@@ -80,7 +80,7 @@ INTERNALS: tuple[Internal, ...] = (
         names=("torch._C._acc.PrivateUse1Hooks", "torch._C._acc.DeviceGuard",
                "torch._C._acc.register_python_privateuseone_hook",
                "torch._C._acc.register_python_privateuseone_device_guard", "torch._C._autograd.DeviceType"),
-        files=("pjrt_host/_torch/_registration.py",),
+        files=("pjrt_host/_torch/_privateuse1.py",),
         why="the accelerator hooks and device guard torch's C++ side asks a PrivateUse1 device (is_available, "
             "the current device for autograd's streams); torch offers them to Python only here.",
         fallback="none: registration fails and there is no 'jax' device; torch's openreg test backend shows "
@@ -90,7 +90,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("torch._register_device_module",),
-        files=("pjrt_host/_torch/_registration.py",),
+        files=("pjrt_host/_torch/_privateuse1.py",),
         why="makes `torch.jax` (the device module torch.cuda is for CUDA); what rename_privateuse1_backend "
             "documents as the next step.",
         fallback="none: `torch.jax` is missing and registration fails.",
@@ -99,7 +99,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         names=("torch._C._get_privateuse1_backend_name", "torch._C._get_accelerator",
                "torch._C._accelerator_getAccelerator"),
-        files=("pjrt_host/_torch/_registration.py", "pjrt_host/_torch/_builtin.py",
+        files=("pjrt_host/_torch/_privateuse1.py", "pjrt_host/_torch/_builtin.py",
                "pjrt_host/_torch/_accelerator.py", "pjrt_host/_torch/_storage_bridge.py"),
         why="who owns PrivateUse1 already (another backend: leave it) and which accelerator torch would "
             "use, read without initialising any device.",
@@ -275,7 +275,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("torch._disable_dynamo",),
-        files=("pjrt_host/_compile/_jax_call.py",),
+        files=("pjrt_host/_compile/_call_jax.py",),
         why="dynamo must not trace into call_jax's eager runner; torch.compiler.disable would import "
             "dynamo when pjrt_host's module is imported, torch._disable_dynamo only when first called.",
         fallback="none: call_jax fails to import.",

@@ -27,11 +27,11 @@ import jax
 import torch
 
 from ._jax_settings import x64_api as _x64_api
-from ._compile import _device
+from ._compile import _door
 from ._compile._as_jax import TorchAsJax
-from ._compile._jax_call import cache_clear as call_jax_cache_clear
-from ._compile._jax_call import cache_info as call_jax_cache_info
-from ._compile._jax_call import call_jax
+from ._compile._call_jax import cache_clear as call_jax_cache_clear
+from ._compile._call_jax import cache_info as call_jax_cache_info
+from ._compile._call_jax import call_jax
 from ._compile._pure import CacheInfo, PureFunction, PurityError, assume_pure
 from ._lowerings._dtypes import jax_dtype as _jax_dtype
 from ._lowerings._dtypes import torch_dtype as _torch_dtype
@@ -51,13 +51,13 @@ def _is_tensor(x: Any) -> bool:
 
 def _jax_view_leaf(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
-        if type(x) is _device.JaxTensor:
-            return _device.read(x)
+        if type(x) is _door.JaxTensor:
+            return _door.read(x)
         raise TypeError(
             f"pjrt_host.interop.jax_view: a tensor on {x.device} (shape {tuple(x.shape)}, {x.dtype}) has no jax "
-            f"array; only '{_device.DEVICE_NAME}' tensors do. Move it first: t.to('{_device.DEVICE_NAME}').")
+            f"array; only '{_door.DEVICE_NAME}' tensors do. Move it first: t.to('{_door.DEVICE_NAME}').")
     if isinstance(x, torch.dtype):
-        return _jax_dtype(_device.device_dtype(x))
+        return _jax_dtype(_door.device_dtype(x))
     if isinstance(x, torch.nn.Module) or isinstance(x, type):
         return x
     if callable(x):
@@ -106,11 +106,11 @@ def _array_to_tensor(a: jax.Array) -> torch.Tensor:
     if isinstance(a, jax.core.Tracer):
         raise TypeError("pjrt_host.interop.torch_view: got a JAX tracer (a value inside jax.jit/grad/vmap); torch "
                         "tensors hold concrete arrays. Use call_torch to run torch code inside a JAX transformation.")
-    index = _device.index_of_array(a)
+    index = _door.index_of_array(a)
     if index is None:
-        index = _device.current_index()
-        a = jax.device_put(a, _device.jax_device(index))
-    return _device.wrap(a, index, _torch_dtype(a.dtype))
+        index = _door.current_index()
+        a = jax.device_put(a, _door.jax_device(index))
+    return _door.wrap(a, index, _torch_dtype(a.dtype))
 
 
 def _jax_fn_as_torch(fn: Callable) -> Callable:

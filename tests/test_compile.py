@@ -31,7 +31,7 @@ pytest.importorskip("jax")
 import torch._dynamo  # noqa: E402
 
 import pjrt_host  # noqa: E402,F401
-from pjrt_host._compile import _backend, _device, _runtime  # noqa: E402
+from pjrt_host._compile import _backend, _door, _graph_runtime  # noqa: E402
 
 from conftest import run_python  # noqa: E402
 from test_torch_training import TinyTransformer, batches, token_batches  # noqa: E402
@@ -52,7 +52,7 @@ def eager_ops():
     the dispatcher and the device's C++ kernels enter Python."""
     seen: list = []
     saved = []
-    for obj, attr in _device.eager_dispatch_hooks():
+    for obj, attr in _door.eager_dispatch_hooks():
         original = getattr(obj, attr)
 
         def counting(*args, _original=original, **kwargs):
@@ -171,7 +171,7 @@ def test_inference_is_one_graph_with_zero_eager_ops():
     assert len(graphs) == 1
     assert_same(out, expected)
     # torch.jax.synchronize() waits for the compiled call's result.
-    assert _device.last_result(0) is _device.storage_of(out)[1]
+    assert _door.last_result(0) is _door.storage_of(out)[1]
 
 
 def test_compile_after_reset():
@@ -219,7 +219,7 @@ def test_op_without_lowering_runs_op_by_op_with_a_warning():
     torch.manual_seed(0)
     x = torch.randn(1, 2, 4, 4, device="jax")
     grid = torch.rand(1, 3, 3, 2, device="jax") * 2 - 1
-    _runtime._warned.discard("unsupported:aten::grid_sampler_2d")
+    _graph_runtime._warned.discard("unsupported:aten::grid_sampler_2d")
     with pytest.warns(RuntimeWarning, match=r"aten::grid_sampler_2d has no lowering.*runs op by op"):
         out = torch.compile(f, backend="jax")(x, grid)
     assert_same(out, f(x, grid), rtol=1e-5, atol=1e-6)
@@ -450,13 +450,13 @@ def test_in_place_write_to_a_view_input():
 
 def test_cpu_tensors_run_on_the_plugin_and_come_back_on_cpu(monkeypatch):
     calls = []
-    original = _runtime.CompiledGraph.__call__
+    original = _graph_runtime.CompiledGraph.__call__
 
     def counting(self, args):
         calls.append(self.what)
         return original(self, args)
 
-    monkeypatch.setattr(_runtime.CompiledGraph, "__call__", counting)
+    monkeypatch.setattr(_graph_runtime.CompiledGraph, "__call__", counting)
 
     def f(x, acc):
         acc.add_(x.sum())
@@ -662,7 +662,7 @@ def test_compiled_steps_donate_what_they_overwrite_and_nothing_still_needed(monk
     state); an array something else still holds (a clone sharing it, an
     array lent to JAX code) is not donated and keeps its values."""
     from pjrt_host import interop
-    from pjrt_host._compile import _runtime as runtime
+    from pjrt_host._compile import _graph_runtime as runtime
 
     decisions = []  # (overwritten, donated) slots of each compiled call
     monkeypatch.setattr(runtime, "_note_donation", lambda overwritten, donated: decisions.append(

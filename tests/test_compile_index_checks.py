@@ -222,4 +222,4 @@ def test_the_calling_line_under_a_torch_function_mode():
             torch.jax.synchronize()
     finally:
         torch.set_default_device(None)
-    assert f"called from {__file__}:" in str(caught.value) and "_device.py" not in str(caught.value)
+    assert f"called from {__file__}:" in str(caught.value) and "_door.py" not in str(caught.value)

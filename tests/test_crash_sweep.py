@@ -29,12 +29,12 @@ def _public(cls) -> list[str]:
 
 
 def all_calls() -> list[str]:
-    from pjrt_host._torch import _device_module
+    from pjrt_host._torch import _torch_jax
 
     calls = [f"tensor:{n}:{a}" for n in _public(torch.Tensor) for a in TENSOR_ARGS]
     calls += [f"storage:{n}:{a}" for n in _public(torch.UntypedStorage) for a in STORAGE_ARGS]
-    calls += [f"module:{n}:{a}" for n in sorted(_device_module.__all__) for a in MODULE_ARGS
-              if callable(getattr(_device_module, n))]
+    calls += [f"module:{n}:{a}" for n in sorted(_torch_jax.__all__) for a in MODULE_ARGS
+              if callable(getattr(_torch_jax, n))]
     return calls
 
 

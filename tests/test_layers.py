@@ -21,7 +21,7 @@ PACKAGE = REPO / "pjrt_host"
 ALLOWED_UPWARD = {
     # autoload runs inside `import torch` and must stay cheap: the package
     # names the device and imports its registration only when torch calls in.
-    ("pjrt_host._torch", "pjrt_host._torch._registration"),
+    ("pjrt_host._torch", "pjrt_host._torch._privateuse1"),
     # Lightning has no entry point for accelerators: the device's import
     # hook registers pjrt_host.lightning when the user imports Lightning.
     ("pjrt_host._torch._lightning", "pjrt_host.lightning"),
@@ -138,7 +138,7 @@ PACKAGE_LAYERS = [
     ["pjrt_host._collectives", "pjrt_host._launch"],
     ["pjrt_host._lowerings"],  # ATen -> JAX: imports nothing else of pjrt_host (test below)
     ["pjrt_host._torch"],  # the 'jax' device
-    ["pjrt_host._compile"],  # graphs over the device (its door: _compile._device)
+    ["pjrt_host._compile"],  # graphs over the device (its door: _compile._door)
     ["pjrt_host.interop", "pjrt_host.spmd", "pjrt_host.distributed", "pjrt_host.lightning"],
     ["pjrt_host"],  # the facade: its lazy names reach down into every layer
     ["pjrt_host._check"],  # the report card exercises the public API
@@ -168,11 +168,11 @@ def test_no_import_runs_up_the_package_layers():
 
 
 def test_compile_reaches_the_device_through_its_door():
-    """``_compile._device`` is the backend's one door into ``_torch``."""
+    """``_compile._door`` is the backend's one door into ``_torch``."""
     around = sorted(f"{name} -> {target}" for name, targets in graph().items()
-                    if name.startswith("pjrt_host._compile") and name != "pjrt_host._compile._device"
+                    if name.startswith("pjrt_host._compile") and name != "pjrt_host._compile._door"
                     for target in targets if target.startswith("pjrt_host._torch"))
-    assert around == [], "_compile modules that go around _compile._device:\n" + "\n".join(around)
+    assert around == [], "_compile modules that go around _compile._door:\n" + "\n".join(around)
 
 
 def test_the_lowering_table_imports_nothing_else_of_pjrt_host():
@@ -184,13 +184,13 @@ def test_the_lowering_table_imports_nothing_else_of_pjrt_host():
 
 
 @pytest.mark.parametrize("module", ["_tensor", "_conversion", "_meta", "_engine", "_view_ops", "_storage_ops",
-                                    "_factories", "_cpu_fallback", "_devices", "_dtype_policy", "_views", "_config",
+                                    "_factories", "_cpu_fallback", "_devices", "_dtype_policy", "_strided", "_config",
                                     "_rng", "_printing"])
 def test_nothing_below_routing_imports_the_dispatcher(module):
     """Only registration (which installs it) may import _dispatch."""
     targets = graph()[f"pjrt_host._torch.{module}"]
     assert "pjrt_host._torch._dispatch" not in targets
-    assert "pjrt_host._torch._registration" not in targets
+    assert "pjrt_host._torch._privateuse1" not in targets
 
 
 def test_jax_settings_change_in_one_module():

@@ -22,7 +22,7 @@ import jax
 import torch
 
 from .._lowerings._dtypes import torch_dtype
-from . import _checks, _device
+from . import _checks, _door
 from ._pure import PurityError, _describe
 from ._trace import NotTraceable, Traced, call_with_leaves, fake_tensors, trace
 
@@ -70,8 +70,8 @@ class TorchAsJax:
         key = None
         if traced.needs_rng:
             key = _key(rng, arrays, f"pjrt_host.interop.{self.what}({self.name})")
-        cfg = _device.config()
-        ctx = _device.lowering_context(cfg)
+        cfg = _door.config()
+        ctx = _door.lowering_context(cfg)
         rows: list | None = [] if cfg.check_mode and traced.program.sites else None
         outs, _ = traced.run(list(arrays), key, ctx, rows)
         if rows:
@@ -90,7 +90,7 @@ class TorchAsJax:
 
     def _trace(self, sig: Any, leaves: list, treedef: Any, arrays: list) -> Traced:
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
-        index = _device.current_index()
+        index = _door.current_index()
         fakes = fake_tensors([(tuple(a.shape), torch_dtype(a.dtype), index) for a in arrays])
         flat_fn = call_with_leaves(self.fn, leaves, treedef, positions)
 
@@ -129,5 +129,5 @@ def _key(rng: Any, arrays: list, what: str) -> Any:
             f"{what} draws random numbers (dropout, randn, ...) inside a JAX transformation (jit, grad, vmap), where "
             f"a key from the device's generator would be fixed at trace time and every call would draw the same "
             f"numbers. Pass a key: rng=jax.random.key(seed) (a fresh one per step), or put the module in eval mode.")
-    kd, counter = _device.next_key_args(_device.current_index())
+    kd, counter = _door.next_key_args(_door.current_index())
     return jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), counter)

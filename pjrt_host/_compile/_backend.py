@@ -20,9 +20,9 @@ import torch
 
 from .._jax_settings import x64_scope as _x64_scope
 from .. import _lowerings
-from . import _checks, _device, _graph_ops
+from . import _checks, _door, _graph_ops
 from ._interpreter import Program
-from ._runtime import REPORT, CompiledGraph, EagerGraph, warn_once
+from ._graph_runtime import REPORT, CompiledGraph, EagerGraph, warn_once
 
 __all__ = ["backend", "compile_graph"]
 
@@ -62,7 +62,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, what: str) -> A
     """fw / bw / inference compiler: the ATen graph as a callable."""
     # A backward graph's indices are the forward's (saved or recomputed from
     # its inputs), checked there: it runs unchecked.
-    program = Program(gm, _device.jax_dtype_of, _checks.sites_of if what != "backward" else None)
+    program = Program(gm, _door.jax_dtype_of, _checks.sites_of if what != "backward" else None)
     if program.unsupported:
         ops = ", ".join(f"{op} ({why})" for op, why in sorted(program.unsupported.items()))
         for op in program.unsupported:
@@ -115,7 +115,7 @@ def _custom_op_decompositions(gm: torch.fx.GraphModule) -> dict:
         for op in overloads:
             if _graph_form(op):
                 continue  # pjrt_host's own ops (sharding constraints, call_jax) stay nodes
-            kernel = _device.custom_op_kernel(op)
+            kernel = _door.custom_op_kernel(op)
             if kernel is not None:
                 table[op] = kernel
     return table

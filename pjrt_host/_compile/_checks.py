@@ -34,7 +34,7 @@ import torch
 import torch.fx
 
 from .._jax_settings import x64_mode
-from . import _device
+from . import _door
 
 __all__ = ["Site", "debug_checks", "report", "sites_of", "stack"]
 
@@ -54,7 +54,7 @@ class Site(NamedTuple):
 
 def sites_of(node: torch.fx.Node, name: str) -> list[Site]:
     """The index checks of op ``name`` at ``node`` (empty for other ops)."""
-    if not _device.has_index_check(name):
+    if not _door.has_index_check(name):
         return []
     fakes: dict[int, torch.fx.Node] = {}
 
@@ -69,7 +69,7 @@ def sites_of(node: torch.fx.Node, name: str) -> list[Site]:
     args = torch.fx.node.map_aggregate(node.args, fake)
     kwargs = torch.fx.node.map_aggregate(node.kwargs, fake)
     found = []
-    for index, size, dim, negative_ok, error in _device.index_sites(name, args, kwargs):
+    for index, size, dim, negative_ok, error in _door.index_sites(name, args, kwargs):
         at = fakes.get(id(index))
         if at is None or 0 in tuple(index.shape):  # no index values to check
             continue
@@ -108,7 +108,7 @@ def _raise_first(values: Any, sites: list[Site], where: str, when: str) -> None:
     for site, (bad, value, size) in zip(sites, np.asarray(values).tolist()):
         if bad:
             at = f"{where}, called from {site.source}" if site.source else where
-            raise _device.index_failure(site.error, value, site.dim, size, site.op, at, when)
+            raise _door.index_failure(site.error, value, site.dim, size, site.op, at, when)
 
 
 _DEFERRED = ("found at the next synchronisation point; pjrt_host.config(check_indices='sync') raises at the "
@@ -132,7 +132,7 @@ def report(flags: Any, sites: list[Site], mode: Any, where: str) -> None:
         _raise_first(flags, sites, where, _DEFERRED)
         return True
 
-    _device.defer_check(verdict)
+    _door.defer_check(verdict)
 
 
 def debug_checks(rows: list, sites: list[Site], where: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
-from . import _device, _handles
+from . import _door, _handles
 
 __all__ = ["GraphOp", "HANDLERS", "NO_OP", "OPAQUE", "SYMBOLIC"]
 
@@ -88,13 +88,13 @@ NO_OP = frozenset({
 @_reg("pjrt_host::sharding_constraint")
 def _sharding_constraint(out: Out, key: Any, x: Any, mesh: str, spec: str) -> Any:
     # pjrt_host.spmd.mark_sharding / with_sharding_constraint inside a compiled function.
-    return jax.lax.with_sharding_constraint(x, _device.constraint_sharding(mesh, spec))
+    return jax.lax.with_sharding_constraint(x, _door.constraint_sharding(mesh, spec))
 
 
 # ------------------------------------------------------------ this package's own ops
 
 #: Ops whose arguments are passed as they are (no ``out``, no key): a JAX
-#: function called from torch (:mod:`._jax_ops`), by its handle.
+#: function called from torch (:mod:`._call_jax_ops`), by its handle.
 OPAQUE: dict[str, Callable[..., Any]] = {
     "pjrt_host::call_jax": lambda args, handle: _handles.get(handle).flat(list(args)),
     "pjrt_host::call_jax_vjp": lambda args, cts, handle: _handles.get(handle).vjp(list(args), list(cts)),

@@ -21,7 +21,7 @@ import torch
 import torch.fx
 
 from .. import _lowerings
-from .._lowerings import LoweringContext, invoke
+from .._lowerings import LoweringContext, invoke, op_name
 from . import _graph_ops
 from ._graph_ops import Out
 
@@ -36,13 +36,6 @@ class GraphLoweringError(Exception):
         self.op = op
         self.node = node
         self.error = error
-
-
-def op_name(target: Any) -> str:
-    try:
-        return target.name()
-    except Exception:
-        return getattr(target, "__qualname__", None) or str(target)
 
 
 class _InplaceName:
@@ -224,17 +217,17 @@ class Program:
         else (a fake tensor has no values to read)."""
         from torch.utils._mode_utils import no_dispatch
 
-        from . import _device
+        from . import _door
 
         value = getattr(self.gm, node.target, None)
-        if isinstance(value, _device.JaxTensor):
-            return _device.read(value).astype(self.dtype_of(value.dtype))
+        if isinstance(value, _door.JaxTensor):
+            return _door.read(value).astype(self.dtype_of(value.dtype))
         if type(value) is not torch.Tensor or value.device.type != "cpu":
             return None
         with no_dispatch():  # compilers run inside the trace's fake mode; a plain host tensor needs none
             # The bytes as they are: a float64 constant stays float64 (not
             # through float32), NaN payloads and large int64s survive.
-            array = _device.host_values(value)
+            array = _door.host_values(value)
         return jax.numpy.asarray(array).astype(self.dtype_of(value.dtype))
 
     def _checks(self, node: torch.fx.Node, name: str) -> tuple[int, ...]:

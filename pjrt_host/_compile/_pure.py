@@ -32,7 +32,7 @@ import jax
 import torch
 
 from .._jax_settings import x64_api as _x64_api, x64_scope as _x64_scope
-from . import _checks, _device
+from . import _checks, _door
 from ._trace import NotTraceable, call_with_leaves, fake_tensors, trace
 
 __all__ = ["CacheInfo", "PureFunction", "PureModule", "PurityError", "assume_pure"]
@@ -213,24 +213,24 @@ def run(entry: _Entry, read: Arguments) -> Any:
     tensors, arrays = read.tensors, read.arrays
     place = entry.mesh if entry.mesh is not None else read.sharded
     if place is not None:
-        place = _device.onto_mesh(arrays, [t._storage for t in tensors], place)
-    rng = _device.next_key_args(entry.index) if entry.needs_rng else None
+        place = _door.onto_mesh(arrays, [t._storage for t in tensors], place)
+    rng = _door.next_key_args(entry.index) if entry.needs_rng else None
     if entry.diff:
         box: list = []
         outs = _Call.apply(entry, arrays, rng, box, place, *tensors)
         muts, flags = box
     else:
         arrs, muts, flags = entry.plain()(arrays, rng)
-        outs = [_device.wrap(a, entry.index, dt, place) for a, dt in zip(arrs, entry.out_dtypes)]
+        outs = [_door.wrap(a, entry.index, dt, place) for a, dt in zip(arrs, entry.out_dtypes)]
     for i, value in zip(entry.mutated, muts):
         t = tensors[i]
-        _device.write(t, value)
+        _door.write(t, value)
         torch.autograd.graph.increment_version(t)
     if outs:  # torch.jax.synchronize() waits for it (a result is its storage's own array)
-        _device.note_result(entry.index, outs[-1]._storage.array)
+        _door.note_result(entry.index, outs[-1]._storage.array)
     if flags is not None:
         _checks.report(flags, entry.sites, entry.checks,
-                       f"in pjrt_host.assume_pure({entry.name}) on {_device.DEVICE_NAME}:{entry.index}")
+                       f"in pjrt_host.assume_pure({entry.name}) on {_door.DEVICE_NAME}:{entry.index}")
     return entry.unflatten(list(outs))
 
 
@@ -256,7 +256,7 @@ class _Call(torch.autograd.Function):
             outs[i] = a
         for i, a in zip(entry.other_outs, rest):
             outs[i] = a
-        results = tuple(_device.wrap(a, entry.index, dt, place) for a, dt in zip(outs, entry.out_dtypes))
+        results = tuple(_door.wrap(a, entry.index, dt, place) for a, dt in zip(outs, entry.out_dtypes))
         ctx.mark_non_differentiable(*(results[i] for i in entry.other_outs))
         return results
 
@@ -266,15 +266,15 @@ class _Call(torch.autograd.Function):
     def backward(ctx: Any, *grads: Any) -> Any:
         entry: _Entry = ctx.entry
         # torch materialises the gradient of an unused output as zeros.
-        cts = [_cotangent(_as_array(grads[i], entry.index), _device.jax_dtype_of(entry.out_dtypes[i]))
+        cts = [_cotangent(_as_array(grads[i], entry.index), _door.jax_dtype_of(entry.out_dtypes[i]))
                for i in entry.float_outs]
         if ctx.place is not None:  # a sharded call: the cotangents join its mesh
-            _device.onto_mesh(cts, [], ctx.place)
+            _door.onto_mesh(cts, [], ctx.place)
         grads_in = entry.backward()(ctx.res, cts)
         ctx.res = None  # free the residuals (a second backward is an error, as in eager)
         out: list[Any] = [None] * len(entry.in_dtypes)
         for i, g in zip(entry.diff, grads_in):
-            out[i] = _device.wrap(g, entry.index, entry.in_dtypes[i], ctx.place)
+            out[i] = _door.wrap(g, entry.index, entry.in_dtypes[i], ctx.place)
         return (None, None, None, None, None, *out)
 
 
@@ -285,9 +285,9 @@ def _cotangent(array: Any, dtype: Any) -> Any:
 
 
 def _as_array(t: torch.Tensor, index: int) -> Any:
-    if isinstance(t, _device.JaxTensor):
-        return _device.read(t)
-    return _device.to_device_array(t, index)
+    if isinstance(t, _door.JaxTensor):
+        return _door.read(t)
+    return _door.to_device_array(t, index)
 
 
 # ---------------------------------------------------------------- the cache
@@ -339,7 +339,7 @@ class PureFunction:
 
     @_x64_api
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _device.dynamo_compiling():
+        if _door.dynamo_compiling():
             # torch.compile traces through: the function becomes part of
             # the compiled graph (itself one jitted call).
             return self.fn(*args, **kwargs)
@@ -350,7 +350,7 @@ class PureFunction:
         if read is None:  # fake or functional 'jax' tensors: an outer trace is running; be part of it
             return self.fn(*args, **kwargs)
         tensors, index = read.tensors, read.index
-        sig = _Signature(treedef, read.parts, grad, _device.config())
+        sig = _Signature(treedef, read.parts, grad, _door.config())
         try:
             entry = self._cache.get(sig)
         except TypeError:
@@ -391,7 +391,7 @@ class PureFunction:
                     f"{_describe(leaves, sig.treedef, positions[n])} (shape {tuple(t.shape)}, {t.dtype}), which "
                     f"requires grad; torch's autograd cannot differentiate that write. Write into a copy "
                     f"(x = x.clone()) or call it under torch.no_grad().")
-        ctx = _device.lowering_context(sig.cfg)
+        ctx = _door.lowering_context(sig.cfg)
         entry = _Entry(functools.partial(traced.run, ctx=ctx), [d for d in traced.out_dtypes if d is not None],
                        [t.dtype for t in tensors], traced.mutated, traced.needs_rng, traced.unflatten, index, diff,
                        self.name, traced.mesh, traced.program.sites, sig.cfg.check_mode or None)
@@ -424,7 +424,7 @@ def captured_hint(fn: Callable) -> str:
     glob = getattr(fn, "__globals__", {})
     for name in code.co_freevars + code.co_names:
         obj = cells.get(name, glob.get(name))
-        if isinstance(obj, torch.nn.Module) or (isinstance(obj, torch.Tensor) and obj.device.type == _device.DEVICE_NAME):
+        if isinstance(obj, torch.nn.Module) or (isinstance(obj, torch.Tensor) and obj.device.type == _door.DEVICE_NAME):
             names.append(name)
     if not names:
         return ""
@@ -498,7 +498,7 @@ def read_arguments(leaves: list, treedef: Any, what: str, grad: bool) -> Argumen
     parts: list[Any] = []
     statics: list[tuple[int, Any]] = []
     index = None
-    JaxTensor = _device.JaxTensor
+    JaxTensor = _door.JaxTensor
     for pos, leaf in enumerate(leaves):
         if type(leaf) is JaxTensor:
             st = leaf._storage
@@ -506,11 +506,11 @@ def read_arguments(leaves: list, treedef: Any, what: str, grad: bool) -> Argumen
             if index is None:
                 index = i
             elif i != index:
-                raise RuntimeError(f"{what}: the tensor arguments are on two devices, {_device.DEVICE_NAME}:{index} "
-                                   f"and {_device.DEVICE_NAME}:{i}; move them to one device")
+                raise RuntimeError(f"{what}: the tensor arguments are on two devices, {_door.DEVICE_NAME}:{index} "
+                                   f"and {_door.DEVICE_NAME}:{i}; move them to one device")
             tensors.append(leaf)
             arr = st.array
-            arrays.append(arr if arr is not None and leaf._view is None else _device.read(leaf))
+            arrays.append(arr if arr is not None and leaf._view is None else _door.read(leaf))
             if sharded is None and type(st.place) is not int:
                 sharded = st.place
             # A whole storage is keyed by its spec (dtype and shape, made
@@ -519,18 +519,18 @@ def read_arguments(leaves: list, treedef: Any, what: str, grad: bool) -> Argumen
             parts.append((_TENSOR, st.spec if leaf._view is None else (leaf.dtype, leaf.shape),
                           grad and leaf.requires_grad))
         elif isinstance(leaf, torch.Tensor):
-            if leaf.device.type == _device.DEVICE_NAME:
+            if leaf.device.type == _door.DEVICE_NAME:
                 return None
             where = _describe([None] * len(leaves), treedef, pos)
             raise RuntimeError(
                 f"{what}: {where} is a tensor on {leaf.device} (shape {tuple(leaf.shape)}, {leaf.dtype}); it "
-                f"runs on the '{_device.DEVICE_NAME}' device: move it there first "
-                f"(t.to('{_device.DEVICE_NAME}')).")
+                f"runs on the '{_door.DEVICE_NAME}' device: move it there first "
+                f"(t.to('{_door.DEVICE_NAME}')).")
         else:
             statics.append((pos, leaf))
             parts.append((type(leaf), leaf))
     return Arguments(tensors, arrays, sharded, tuple(parts), tuple(statics),
-                     _device.current_index() if index is None else index)
+                     _door.current_index() if index is None else index)
 
 
 def _unhashable(what: str, leaves: list, treedef: Any) -> TypeError:
@@ -564,8 +564,8 @@ def _what_changed(last: _Signature | None, sig: _Signature, leaves: list) -> str
 def _show(part: tuple) -> str:
     if part[0] is _TENSOR:
         desc = part[1]
-        if isinstance(desc, _device.TensorSpec):  # a whole storage: (jax dtype, shape, None)
-            desc = (_device.torch_dtype(desc[0]), desc[1])
+        if isinstance(desc, _door.TensorSpec):  # a whole storage: (jax dtype, shape, None)
+            desc = (_door.torch_dtype(desc[0]), desc[1])
         return f"tensor {tuple(desc[1])} {desc[0]}" + (" requiring grad" if part[2] else "")
     return repr(part[1])
 
@@ -592,7 +592,7 @@ class PureModule(torch.nn.Module):
             return self.module(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if _device.dynamo_compiling():
+        if _door.dynamo_compiling():
             return self.module(*args, **kwargs)
         state, training = self._state()
         return self._pure(state, training, *args, **kwargs)

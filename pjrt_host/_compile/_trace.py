@@ -24,7 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .._lowerings import LoweringContext
-from . import _checks, _device
+from . import _checks, _door
 from ._backend import decompositions
 from ._interpreter import Program
 
@@ -85,7 +85,7 @@ def fake_tensors(specs: list[tuple[tuple[int, ...], torch.dtype, int]]) -> list[
     out = []
     with mode:
         for shape, dtype, index in specs:
-            out.append(torch.empty(shape, dtype=dtype, device=_device.torch_device(index)))
+            out.append(torch.empty(shape, dtype=dtype, device=_door.torch_device(index)))
     return out
 
 
@@ -115,14 +115,14 @@ def trace(flat_fn: Callable, tensors: list[torch.Tensor], what: str) -> Traced:
         # torch.compiler.is_compiling() is true while tracing, as under
         # torch.export's (equally make_fx-based) non-strict tracing: library
         # code (transformers' masks) takes its traceable paths.
-        with _trace_lock, torch.no_grad(), _compiling_state_context(), _device.our_trace():
+        with _trace_lock, torch.no_grad(), _compiling_state_context(), _door.our_trace():
             gm, meta, _, out_spec = _aot_export_function(flat_fn, tuple(tensors),
                                                          decompositions=decompositions(),
                                                          keep_input_mutations=True)
     except Exception as err:
         raise NotTraceable(f"{what} could not be traced into one graph: {type(err).__name__}: "
                            f"{_first_line(err)}") from err
-    program = Program(gm, _device.jax_dtype_of, _checks.sites_of)
+    program = Program(gm, _door.jax_dtype_of, _checks.sites_of)
     if program.unsupported:
         ops = ", ".join(f"{op} ({why})" for op, why in sorted(program.unsupported.items()))
         raise NotTraceable(f"{what} uses ops that have no lowering to JAX in graph form: {ops}")
@@ -134,12 +134,12 @@ def trace(flat_fn: Callable, tensors: list[torch.Tensor], what: str) -> Traced:
     for i, a in enumerate(out_node.args[0]):
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
         if isinstance(val, torch.Tensor):
-            out_dtypes.append(_device.device_dtype(val.dtype))
+            out_dtypes.append(_door.device_dtype(val.dtype))
         else:
             out_dtypes.append(None)
             static_outputs[i] = val if not isinstance(a, torch.fx.Node) else None
     return Traced(program, out_dtypes, static_outputs, out_spec, list(program.mutated_inputs),
-                  _device.graph_placement(gm))
+                  _door.graph_placement(gm))
 
 
 def _first_line(err: BaseException) -> str:

@@ -36,10 +36,19 @@ from ._invoke import LoweringContext, Result, current_context, invoke
 
 __all__ = [
     "DuplicateLoweringError", "Lowering", "LoweringContext", "Result", "current_context", "invoke", "load_all",
-    "lookup", "lowering", "registered_names",
+    "lookup", "lowering", "op_name", "registered_names",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def op_name(op: Any) -> str:
+    """An op's name as messages and the table write it (``aten::add.Tensor``);
+    for a Python callable in a graph, its qualified name."""
+    try:
+        return op.name()
+    except Exception:
+        return getattr(op, "__qualname__", None) or str(op)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

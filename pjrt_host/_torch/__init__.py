@@ -13,7 +13,7 @@ rule lives:
 =====  ===================  ====================================================
 layer  module               job
 =====  ===================  ====================================================
-5      ``_registration``    torch's side: PrivateUse1 name, ``torch.jax``, hooks
+5      ``_privateuse1``    torch's side: PrivateUse1 name, ``torch.jax``, hooks
                             and device guard; registers kernels and patches
 5      ``_kernels``         device-key kernels (factories, ``_to_copy``,
                             ``copy_``) and the fallback
@@ -23,7 +23,7 @@ layer  module               job
                             and installed only from here
 5      ``_loader``          loads the device on first use, installs the
                             dispatcher
-5      ``_device_module``   ``torch.jax`` (device count, current device, seeds)
+5      ``_torch_jax``   ``torch.jax`` (device count, current device, seeds)
 5      ``_amp``             ``torch.jax.amp``: torch.cuda.amp's aliases for 'jax'
 5      ``_accelerate``      accelerate's / Trainer's default device on an
                             accelerator plugin (an import hook)
@@ -44,7 +44,7 @@ layer  module               job
                             write, wrap; ``synchronize``
 0      ``_devices``         'jax:N' <-> jax device; the device-index normaliser
 0      ``_dtype_policy``    the plugin's dtype substitutions
-0      ``_views``           traceable read / write of a strided view
+0      ``_strided``           traceable read / write of a strided view
 0      ``_config``          ``pjrt_host.config(...)``, a per-thread stack
 0      ``_rng``             per-device seed and counter
 0      ``_printing``        ``repr`` of a tensor
@@ -98,9 +98,9 @@ def autoload() -> None:
                 "accelerator, which breaks %s autograd in the process)", own, own)
             return
     try:
-        from . import _registration
+        from . import _privateuse1
 
-        _registration.register()
+        _privateuse1.register()
     except Exception as err:  # pragma: no cover - depends on the torch build
         import logging
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from .. import _registry, _runtime
-from . import _device_module
+from . import _torch_jax
 from ._devices import DEVICE_NAME
 
 __all__ = ["PATCHERS", "after_import", "chosen_device", "install", "is_patched"]
@@ -56,7 +56,7 @@ def _accelerator_record() -> Any:
     ``is_host_cpu``) with a device on this machine, else None (also when no
     plugin can be selected)."""
     try:
-        if not _device_module.is_available():
+        if not _torch_jax.is_available():
             return None
         record = _runtime.runtime().record if _runtime.is_initialized() else _registry.selected_record()
         return None if getattr(record.plugin, "is_host_cpu", False) else record

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _device_module
+from . import _torch_jax
 from ._devices import DEVICE_NAME
 
 __all__ = ["FUNCTIONS", "wrap"]
@@ -42,11 +42,11 @@ def _index(device: Any) -> Any:
 
 
 def _memory_info(device: Any = None) -> tuple[int, int]:
-    return _device_module.mem_get_info(_index(device))
+    return _torch_jax.mem_get_info(_index(device))
 
 
 def _empty_cache() -> None:
-    _device_module.empty_cache()
+    _torch_jax.empty_cache()
 
 
 def _reset_accumulated(device: Any = None) -> None:
@@ -54,16 +54,16 @@ def _reset_accumulated(device: Any = None) -> None:
 
 
 def _synchronize(device: Any = None) -> None:
-    _device_module.synchronize(_index(device))
+    _torch_jax.synchronize(_index(device))
 
 
 def _current_stream(device: Any = None) -> torch.Stream:
-    return _device_module.current_stream(_index(device))
+    return _torch_jax.current_stream(_index(device))
 
 
 def _set_stream(stream: torch.Stream) -> None:
     if stream.device.type == DEVICE_NAME:
-        _device_module.set_stream(stream)
+        _torch_jax.set_stream(stream)
         return
     raise ValueError(f"{stream.device} doesn't match the current accelerator {DEVICE_NAME}.")
 
@@ -74,12 +74,12 @@ def _with_index(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 #: torch.accelerator function -> what answers it on 'jax'.
 FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "memory_allocated": _with_index(_device_module.memory_allocated),
-    "max_memory_allocated": _with_index(_device_module.max_memory_allocated),
-    "memory_reserved": _with_index(_device_module.memory_reserved),
-    "max_memory_reserved": _with_index(_device_module.max_memory_reserved),
-    "memory_stats": _with_index(_device_module.memory_stats),
-    "reset_peak_memory_stats": _with_index(_device_module.reset_peak_memory_stats),
+    "memory_allocated": _with_index(_torch_jax.memory_allocated),
+    "max_memory_allocated": _with_index(_torch_jax.max_memory_allocated),
+    "memory_reserved": _with_index(_torch_jax.memory_reserved),
+    "max_memory_reserved": _with_index(_torch_jax.max_memory_reserved),
+    "memory_stats": _with_index(_torch_jax.memory_stats),
+    "reset_peak_memory_stats": _with_index(_torch_jax.reset_peak_memory_stats),
     "reset_accumulated_memory_stats": _reset_accumulated,
     "get_memory_info": _memory_info,
     "empty_cache": _empty_cache,

@@ -31,9 +31,9 @@ import torch
 
 from .. import _lowerings, _plugin, _runtime
 from .._errors import PluginLoadError
-from .._lowerings import Lowering, LoweringContext
+from .._lowerings import Lowering, LoweringContext, op_name
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from . import _config, _fused, _meta, _rng, _sharding, _views
+from . import _config, _fused, _meta, _rng, _sharding, _strided
 from ._devices import device_mismatch, torch_device
 from ._dtype_policy import device_dtype
 from ._tensor import DONATE, JaxTensor, Storage, TensorSpec, note_result, open_segments, read, wrap_array
@@ -41,13 +41,6 @@ from ._tensor import DONATE, JaxTensor, Storage, TensorSpec, note_result, open_s
 __all__ = ["CompiledOp", "lowering_context", "missing_lowering", "op_name"]
 
 logger = logging.getLogger(__name__)
-
-
-def op_name(func: Any) -> str:
-    try:
-        return func.name()
-    except Exception:
-        return str(func)
 
 
 # ---------------------------------------------------------------- context
@@ -86,7 +79,7 @@ def lowering_context(cfg: _config.Config) -> LoweringContext:
 # at run time are appended to ``dyn`` in order.  'jax' tensors are keyed by
 # their TensorSpec (precomputed on the storage / view); a Python scalar
 # compiled in as a constant by a plain ``(type, value)`` tuple (1, 1.0 and
-# True are distinct keys; a Python tuple argument is a Sequence, so a plain
+# True are distinct keys; a Python tuple argument is a SequenceArg, so a plain
 # tuple can mean nothing else); everything else by one of these markers.
 
 
@@ -103,7 +96,7 @@ class HostScalar(NamedTuple):
     dtype: torch.dtype
 
 
-class Sequence(tuple):
+class SequenceArg(tuple):
     """A list / tuple argument (TensorList, int[]): its items' keys."""
 
     __slots__ = ()
@@ -143,7 +136,7 @@ def _encode(v: Any, dyn: list, devs: list) -> Any:
     if t is float or t is int or t is bool or t is complex:
         return (t, v)
     if t is list or t is tuple:
-        return Sequence([_encode(x, dyn, devs) for x in v])
+        return SequenceArg([_encode(x, dyn, devs) for x in v])
     if isinstance(v, torch.Tensor):
         if v.dim() == 0 and v.device.type == "cpu":
             dyn.append(np.asarray(v.item(), dtype=jax_dtype(v.dtype)))
@@ -170,10 +163,10 @@ def _decode(x: Any, it: Any, inputs: list) -> Any:
         arr = next(it)
         offset = next(it) if x.view is not None else 0
         inputs.append((arr, offset))
-        return _views.read(arr, x.view, offset)
+        return _strided.read(arr, x.view, offset)
     if t is tuple:
         return x[1]
-    if t is Sequence:
+    if t is SequenceArg:
         return [_decode(y, it, inputs) for y in x]
     if t is DynamicScalar or t is HostScalar:
         inputs.append((None, 0))
@@ -690,7 +683,7 @@ class CompiledOp:
                     value = value[0]
                 value = jnp.broadcast_to(jnp.asarray(value).astype(target_dtype), target_shape)
                 arr, offset = inputs[position]
-                return _views.write(arr, target_view, offset, value)
+                return _strided.write(arr, target_view, offset, value)
         elif out_targets:
             if self.meta_op is not self.func:
                 _meta.check_out(self.func, args, kwargs, self.out_names, out_targets)
@@ -712,7 +705,7 @@ class CompiledOp:
                 values = value if isinstance(value, (tuple, list)) else (value,)
                 if exact:
                     _meta.check_out_dtypes(name, [torch_dtype(jnp.asarray(v).dtype) for v in values], out_targets)
-                return tuple(_views.write(arr, view, offset, jnp.broadcast_to(jnp.asarray(v).astype(d), s))
+                return tuple(_strided.write(arr, view, offset, jnp.broadcast_to(jnp.asarray(v).astype(d), s))
                              for (arr, offset), view, (d, s), v in zip(targets, views, shapes, values))
         else:
             plan = _meta.output_plan(known, meta)

@@ -15,7 +15,7 @@ tensor sharing the storage sees the new values on its next read.
 The functions here are the eager primitives every layer above uses: make a
 tensor over a storage, read a tensor's values, write them, wrap a result.
 Which function runs an ATen op is decided above (``_dispatch``), and
-installed on :class:`JaxTensor` once by ``_registration``.
+installed on :class:`JaxTensor` once by ``_privateuse1``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 
 from .. import _env
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from . import _printing, _sharding, _views
+from . import _printing, _sharding, _strided
 from ._devices import jax_device, torch_device
 from ._dtype_policy import device_dtype
 
@@ -381,7 +381,7 @@ class JaxTensor(torch.Tensor):
 
 def install_dispatcher(dispatch: Callable[[Any, tuple, dict], Any]) -> None:
     """Make ``dispatch(func, args, kwargs)`` run every ATen op on 'jax'
-    tensors.  Called once, by ``_registration``, before the first tensor.
+    tensors.  Called once, by ``_privateuse1``, before the first tensor.
 
     ``__torch_dispatch__`` becomes the descriptor of
     :mod:`pjrt_host._torch._hiding`: dynamo, while it compiles in a
@@ -542,7 +542,7 @@ def read(t: JaxTensor) -> Any:
     fn = _read_cache.get(view.static)
     if fn is None:
         static = view.static
-        fn = _read_cache[static] = jax.jit(lambda a, off: _views.read(a, static, off))
+        fn = _read_cache[static] = jax.jit(lambda a, off: _strided.read(a, static, off))
     return fn(arr, view.run_offset)
 
 
@@ -587,7 +587,7 @@ def _view_writer(static: tuple, donate: bool = False) -> Any:
     fn = _write_cache.get((static, donate))
     if fn is None:
         def body(a, off, v):
-            return _views.write(a, static, off, jnp.broadcast_to(v, static[1]))
+            return _strided.write(a, static, off, jnp.broadcast_to(v, static[1]))
 
         fn = _write_cache[(static, donate)] = jax.jit(body, donate_argnums=(0,) if donate else ())
     return fn

@@ -19,7 +19,7 @@ from torch.utils._mode_utils import no_dispatch
 from .. import _lowerings
 from .._lowerings._dtypes import jax_dtype
 from ._engine import CompiledOp, missing_lowering, op_name
-from . import _views
+from . import _strided
 from ._meta import meta_view_of
 from ._tensor import JaxTensor, make, read, view_for, wrap_array
 
@@ -168,5 +168,5 @@ def _view_dtype(self: JaxTensor, r: _ViewResult) -> JaxTensor:
             f"instead (t.to({r.dtype}))")
     if storage.nbytes % target.itemsize == 0:
         return make(storage, r.size, r.dtype, r.stride, r.offset, view_for(storage, r.size, r.stride, r.offset, target))
-    values = _views.as_elements(read(self).reshape(-1) if self.numel() else read(self).reshape(0), target)
+    values = _strided.as_elements(read(self).reshape(-1) if self.numel() else read(self).reshape(0), target)
     return wrap_array(values.reshape(r.size), storage.device_index, r.dtype, storage.place)

@@ -17,19 +17,19 @@ import jax
 import torch
 
 from .._lowerings._dtypes import torch_dtype
-from . import _device, _handles
+from . import _door, _handles
 
 __all__ = ["call"]
 
 
 def _specs(tensors: list) -> list:
-    return [jax.ShapeDtypeStruct(tuple(t.shape), _device.jax_dtype_of(t.dtype)) for t in tensors]
+    return [jax.ShapeDtypeStruct(tuple(t.shape), _door.jax_dtype_of(t.dtype)) for t in tensors]
 
 
 def _device_of(tensors: list) -> torch.device:
     for t in tensors:
         return t.device
-    return _device.torch_device(_device.current_index())
+    return _door.torch_device(_door.current_index())
 
 
 @torch.library.custom_op("pjrt_host::call_jax", mutates_args=())
@@ -91,13 +91,13 @@ def _jitted(handle: int, what: str) -> Callable:
 
 def _eager(fn: Callable, args: list, cotangents: list) -> list:
     """Run the op on real 'jax' tensors (a graph run op by op)."""
-    index = args[0]._storage.device_index if args else _device.current_index()
-    arrays = [_device.read(a) for a in args]
+    index = args[0]._storage.device_index if args else _door.current_index()
+    arrays = [_door.read(a) for a in args]
     if cotangents:
-        outs = fn(arrays, [_device.read(c) for c in cotangents])
+        outs = fn(arrays, [_door.read(c) for c in cotangents])
     else:
         outs = fn(arrays)
-    return [_device.wrap(o, index, torch_dtype(o.dtype)) for o in outs]
+    return [_door.wrap(o, index, torch_dtype(o.dtype)) for o in outs]
 
 
 def call(fn: Callable, args: tuple, kwargs: dict) -> Any:

@@ -29,7 +29,7 @@ import jax
 import torch
 
 from .._jax_settings import x64_scope as _x64_scope
-from . import _checks, _device
+from . import _checks, _door
 from ._interpreter import GraphLoweringError, Program
 
 __all__ = ["CompiledGraph", "EagerGraph", "REPORT"]
@@ -40,7 +40,7 @@ logger = logging.getLogger("pjrt_host")
 REPORT = "docs/op-coverage.md in the pjrt_host sources"
 
 #: PJRT_HOST_DONATE=0 turns buffer donation off (for comparisons).
-DONATE = _device.DONATE
+DONATE = _door.DONATE
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
@@ -133,29 +133,29 @@ class CompiledGraph:
         self.out_specs = _output_specs(gm)
         self.random = program.num_random > 0
         #: The mesh the graph's sharding constraints name (None: none).
-        self.mesh = _device.graph_placement(gm)
+        self.mesh = _door.graph_placement(gm)
         self._lock = threading.Lock()
 
     @_x64_scope
     def __call__(self, args: list) -> Any:
         if self.eager is not None:
             return self.eager(args)
-        layout, arrays, offsets, owners, place, mixed = _device.unwrap(args)
+        layout, arrays, offsets, owners, place, mixed = _door.unwrap(args)
         if place is None:
-            place = _device.current_index()
-        index = _device.index_of(place)
-        cfg = _device.config()
+            place = _door.current_index()
+        index = _door.index_of(place)
+        cfg = _door.config()
         key = (layout, cfg) if not self.program.symbolic else (layout, cfg, tuple(getattr(a, "shape", None) for a in args))
         entry = self.cache.get(key)
         if entry is None:
             entry = self._build(key, layout, cfg, owners)
         for slot in entry.foreign_slots:
-            arrays[slot] = _device.to_device_array(arrays[slot], index)
+            arrays[slot] = _door.to_device_array(arrays[slot], index)
         if mixed or type(place) is not int or self.mesh is not None:
             # Sharded arguments (or constraints): one mesh for the whole call.
-            place = _device.onto_mesh(arrays, owners, place, self.mesh)
+            place = _door.onto_mesh(arrays, owners, place, self.mesh)
         sharded = type(place) is not int
-        rng = _device.next_key_args(index) if self.random else ()
+        rng = _door.next_key_args(index) if self.random else ()
         donated: tuple[int, ...] = ()
         if DONATE and entry.mutated_slots:
             # Donate what the graph overwrites unless another holder (a
@@ -187,7 +187,7 @@ class CompiledGraph:
         except GraphLoweringError as err:
             return self._go_eager(err, args)
         except (MemoryError, RuntimeError) as err:  # jax's RESOURCE_EXHAUSTED is a RuntimeError
-            oom = _device.out_of_memory(err, self._oom_name(), index)
+            oom = _door.out_of_memory(err, self._oom_name(), index)
             if oom is None:
                 raise
             raise oom from err
@@ -200,14 +200,14 @@ class CompiledGraph:
             # only in the results (read later, by whatever op comes next):
             # results larger than the device are that failure, said here,
             # before they replace any input's values.
-            _device.check_results_fit((*outs, *new), index, self._oom_name())
+            _door.check_results_fit((*outs, *new), index, self._oom_name())
         for slot, arr in zip(entry.mutated_slots, new):
             owner = owners[slot]
             if isinstance(owner, torch.Tensor):  # a tensor of another device: copy the values back
                 with torch.no_grad():
-                    owner.copy_(_device.to_torch(arr, index, owner.device, owner.dtype))
+                    owner.copy_(_door.to_torch(arr, index, owner.device, owner.dtype))
             else:
-                _device.put_storage(owner, _device.settle(arr, owner) if sharded else arr)
+                _door.put_storage(owner, _door.settle(arr, owner) if sharded else arr)
         results = []
         it = iter(outs)
         last = None
@@ -217,17 +217,17 @@ class CompiledGraph:
                 continue
             arr = next(it)
             if spec.device is None:
-                results.append(_device.wrap(arr, index, spec.dtype, place))
+                results.append(_door.wrap(arr, index, spec.dtype, place))
                 last = arr
             else:
-                results.append(_device.to_torch(arr, index, spec.device, spec.dtype))
+                results.append(_door.to_torch(arr, index, spec.device, spec.dtype))
         if last is not None:
-            _device.note_result(index, last)
+            _door.note_result(index, last)
         elif new:
-            _device.note_result(index, new[-1])
+            _door.note_result(index, new[-1])
         if entry.checks is not None:
             _checks.report(flags, self.program.sites, entry.checks,
-                           f"in the {self.what} graph of torch.compile(backend='jax') on {_device.DEVICE_NAME}:{index}")
+                           f"in the {self.what} graph of torch.compile(backend='jax') on {_door.DEVICE_NAME}:{index}")
         return results
 
     def _oom_name(self) -> str:
@@ -237,7 +237,7 @@ class CompiledGraph:
 
     def _build(self, key: Any, layout: tuple, cfg: Any, owners: list) -> _Entry:
         program = self.program
-        ctx = _device.lowering_context(cfg)
+        ctx = _door.lowering_context(cfg)
         # Where each placeholder's values live: (slot, view static, offset position).
         where: list[Any] = []
         n_off = 0
@@ -271,7 +271,7 @@ class CompiledGraph:
                 elif w[1] is None:
                     inputs.append(arrays[w[0]])
                 else:
-                    inputs.append(_device.view_read(arrays[w[0]], w[1], offsets[w[2]]))
+                    inputs.append(_door.view_read(arrays[w[0]], w[1], offsets[w[2]]))
             rng_key = None
             if random:
                 kd, counter = rng
@@ -286,7 +286,7 @@ class CompiledGraph:
                 if static is None:
                     new[slot] = value.reshape(base.shape)
                 else:
-                    new[slot] = _device.view_write(base, static, offsets[off], value)
+                    new[slot] = _door.view_write(base, static, offsets[off], value)
             arrays_out = []
             for pos, (spec, v) in enumerate(zip(out_specs, outs)):
                 if spec.kind == "tensor":
@@ -321,8 +321,8 @@ def _output_specs(gm: torch.fx.GraphModule) -> list[_OutSpec]:
     for a in torch.fx.node.map_aggregate(out_node.args[0], lambda x: x):
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
         if isinstance(val, torch.Tensor):
-            device = None if val.device.type == _device.DEVICE_NAME else val.device
-            specs.append(_OutSpec("tensor", _device.device_dtype(val.dtype), device))
+            device = None if val.device.type == _door.DEVICE_NAME else val.device
+            specs.append(_OutSpec("tensor", _door.device_dtype(val.dtype), device))
         else:
             specs.append(_OutSpec("value"))
     return specs

@@ -16,7 +16,7 @@ import threading
 
 import torch
 
-from . import _autocast, _autograd_kernels, _device_module, _kernels, _patches
+from . import _autocast, _autograd_kernels, _torch_jax, _kernels, _patches
 from ._devices import DEVICE_NAME
 
 __all__ = ["is_registered", "register"]
@@ -83,9 +83,9 @@ def register() -> None:
             torch.utils.generate_methods_for_privateuse1_backend(
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
         if not hasattr(torch, DEVICE_NAME):
-            torch._register_device_module(DEVICE_NAME, _device_module)
+            torch._register_device_module(DEVICE_NAME, _torch_jax)
         # torch.jax.amp as torch.cuda.amp: `from torch.jax.amp import autocast`.
-        sys.modules.setdefault(f"torch.{DEVICE_NAME}.amp", _device_module.amp)
+        sys.modules.setdefault(f"torch.{DEVICE_NAME}.amp", _torch_jax.amp)
         # Without hooks and a device guard, torch.accelerator reports the
         # device but cannot answer current_stream(), and dynamo (which asks
         # for it on every compile, CPU included) fails.

@@ -15,15 +15,16 @@ import torch
 from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _index_checks, _rng,
-                      _sharding, _tensor, _views)
+                      _sharding, _tensor, _strided)
 from .._torch._hiding import dynamo_compiling, our_trace
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
-    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "config", "constraint_sharding", "current_index", "custom_op_kernel", "defer_check", "device_dtype",
-    "device_index", "dynamo_compiling", "eager_dispatch_hooks", "has_index_check", "host_values", "index_failure", "index_of_array",
-    "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result", "our_trace", "put_storage", "read",
-    "storage_of", "to_device_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
+    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "check_results_fit", "config", "constraint_sharding",
+    "current_index", "custom_op_kernel", "defer_check", "device_dtype", "device_index", "dynamo_compiling",
+    "eager_dispatch_hooks", "has_index_check", "host_values", "index_failure", "index_of_array", "index_sites",
+    "jax_device", "lowering_context", "next_key_args", "note_result", "our_trace", "out_of_memory", "put_storage",
+    "read", "storage_of", "to_device_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
 ]
 
 
@@ -126,12 +127,12 @@ def storage_key(st: Any) -> tuple:
 
 def view_read(array: Any, static: tuple | None, offset: Any) -> Any:
     """Traceable: a view's values from its storage array."""
-    return _views.read(array, static, offset)
+    return _strided.read(array, static, offset)
 
 
 def view_write(array: Any, static: tuple | None, offset: Any, value: Any) -> Any:
     """Traceable: the storage array with a view's elements replaced."""
-    return _views.write(array, static, offset, value)
+    return _strided.write(array, static, offset, value)
 
 
 def put_storage(st: Any, array: Any) -> None:

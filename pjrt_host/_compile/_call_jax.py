@@ -22,7 +22,7 @@ import torch
 
 from .._jax_settings import x64_api as _x64_api
 from .._lowerings._dtypes import torch_dtype
-from . import _device, _handles
+from . import _door, _handles
 from ._pure import CacheInfo, _Entry, _unhashable, read_arguments, run
 
 __all__ = ["call_jax", "cache_info", "cache_clear"]
@@ -58,7 +58,7 @@ def _name(fn: Any) -> str:
 def call_jax(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with 'jax' tensors passed as jax arrays and
     the results returned as 'jax' tensors (see the module docstring)."""
-    if _device.dynamo_compiling():
+    if _door.dynamo_compiling():
         # dynamo cannot trace into jax; the call runs eagerly, between two
         # compiled graphs (a graph break).
         return _outside_dynamo(fn, *args, **kwargs)
@@ -99,7 +99,7 @@ def _build(sig: Any, fn: Callable, treedef: Any, statics: tuple, tensors: list, 
     name = call.name
     with _lock:
         _counts["misses"] += 1
-    specs = [jax.ShapeDtypeStruct(tuple(t.shape), _device.jax_dtype_of(t.dtype)) for t in tensors]
+    specs = [jax.ShapeDtypeStruct(tuple(t.shape), _door.jax_dtype_of(t.dtype)) for t in tensors]
     try:
         out = jax.eval_shape(call.flat, specs)
     except Exception as err:
@@ -142,6 +142,6 @@ def _outside_dynamo(fn: Callable, *args: Any, **kwargs: Any) -> Any:
 
 def _as_op(fn: Callable, args: tuple, kwargs: dict) -> Any:
     """call_jax inside a traced torch program: the op ``pjrt_host::call_jax``."""
-    from . import _jax_ops
+    from . import _call_jax_ops
 
-    return _jax_ops.call(fn, args, kwargs)
+    return _call_jax_ops.call(fn, args, kwargs)
