@@ -93,6 +93,8 @@ TORCH_CPU_DEFECTS: dict[str, str] = {
                                "corruption; a segmentation fault on CPU alone)",
     "linalg.eigvals|poison:nan": "torch CPU's eigvals of a matrix holding NaN ends the process in MKL "
                                  "(SGEBAL: 'Parameter 3 was incorrect', then a segmentation fault) on CPU alone",
+    "_segment_reduce.offsets|empty:input": "torch CPU's _segment_reduce with offsets of an empty input ends the "
+                                           "process with a segmentation fault in its own run",
 }
 
 # Inputs whose values decide nothing about raising but that a lowering may take
