@@ -105,8 +105,8 @@ def invoke(lowering: Lowering, args: Sequence[Any], kwargs: Mapping[str, Any], c
     try:
         with jax.default_matmul_precision(ctx.matmul_precision):
             value = lowering.fn(*args, **kwargs)
-    except (TypeError, ValueError, IndexError) as err:
-        if type(err) in (TypeError, ValueError, IndexError) and not _raised_here(err):
+    except (TypeError, ValueError, IndexError, OverflowError) as err:
+        if type(err) in (TypeError, ValueError, IndexError, OverflowError) and not _raised_here(err):
             # jax's (or numpy's) complaint about arguments torch let through: a
             # torch error naming the op, never jax's type with jax's words alone
             raise RuntimeError(
