@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -132,7 +133,12 @@ def _raised_here(err: BaseException) -> bool:
     import traceback
 
     frames = traceback.extract_tb(err.__traceback__)
-    return bool(frames) and "/pjrt_host/" in frames[-1].filename.replace("\\", "/")
+    return bool(frames) and os.path.realpath(frames[-1].filename).startswith(_PACKAGE_ROOT)
+
+
+# pjrt_host's own directory (not any path that merely contains "pjrt_host":
+# a virtual environment inside a checkout named so holds jax too).
+_PACKAGE_ROOT = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 # ------------------------------------------------------------------ opmath
