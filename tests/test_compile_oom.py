@@ -83,3 +83,26 @@ def test_a_training_step_out_of_memory_leaves_the_model_usable():
     ref_opt.step()
     for p, r in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach().cpu(), r.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_graph_that_overwrites_its_inputs_says_their_values_are_lost():
+    """A compiled in-place update is given its inputs' buffers (donation):
+    when the call fails for memory, the error says those values are gone
+    and how to keep them, instead of a later read failing on a deleted
+    array with no cause."""
+    state = torch.ones(2**20, device="jax")  # 4 MiB
+
+    @torch.compile(backend="jax")
+    def update(s):
+        s.mul_(2)
+        line = torch.ones(HUGE, device="jax")
+        return line[:, None] * s.sum() * line[None, :]
+
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        update(state)
+    text = str(info.value)
+    assert "overwrites 1 of its inputs in place" in text and "PJRT_HOST_DONATE=0" in text, text
+    assert "(4.0 MiB)" in text, text
+    del info
+    torch.jax.empty_cache()
+    assert (torch.arange(3, device="jax") * 2).tolist() == [0, 2, 4]  # the device goes on

@@ -54,6 +54,19 @@ def warn_once(key: str, message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
+def _lost_inputs(oom: BaseException, donated: tuple[int, ...], owners: list) -> BaseException:
+    """``oom``, saying so when the failed call was given (donated) the
+    buffers of the inputs it overwrites: their old values went with it."""
+    if not donated:
+        return oom
+    lost = [owners[s] for s in donated]
+    size = sum(getattr(st, "nbytes", 0) or 0 for st in lost)
+    return type(oom)(
+        f"{oom} The graph overwrites {len(lost)} of its inputs in place (parameters, optimizer state) and was "
+        f"given their buffers ({size / 2**20:.1f} MiB): their values are lost with the failed call. Reload them "
+        "(a checkpoint), or set PJRT_HOST_DONATE=0 to keep them through a failed step at the cost of memory.")
+
+
 class _OutSpec(NamedTuple):
     kind: str  # "tensor" | "value" (a Python number / None)
     dtype: Any = None
@@ -190,7 +203,7 @@ class CompiledGraph:
             oom = _door.out_of_memory(err, self._oom_name(), index)
             if oom is None:
                 raise
-            raise oom from err
+            raise _lost_inputs(oom, donated, owners) from err
         if entry.checks is None:
             outs, new = result
         else:
@@ -200,7 +213,10 @@ class CompiledGraph:
             # only in the results (read later, by whatever op comes next):
             # results larger than the device are that failure, said here,
             # before they replace any input's values.
-            _door.check_results_fit((*outs, *new), index, self._oom_name())
+            try:
+                _door.check_results_fit((*outs, *new), index, self._oom_name())
+            except torch.OutOfMemoryError as oom:
+                raise _lost_inputs(oom, donated, owners) from None
         for slot, arr in zip(entry.mutated_slots, new):
             owner = owners[slot]
             if isinstance(owner, torch.Tensor):  # a tensor of another device: copy the values back

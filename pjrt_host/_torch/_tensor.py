@@ -699,7 +699,9 @@ def synchronize(index: int | None = None) -> None:
     for i, ref in list(_last.items()):
         if index is None or i == index:
             arr = ref()
-            if arr is None:  # the latest result is gone, its computation maybe not
+            # the latest result is gone (or was given to a later program that
+            # failed, donated): its computation maybe not
+            if arr is None or arr.is_deleted():
                 arr = _barrier(i)
             arr.block_until_ready()
     run_deferred_checks()
@@ -717,6 +719,6 @@ def finish_op(result: Any) -> None:
                 arr.block_until_ready()
     for ref in list(_last.values()):
         arr = ref()
-        if arr is not None:
+        if arr is not None and not arr.is_deleted():  # a donated array's program was waited for above
             arr.block_until_ready()
     run_deferred_checks()
