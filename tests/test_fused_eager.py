@@ -81,11 +81,16 @@ def test_a_repeated_segment_reuses_its_program():
 def test_values_nobody_holds_are_never_outputs():
     x = torch.randn(4, 4, device="jax")
     with fused():
-        y = ((x * 2).exp() + 1).log()  # three intermediates, dead at once
+        # An op whose scalars the engine tries traced (after a few
+        # signatures, in any earlier test) computes its inputs for the
+        # trial, ending the segment there: one run first, so that any trial
+        # is behind us and the counted run finds every op compiled.
+        ((x * x).exp() * x).log().cpu()
+        y = ((x * x).exp() * x).log()  # three intermediates, dead at once
         seg = y._storage._array.segment
         live = [ref() for ref, _ in seg.results if ref() is not None]
         assert len(seg.ops) == 4 and len(live) == 1
-        torch.testing.assert_close(y.cpu(), ((x.cpu() * 2).exp() + 1).log())
+        torch.testing.assert_close(y.cpu(), ((x.cpu() * x.cpu()).exp() * x.cpu()).log(), equal_nan=True)
 
 
 def test_dead_intermediates_never_take_memory_and_del_frees():
@@ -250,3 +255,21 @@ def test_segments_line_up_with_a_repeated_block():
         after = _fused.stats()
     assert after["segments"] - before["segments"] >= 6, "the blocks were not split into segments"
     assert after["programs"] == before["programs"], "the same loop compiled again"
+
+
+def test_a_segment_that_fails_names_its_failure_to_every_later_reader():
+    """A segment whose program fails raises the failure where it is read,
+    and every later read of its results says why they do not exist (not an
+    unrelated error on an uncomputed value). The failure here: an input's
+    jax array deleted through interop after the op was recorded."""
+    x = torch.arange(4.0, device="jax")
+    with fused():
+        y = x * 2  # recorded: its segment reads x's array
+        z = y + 1
+        pjrt_host.interop.jax_view(x).delete()
+        with pytest.raises(RuntimeError, match="deleted") as first:
+            y.cpu()
+        with pytest.raises(RuntimeError, match="fused eager segment of 2 ops that failed earlier") as later:
+            z.cpu()
+    assert later.value.__cause__ is first.value
+    assert (torch.arange(3, device="jax") + 1).tolist() == [1, 2, 3]  # the device goes on

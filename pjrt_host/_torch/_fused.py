@@ -53,7 +53,8 @@ _counts = {"segments": 0, "ops": 0, "programs": 0}
 class Segment:
     """The ops one thread has recorded and not yet run."""
 
-    __slots__ = ("ops", "key", "externals", "ext_ids", "results", "lock", "done", "device", "__weakref__")
+    __slots__ = ("ops", "key", "externals", "ext_ids", "results", "lock", "done", "device", "error",
+                 "__weakref__")
 
     def __init__(self, device: int) -> None:
         self.ops: list[tuple[Any, tuple[int, ...], bool]] = []  # (traceable fn, argument refs, one result)
@@ -64,6 +65,7 @@ class Segment:
         self.lock = threading.RLock()
         self.done = False
         self.device = device
+        self.error: BaseException | None = None  # why the segment's program failed, for later readers
         open_segments.add(self)
 
     @x64_scope  # torch.jax.synchronize() and other readers may come from outside the dispatcher
@@ -71,6 +73,12 @@ class Segment:
         """Run the recorded ops (once; later calls return at once)."""
         with self.lock:
             if self.done:
+                if self.error is not None:
+                    raise RuntimeError(
+                        f"pjrt_host: this tensor was to be computed by a fused eager segment of {len(self.ops)} ops "
+                        f"that failed earlier ({type(self.error).__name__}: {str(self.error).splitlines()[0][:300]}); "
+                        "its results do not exist. Recompute them (PJRT_HOST_EAGER=sync finds the op that "
+                        "fails).") from self.error
                 return
             self.done = True
             open_segments.discard(self)
@@ -82,26 +90,33 @@ class Segment:
                 return
             ext, self.externals = self.externals, []
             donated = _only_here(ext) if DONATE else ()
-            key = (tuple(self.key), live, donated)
-            program = _programs.get(key)
-            _counts["segments"] += 1
-            if program is None:
-                if len(_programs) > 2048:  # segments that never repeat: bound the memory
-                    _programs.clear()
-                program = _programs[key] = jax.jit(_program(self.ops, live), donate_argnums=donated)
-                _counts["programs"] += 1
-                with warnings.catch_warnings():  # a donated buffer no output can reuse is freed all the same
-                    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                    outs = program(*ext)
-            else:
+            try:
+                self._run(ext, live, donated)  # takes ext's arrays: the list is emptied there
+            except BaseException as err:
+                self.error = err
+                raise
+
+    def _run(self, ext: list, live: tuple[int, ...], donated: tuple[int, ...]) -> None:
+        key = (tuple(self.key), live, donated)
+        program = _programs.get(key)
+        _counts["segments"] += 1
+        if program is None:
+            if len(_programs) > 2048:  # segments that never repeat: bound the memory
+                _programs.clear()
+            program = _programs[key] = jax.jit(_program(self.ops, live), donate_argnums=donated)
+            _counts["programs"] += 1
+            with warnings.catch_warnings():  # a donated buffer no output can reuse is freed all the same
+                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 outs = program(*ext)
-            del ext
-            for i, arr in zip(live, outs):
-                ref, p = self.results[i]
-                storage = ref()
-                if storage is not None and storage._array is p:
-                    storage._array = arr
-            note_result(self.device, outs[-1])
+        else:
+            outs = program(*ext)
+        ext.clear()  # inputs nothing else holds are freed now, as before the results land
+        for i, arr in zip(live, outs):
+            ref, p = self.results[i]
+            storage = ref()
+            if storage is not None and storage._array is p:
+                storage._array = arr
+        note_result(self.device, outs[-1])
 
 
 def _only_here(ext: list) -> tuple[int, ...]:
@@ -167,6 +182,9 @@ def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | N
     if fn not in _validated:
         if fn in _refused:
             return None
+        if len(_validated) + len(_refused) > 8192:  # op functions of signatures long gone: bound the memory
+            _validated.clear()
+            _refused.clear()
         try:
             shapes = jax.eval_shape(fn, *[_abstract(v) for v in dyn])
         except Exception:
