@@ -36,6 +36,7 @@ __all__ = [
     "program_cache_max_bytes",
     "requested_device",
     "seconds",
+    "skipped_patch_keys",
     "text",
 ]
 
@@ -89,6 +90,13 @@ def eager_mode() -> str:
                                       "comes), 'fused' (ops recorded and run in segments) or 'sync' (each op "
                                       "waited for, its checks raised at the op)")
     return value
+
+
+def skipped_patch_keys() -> set[str]:
+    """``PJRT_HOST_SKIP_PATCHES=a,b`` (or ``all``): the torch patches not to
+    install, by key (``pjrt_host._torch._patches.INVENTORY``).  Default: none."""
+    value = text("PJRT_HOST_SKIP_PATCHES")
+    return {k.strip() for k in (value or "").split(",") if k.strip()}
 
 
 def donate_buffers() -> bool:

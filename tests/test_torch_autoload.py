@@ -260,6 +260,11 @@ def test_patches_are_the_inventory_deferred_where_possible_and_can_be_switched_o
     assert typo.returncode == 0, typo.stderr[-3000:]
     assert "PJRT_HOST_SKIP_PATCHES names ['backwards']" in typo.stderr and "'backward'" in typo.stderr
     assert set(json.loads(typo.stdout.strip().splitlines()[-1])["after"]) == everything
+    # beside a typo, the keys that do name a patch are still skipped (and it is said once)
+    mixed = run(PATCH_STATE, extra_env={"PJRT_HOST_SKIP_PATCHES": "backwards,pin_memory"})
+    assert mixed.returncode == 0, mixed.stderr[-3000:]
+    assert mixed.stderr.count("PJRT_HOST_SKIP_PATCHES names ['backwards']") == 1, mixed.stderr[-3000:]
+    assert set(json.loads(mixed.stdout.strip().splitlines()[-1])["after"]) == everything - pin
 
 
 _X64_PROGRAM = """

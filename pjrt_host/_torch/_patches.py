@@ -20,7 +20,6 @@ device.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -156,18 +155,22 @@ PATCHES: dict[str, tuple[str, str]] = {name: (patch.key, why) for patch in INVEN
 
 def skipped_patches() -> set[str]:
     """The patch keys ``PJRT_HOST_SKIP_PATCHES`` names (comma-separated, or
-    ``all``); an unknown key is an error naming the known ones, at once."""
-    raw = os.environ.get("PJRT_HOST_SKIP_PATCHES", "").strip()
-    if not raw:
-        return set()
-    keys = {k.strip() for k in raw.split(",") if k.strip()}
+    ``all``); an unknown key is an EnvironmentSettingError naming the known
+    ones."""
+    from .. import _env
+    from .._errors import EnvironmentSettingError
+
+    keys = _env.skipped_patch_keys()
     known = {patch.key for patch in INVENTORY}
     if "all" in keys:
         return known
     unknown = keys - known
     if unknown:
-        raise ValueError(f"PJRT_HOST_SKIP_PATCHES names {sorted(unknown)}; the patches are {sorted(known)} "
-                         f"(or 'all')")
+        err = EnvironmentSettingError(
+            f"PJRT_HOST_SKIP_PATCHES names {sorted(unknown)}, which is no patch; the patches are "
+            f"{sorted(known)} (or 'all')")
+        err.skipping = keys & known  # type: ignore[attr-defined]
+        raise err
     return keys
 
 
@@ -178,8 +181,11 @@ def install(phase: str) -> None:
     try:
         skip = skipped_patches()
     except ValueError as err:
-        logger.warning("pjrt_host: %s; no patch is skipped", err)
-        skip = set()
+        # Inside `import torch`: said loudly, never raised (it would break torch
+        # itself); the keys that do name a patch are still skipped.
+        skip = set(getattr(err, "skipping", ()))
+        if phase == "import":  # said once, not again when the device loads
+            logger.warning("pjrt_host: %s; skipped: %s", err, sorted(skip) or "none")
     for patch in INVENTORY:
         if patch.phase != phase:
             continue
