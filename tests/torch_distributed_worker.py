@@ -234,11 +234,16 @@ def fault(dist, torch, mode: str, outdir: str) -> dict:
     dist.all_reduce(x)
     if r == 1:
         if mode == "killed":
-            time.sleep(1.0)  # rank 0 is inside its all_reduce by now
+            # rank 0 says when it goes into its all_reduce (a fixed sleep
+            # raced it on a loaded machine); then give it a moment inside
+            while not os.path.exists(os.path.join(outdir, "rank0_entering")):
+                time.sleep(0.05)
+            time.sleep(1.0)
             os._exit(3)
         while not os.path.exists(os.path.join(outdir, "rank0.json")):
             time.sleep(0.2)
         return {}
+    open(os.path.join(outdir, "rank0_entering"), "w").close()
     start = time.monotonic()
     try:
         dist.all_reduce(x)

@@ -19,6 +19,7 @@ import contextlib
 import datetime
 import functools
 import threading
+import time
 from typing import Any, Iterator
 
 from . import _waiting
@@ -48,12 +49,14 @@ def is_holding() -> bool:
 
 
 def wait_for(held: list) -> None:
-    """Wait for each held result (at most its group's timeout); a failed or
-    timed-out collective raises, naming itself and the ranks that did not
-    answer."""
+    """Wait for the held results, all of them within the group's timeout
+    from now (one deadline for the call, not one per collective); a failed
+    or timed-out collective raises, naming itself and the ranks that did
+    not answer."""
+    started = time.monotonic()
     while held:
         mesh, run, key, result = held.pop(0)
-        mesh.wait(run, key, result)
+        mesh.wait(run, key, result, started)
         del result
 
 
@@ -168,10 +171,14 @@ class GroupMesh:
             held.append((self, run, key, result))
         return result
 
-    def wait(self, run: int, key: tuple, result: Any) -> None:
+    def wait(self, run: int, key: tuple, result: Any, started: float | None = None) -> None:
         """Wait for collective number ``run``'s result, at most the group's
-        timeout (the roll call after a failure fits in it too)."""
+        timeout since ``started`` (``time.monotonic()``; default now; the
+        roll call after a failure fits in it too)."""
         budget = None if self._timeout is None else self._timeout - self._roll_call_time()
+        if budget is not None and started is not None:
+            spent = datetime.timedelta(seconds=time.monotonic() - started)
+            budget = max(budget - spent, datetime.timedelta(0))
         error = _waiting.wait_ready(result, budget)
         if error is not None:
             raise self._failure(run, key, error) from error
