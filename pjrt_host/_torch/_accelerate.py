@@ -170,9 +170,9 @@ class _Loader(importlib.abc.Loader):
         try:
             self._patch(module)
         except Exception as err:  # the library must import whatever happens here
-            logger.warning("pjrt_host: could not wrap %s's device choice (%s: %s); it keeps its own (set "
-                           "ACCELERATE_TORCH_DEVICE=%s to train on the device)", module.__name__,
-                           type(err).__name__, err, DEVICE_NAME)
+            logger.warning("pjrt_host: could not adapt %s to the '%s' device (%s: %s); it works as it would "
+                           "without pjrt_host (docs/integrations.md: how to name the device yourself)",
+                           module.__name__, DEVICE_NAME, type(err).__name__, err)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_code, is_package, ...
         return getattr(self._loader, name)

@@ -96,7 +96,8 @@ def parse_devices(devices: _DevicesInput) -> Union[int, list[int]]:
 
 
 def _what_counts() -> str:
-    return ("the selected plugin's count; cpu_ref has PJRT_HOST_CPU_REF_DEVICES of them" if is_available()
+    return ("as many as the selected plugin reports; `python -m pjrt_host info` lists them and the plugin's "
+            "settings that change them" if is_available()
             else "no pjrt_host plugin reports a device: `python -m pjrt_host list` says why")
 
 
