@@ -115,7 +115,7 @@ INTERNALS: tuple[Internal, ...] = (
             "DTensor and FakeTensor, are made); its __torch_function__ is torch's disabled one so that "
             "subclass handling costs nothing per op.",
         fallback="none: no 'jax' tensor can be made.",
-        pins=("tests/test_torch_device.py",),
+        pins=("tests/test_torch_factories.py", "tests/test_torch_device.py"),
     ),
     Internal(
         names=("torch._C.DispatchKey", "torch._C.DispatchKeySet", "torch._C._ExcludeDispatchKeyGuard",
@@ -207,7 +207,7 @@ INTERNALS: tuple[Internal, ...] = (
         files=("pjrt_host/_torch/_printing.py",),
         why="repr of a 'jax' tensor is torch's, formatted from the CPU copy, with device='jax:N' added.",
         fallback="none: printing a 'jax' tensor raises.",
-        pins=("tests/test_torch_device.py::test_printing",
+        pins=("tests/test_torch_moves.py::test_printing",
               "tests/test_spmd.py::test_cpu_printing_numpy_and_save_gather"),
     ),
     # -- modules, autograd, generators --------------------------------------------------------

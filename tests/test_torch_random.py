@@ -116,3 +116,64 @@ def test_complex_draws_fill_both_parts_as_cpu_does_eager_and_compiled(name):
         assert float(z.imag.abs().max().cpu()) > 0, f"{how}: the imaginary part is all zeros"
         for moment, (g, want) in enumerate(zip(got, cpu)):
             assert abs(g - want) < 0.03, f"{how} {name}: moments {got}, CPU {cpu} (differs at {moment})"
+
+
+# ---------------------------------------------------------------- random state
+
+DEV = "jax"
+
+
+def cpu(t):
+    return t.detach().cpu()
+
+
+
+def test_manual_seed_reproducible():
+    torch.manual_seed(123)
+    a1, b1 = torch.randn(5, device=DEV), torch.rand(3, device=DEV)
+    d1 = torch.nn.functional.dropout(torch.ones(50, device=DEV), 0.5)
+    torch.manual_seed(123)
+    a2, b2 = torch.randn(5, device=DEV), torch.rand(3, device=DEV)
+    d2 = torch.nn.functional.dropout(torch.ones(50, device=DEV), 0.5)
+    assert torch.equal(cpu(a1), cpu(a2)) and torch.equal(cpu(b1), cpu(b2)) and torch.equal(cpu(d1), cpu(d2))
+    torch.manual_seed(124)
+    assert not torch.equal(cpu(torch.randn(5, device=DEV)), cpu(a1))
+
+
+def test_successive_draws_differ():
+    torch.manual_seed(0)
+    assert not torch.equal(cpu(torch.randn(8, device=DEV)), cpu(torch.randn(8, device=DEV)))
+    x = torch.empty(6, device=DEV)
+    first = cpu(x.normal_())
+    assert not torch.equal(first, cpu(x.normal_()))
+
+
+def test_rng_state_round_trip():
+    torch.jax.manual_seed(7)
+    state = torch.jax.get_rng_state()
+    assert state.dtype == torch.uint8 and state.device.type == "cpu"
+    a = cpu(torch.randn(4, device=DEV))
+    torch.jax.set_rng_state(state)
+    assert torch.equal(cpu(torch.randn(4, device=DEV)), a)
+    with torch.random.fork_rng(device_type=DEV):
+        torch.randn(4, device=DEV)
+    assert torch.jax.initial_seed() == 7
+
+
+def test_generator_argument_is_reproducible():
+    g = torch.Generator().manual_seed(5)
+    a = cpu(torch.empty(4, device=DEV).normal_(generator=g))
+    g = torch.Generator().manual_seed(5)
+    b = cpu(torch.empty(4, device=DEV).normal_(generator=g))
+    assert torch.equal(a, b)
+
+
+def test_random_in_place_ops():
+    x = torch.empty(1000, device=DEV)
+    assert 0.4 < cpu(x.uniform_()).mean() < 0.6
+    assert set(cpu(x.bernoulli_(0.5)).unique().tolist()) <= {0.0, 1.0}
+    assert cpu(x.exponential_()).min() >= 0
+    i = torch.empty(100, dtype=torch.int64, device=DEV).random_(0, 5)
+    assert cpu(i).max() < 5 and cpu(i).min() >= 0
+    probs = torch.tensor([[0.0, 1.0, 0.0]], device=DEV)
+    assert cpu(torch.multinomial(probs, 2, replacement=True)).tolist() == [[1, 1]]

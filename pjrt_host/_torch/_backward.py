@@ -25,7 +25,7 @@ shapes torch's meta kernel gives (zeros), so the engine finishes; the
 wrapper around ``torch.autograd._engine_run_backward`` (through which
 ``Tensor.backward`` and ``torch.autograd.grad`` run the engine) then raises
 the stored exception.  As after any failed backward, ``.grad`` may hold
-partial sums.  Both hooks are torch internals; tests/test_torch_device.py
+partial sums.  Both hooks are torch internals; tests/test_torch_errors.py
 pins them (in a child process, as a regression would end the process).
 """
 

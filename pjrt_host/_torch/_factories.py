@@ -13,7 +13,7 @@ moved (one copy), which is exact for every factory torch has.
 
 ``_kernels.FACTORY_OPS`` names the overloads that get a device kernel (it
 cannot read the lowering table: registration runs inside ``import torch``
-and must not import jax); tests/test_torch_device.py keeps the two equal.
+and must not import jax); tests/test_torch_factories.py keeps the two equal.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ _libraries: list[torch.library.Library] = []
 # Factory ops that get a kernel of their own on the device key.  Without one,
 # torch runs its composite kernel (e.g. zeros = empty + zero_), which works
 # but costs an extra op.  Exactly the overloads the lowering table marks
-# ``factory`` (tests/test_torch_device.py keeps them equal; this list cannot
+# ``factory`` (tests/test_torch_factories.py keeps them equal; this list cannot
 # read the table, which imports jax).
 FACTORY_OPS = (
     "empty.memory_format",

@@ -1,0 +1,103 @@
+"""Factories on the 'jax' device: values and shapes as torch CPU's, random factories' ranges, one table of factories, the default device."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+import pjrt_host  # noqa: E402  (registers the device if autoload is off)
+
+DEV = "jax"
+
+
+def cpu(t):
+    return t.detach().cpu()
+
+
+# ---------------------------------------------------------------- factories
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: torch.zeros(2, 3, device=d),
+    lambda d: torch.ones(2, 3, dtype=torch.int64, device=d),
+    lambda d: torch.full((2, 2), 7.5, device=d),
+    lambda d: torch.full((3,), 4, device=d),
+    lambda d: torch.arange(5, device=d),
+    lambda d: torch.arange(1.0, 2.0, 0.25, device=d),
+    lambda d: torch.arange(-3, 10, 3, dtype=torch.float64, device=d),
+    lambda d: torch.linspace(0, 1, 7, device=d),
+    lambda d: torch.linspace(-2, 5, 4, dtype=torch.float64, device=d),
+    lambda d: torch.eye(3, device=d),
+    lambda d: torch.eye(2, 4, dtype=torch.int32, device=d),
+    lambda d: torch.tensor([[1, 2], [3, 4]], device=d),
+    lambda d: torch.tensor(3.5, device=d),
+    lambda d: torch.tensor([True, False], device=d),
+    lambda d: torch.zeros_like(torch.ones(2, 2, device=d)),
+    lambda d: torch.ones_like(torch.ones(2, 2, dtype=torch.int16, device=d)),
+    lambda d: torch.full_like(torch.ones(3, device=d), 2.0),
+    lambda d: torch.ones(3, device=d).new_zeros(2),
+    lambda d: torch.ones(3, device=d).new_full((2,), 5),
+    lambda d: torch.scalar_tensor(2.0, device=d),
+    lambda d: torch.empty(4, device=d).fill_(3),
+    lambda d: torch.tril_indices(3, 3, device=d),
+])
+def test_factory_matches_cpu(make):
+    got, want = make(DEV), make("cpu")
+    assert got.device.type == DEV
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(cpu(got), want)
+
+
+def test_empty_and_like_shapes():
+    e = torch.empty(2, 5, device=DEV)
+    assert e.shape == (2, 5) and e.device == torch.device("jax", 0)
+    assert torch.empty_like(e).shape == (2, 5)
+    r = torch.rand_like(e)
+    assert r.device.type == DEV and bool(((cpu(r) >= 0) & (cpu(r) < 1)).all())
+    assert torch.randn_like(e).shape == (2, 5)
+
+
+def test_random_factories_have_torch_shapes_and_ranges():
+    assert torch.randn(3, 4, device=DEV).shape == (3, 4)
+    u = cpu(torch.rand(1000, device=DEV))
+    assert 0 <= u.min() and u.max() < 1 and 0.4 < u.mean() < 0.6
+    i = cpu(torch.randint(3, 7, (500,), device=DEV))
+    assert i.dtype == torch.int64 and i.min() >= 3 and i.max() <= 6
+    p = cpu(torch.randperm(10, device=DEV))
+    assert sorted(p.tolist()) == list(range(10))
+
+
+def test_one_table_says_which_ops_are_factories():
+    """The overloads that get a device kernel at ``import torch``
+    (``_kernels.FACTORY_OPS``, which cannot import jax) are exactly the
+    factory lowerings of ops without a tensor argument, each registered
+    under its own name; ``empty_permuted`` alone reaches the device's
+    fallback (computed on the CPU for its strides, then moved)."""
+    from pjrt_host import _lowerings
+    from pjrt_host._torch import _kernels
+
+    _lowerings.load_all()
+    tables = {name: record for name, record in _lowerings._TABLE.items() if record.factory}
+    made_from_nothing = set()
+    for name in tables:
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        if not any(isinstance(a.type, torch.TensorType) for a in op._schema.arguments):
+            made_from_nothing.add(name)
+    listed = {"aten::" + name.removesuffix(".default") for name in _kernels.FACTORY_OPS}
+    assert made_from_nothing - {"aten::empty_permuted"} == listed
+    random = {name for name in listed if tables[name].needs_rng}
+    assert random == {n for n in listed if n.split("::")[1].split(".")[0] in ("rand", "randn", "randint", "randperm")}
+
+
+def test_default_device():
+    torch.set_default_device(DEV)
+    try:
+        x = torch.zeros(2)
+        y = torch.randn(3)
+    finally:
+        torch.set_default_device(None)  # ("cpu" would leave torch's DeviceContext mode on for later tests)
+    assert x.device.type == DEV and y.device.type == DEV
+    assert torch.zeros(1).device.type == "cpu"
