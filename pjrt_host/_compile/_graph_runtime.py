@@ -144,6 +144,7 @@ class CompiledGraph:
         self.cache: dict[Any, _Entry] = {}
         self.eager: EagerGraph | None = None
         self.out_specs = _output_specs(gm)
+        self._fitting: set = set()  # ids of entries (self.cache keeps them) whose results were checked to fit
         self.random = program.num_random > 0
         #: The mesh the graph's sharding constraints name (None: none).
         self.mesh = _door.graph_placement(gm)
@@ -208,15 +209,17 @@ class CompiledGraph:
             outs, new = result
         else:
             outs, new, flags = result
-        if not sharded:
+        if not sharded and id(entry) not in self._fitting:
             # A plugin that runs asynchronously reports a failed allocation
             # only in the results (read later, by whatever op comes next):
             # results larger than the device are that failure, said here,
-            # before they replace any input's values.
+            # before they replace any input's values.  Once per signature:
+            # the results' sizes are the signature's.
             try:
                 _door.check_results_fit((*outs, *new), index, self._oom_name())
             except torch.OutOfMemoryError as oom:
                 raise _lost_inputs(oom, donated, owners) from None
+            self._fitting.add(id(entry))
         for slot, arr in zip(entry.mutated_slots, new):
             owner = owners[slot]
             if isinstance(owner, torch.Tensor):  # a tensor of another device: copy the values back
@@ -318,6 +321,7 @@ class CompiledGraph:
         with self._lock:
             if len(self.cache) > 64:  # layouts that never repeat: bound the memory
                 self.cache.clear()
+                self._fitting.clear()
             self.cache[key] = entry
         return entry
 
