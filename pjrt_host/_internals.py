@@ -369,6 +369,16 @@ INTERNALS: tuple[Internal, ...] = (
         pins=("tests/test_program_cache.py::test_jax_internals_the_cache_relies_on",),
     ),
     Internal(
+        names=("jax._src.config",),
+        files=("pjrt_host/_program_cache.py",),
+        why="programs kept on disk untraced are keyed by what their trace depends on; jax's trace-time settings "
+            "(64-bit types, promotion, default precision: what jax.jit keys its own traces by) are part of it, "
+            "and no public API lists them.",
+        fallback="programs are compiled and kept in memory only (traced in every process), as before the "
+                 "untraced store.",
+        pins=("tests/test_program_cache.py::test_programs_kept_untraced_run_on_their_device_and_survive_a_new_version",),
+    ),
+    Internal(
         names=("jax.enable_x64._update_thread_local_hook",),
         files=("pjrt_host/_jax_settings.py",),
         why="the per-op x64 scope uses jax's state directly (swap_local / set_local) only when no hook runs "

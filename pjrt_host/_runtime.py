@@ -150,7 +150,8 @@ def _create(record: PluginRecord) -> Runtime:
         raise _error(record, "jax could not be imported", err, fix="pip install the versions in constraints.txt") from err
 
     _skip_jax_plugin_discovery(xla_bridge)
-    _program_cache.configure(record.name)  # before the first program compiles
+    # before the first program compiles
+    _program_cache.configure(record.name, f"{record.distribution} {record.version} {record.target}")
     if record.library is None:
         backend = plugin.jaxlib_backend
     else:

@@ -49,6 +49,8 @@ def test_a_second_process_loads_every_program_from_disk(tmp_path):
     assert s1["compiled"] > 10 and s1["disk_writes"] == s1["compiled"] and s1["disk_hits"] == 0
     assert s2["programs"] == s1["programs"]
     assert s2["disk_hits"] == s2["programs"] and s2["compiled"] == 0 and s2["disk_writes"] == 0
+    # most of them without tracing their op again (eager ops and factories)
+    assert s1["untraced"] == 0 and s2["untraced"] > s2["programs"] // 2
     assert (first["loss"], first["weight"]) == (second["loss"], second["weight"])
     # one directory per plugin and jaxlib version, private to the user
     import jaxlib
@@ -57,6 +59,41 @@ def test_a_second_process_loads_every_program_from_disk(tmp_path):
     assert s1["directory"] == str(where)
     assert stat.S_IMODE(where.stat().st_mode) == 0o700
     assert any(where.iterdir())
+
+
+# Ops on two devices: in place (donated), through views, out=, random draws.
+TWO_DEVICES = r"""
+import json, torch
+torch.manual_seed(0)
+values = []
+for dev in ("jax:0", "jax:1"):
+    x = torch.zeros(6, device=dev)
+    x[2:4] += 1
+    torch.add(x, 1, out=x)
+    b = torch.empty(16, device=dev).uniform_(-1, 1)
+    m = torch.randn(3, 3, device=dev) @ torch.ones(3, 3, device=dev)
+    values.append([x.tolist(), b.tolist(), m.tolist()])
+print(json.dumps({"values": values, "stats": torch.jax.program_cache_stats()}))
+"""
+
+
+def test_programs_kept_untraced_run_on_their_device_and_survive_a_new_version(tmp_path):
+    """Programs loaded without tracing are each compiled for one device, and
+    give what the first process computed.  A new pjrt_host finds jax's
+    entries of the old one's programs but none of its own (the source is in
+    their key): jax's entries load (once), and the program is kept again
+    from a fresh compile -- an executable jax loaded cannot be serialized
+    again whole on XLA:CPU (it failed with "Function ... not found")."""
+    env = {"PJRT_HOST_CACHE_DIR": str(tmp_path), "PJRT_HOST_CPU_REF_DEVICES": "2"}
+    first = run(env, TWO_DEVICES)
+    ours = [f for f in os.listdir(first["stats"]["directory"]) if f.startswith("pjrt_host-")]
+    assert ours and any("uniform_" in f for f in ours)
+    for f in ours:  # as a new version of pjrt_host finds the directory
+        os.unlink(os.path.join(first["stats"]["directory"], f))
+    second = run(env, TWO_DEVICES)
+    third = run(env, TWO_DEVICES)
+    assert second["values"] == first["values"] and third["values"] == first["values"]
+    assert second["stats"]["untraced"] == 0 and third["stats"]["untraced"] > 0
 
 
 def test_the_default_directory_is_the_users_cache(tmp_path):

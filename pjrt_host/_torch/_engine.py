@@ -29,12 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .. import _lowerings, _plugin, _runtime
+from .. import _lowerings, _plugin, _program_cache, _runtime
 from .._errors import PluginLoadError
 from .._lowerings import Lowering, LoweringContext, op_name
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from . import _config, _fused, _meta, _rng, _sharding, _strided
-from ._devices import device_mismatch, torch_device
+from ._devices import device_mismatch, jax_device, torch_device
 from ._dtype_policy import device_dtype
 from ._tensor import DONATE, JaxTensor, Storage, TensorSpec, note_result, open_segments, read, wrap_array
 
@@ -104,6 +104,9 @@ class SequenceArg(tuple):
 
 class _Generator:
     """A torch.Generator argument (random lowerings take the draw's key instead)."""
+
+    def __repr__(self) -> str:  # a stable text: programs on disk are keyed by it
+        return "GENERATOR"
 
 
 GENERATOR = _Generator()
@@ -261,7 +264,7 @@ def _note_miss(op: CompiledOp, key: tuple) -> None:
 def _difference(prev: tuple, key: tuple) -> str:
     """What differs between two keys of one op, in a user's terms."""
     changes = []
-    (pa, pk, pt, pc), (a, k, t, c) = prev, key
+    (pa, pk, pt, pc, pp), (a, k, t, c, p) = prev, key
     for where, old, new in [(f"argument {i}", x, y) for i, (x, y) in enumerate(zip(pa, a))] + \
             [(f"argument {n!r}", x, y) for (n, x), (_, y) in zip(pk, k)]:
         if old != new:
@@ -272,6 +275,8 @@ def _difference(prev: tuple, key: tuple) -> str:
         changes.append("the out= tensors")
     if pc != c:
         changes.append("pjrt_host.config settings")
+    if pp != p:
+        changes.append(f"the device ({pp} -> {p})")
     return "; ".join(changes) or "the same arguments (the earlier program was evicted)"
 
 
@@ -393,7 +398,8 @@ class CompiledOp:
         # op runs on a mesh (an operand is sharded).
         index = place if type(place) is int else place.index
         cfg = _config.current()
-        key = (key_args, key_kwargs, targets_key, cfg)
+        # ``place`` too: a program is compiled for its device
+        key = (key_args, key_kwargs, targets_key, cfg, place)
         entry = self.cache.get(key)
         if entry is not None:
             self.hits += 1
@@ -436,7 +442,8 @@ class CompiledOp:
                     if donated:
                         fn = entry.donating.get(donated)
                         if fn is None:
-                            fn = entry.donating[donated] = jax.jit(entry.raw, donate_argnums=donated)
+                            fn = entry.donating[donated] = self._program(
+                                key, jax.jit(entry.raw, donate_argnums=donated), donated)
                             with warnings.catch_warnings():  # an unusable donated buffer is freed all the same
                                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                                 result = fn(*dyn)
@@ -730,7 +737,8 @@ class CompiledOp:
         fn.__name__ = fn.__qualname__ = self.name.replace("::", ".")
         # Fused eager records ops whose results are tensors torch described in advance.
         tensors = plan.outputs is not None and all(o.kind == "tensor" for o in plan.outputs) and bool(plan.outputs)
-        entry = _Entry(jax.jit(fn) if jitted else fn, plan, fn if (jitted and writes and DONATE) else None,
+        entry = _Entry(self._program(key, jax.jit(fn)) if jitted else fn, plan,
+                       fn if (jitted and writes and DONATE) else None,
                        {} if (jitted and writes and DONATE) else None,
                        fn if (jitted and (tensors or writes)) else None)
         with _lock:
@@ -738,6 +746,45 @@ class CompiledOp:
                 self.cache.clear()
             self.cache[key] = entry
         return entry
+
+
+    def _program(self, key: tuple, jitted: Any, donated: tuple = ()) -> Any:
+        """What runs ``jitted``: itself on a mesh or with the program cache
+        off, else a :class:`_FirstCall` that gets its compiled program from
+        the program cache (from disk, untraced, when it was made before)."""
+        place = key[4]
+        if type(place) is not int or _program_cache.directory() is None:
+            return jitted
+        cfg = key[3]
+        signature = (self.name, op_name(self.meta_op), self.inplace, self.out_names, self.lowering.where,
+                     lowering_context(cfg), key[0], key[1], key[2], cfg, donated)
+        return _FirstCall(self, key, jitted, signature, place, donated)
+
+
+class _FirstCall:
+    """A program until its first call: then compiled for the call's argument
+    types (``_program_cache.compiled``: loaded from disk without tracing
+    when this process's setting made it before), and put in its entry's
+    place so that later calls run the compiled program directly."""
+
+    __slots__ = ("op", "key", "jitted", "signature", "index", "donated")
+
+    def __init__(self, op: CompiledOp, key: tuple, jitted: Any, signature: tuple, index: int,
+                 donated: tuple) -> None:
+        self.op, self.key, self.jitted, self.signature, self.index, self.donated = \
+            op, key, jitted, signature, index, donated
+
+    def __call__(self, *dyn: Any) -> Any:
+        program = _program_cache.compiled(self.op.name, self.signature, self.jitted, dyn, jax_device(self.index))
+        op = self.op
+        with _lock:
+            entry = op.cache.get(self.key)
+            if entry is not None:
+                if not self.donated and entry.fn is self:
+                    op.cache[self.key] = entry._replace(fn=program)
+                elif self.donated and entry.donating is not None and entry.donating.get(self.donated) is self:
+                    entry.donating[self.donated] = program
+        return program(*dyn)
 
 
 def _wrap_results(result: Any, plan: _meta.OutputPlan, index: int, place: Any = None) -> Any:
@@ -793,7 +840,6 @@ def _nbytes(x: Any) -> int:
     return getattr(x, "nbytes", 0)
 
 
-@jax.jit
 def _equal_on_device(a: Any, b: Any) -> Any:
     if jnp.issubdtype(a.dtype, jnp.inexact):
         close = jnp.abs(a - b) <= 1e-6 * jnp.abs(b)
@@ -801,13 +847,26 @@ def _equal_on_device(a: Any, b: Any) -> Any:
     return jnp.all(a == b)
 
 
+_equal_programs: dict[Any, Any] = {}
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal values (float: within 1e-6 relative), compared on the device:
-    only the verdict comes to the host."""
+    only the verdict comes to the host.  Its programs are kept like the
+    ops' (a warm process compares without tracing)."""
     a, b = jnp.asarray(a), jnp.asarray(b)
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    return bool(_equal_on_device(a, b))
+    devices = a.devices()
+    device = next(iter(devices)) if len(devices) == 1 and b.devices() == devices else None
+    key = (a.dtype.name, a.shape, None if device is None else device.id)
+    program = _equal_programs.get(key)
+    if program is None:
+        program = jax.jit(_equal_on_device)
+        if device is not None and _program_cache.directory() is not None:
+            program = _program_cache.compiled("pjrt_host.same", key, program, (a, b), device)
+        _equal_programs[key] = program
+    return bool(program(a, b))
 
 
 def _same_outputs(x: Any, y: Any) -> bool:

@@ -27,11 +27,11 @@ from typing import Any
 import jax
 import torch
 
-from .. import _lowerings
+from .. import _lowerings, _program_cache
 from .._lowerings._dtypes import jax_dtype
 from . import _config, _memory, _rng
 from ._conversion import to_jax_array
-from ._devices import DEVICE_NAME, device_index, sharding
+from ._devices import DEVICE_NAME, device_index, jax_device, sharding
 from ._dtype_policy import device_dtype
 from ._engine import lowering_context
 from ._tensor import new_tensor, wrap_array
@@ -104,11 +104,15 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         fn = _compiled.get(key)
     except TypeError:
         key, fn = None, None
+    draw = _rng.next_key_args(index, kwargs.get("generator")) if lowering.needs_rng else ()
     if fn is None:
         fn = _compile(name, lowering, args, kwargs, jax_dtype(dtype), drawn, index)
         if key is not None:
-            _compiled[key] = fn
-    arr = fn(*_rng.next_key_args(index, kwargs.get("generator"))) if lowering.needs_rng else fn()
+            # compiled for this call (from disk, untraced, when made before)
+            signature = (key, sorted((k, "GENERATOR" if k == "generator" else v) for k, v in kwargs.items()),
+                         lowering.where, lowering_context(_config.current()))
+            fn = _compiled[key] = _program_cache.compiled(f"aten::{name}", signature, fn, draw, jax_device(index))
+    arr = fn(*draw)
     if drawn != shape:
         arr = _cut(arr, shape)
     return wrap_array(arr, index, dtype)
