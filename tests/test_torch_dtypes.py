@@ -49,3 +49,24 @@ def test_int64_values_survive():
     big = torch.tensor([2**62 + 1], dtype=torch.int64)
     assert big.to(DEV).cpu().item() == 2**62 + 1
     assert torch.tensor([1e300], dtype=torch.float64, device=DEV).cpu().item() == 1e300
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, o: torch.sum(x, 1, out=o),
+    lambda x, o: torch.prod(x + 1, 1, out=o),
+    lambda x, o: torch.cumsum(x, 1, out=o),
+    lambda x, o: torch.cumprod(x + 1, 1, out=o),
+    lambda x, o: torch.sum(x, 1, dtype=torch.float64, out=o.double()),
+], ids=["sum", "prod", "cumsum", "cumprod", "sum-dtype-given"])
+def test_out_of_another_dtype_decides_what_a_reduction_computes_in(call):
+    """Given no dtype, sum / prod / cumsum / cumprod with out= compute in
+    out's dtype (torch casts the input first): sum([0.6, 0.6, 0.6, 1.5],
+    out=int64) is 1, not the float sum 3.3 cast to 3."""
+    x = torch.tensor([[0.6, 0.6, 0.6, 1.5], [2.7, -0.5, 1.9, 0.2]])
+    results = []
+    for dev in ("cpu", DEV):
+        o = torch.empty(0, dtype=torch.int64, device=dev)
+        out = call(x.to(dev), o)
+        results.append(cpu(out))
+    assert results[1].dtype == results[0].dtype
+    assert torch.equal(results[1], results[0])

@@ -326,6 +326,12 @@ def _sole_positions(dyn: list, storages: list) -> tuple[int, ...]:
     return tuple(positions)
 
 
+#: Ops whose out= form, given no ``dtype``, computes in the out tensor's dtype
+#: (torch's ``infer_dtype_from_optional``: ``sum(x_float, out=int64)`` sums
+#: the input cast to int64, not the float sum cast).
+_DTYPE_FROM_OUT = frozenset({"aten::sum", "aten::nansum", "aten::prod", "aten::cumsum", "aten::cumprod"})
+
+
 class CompiledOp:
     """One op (or its in-place / out= form) compiled per static signature.
 
@@ -335,7 +341,8 @@ class CompiledOp:
     op whose meta kernel gives the results (the functional one)."""
 
     __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "scalar_slots",
-                 "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses", "warm_hits")
+                 "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses", "warm_hits",
+                 "dtype_from_out")
 
     def __init__(self, func: Any, lowering: Lowering, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
@@ -360,6 +367,7 @@ class CompiledOp:
         self.in_trial = False
         # No out= targets, no random key, scalars static: the common case.
         self.simple = not out_names and not lowering.needs_rng
+        self.dtype_from_out = bool(out_names) and self.name.split(".")[0] in _DTYPE_FROM_OUT
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         dyn: list[Any] = []
@@ -534,6 +542,8 @@ class CompiledOp:
             kwargs = dict(kwargs)
             for n in self.out_names:
                 out_targets.append(kwargs.pop(n))
+            if self.dtype_from_out and kwargs.get("dtype") is None and isinstance(out_targets[0], torch.Tensor):
+                kwargs["dtype"] = out_targets[0].dtype  # computed in out's dtype, as torch does
             if self.lowering.needs_rng:
                 generator = kwargs.pop("generator", None)
         return kwargs, out_targets, generator
