@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from . import _env
 from ._discovery import SOURCE_CODE, PluginRecord, Status, discover, record_for_object
-from ._errors import PluginLoadError, PluginNotFoundError, SelectionError
+from ._errors import EnvironmentSettingError, PluginLoadError, PluginNotFoundError, SelectionError
 
 __all__ = [
     "plugin_manager",
@@ -202,6 +202,8 @@ def _default() -> PluginRecord:
             continue
         try:
             chips = record.plugin.physical_chip_count()  # type: ignore[union-attr]
+        except EnvironmentSettingError:
+            raise  # the user's setting is wrong: say so, not "no usable plugin"
         except Exception as err:
             logger.info("plugin %r: physical_chip_count() raised %s; not a default choice", record.name, err)
             continue

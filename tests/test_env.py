@@ -117,6 +117,20 @@ def test_the_plugins_here_read_through_it(monkeypatch: pytest.MonkeyPatch) -> No
         assert not any(hasattr(module, copy) for copy in ("_get", "_int", "_bool")), module.__name__
 
 
+@pytest.mark.parametrize("value", ["0", "many"])
+def test_a_bad_plugin_setting_reaches_the_user_not_no_usable_plugin(value: str) -> None:
+    """A plugin whose device count reads a bad setting is not "no usable
+    plugin" (the choice among plugins swallowed it): the user sees the
+    setting's own error at the first device use."""
+    from conftest import run_python
+
+    proc = run_python(["-c", "import torch; torch.ones(2, device='jax')"],
+                      env={"PJRT_HOST_CPU_REF_DEVICES": value})
+    assert proc.returncode != 0
+    assert f"EnvironmentSettingError: PJRT_HOST_CPU_REF_DEVICES={value!r}" in proc.stderr
+    assert "no usable device plugin" not in proc.stderr
+
+
 def test_importing_it_imports_neither_torch_nor_jax() -> None:
     code = "import sys, pjrt_host.env; print(sorted(m for m in ('torch', 'jax', 'jaxlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

@@ -24,9 +24,9 @@ __all__ = ["CpuRefPlugin"]
 
 
 def _device_count() -> int:
-    """``PJRT_HOST_CPU_REF_DEVICES``: number of CPU devices, default 1 (a
-    number below 1 means 1)."""
-    return max(1, env.integer("PJRT_HOST_CPU_REF_DEVICES", 1, expected="a whole number of devices"))
+    """``PJRT_HOST_CPU_REF_DEVICES``: number of CPU devices, default 1 (0,
+    a negative number or a typo is refused, naming the variable)."""
+    return env.integer("PJRT_HOST_CPU_REF_DEVICES", 1, minimum=1, expected="a whole number of devices")
 
 
 class CpuRefPlugin(DevicePlugin):
