@@ -158,7 +158,31 @@ def test_checks_off_gives_the_unchecked_values():
 
 def test_a_jax_refusal_is_a_torch_error_naming_the_op():
     """Arguments torch's meta kernel lets through but jax refuses (glu of a
-    bool tensor, which torch CPU refuses in its kernel) are never jax's
+    bool tensor, which torch CPU refuses in its kernel; too large for the
+    CPU probe to copy, and 1-element tensors do not fit glu) are never jax's
     TypeError: a RuntimeError names the op and says what to do."""
     with pytest.raises(RuntimeError, match=r"aten::glu: jax cannot compute this call .*TypeError: logistic"):
-        F.glu(torch.ones(4, 4, dtype=torch.bool, device="jax")).cpu()
+        F.glu(torch.ones(2, 1 << 15, dtype=torch.bool, device="jax")).cpu()
+
+
+def test_cpu_refusals_are_found_at_the_calls_own_sizes():
+    """torch CPU's kernel refusals that its meta kernels let through are
+    torch CPU's errors: found by running the call once per signature on CPU
+    zeros of its own sizes and strides (glu of bool: 1-element tensors do
+    not fit glu; an out= of another dtype than gather's own; an overlapping
+    write that only some kernels refuse), and at the op as a whole where
+    torch decomposes it (log_softmax of bool)."""
+    with pytest.raises(NotImplementedError, match=r'"glu_cpu" not implemented for \'Bool\''):
+        F.glu(torch.ones(4, 4, dtype=torch.bool, device="jax"))
+    x, i = torch.randn(3, 4, device="jax"), torch.zeros(3, 4, dtype=torch.long, device="jax")
+    with pytest.raises(RuntimeError, match="Expected out tensor to have dtype float, but got long int instead"):
+        torch.gather(x, 1, i, out=torch.empty(3, 4, dtype=torch.long, device="jax"))
+    with pytest.raises(NotImplementedError, match=r"\"log_softmax_lastdim_kernel_impl\" not implemented for 'Bool'"):
+        torch.log_softmax(torch.ones(3, dtype=torch.bool, device="jax"), 0)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        torch.zeros(1, device="jax").expand(4).add_(1)
+    # torch CPU's masked_fill_ writes into an expanded self without complaint
+    mask = torch.tensor([True, True, True, True])
+    want = torch.zeros(1).expand(4).masked_fill_(mask, 2.0)
+    got = torch.zeros(1, device="jax").expand(4).masked_fill_(mask.to("jax"), 2.0)
+    assert got.cpu().tolist() == want.tolist()

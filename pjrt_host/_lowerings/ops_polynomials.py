@@ -21,7 +21,10 @@ def _operands(x, n):
     x = cast(x, dtype)
     n = cast(n, dtype)
     x, n = jnp.broadcast_arrays(x, n)
-    return x, jnp.trunc(n).astype(jnp.int64)
+    # torch's CPU kernels take a degree as int64_t: a NaN or infinite one
+    # converts to INT64_MIN on x86 (a negative degree: 0), where XLA would
+    # saturate to INT64_MAX and the recurrence below would never end
+    return x, jnp.where(jnp.isfinite(n), jnp.trunc(n), -1).astype(jnp.int64)
 
 
 def _recurrence(x, n, p0, p1, step):

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _lowerings
-from . import _backward, _config, _index_checks, _memory, _profile, _sdpa, _storage_ops, _tensor, _value_checks
+from . import _backward, _config, _index_checks, _memory, _meta, _profile, _sdpa, _storage_ops, _tensor, _value_checks
 from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_same_view, run_view
@@ -268,14 +268,46 @@ def _handler_for(func: Any) -> Handler:
                 return CompiledOp(func, functional_lowering, inplace=0, meta_op=functional_op).__call__
             decomposition = _decomposition(functional_op)
             if decomposition is not None:
-                return lambda args, kwargs: _via_functional(decomposition, out_names, args, kwargs)
+                return _probed(func, lambda args, kwargs: _via_functional(decomposition, out_names, args, kwargs))
         twin = _functional_twin(schema)
         if twin is not None:
-            return functools.partial(_via_functional_twin, twin, schema, mutable)
+            return _probed(func, functools.partial(_via_functional_twin, twin, schema, mutable))
     decomposition = _decomposition(func)
     if decomposition is not None:
-        return lambda args, kwargs: decomposition(*args, **kwargs)
+        return _probed(func, lambda args, kwargs: decomposition(*args, **kwargs))
     return lambda args, kwargs: _last_resort(func, args, kwargs)
+
+
+#: Signatures a decomposed op remembers having probed (then it forgets them all).
+_PROBED_SIGNATURES = 4096
+
+
+def _probed(func: Any, handler: Handler) -> Handler:
+    """``handler`` (torch's decomposition of an ATen op) after torch CPU's
+    own refusal of the op as a whole, once per signature
+    (``_meta.check_cpu_kernel``): a decomposition's pieces accept what the
+    op's CPU kernel refuses (``_log_softmax`` of bool: its pieces raise
+    another error, or none) and its out= form's dtype checks are the
+    kernel's, not the pieces'.  Ops outside aten are not probed: their
+    kernels may do more than compute (a collective)."""
+    if not op_name(func).startswith("aten::"):
+        return handler
+    seen: set = set()
+
+    def probed(args: tuple, kwargs: dict) -> Any:
+        key = _meta.probe_key(args, kwargs)
+        try:
+            probe = key not in seen
+        except TypeError:  # an argument of no value identity
+            return handler(args, kwargs)
+        if probe:
+            _meta.check_cpu_kernel(func, args, kwargs)
+            if len(seen) >= _PROBED_SIGNATURES:
+                seen.clear()
+            seen.add(key)
+        return handler(args, kwargs)
+
+    return probed
 
 
 def _eager_lowering(func: Any) -> Any:

@@ -15,7 +15,7 @@ import torch
 
 from ._tensor import JaxTensor
 
-__all__ = ["OutputPlan", "OutputSpec", "check_cpu_kernel", "check_inplace", "check_out_dtypes", "check_out_overlap",
+__all__ = ["OutputPlan", "OutputSpec", "check_cpu_kernel", "probe_key", "check_inplace", "check_out_dtypes", "check_out_overlap",
            "meta_view_of", "out_needs_resize", "output_plan", "run_meta"]
 
 
@@ -239,66 +239,202 @@ def out_needs_resize(meta: Any, targets: list) -> bool:
 
 
 #: What torch CPU's kernels refuse that their meta kernels let through, by
-#: message: a dtype the kernel has no code for, dtypes that must match, and
-#: the random ops' checks of their scalar parameters.
+#: message: a dtype the kernel has no code for, dtypes that must match, out=
+#: tensors of another dtype than the kernel's own, the random ops' checks of
+#: their scalar parameters.  None of these depends on the tensors' values or
+#: sizes: a probe's zeros of any size give the answer the call would get.
 _KERNEL_REFUSALS = re.compile("|".join((
     r"not implemented for '",
     r"must have the same dtype",
     r"expected scalar[ _]type",
     r"expected object of scalar type",
     r"found dtype \w+ but expected",
-    r"expected out tensor to have dtype",
+    r"expected out tensor to have (scalar type|dtype)",
     r"expected both inputs to be",
     r"with a bool tensor is not supported",
     r"not supported for complex",
     r"not implemented for complex",
     r"does not support complex",
     r"doesn't support tensors of type",
+    r"doesn't handle types other than",
     r"integer division with \w+ is no longer supported",
     r"^\w+ expects (std|sigma|lambda|p) ",
     r"^\w+ expects to return a \[from, to\) range",
+    r"only supports bool tensor for result",
+    r"expected the dtype for input and out to match",
+    r"must be of same type as input",
+    r"expects mantissa to have dtype",
+    r"should be same as input",
+    r"and out expected to have the same dtype",
+    r"and result must have the same scalar type",
+    r"should have the same dtype",
+    r"output tensor's dtype is wrong",
+    r"expected \w+ to be safely castable",
+    r"expected result to be of dtype",
+    r"mixed dtype \(cpu\)",
+    r"unknown complex scalartype",
+    r"(same|matching) (scalar type|dtype)",
+    r"dtypes (to )?match",
+    r"expected dtype",
+    r"expected (target|indices|offsets) dtype",
+    r"not (yet )?implemented for (complex|tensors with different dtypes)",
+    r"(does not|doesn't) support bool",
+    r"boolean inputs not supported",
+    r"may not be a boolean tensor",
+    r"not intended to support complex",
+    r"only supports? (floating|bool)",
+    r"unsupported input type",
+    r"can't be cast to the desired output type",
+    r"can't be safely cast to passed dtype",
 )), re.IGNORECASE)
-_PROBE_ELEMENTS = 1 << 12
+#: What CPU's kernels refuse for the tensors' sizes, strides and storage
+#: alone: asked of a probe that has the call's own (a 1-element probe's
+#: shapes would be refused for themselves).
+_LAYOUT_REFUSALS = re.compile("|".join((
+    r"more than one element of the written-to tensor refers to a single memory location",
+    r"some elements of the input tensor and the written-to tensor refer to a single memory location",
+    r"requiring a storage size of \d+ are out of bounds",
+    r"\.is_contiguous\(",
+    r"must have at least one element",
+    r"trying to create tensor with negative dimension",
+    r"\.numel\(\) == ",
+    r"padding should be non-negative",
+    r"negative (output_)?padding is not supported",
+    r"output padding must be smaller",
+    r"must be \d-D",
+    r"indexing axis dim should be positive",
+    r"expected reduction dim \d* ?(to have non-zero size|to be specified)",
+    r"expected grid to have size",
+)), re.IGNORECASE)
+#: The probe runs on tensors of the call's own sizes, strides and storage
+#: sizes (zeros) when they hold at most this many elements in all, and its
+#: results too; otherwise on 1-element tensors of the same dtypes.
+_PROBE_ELEMENTS = 1 << 14
 
 
-def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> None:
-    """torch CPU's refusal of this call's dtypes or scalar parameters, where
-    its meta kernel accepts them (``abs`` of a bool tensor, ``addmm`` of
-    float and int64, ``normal_(std=-1)``): the op runs once on CPU tensors of
-    the same dtypes with every dimension 1 (zeros), and an error of the
-    kinds in ``_KERNEL_REFUSALS`` is raised as torch raises it.  Nothing is
-    probed where the small call's results would be large (sizes given as
-    arguments) or its shapes do not fit; CPU's random state is kept."""
-    import warnings
+def _storage_elements(t: torch.Tensor) -> int:
+    if isinstance(t, JaxTensor):
+        return t._storage.nbytes // max(t.element_size(), 1)
+    try:
+        return t.untyped_storage().nbytes() // max(t.element_size(), 1)
+    except Exception:
+        return t.numel()
 
-    def small(v: Any, device: str) -> Any:
+
+def _tensors_of(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        yield v
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _tensors_of(x)
+
+
+def _probe_args(args: tuple, kwargs: dict, device: str, real: bool) -> tuple[tuple, dict]:
+    """The call's arguments with each tensor a zero tensor of its dtype on
+    ``device``: of its own size, strides, offset and storage size where
+    ``real`` (tensors sharing a storage share one here too), else of one
+    element per dimension; a 'jax' device argument becomes ``device``."""
+    bases: dict[int, torch.Tensor] = {}
+
+    def small(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
-            return torch.zeros((1,) * v.dim(), dtype=v.dtype, device=device)
+            if not real:
+                return torch.zeros((1,) * v.dim(), dtype=v.dtype, device=device)
+            owner = v._storage if isinstance(v, JaxTensor) else v.untyped_storage()
+            key = id(owner)
+            base = bases.get(key)
+            n = _storage_elements(v)
+            if base is None or base.dtype != v.dtype or base.numel() < n:
+                base = bases[key] = torch.zeros(n, dtype=v.dtype, device=device)
+            return base.as_strided(v.shape, v.stride(), v.storage_offset())
         if isinstance(v, torch.device) or (isinstance(v, str) and v.split(":")[0] == "jax"):
             return torch.device(device)
         if isinstance(v, (list, tuple)):
-            return type(v)(small(x, device) for x in v)
+            return type(v)(small(x) for x in v)
         return v
 
-    if not any(isinstance(a, torch.Tensor) for a in args):
-        return
-    kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+    return small(args), {k: small(v) for k, v in kwargs.items() if k != "generator"}
+
+
+def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
+    """torch CPU's refusal of this call where its meta kernel (or the
+    device's lowering) accepts it: a dtype its kernel has no code for
+    (``abs`` of a bool tensor), dtypes that must match (``addmm`` of float
+    and int64), an out= tensor of another dtype than the kernel's own, a
+    scalar parameter (``normal_(std=-1)``), a write into overlapping memory.
+    The op runs once on CPU tensors of the same dtypes, zeros: where the
+    call's tensors are small, of their own sizes, strides and storage sizes
+    (so the CPU kernel takes the path the call would take), else with every
+    dimension 1 (nothing is probed then where the small call's results would
+    be large, or its shapes do not fit).  An error of the kinds in
+    ``_KERNEL_REFUSALS`` is raised as torch raises it; CPU's random state is
+    kept.  True when CPU ran the call's own layouts without an error."""
+    import warnings
+
+    from ._backward import inside_backward
+
+    if inside_backward():
+        # autograd's engine: the inputs are what the device's forward saved,
+        # in the dtypes of torch's meta kernels (layer norm's float32
+        # statistics of a bfloat16 input, as on CUDA), which CPU's backward
+        # kernels, made for CPU's forward, refuse
+        return False
+    tensors = [t for v in (*args, *kwargs.values()) for t in _tensors_of(v)]
+    if not tensors or not any(isinstance(a, torch.Tensor) for a in _tensors_of(args)):
+        return False
+    try:
+        real = all(t.layout == torch.strided for t in tensors) and \
+            sum(_storage_elements(t) for t in tensors) <= _PROBE_ELEMENTS
+        meta_args, meta_kwargs = _probe_args(args, kwargs, "meta", real)
+        cpu_args, cpu_kwargs = _probe_args(args, kwargs, "cpu", real)
+    except Exception:
+        return False  # arguments a probe cannot copy (sparse tensors)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            shaped = func(*small(args, "meta"), **{k: small(v, "meta") for k, v in kwargs.items()})
+            shaped = func(*meta_args, **meta_kwargs)
     except Exception:
-        return  # the small shapes do not fit this call: nothing to learn
-    outs = shaped if isinstance(shaped, (tuple, list)) else (shaped,)
-    if sum(o.numel() for o in outs if isinstance(o, torch.Tensor)) > _PROBE_ELEMENTS:
-        return
+        if not real:
+            return False  # the small shapes do not fit this call: nothing to learn
+        # the call is refused (or its shapes are data-dependent); its inputs are
+        # small, so CPU may say what it refuses first
+    else:
+        outs = shaped if isinstance(shaped, (tuple, list)) else (shaped,)
+        if sum(o.numel() for o in outs if isinstance(o, torch.Tensor)) > _PROBE_ELEMENTS:
+            return False
     try:
         with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
             warnings.simplefilter("ignore")
-            func(*small(args, "cpu"), **{k: small(v, "cpu") for k, v in kwargs.items()})
-    except (NotImplementedError, RuntimeError, TypeError) as err:
+            func(*cpu_args, **cpu_kwargs)
+    except (NotImplementedError, RuntimeError, TypeError, IndexError, ValueError) as err:
         text = str(err)
-        if _KERNEL_REFUSALS.search(text):
+        if _KERNEL_REFUSALS.search(text) or (real and _LAYOUT_REFUSALS.search(text)):
             raise type(err)(text.split("\n")[0]) from None
+        return False
     except Exception:
-        return
+        return False
+    return real
+
+
+def probe_key(args: tuple, kwargs: dict) -> Any:
+    """What ``check_cpu_kernel``'s answer for a call depends on, hashable:
+    each tensor's dtype and layout, integer and other arguments, floats by
+    their sign alone (a step size that changes every call is no new
+    signature)."""
+    return _key_of(args), tuple([(k, _key_of(v)) for k, v in kwargs.items()]) if kwargs else ()
+
+
+def _key_of(v: Any) -> Any:
+    t = type(v)
+    if t is JaxTensor or isinstance(v, JaxTensor):
+        view = v._view
+        return v.dtype, v._storage.spec if view is None else view.spec
+    if t is float:
+        return float, v < 0
+    if t is int or t is bool:
+        return t, v
+    if t is tuple or t is list:
+        return tuple([_key_of(x) for x in v])
+    if isinstance(v, torch.Tensor):
+        return v.dtype, v.device, v.layout, tuple(v.shape), v.stride() if v.layout == torch.strided else None
+    return v
