@@ -236,10 +236,11 @@ _DDP = textwrap.dedent("""
         t = L.Trainer(accelerator=sys.argv[1], devices=2, max_steps=3, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False)
         t.fit(m, torch.utils.data.DataLoader(data, batch_size=4))
-        print("RESULT " + json.dumps({
-            "rank": t.global_rank, "device": str(t.strategy.root_device),
-            "backend": torch.distributed.get_backend(), "losses": m.losses,
-            "params": [p.detach().cpu().flatten().tolist() for p in m.parameters()]}), flush=True)
+        # one file per rank: the ranks share stdout, where their lines can interleave
+        with open(f"{sys.argv[2]}.{t.global_rank}.json", "w") as f:
+            json.dump({"rank": t.global_rank, "device": str(t.strategy.root_device),
+                       "backend": torch.distributed.get_backend(), "losses": m.losses,
+                       "params": [p.detach().cpu().flatten().tolist() for p in m.parameters()]}, f)
 """)
 
 
@@ -254,10 +255,10 @@ def test_two_processes_train_as_cpu_ddp(tmp_path):
     script.write_text(_DDP)
     runs = {}
     for accelerator in ("jax", "cpu"):
-        proc = run_python([str(script), accelerator], env={"PJRT_HOST_CPU_REF_DEVICES": "2"}, timeout=400)
+        out = tmp_path / accelerator
+        proc = run_python([str(script), accelerator, str(out)], env={"PJRT_HOST_CPU_REF_DEVICES": "2"}, timeout=400)
         assert proc.returncode == 0, proc.stderr[-4000:]
-        results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
-                   if line.startswith("RESULT ")]
+        results = [json.loads(f.read_text()) for f in sorted(tmp_path.glob(f"{accelerator}.*.json"))]
         runs[accelerator] = {r["rank"]: r for r in results}
         assert sorted(runs[accelerator]) == [0, 1], proc.stdout[-2000:]
     for rank in (0, 1):

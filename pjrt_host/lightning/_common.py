@@ -22,12 +22,14 @@ from .._torch import DEVICE_NAME
 __all__ = [
     "BACKEND_NAME",
     "DEVICE_NAME",
+    "RankDevice",
     "auto_device_count",
     "become_rank",
     "get_parallel_devices",
     "is_available",
     "parse_devices",
     "rank_device",
+    "single_device",
 ]
 
 #: The torch.distributed backend of the multi-device strategies (pjrt_host._torch._c10d).
@@ -148,3 +150,46 @@ def rank_device() -> torch.device:
     if torch.jax.device_count() < 1:
         raise RuntimeError(f"this process has no '{DEVICE_NAME}' device: `python -m pjrt_host list` says why")
     return torch.device(DEVICE_NAME, 0)
+
+
+def single_device(device: Any, owner: str) -> torch.device:
+    """``device`` as a single-device strategy takes it: a 'jax' device, its
+    index filled in (0); anything else refused naming ``owner``."""
+    device = torch.device(device)
+    if device.type != DEVICE_NAME:
+        raise ValueError(f"{owner} runs on a '{DEVICE_NAME}' device, not {device}")
+    return torch.device(DEVICE_NAME, 0) if device.index is None else device
+
+
+class RankDevice:
+    """The rank's device and its set-up, for Trainer's and Fabric's
+    ``JaxDDPStrategy`` (placed before Lightning's DDPStrategy among the
+    bases).  Each names its Lightning's world-ranks setter in
+    :meth:`_world_ranks` (Trainer: ``set_world_ranks``, Fabric:
+    ``_set_world_ranks``)."""
+
+    _rank_device: Any = None
+
+    def _world_ranks(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def root_device(self) -> torch.device:
+        if self._rank_device is None:
+            # Before the processes are set up only the index is known; asking
+            # the device count would create the client too early.
+            if not torch.jax.is_initialized():
+                devices = self.parallel_devices  # type: ignore[attr-defined]
+                local_rank = self.local_rank  # type: ignore[attr-defined]
+                return torch.device(devices[local_rank]) if devices else torch.device(DEVICE_NAME, local_rank)
+            self._rank_device = rank_device()
+        return self._rank_device
+
+    def setup_environment(self) -> None:
+        self._world_ranks()
+        env = self.cluster_environment  # type: ignore[attr-defined]
+        assert env is not None
+        become_rank(self.global_rank, self.world_size, self.local_rank, self.num_processes,  # type: ignore[attr-defined]
+                    self.node_rank, self.num_nodes, env.main_address, env.main_port)  # type: ignore[attr-defined]
+        self._rank_device = rank_device()
+        super().setup_environment()  # type: ignore[misc]

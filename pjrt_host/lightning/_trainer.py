@@ -36,15 +36,10 @@ class SingleDeviceJaxStrategy(SingleDeviceStrategy):
     strategy_name = "single_jax"
 
     def __init__(self, device: Any = DEVICE_NAME, **kwargs: Any) -> None:
-        device = torch.device(device)
-        if device.type != DEVICE_NAME:
-            raise ValueError(f"{type(self).__name__} runs on a '{DEVICE_NAME}' device, not {device}")
-        if device.index is None:
-            device = torch.device(DEVICE_NAME, 0)
-        super().__init__(device=device, **kwargs)
+        super().__init__(device=_common.single_device(device, type(self).__name__), **kwargs)
 
 
-class JaxDDPStrategy(DDPStrategy):
+class JaxDDPStrategy(_common.RankDevice, DDPStrategy):
     """One process per 'jax' device, gradients all-reduced by DDP over the
     ``pjrt`` torch.distributed backend; see
     :class:`pjrt_host.lightning.fabric.JaxDDPStrategy`."""
@@ -54,27 +49,9 @@ class JaxDDPStrategy(DDPStrategy):
     def __init__(self, *args: Any, process_group_backend: Optional[str] = BACKEND_NAME,
                  start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen", **kwargs: Any) -> None:
         super().__init__(*args, process_group_backend=process_group_backend, start_method=start_method, **kwargs)
-        self._rank_device: Optional[torch.device] = None
 
-    @property
-    def root_device(self) -> torch.device:
-        if self._rank_device is None:
-            # Before the processes are set up only the index is known; asking
-            # the device count would create the client too early.
-            if not torch.jax.is_initialized():
-                return torch.device(self.parallel_devices[self.local_rank]) if self.parallel_devices else \
-                    torch.device(DEVICE_NAME, self.local_rank)
-            self._rank_device = _common.rank_device()
-        return self._rank_device
-
-    def setup_environment(self) -> None:
+    def _world_ranks(self) -> None:
         self.set_world_ranks()
-        env = self.cluster_environment
-        assert env is not None
-        _common.become_rank(self.global_rank, self.world_size, self.local_rank, self.num_processes, self.node_rank,
-                            self.num_nodes, env.main_address, env.main_port)
-        self._rank_device = _common.rank_device()
-        super().setup_environment()
 
     def setup_distributed(self) -> None:
         # Lightning's, without init_process_group(device_id=...): torch then
