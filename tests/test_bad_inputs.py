@@ -186,3 +186,27 @@ def test_cpu_refusals_are_found_at_the_calls_own_sizes():
     want = torch.zeros(1).expand(4).masked_fill_(mask, 2.0)
     got = torch.zeros(1, device="jax").expand(4).masked_fill_(mask.to("jax"), 2.0)
     assert got.cpu().tolist() == want.tolist()
+
+
+def test_cpu_answers_where_torch_decomposes_or_reorders_the_op():
+    """Where the device runs an op through torch's decomposition, another
+    op's form or a factory, CPU's answers stand: the meta kernel's refusal
+    with CPU's exception type (index_copy_'s IndexError), an out= list of
+    another dtype (split_with_sizes_copy), an out= of another shape resized,
+    not broadcast into (isin), a factory's out= (ones), an in-place op whose
+    functional form takes its arguments in another order (polygamma_)."""
+    x = torch.zeros(3, 4, device="jax")
+    with pytest.raises(IndexError, match="Number of indices"):
+        x.index_copy_(0, torch.tensor([0], device="jax"), torch.ones(2, 4, device="jax"))
+    with pytest.raises(RuntimeError, match="Expected out tensor to have dtype float, but got long int instead"):
+        torch.split_with_sizes_copy(torch.randn(4, device="jax"), [2, 2],
+                                    out=[torch.empty(2, dtype=torch.long, device="jax") for _ in range(2)])
+    out = torch.empty(7, dtype=torch.bool, device="jax")
+    with pytest.warns(UserWarning, match="was resized"):
+        torch.isin(torch.arange(4, device="jax"), torch.tensor([1, 3], device="jax"), out=out)
+    assert out.cpu().tolist() == [False, True, False, True]
+    assert torch.ones(2, 3, out=torch.empty(2, 3, device="jax")).cpu().tolist() == [[1.0] * 3] * 2
+    got = torch.tensor([1.0, 2.0], device="jax").polygamma_(1)
+    torch.testing.assert_close(got.cpu(), torch.tensor([1.0, 2.0]).polygamma_(1))
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+        torch.tensor([1, 2], device="jax").polygamma_(1)

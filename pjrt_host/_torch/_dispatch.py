@@ -258,7 +258,10 @@ def _handler_for(func: Any) -> Handler:
             # _amp_update_scale_, _amp_foreach_non_finite_check_and_unscale_)
             # or a list (_foreach_copy_): its functional twin returns their
             # new values, in order.
-            return functools.partial(_write_back_each, functional[0], schema, mutable)
+            write_back = functools.partial(_write_back_each, functional[0], schema, mutable)
+            # out= lists (split_with_sizes_copy's) are probed; GradScaler's and
+            # the _foreach_ in-place ops, called every step with many tensors, are not
+            return _probed(func, write_back) if all(a.kwarg_only for a in mutable) else write_back
         if functional is not None:
             functional_op, out_names = functional
             functional_lowering = _eager_lowering(functional_op)
@@ -269,13 +272,48 @@ def _handler_for(func: Any) -> Handler:
             decomposition = _decomposition(functional_op)
             if decomposition is not None:
                 return _probed(func, lambda args, kwargs: _via_functional(decomposition, out_names, args, kwargs))
+        by_name = _functional_by_name(schema)
+        if by_name is not None:
+            return _probed(func, functools.partial(_inplace_by_name, by_name, schema))
         twin = _functional_twin(schema)
         if twin is not None:
             return _probed(func, functools.partial(_via_functional_twin, twin, schema, mutable))
     decomposition = _decomposition(func)
     if decomposition is not None:
         return _probed(func, lambda args, kwargs: decomposition(*args, **kwargs))
+    factory = _factory_of(schema, mutable)
+    if factory is not None:
+        return functools.partial(_factory_into_out, factory, mutable[0].name)
     return lambda args, kwargs: _last_resort(func, args, kwargs)
+
+
+_TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})
+
+
+def _factory_of(schema: Any, mutable: list) -> Any:
+    """The factory an out= op without a decomposition fills its one out=
+    tensor with (``ones(size, out=t)``: ``ones(size, dtype=, device=)``), or None."""
+    if len(mutable) != 1 or not mutable[0].kwarg_only:
+        return None
+    inputs = [(a.name, str(a.type)) for a in schema.arguments if a is not mutable[0]]
+    try:
+        packet = getattr(torch.ops.aten, schema.name.split("::", 1)[1])
+        for candidate_name in packet.overloads():
+            candidate = getattr(packet, candidate_name)
+            arguments = [(a.name, str(a.type)) for a in candidate._schema.arguments if a.name not in _TENSOR_OPTIONS]
+            if arguments == inputs and any(a.name == "dtype" for a in candidate._schema.arguments):
+                return candidate
+    except (AttributeError, RuntimeError):
+        return None
+    return None
+
+
+def _factory_into_out(factory: Any, out_name: str, args: tuple, kwargs: dict) -> Any:
+    out = kwargs[out_name]
+    result = factory(*args, **{k: v for k, v in kwargs.items() if k != out_name}, dtype=out.dtype,
+                     device=out.device)
+    _write_out(out, result)
+    return out
 
 
 #: Signatures a decomposed op remembers having probed (then it forgets them all).
@@ -338,7 +376,10 @@ def _functional_of(func: Any, schema: Any, mutable: list) -> tuple[Any, tuple[st
     try:
         if mutable[0] is first and not first.kwarg_only and name.endswith("_"):
             packet = getattr(torch.ops.aten, name[:-1])
-            return getattr(packet, overload or "default"), ()
+            functional = getattr(packet, overload or "default")
+            if [a.name for a in functional._schema.arguments] != [a.name for a in schema.arguments]:
+                return None  # its arguments in another order (polygamma_(self, n), polygamma(n, self))
+            return functional, ()
         out_names = tuple(a.name for a in mutable)
         if all(a.kwarg_only for a in mutable):
             packet = getattr(torch.ops.aten, name)
@@ -353,6 +394,32 @@ def _functional_of(func: Any, schema: Any, mutable: list) -> tuple[Any, tuple[st
     except (AttributeError, RuntimeError):  # no functional overload in this torch
         return None
     return None
+
+
+def _functional_by_name(schema: Any) -> Any:
+    """The functional form of an in-place op that takes the same arguments in
+    another order (``polygamma_(self, n)``, ``polygamma(n, self)``), or None."""
+    name = schema.name.split("::", 1)[1]
+    if not name.endswith("_") or not schema.arguments:
+        return None
+    try:
+        functional = getattr(getattr(torch.ops.aten, name[:-1]), schema.overload_name or "default")
+    except (AttributeError, RuntimeError):
+        return None
+    names = [a.name for a in functional._schema.arguments]
+    return functional if sorted(names) == sorted(a.name for a in schema.arguments) else None
+
+
+def _inplace_by_name(functional: Any, schema: Any, args: tuple, kwargs: dict) -> Any:
+    """self.op_(...) as self = op(...) with the arguments passed by name; the
+    result must fit self as torch's in-place ops require."""
+    bound = dict(zip((a.name for a in schema.arguments), args))
+    bound.update(kwargs)
+    self = bound[schema.arguments[0].name]
+    result = functional(**bound)
+    _meta.check_inplace(result, self)
+    self.copy_(result)
+    return self
 
 
 def _functional_twin(schema: Any) -> Any:
@@ -441,11 +508,29 @@ def _via_functional(decomposition: Callable, out_names: tuple[str, ...], args: t
         outs = [kwargs[n] for n in out_names]
         results = result if isinstance(result, (tuple, list)) else (result,)
         for o, r in zip(outs, results):
-            o.copy_(r)
+            _write_out(o, r)
         return outs[0] if len(outs) == 1 else tuple(outs)
     self = args[0]
     self.copy_(decomposition(*args, **kwargs))
     return self
+
+
+def _write_out(out: Any, result: Any) -> None:
+    """``result`` into an out= tensor, as torch's out= contract has it: an
+    out tensor of another shape is resized to the result's (with torch's
+    warning when it held elements), not broadcast into."""
+    if isinstance(result, torch.Tensor) and tuple(out.shape) != tuple(result.shape):
+        if out.numel() != 0:
+            warnings.warn(
+                f"An output with one or more elements was resized since it had shape {list(out.shape)}, which does "
+                f"not match the required output shape {list(result.shape)}. This behavior is deprecated, and in a "
+                "future PyTorch release outputs will not be resized unless they have zero elements. You can "
+                "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
+                UserWarning, stacklevel=5)
+        with torch.no_grad():
+            out.set_(result.to(out.dtype))
+        return
+    out.copy_(result)
 
 
 def _write_back_each(functional_op: Any, schema: Any, mutable: list, args: tuple, kwargs: dict) -> Any:
@@ -457,11 +542,12 @@ def _write_back_each(functional_op: Any, schema: Any, mutable: list, args: tuple
     bound.update(kwargs)
     for argument, value in zip(mutable, results):
         target = bound[argument.name]
+        write = _write_out if argument.kwarg_only else (lambda t, v: t.copy_(v))
         if isinstance(target, (list, tuple)):
             for t, v in zip(target, value):
-                t.copy_(v)
+                write(t, v)
         else:
-            target.copy_(value)
+            write(target, value)
     if not schema.returns:
         return None
     written = [bound[a.name] for a in mutable][:len(schema.returns)]  # an in-place op returns what it wrote

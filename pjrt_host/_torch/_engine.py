@@ -425,7 +425,7 @@ class CompiledOp:
                 # seeded generator's draw then depended on earlier calls).
                 return self._trial_dynamic(args, given)
             try:
-                entry = self._build(key, args, kwargs, out_targets, cfg)
+                entry = self._build(key, args, kwargs, out_targets, cfg, given)
             except _OutResize:
                 return self._into_resized_outputs(args, kwargs, out_targets)
         rewind = None
@@ -475,7 +475,7 @@ class CompiledOp:
                     return self(args, given)
                 self.eager = True
                 self.cache.clear()
-                entry = self._build(key, args, kwargs, out_targets, cfg)
+                entry = self._build(key, args, kwargs, out_targets, cfg, given)
                 result = entry.fn(*dyn)
         except Exception:
             if not out_targets:
@@ -651,8 +651,11 @@ class CompiledOp:
         counter = st.counter
         return lambda: setattr(st, "counter", counter)
 
-    def _build(self, key: Any, args: tuple, kwargs: dict, out_targets: list, cfg: _config.Config) -> _Entry:
-        every_kwarg = dict(kwargs, **dict(zip(self.out_names, out_targets)))
+    def _build(self, key: Any, args: tuple, kwargs: dict, out_targets: list, cfg: _config.Config,
+               given: dict | None = None) -> _Entry:
+        # CPU's probe takes the call as it was made (``given``: before a dtype
+        # taken from out= was added, which CPU's kernel would accept)
+        every_kwarg = given if given is not None else dict(kwargs, **dict(zip(self.out_names, out_targets)))
         try:
             known, meta = _meta.run_meta(self.meta_op, args, kwargs)
         except Exception:
@@ -704,7 +707,7 @@ class CompiledOp:
                 arr, offset = inputs[position]
                 return _strided.write(arr, target_view, offset, value)
         elif out_targets:
-            if self.meta_op is not self.func:
+            if self.meta_op is not self.func and not cpu_accepts:  # CPU's kernel took these out= dtypes
                 _meta.check_out(self.func, args, kwargs, self.out_names, out_targets)
             if not cpu_accepts:
                 _meta.check_out_overlap(out_targets, self.func, self.meta_op)

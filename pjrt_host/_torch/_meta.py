@@ -286,6 +286,11 @@ _KERNEL_REFUSALS = re.compile("|".join((
     r"unsupported input type",
     r"can't be cast to the desired output type",
     r"can't be safely cast to passed dtype",
+    r"expected a long tensor for index",
+    r"expects long tensor",
+    r"to be non-complex",
+    r"handles only integral",
+    r"^\w+ should be >= 0",
 )), re.IGNORECASE)
 #: What CPU's kernels refuse for the tensors' sizes, strides and storage
 #: alone: asked of a probe that has the call's own (a 1-element probe's
@@ -305,6 +310,18 @@ _LAYOUT_REFUSALS = re.compile("|".join((
     r"indexing axis dim should be positive",
     r"expected reduction dim \d* ?(to have non-zero size|to be specified)",
     r"expected grid to have size",
+    r"dimension out of range",
+    r"dimension specified as -?\d+ but tensor has no dimensions",
+    r"expected dim < ",
+    r"tensor shape must match self tensor shape",
+    r"index to scalar can have only 1 value",
+    r"index should have one element",
+    r"number of indices \(\d+\) should be equal to",
+    r"to have the same number of elements",
+    r"into an empty tensor",
+    r"out of bounds for dimension with size 0",
+    r"zero-dimensional tensor \(at position \d+\) cannot be concatenated",
+    r"must be equal to the innermost dimension",
 )), re.IGNORECASE)
 #: The probe runs on tensors of the call's own sizes, strides and storage
 #: sizes (zeros) when they hold at most this many elements in all, and its
@@ -389,11 +406,13 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
         cpu_args, cpu_kwargs = _probe_args(args, kwargs, "cpu", real)
     except Exception:
         return False  # arguments a probe cannot copy (sparse tensors)
+    refused = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             shaped = func(*meta_args, **meta_kwargs)
-    except Exception:
+    except Exception as err:
+        refused = str(err).split("\n")[0]
         if not real:
             return False  # the small shapes do not fit this call: nothing to learn
         # the call is refused (or its shapes are data-dependent); its inputs are
@@ -407,9 +426,11 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
             warnings.simplefilter("ignore")
             func(*cpu_args, **cpu_kwargs)
     except (NotImplementedError, RuntimeError, TypeError, IndexError, ValueError) as err:
-        text = str(err)
-        if _KERNEL_REFUSALS.search(text) or (real and _LAYOUT_REFUSALS.search(text)):
-            raise type(err)(text.split("\n")[0]) from None
+        text = str(err).split("\n")[0]
+        # the meta kernel's own refusal (it has no values) with CPU's exception
+        # type (IndexError where the meta kernel says RuntimeError)
+        if _KERNEL_REFUSALS.search(text) or (real and (_LAYOUT_REFUSALS.search(text) or text == refused)):
+            raise type(err)(text) from None
         return False
     except Exception:
         return False
