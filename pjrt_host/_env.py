@@ -92,6 +92,18 @@ def eager_mode() -> str:
     return value
 
 
+def jax_x64_mode() -> str:
+    """``PJRT_HOST_JAX_X64``: ``scoped`` (64-bit types only inside pjrt_host's
+    own jax calls, the default) or ``process`` (``jax_enable_x64`` for the
+    whole process); docs/torch-device.md, "jax's 64-bit types"."""
+    mode = (text("PJRT_HOST_JAX_X64") or "scoped").lower()
+    if mode not in ("scoped", "process"):
+        raise EnvironmentSettingError(f"PJRT_HOST_JAX_X64={mode!r}: use 'scoped' (64-bit types only inside "
+                                      "pjrt_host's own jax calls, the default) or 'process' (jax_enable_x64 for "
+                                      "the whole process)")
+    return mode
+
+
 def skipped_patch_keys() -> set[str]:
     """``PJRT_HOST_SKIP_PATCHES=a,b`` (or ``all``): the torch patches not to
     install, by key (``pjrt_host._torch._patches.INVENTORY``).  Default: none."""

@@ -12,7 +12,6 @@ types").
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from typing import Any, Callable, TypeVar
 
@@ -25,15 +24,10 @@ _x64 = False
 
 
 def x64_mode() -> str:
-    """``PJRT_HOST_JAX_X64``: ``scoped`` (default) or ``process``."""
-    mode = os.environ.get("PJRT_HOST_JAX_X64", "scoped").strip().lower() or "scoped"
-    if mode not in ("scoped", "process"):
-        from ._errors import EnvironmentSettingError
+    """``PJRT_HOST_JAX_X64``: ``scoped`` (default) or ``process`` (:func:`pjrt_host._env.jax_x64_mode`)."""
+    from . import _env
 
-        raise EnvironmentSettingError(f"PJRT_HOST_JAX_X64={mode!r}: use 'scoped' (64-bit types only inside "
-                                      "pjrt_host's own jax calls, the default) or 'process' (jax_enable_x64 for "
-                                      "the whole process)")
-    return mode
+    return _env.jax_x64_mode()
 
 
 def enable_x64() -> None:
