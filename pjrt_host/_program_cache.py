@@ -38,7 +38,7 @@ from typing import Any
 
 from . import _env, _jax_settings
 
-__all__ = ["DiskStore", "compiled", "configure", "directory", "stats"]
+__all__ = ["DiskStore", "compiled", "configure", "directory", "remember", "remembered", "stats"]
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -147,6 +147,23 @@ def compiled(name: str, signature: Any, jitted: Any, args: tuple, device: Any) -
     return program
 
 
+def remembered(name: str, signature: Any) -> bytes | None:
+    """What a process of the same setting learnt about ``name`` /
+    ``signature`` and kept with :func:`remember` (None: nothing, or the
+    cache is off)."""
+    key = _key(name, signature, None) if _disk is not None else None
+    return None if key is None else _disk.get(key)
+
+
+def remember(name: str, signature: Any, value: bytes) -> None:
+    """Keep a small fact (``value``) about ``name`` / ``signature`` for the
+    next process of the same setting: what this one had to find out by
+    running (whether an op's scalars can be traced)."""
+    key = _key(name, signature, None) if _disk is not None else None
+    if key is not None:
+        _disk.put(key, value)
+
+
 def _key(name: str, signature: Any, device: Any) -> str | None:
     import hashlib
 
@@ -168,8 +185,9 @@ def _key(name: str, signature: Any, device: Any) -> str | None:
         r = repr(value)
         context.append(type(value).__name__ if " at 0x" in r else r)
     h = hashlib.sha256()
-    for part in (_setting_text(), repr(context), str(device.id), device.device_kind, device.client.platform,
-                 device.client.platform_version, name, text):
+    where = () if device is None else (str(device.id), device.device_kind, device.client.platform,
+                                       device.client.platform_version)
+    for part in (_setting_text(), repr(context), *where, name, text):
         h.update(part.encode())
         h.update(b"\0")
     return f"pjrt_host-{_safe(name)}-{h.hexdigest()[:48]}"

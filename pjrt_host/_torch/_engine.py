@@ -595,7 +595,14 @@ class CompiledOp:
     def _trial_dynamic(self, args: tuple, kwargs: dict) -> Any:
         """Try tracing this op's scalars instead of compiling per value: keep
         it if the lowering traces and gives the same result (a lowering that
-        branches on a scalar's value cannot)."""
+        branches on a scalar's value cannot).  The verdict is kept beside the
+        programs on disk: a later process of the same setting takes it
+        without running the op twice."""
+        signature = (self.name, op_name(self.meta_op), self.inplace, self.lowering.where)
+        verdict = _program_cache.remembered("traced-scalars", signature)
+        if verdict in (b"traced", b"static"):
+            self.dynamic = verdict == b"traced"
+            return self(args, kwargs)
         target = args[self.inplace] if self.inplace is not None else None
         saved = target._storage.get() if target is not None else None
         redraw = self._same_draw_again(args, kwargs)  # a random op: both runs draw the same numbers
@@ -627,6 +634,7 @@ class CompiledOp:
         except Exception as err:
             logger.debug("%s keeps static scalars: %s", self.name, err)
             same = False
+        _program_cache.remember("traced-scalars", signature, b"traced" if same else b"static")
         if same:
             return dyn_out
         self.dynamic = False
