@@ -58,9 +58,9 @@ HERE = Path(__file__).resolve()
 KNOWN_DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
     ("cpu-dtype-gap", r"", r"^NotImplementedError: .*not implemented for '", r"",
      "torch CPU's kernel has no code for this dtype where its meta kernel (and the device's lowering) accepts it; "
-     "the device finds such refusals by running the op once on 1-element CPU tensors per signature, which this "
-     "op's arguments do not fit (sizes given as arguments) or which it never reaches (torch's decomposition runs "
-     "first)"),
+     "the device finds such refusals by running the op once per signature on CPU zeros of its own layouts "
+     "(_meta.check_cpu_kernel), which does not reach ops the device makes itself (randn_like), ops with their own "
+     "handler (native_batch_norm) or kernels that first refuse the zeros for their values (ctc_loss)"),
     ("cpu-dtype-rule", r"\|(dtype|promote|inplace:(int64|bool)|out:)",
      r"same dtype|scalar[ _]type|expected .*dtype|not supported|not (yet )?implemented|Unsupported input type|"
      r"can't be cast|must be|does not support|dtype", r"^value|^RuntimeError|^TypeError|^AssertionError",
@@ -72,9 +72,9 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
      "this op's CPU kernel wants out= of exactly its result dtype; the device's out= follows torch's general rule "
      "(any dtype the result can be cast to)"),
     ("overlap", r"\|(out|inplace):overlap", r"written-to tensor|^value", r"written-to tensor|^value",
-     "whether a write into a tensor whose elements share memory is refused depends on each CPU kernel "
-     "(elementwise, random and scan kernels refuse it, matmuls and reductions let it through); the device refuses "
-     "it for the elementwise, random and scan ops"),
+     "whether a write into a tensor whose elements share memory is refused depends on each CPU kernel; the "
+     "device takes CPU's answer from its probe at the call's own layouts, and where the probe cannot tell (CPU "
+     "refuses its zeros first, a factory's out=) refuses it for the elementwise, random and scan ops"),
     ("mixed-shape-only", r"^(expand_as|view_as|reshape_as|broadcast_tensors|type_as|new_\w+)\|mixed",
      r"", r"^value", "only the CPU tensor's shape (or dtype) is read, which torch accepts from any device"),
     ("mixed-factory-out", r"\|out:cpu", r"", r"does not match device type of out parameter|^value",
@@ -82,6 +82,21 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
      "computed where out= lives, as torch CPU does"),
     ("complex32", r"", r"", r"complex32 has no jax equivalent",
      "the device holds no complex32 (chalf): jax has no such type (docs/torch-device.md)"),
+    ("value-check", r"\|poison:", r"", r"^value",
+     "torch CPU's kernel reads the values and refuses NaN / inf (linalg factorizations that do not converge, "
+     "binary_cross_entropy's range, bernoulli's p, normal's std, histogram ranges); the device's compiled programs "
+     "do not read values back to the host, and only some ops have deferred value checks (multinomial, one_hot)"),
+    ("mixed-index", r"^(gather|index_[\w.]+|scatter[\w.]*|_unsafe_masked_index\w*)\|mixed:", r"", r"^value",
+     "an index tensor on CPU is moved to the device, as torch's CPU kernels and PyTorch's device-generic tests read "
+     "it wherever it lives; the sweep's accelerator rule refuses it"),
+    ("sections-on-cpu", r"^tensor_split\|", r"", r"expected tensor_indices_or_sections to be on cpu|^value",
+     "torch wants tensor_split's indices tensor on CPU on every accelerator; the sweep moves every tensor to the "
+     "device"),
+    ("device-feature", r"", r"", r"growing a 'jax' tensor in place|aten::_to_sparse has no lowering",
+     "the device has no sparse layouts and does not grow a tensor's storage in place (docs/torch-device.md)"),
+    ("cpu-fft-empty", r"^fft\.\w+\|empty:", r"MKL FFT error", r"^value",
+     "torch CPU's MKL backend refuses an FFT of an empty signal (MKL's own error, no torch check); the device "
+     "returns the empty result"),
 )
 
 #: Cases not run: torch CPU itself misbehaves on them (the reference is the defect).

@@ -210,3 +210,16 @@ def test_cpu_answers_where_torch_decomposes_or_reorders_the_op():
     torch.testing.assert_close(got.cpu(), torch.tensor([1.0, 2.0]).polygamma_(1))
     with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
         torch.tensor([1, 2], device="jax").polygamma_(1)
+
+
+def test_views_beyond_their_storage_and_promotions_are_cpus():
+    """as_strided beyond its storage is torch's setStorage error (meta
+    tensors do not check it); solve_triangular promotes its operands as CPU
+    does."""
+    with pytest.raises(RuntimeError, match=r"setStorage: sizes \[2\], strides \[1\], storage offset 3, and "
+                                           r"itemsize 4 requiring a storage size of 20 are out of bounds"):
+        torch.zeros(4, device="jax")[2:].as_strided((2,), (1,), 3)
+    assert torch.zeros(4, device="jax")[2:].as_strided((2,), (1,), 2).cpu().tolist() == [0.0, 0.0]
+    a, b = torch.tensor([[2.0, 0.0], [1.0, 3.0]]), torch.tensor([[1, 2], [3, 4]])
+    got = torch.linalg.solve_triangular(a.to("jax"), b.to("jax"), upper=False)
+    torch.testing.assert_close(got.cpu(), torch.linalg.solve_triangular(a, b, upper=False))

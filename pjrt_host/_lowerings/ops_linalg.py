@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from . import lowering
-from ._util import canonical_dim
+from ._util import canonical_dim, cast, float_dtype, result_type
 
 
 def _info(a):
@@ -172,6 +172,9 @@ def solve_ex(a, b, *, left=True, check_errors=False):
 
 @lowering("aten::linalg_solve_triangular")
 def solve_triangular(a, b, *, upper, left=True, unitriangular=False):
+    # torch promotes A and B to one floating type (solve_triangular(A_float, B_int64) is float)
+    dtype = float_dtype(result_type(a, b))
+    a, b = cast(a, dtype), cast(b, dtype)
     if left:
         return jax.lax.linalg.triangular_solve(a, b, left_side=True, lower=not upper, unit_diagonal=unitriangular)
     return jax.lax.linalg.triangular_solve(a, b, left_side=False, lower=not upper, unit_diagonal=unitriangular)

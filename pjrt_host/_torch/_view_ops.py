@@ -64,11 +64,28 @@ def _results(func: Any, self: JaxTensor, args: tuple, kwargs: dict) -> tuple[boo
         metas = [out] if single else list(out)
         cached = (single, [_ViewResult(tuple(m.shape), m.dtype, tuple(m.stride()), m.storage_offset(),
                                        "conj" if m.is_conj() else "neg" if m.is_neg() else None) for m in metas])
+        for r in cached[1]:
+            _check_in_storage(self, r)
         if key is not None:
             if len(_view_cache) > 8192:  # x[i] for ever new i: bound the memory
                 _view_cache.clear()
             _view_cache[key] = cached
     return cached
+
+
+def _check_in_storage(self: JaxTensor, r: _ViewResult) -> None:
+    """torch's refusal of a view reaching beyond its storage
+    (``as_strided`` with sizes, strides or an offset too large), which meta
+    tensors do not check."""
+    if 0 in r.size:
+        return
+    itemsize = torch.empty((), dtype=r.dtype, device="meta").element_size()
+    have = self._storage.nbytes
+    need = (r.offset + sum((n - 1) * st for n, st in zip(r.size, r.stride)) + 1) * itemsize
+    if need > have:
+        raise RuntimeError(f"setStorage: sizes {list(r.size)}, strides {list(r.stride)}, storage offset {r.offset}, "
+                           f"and itemsize {itemsize} requiring a storage size of {need} are out of bounds for "
+                           f"storage of size {have}")
 
 
 def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
