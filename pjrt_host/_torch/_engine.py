@@ -597,9 +597,13 @@ class CompiledOp:
         it if the lowering traces and gives the same result (a lowering that
         branches on a scalar's value cannot).  The verdict is kept beside the
         programs on disk: a later process of the same setting takes it
-        without running the op twice."""
+        without running the op twice (op by op)."""
         signature = (self.name, op_name(self.meta_op), self.inplace, self.lowering.where)
-        verdict = _program_cache.remembered("traced-scalars", signature)
+        # Not in fused eager: there the trial ends the open segment, and a
+        # process that skips it records other segments than the one that
+        # made the programs on disk (new programs to compile, not fewer).
+        verdict = _program_cache.remembered("traced-scalars", signature) \
+            if _config.current().eager != "fused" else None
         if verdict in (b"traced", b"static"):
             self.dynamic = verdict == b"traced"
             return self(args, kwargs)
