@@ -25,6 +25,7 @@ __all__ = [
     "RankDevice",
     "auto_device_count",
     "become_rank",
+    "grad_scaler",
     "get_parallel_devices",
     "is_available",
     "parse_devices",
@@ -193,3 +194,24 @@ class RankDevice:
                     self.node_rank, self.num_nodes, env.main_address, env.main_port)  # type: ignore[attr-defined]
         self._rank_device = rank_device()
         super().setup_environment()  # type: ignore[misc]
+
+    def _connect(self) -> None:
+        """Lightning's process-group set-up without
+        ``init_process_group(device_id=...)``: torch then asks the group for
+        a 'jax' backend to split, which c10d's device map for a backend
+        registered from Python does not hold."""
+        from lightning.fabric.utilities.distributed import _init_dist_connection
+
+        self._world_ranks()
+        self._process_group_backend = self._get_process_group_backend()  # type: ignore[attr-defined]
+        assert self.cluster_environment is not None  # type: ignore[attr-defined]
+        _init_dist_connection(self.cluster_environment, self._process_group_backend,  # type: ignore[attr-defined]
+                              timeout=self._timeout)  # type: ignore[attr-defined]
+
+
+def grad_scaler(precision: str, scaler: Any) -> Any:
+    """The scaler a mixed-precision plugin takes: the user's, else
+    ``GradScaler('jax')`` for ``'16-mixed'`` (bfloat16 needs none)."""
+    if precision == "16-mixed" and scaler is None:
+        return torch.amp.GradScaler(DEVICE_NAME)
+    return scaler

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any, Literal, Optional
 
 import torch
-from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.accelerators.accelerator import Accelerator
 from lightning.pytorch.plugins.precision.amp import MixedPrecision
@@ -54,14 +53,8 @@ class JaxDDPStrategy(_common.RankDevice, DDPStrategy):
         self.set_world_ranks()
 
     def setup_distributed(self) -> None:
-        # Lightning's, without init_process_group(device_id=...): torch then
-        # asks the group for a 'jax' backend to split, which c10d's device
-        # map for a backend registered from Python does not hold.
         reset_seed()
-        self.set_world_ranks()
-        self._process_group_backend = self._get_process_group_backend()
-        assert self.cluster_environment is not None
-        _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout)
+        self._connect()
 
     def determine_ddp_device_ids(self) -> None:
         # DDP takes the module's device; device ids would make Lightning
@@ -75,6 +68,4 @@ class JaxMixedPrecision(MixedPrecision):
 
     def __init__(self, precision: Literal["16-mixed", "bf16-mixed"] = "bf16-mixed",
                  scaler: Optional[torch.amp.GradScaler] = None) -> None:
-        if precision == "16-mixed" and scaler is None:
-            scaler = torch.amp.GradScaler(DEVICE_NAME)
-        super().__init__(precision=precision, device=DEVICE_NAME, scaler=scaler)
+        super().__init__(precision=precision, device=DEVICE_NAME, scaler=_common.grad_scaler(precision, scaler))
