@@ -223,3 +223,14 @@ def test_views_beyond_their_storage_and_promotions_are_cpus():
     a, b = torch.tensor([[2.0, 0.0], [1.0, 3.0]]), torch.tensor([[1, 2], [3, 4]])
     got = torch.linalg.solve_triangular(a.to("jax"), b.to("jax"), upper=False)
     torch.testing.assert_close(got.cpu(), torch.linalg.solve_triangular(a, b, upper=False))
+
+
+def test_random_factories_refuse_what_cpu_refuses():
+    """Random factories refuse the dtypes and bounds CPU's kernels refuse
+    (rand of bool, randn_like of bool, randint_like with high < low)."""
+    with pytest.raises(NotImplementedError, match=r"\"check_uniform_bounds\" not implemented for 'Bool'"):
+        torch.rand(3, dtype=torch.bool, device="jax")
+    with pytest.raises(NotImplementedError, match=r"\"normal_kernel_cpu\" not implemented for 'Bool'"):
+        torch.randn_like(torch.zeros(3, dtype=torch.bool, device="jax"))
+    with pytest.raises(RuntimeError, match=r"random_ expects 'from' to be less than 'to'"):
+        torch.randint_like(torch.zeros(3, device="jax"), -2)

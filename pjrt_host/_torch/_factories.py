@@ -29,7 +29,7 @@ import torch
 
 from .. import _lowerings, _program_cache
 from .._lowerings._dtypes import jax_dtype
-from . import _config, _memory, _rng
+from . import _config, _memory, _meta, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, jax_device, sharding
 from ._dtype_policy import device_dtype
@@ -82,7 +82,11 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
     meta_kwargs.pop("pin_memory", None)
     if "generator" in meta_kwargs:
         meta_kwargs["generator"] = None  # the meta kernel needs no random state
-    meta = _aten(name)(*args, **meta_kwargs)
+    try:
+        meta = _aten(name)(*args, **meta_kwargs)
+    except Exception:
+        _meta.check_cpu_factory(_aten(name), args, kwargs)  # CPU's own refusal first, where its kernel refuses
+        raise
     dtype = device_dtype(meta.dtype)
     shape = tuple(meta.shape)
     if name.startswith("empty"):
@@ -106,6 +110,7 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         key, fn = None, None
     draw = _rng.next_key_args(index, kwargs.get("generator")) if lowering.needs_rng else ()
     if fn is None:
+        _meta.check_cpu_factory(op, args, kwargs)  # once per signature: CPU's kernel refusals
         fn = _compile(name, lowering, args, kwargs, jax_dtype(dtype), drawn, index)
         if key is not None:
             # compiled for this call (from disk, untraced, when made before)

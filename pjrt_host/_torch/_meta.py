@@ -15,7 +15,7 @@ import torch
 
 from ._tensor import JaxTensor
 
-__all__ = ["OutputPlan", "OutputSpec", "check_cpu_kernel", "probe_key", "check_inplace", "check_out_dtypes", "check_out_overlap",
+__all__ = ["OutputPlan", "OutputSpec", "check_cpu_factory", "check_cpu_kernel", "probe_key", "check_inplace", "check_out_dtypes", "check_out_overlap",
            "meta_view_of", "out_needs_resize", "output_plan", "run_meta"]
 
 
@@ -260,6 +260,8 @@ _KERNEL_REFUSALS = re.compile("|".join((
     r"integer division with \w+ is no longer supported",
     r"^\w+ expects (std|sigma|lambda|p) ",
     r"^\w+ expects to return a \[from, to\) range",
+    r"^\w+ expects 'from' to be less than 'to'",
+    r"^(from|to)( - 1)? is out of bounds for \w+$",
     r"only supports bool tensor for result",
     r"expected the dtype for input and out to match",
     r"must be of same type as input",
@@ -435,6 +437,37 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
     except Exception:
         return False
     return real
+
+
+def check_cpu_factory(op: Any, args: tuple, kwargs: dict) -> None:
+    """torch CPU's refusal of a factory call's dtype or parameters
+    (``rand(dtype=torch.bool)``: ``"check_uniform_bounds" not implemented
+    for 'Bool'``), for the first call of each signature: the factory runs
+    on CPU with every size list made of ones (its values are not the
+    question).  Errors of the kinds in ``_KERNEL_REFUSALS`` are raised as
+    torch raises them; CPU's random state is kept."""
+    import warnings
+
+    def ones(v: Any) -> Any:
+        if isinstance(v, (list, tuple)) and v and all(type(x) is int for x in v):
+            return type(v)(1 for _ in v)
+        return v
+
+    cpu_kwargs = {k: v for k, v in kwargs.items() if k not in ("pin_memory", "generator")}
+    cpu_kwargs["device"] = "cpu"
+    try:
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+            warnings.simplefilter("ignore")
+            meta = op(*[ones(a) for a in args], **dict(cpu_kwargs, device="meta"))
+            if isinstance(meta, torch.Tensor) and meta.numel() > _PROBE_ELEMENTS:
+                return
+            op(*[ones(a) for a in args], **cpu_kwargs)
+    except (NotImplementedError, RuntimeError, TypeError, ValueError) as err:
+        text = str(err).split("\n")[0]
+        if _KERNEL_REFUSALS.search(text):
+            raise type(err)(text) from None
+    except Exception:
+        return
 
 
 def probe_key(args: tuple, kwargs: dict) -> Any:

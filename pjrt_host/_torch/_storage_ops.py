@@ -28,7 +28,7 @@ from ._devices import DEVICE_NAME, device_index, jax_device
 from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import check_out_overlap, meta_view_of
-from . import _sharding, _storage_bridge
+from . import _meta, _sharding, _storage_bridge
 from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, run_deferred_checks, view_for, wrap_array,
                       write)
 from ._view_ops import run_inplace_view
@@ -497,7 +497,11 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
     device = kwargs.get("device")
     device = self.device if device is None else torch.device(device)
     meta_kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory", "memory_format", "generator")}
-    meta = func(meta_view_of(self), *args[1:], device="meta", **meta_kwargs)
+    try:
+        meta = func(meta_view_of(self), *args[1:], device="meta", **meta_kwargs)
+    except Exception:
+        _meta.check_cpu_kernel(func, args, kwargs)  # CPU's own refusal first, where its kernel refuses
+        raise
     factory, fill = _LIKE[func.name()]
     factory_kwargs = {"dtype": meta.dtype, "device": device}
     if "generator" in kwargs:
