@@ -234,3 +234,25 @@ def test_random_factories_refuse_what_cpu_refuses():
         torch.randn_like(torch.zeros(3, dtype=torch.bool, device="jax"))
     with pytest.raises(RuntimeError, match=r"random_ expects 'from' to be less than 'to'"):
         torch.randint_like(torch.zeros(3, device="jax"), -2)
+
+
+def test_an_out_form_whose_meta_kernel_sizes_a_buffer_gives_cpus_values():
+    """log_sigmoid's out= runs log_sigmoid_forward with an empty buffer,
+    which its meta kernel sizes and the device's lowering does not: the
+    results are copied all the same (it returned None)."""
+    x = torch.randn(5)
+    out = torch.empty(5, device="jax")
+    torch._C._nn.log_sigmoid(x.to("jax"), out=out)
+    torch.testing.assert_close(out.cpu(), torch._C._nn.log_sigmoid(x))
+
+
+def test_a_negative_scalar_is_checked_after_the_scalars_are_traced():
+    """A random op's scalars are traced after a few signatures (one program
+    for every std); a negative one is still a signature of its own, so
+    CPU's range check refuses it whatever ran before (test_torch_random.py
+    before this file made normal_(std=-1) return values)."""
+    x = torch.empty(3, device="jax")
+    for std in (0.5, 1.5, 2.5, 3.5, 4.5):
+        x.normal_(0.0, std)
+    with pytest.raises(RuntimeError, match=r"normal expects std >= 0.0, but found std -1"):
+        x.normal_(0.0, -1.0)

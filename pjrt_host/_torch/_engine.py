@@ -85,9 +85,16 @@ def lowering_context(cfg: _config.Config) -> LoweringContext:
 
 class DynamicScalar(NamedTuple):
     """A Python scalar passed at run time (ops whose scalars change every
-    call, such as an optimizer's step size)."""
+    call, such as an optimizer's step size), keyed by its type and sign: a
+    negative one is a new signature, so torch CPU's checks of a scalar's
+    range (``normal_(std=-1)``, ``uniform_(3, -1)``) are asked of it too."""
 
     type: type
+    negative: bool = False
+
+
+#: The four keys of traced scalars, made once (a key is made per call).
+_DYNAMIC = {(t, n): DynamicScalar(t, n) for t in (float, int) for n in (False, True)}
 
 
 class HostScalar(NamedTuple):
@@ -156,7 +163,7 @@ def _encode_dynamic(v: Any, dyn: list, devs: list) -> Any:
     t = type(v)
     if t is float or t is int:
         dyn.append(v)
-        return DynamicScalar(t)
+        return _DYNAMIC[t, v < 0]
     return _encode(v, dyn, devs)
 
 
@@ -427,7 +434,7 @@ class CompiledOp:
             try:
                 entry = self._build(key, args, kwargs, out_targets, cfg, given)
             except _OutResize:
-                return self._into_resized_outputs(args, kwargs, out_targets)
+                return self._into_resized_outputs(args, kwargs, out_targets, always=True)
         rewind = None
         if self.lowering.needs_rng:  # drawn once the call runs (a trial above draws for itself)
             if self.dynamic and _has_dynamic(key):  # may run again with static scalars, drawing the same
@@ -548,17 +555,19 @@ class CompiledOp:
                 generator = kwargs.pop("generator", None)
         return kwargs, out_targets, generator
 
-    def _into_resized_outputs(self, args: tuple, kwargs: dict, out_targets: list) -> Any:
+    def _into_resized_outputs(self, args: tuple, kwargs: dict, out_targets: list, always: bool = False) -> Any:
         """torch's out= contract when a result's shape differs from its out
         tensor's (``nonzero(out=torch.empty(0))``, an out of another
         shape): the out tensor is resized to the result, with torch's
         warning when it held elements.  None when every shape already
-        matched (the failure was something else)."""
+        matched (the failure was something else), unless ``always`` (the
+        meta kernel's shapes differ from the out tensors', the lowering's
+        results do not: log_sigmoid_forward's buffer): then they are copied."""
         values = self.meta_op(*args, **kwargs)
         values = list(values) if isinstance(values, (tuple, list)) else [values]
         if self.lowering.data_dependent:
             _meta.check_out_dtypes(self.name, [v.dtype for v in values], out_targets)
-        if all(tuple(t.shape) == tuple(v.shape) for t, v in zip(out_targets, values)):
+        if not always and all(tuple(t.shape) == tuple(v.shape) for t, v in zip(out_targets, values)):
             return None
         for t, v in zip(out_targets, values):
             if tuple(t.shape) != tuple(v.shape):
