@@ -222,7 +222,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("torch.autograd._engine_run_backward", "torch._C._current_graph_task_id"),
-        files=("pjrt_host/_torch/_patches.py", "pjrt_host/_torch/_backward.py"),
+        files=("pjrt_host/_torch/_patches.py", "pjrt_host/_torch/_backward.py", "pjrt_host/_torch/_meta.py"),
         why="a device error inside backward raises at backward(), not abort() (the replacement is in "
             "PATCHES); whether the current thread is inside a backward.",
         fallback="none: the patch fails to install.",

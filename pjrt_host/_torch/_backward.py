@@ -38,15 +38,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["defer", "inside_backward", "wrap_engine_run_backward"]
+__all__ = ["defer", "wrap_engine_run_backward"]
 
 _lock = threading.Lock()
 _pending: BaseException | None = None
-
-
-def inside_backward() -> bool:
-    """Whether this thread is running a node of autograd's engine."""
-    return torch._C._current_graph_task_id() != -1
 
 
 def defer(err: BaseException, func: Any, args: tuple, kwargs: dict) -> Any:

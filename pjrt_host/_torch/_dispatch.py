@@ -70,7 +70,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                 raise
             raise oom from err
     except Exception as err:
-        if _backward.inside_backward():  # raising here would end the process
+        if _meta.inside_backward():  # raising here would end the process
             return _backward.defer(err, func, args, kwargs)
         raise
 

@@ -15,7 +15,7 @@ import torch
 
 from ._tensor import JaxTensor
 
-__all__ = ["OutputPlan", "OutputSpec", "check_cpu_factory", "check_cpu_kernel", "probe_key", "check_inplace", "check_out_dtypes", "check_out_overlap",
+__all__ = ["OutputPlan", "OutputSpec", "check_cpu_factory", "check_cpu_kernel", "inside_backward", "probe_key", "check_inplace", "check_out_dtypes", "check_out_overlap",
            "meta_view_of", "out_needs_resize", "output_plan", "run_meta"]
 
 
@@ -375,6 +375,11 @@ def _probe_args(args: tuple, kwargs: dict, device: str, real: bool) -> tuple[tup
     return small(args), {k: small(v) for k, v in kwargs.items() if k != "generator"}
 
 
+def inside_backward() -> bool:
+    """Whether this thread is running a node of autograd's engine."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
     """torch CPU's refusal of this call where its meta kernel (or the
     device's lowering) accepts it: a dtype its kernel has no code for
@@ -389,8 +394,6 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
     ``_KERNEL_REFUSALS`` is raised as torch raises it; CPU's random state is
     kept.  True when CPU ran the call's own layouts without an error."""
     import warnings
-
-    from ._backward import inside_backward
 
     if inside_backward():
         # autograd's engine: the inputs are what the device's forward saved,
