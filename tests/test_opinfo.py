@@ -11,7 +11,7 @@ stays true.  The session ends with a line
 
 Samples: each case runs up to ``PJRT_HOST_OPINFO_SAMPLES`` *different*
 samples (31,000 samples of the 1,494 float32/int64/bool cases come down to
-13,400 distinct ones).  Default: 2 for float32 / int64 / bool and 1 for the
+13,400 distinct ones).  Default: 2 for float32 and 1 for int64, bool and the
 16-bit floats, whose cases repeat the float32 lowerings at wider tolerances
 (CI's time: the full default run is most of the suite), and only one of the
 two 16-bit floats per OpInfo (half the OpInfos each); ``pytest --slow``
@@ -50,7 +50,7 @@ def _samples_per_case(dtype: torch.dtype, slow: bool) -> int:
         return int(raw)
     if slow:
         return 3
-    return 1 if dtype in (torch.bfloat16, torch.float16) else 2
+    return 2 if dtype == torch.float32 else 1
 
 
 def _sixteen_bit_in_default_run(op: Any, dtype: torch.dtype) -> bool:
