@@ -246,13 +246,12 @@ def test_an_out_form_whose_meta_kernel_sizes_a_buffer_gives_cpus_values():
     torch.testing.assert_close(out.cpu(), torch._C._nn.log_sigmoid(x))
 
 
-def test_a_negative_scalar_is_checked_after_the_scalars_are_traced():
-    """A random op's scalars are traced after a few signatures (one program
-    for every std); a negative one is still a signature of its own, so
-    CPU's range check refuses it whatever ran before (test_torch_random.py
-    before this file made normal_(std=-1) return values)."""
-    x = torch.empty(3, device="jax")
-    for std in (0.5, 1.5, 2.5, 3.5, 4.5):
-        x.normal_(0.0, std)
-    with pytest.raises(RuntimeError, match=r"normal expects std >= 0.0, but found std -1"):
-        x.normal_(0.0, -1.0)
+def test_an_ops_own_refusal_comes_before_its_index_check():
+    """The index check of embedding reads the weight's first size: with a
+    weight of no dimensions, torch CPU's "'weight' must be 2-D" is the
+    answer, not the check's own IndexError."""
+    with pytest.raises(RuntimeError, match="'weight' must be 2-D"):
+        F.embedding(torch.tensor([0, 1], device="jax"), torch.tensor(2.0, device="jax"))
+    with pjrt_host.config(check_indices="sync"):
+        with pytest.raises(IndexError, match="index out of range in self"):
+            F.embedding(torch.tensor([0, 5], device="jax"), torch.randn(3, 2, device="jax"))

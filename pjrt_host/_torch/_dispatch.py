@@ -117,10 +117,11 @@ def handler_for(func: Any) -> Handler:
     handler = _handler_for(func)
     check = _index_checks.checker_for(name)
     if check is not None:
-        handler = _checked(handler, lambda mode, args, kwargs: _index_checks.check(name, check, mode, args, kwargs))
+        handler = _checked(func, handler,
+                           lambda mode, args, kwargs: _index_checks.check(name, check, mode, args, kwargs))
     value_check = _value_checks.checker_for(name)
     if value_check is not None:
-        handler = _checked(handler, value_check)
+        handler = _checked(func, handler, value_check)
     setting_check = _SETTING_CHECKS.get(name)
     if setting_check is not None:
         handler = _after(setting_check, handler)
@@ -202,15 +203,24 @@ def _index_moved_to_device(handler: Handler) -> Handler:
     return handle
 
 
-def _checked(handler: Handler, run_check: Callable[[Any, tuple, dict], None]) -> Handler:
+def _checked(func: Any, handler: Handler, run_check: Callable[[Any, tuple, dict], None]) -> Handler:
     """``handler`` after ``run_check(mode, args, kwargs)`` (an index or value
-    check, deferred or at the op by ``check_indices``)."""
+    check, deferred or at the op by ``check_indices``).  Where the check
+    fails, the op's own refusal of its arguments comes first (torch CPU's,
+    then the meta kernel's: an ``embedding`` weight of no dimensions is
+    "'weight' must be 2-D", not the check's failure to read its size)."""
     def checked(args: tuple, kwargs: dict) -> Any:
         mode = _config.current().check_mode
         if not mode:
             return handler(args, kwargs)
         before = len(_tensor._deferred)
-        run_check(mode, args, kwargs)
+        try:
+            run_check(mode, args, kwargs)
+        except Exception:
+            _tensor.withdraw_checks(_tensor._deferred[before:])
+            _meta.check_cpu_kernel(func, args, kwargs)
+            _meta.run_meta(func, args, kwargs)
+            raise
         queued = _tensor._deferred[before:]
         try:
             return handler(args, kwargs)

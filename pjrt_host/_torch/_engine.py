@@ -85,16 +85,9 @@ def lowering_context(cfg: _config.Config) -> LoweringContext:
 
 class DynamicScalar(NamedTuple):
     """A Python scalar passed at run time (ops whose scalars change every
-    call, such as an optimizer's step size), keyed by its type and sign: a
-    negative one is a new signature, so torch CPU's checks of a scalar's
-    range (``normal_(std=-1)``, ``uniform_(3, -1)``) are asked of it too."""
+    call, such as an optimizer's step size)."""
 
     type: type
-    negative: bool = False
-
-
-#: The four keys of traced scalars, made once (a key is made per call).
-_DYNAMIC = {(t, n): DynamicScalar(t, n) for t in (float, int) for n in (False, True)}
 
 
 class HostScalar(NamedTuple):
@@ -163,7 +156,7 @@ def _encode_dynamic(v: Any, dyn: list, devs: list) -> Any:
     t = type(v)
     if t is float or t is int:
         dyn.append(v)
-        return _DYNAMIC[t, v < 0]
+        return DynamicScalar(t)
     return _encode(v, dyn, devs)
 
 
