@@ -805,7 +805,18 @@ class _FirstCall:
             op, key, jitted, signature, index, donated
 
     def __call__(self, *dyn: Any) -> Any:
-        program = _program_cache.compiled(self.op.name, self.signature, self.jitted, dyn, jax_device(self.index))
+        # the argument types too: one key can meet a Python int and a numpy
+        # int (weak and strong types) at one position
+        signature = (self.signature, tuple(str(jax.typeof(x)) for x in dyn))
+        compiled = _program_cache.compiled(self.op.name, signature, self.jitted, dyn, jax_device(self.index))
+        jitted = self.jitted
+
+        def program(*dyn: Any) -> Any:
+            try:
+                return compiled(*dyn)
+            except TypeError:  # other argument types than it was compiled for: jax.jit retraces
+                return jitted(*dyn)
+
         op = self.op
         with _lock:
             entry = op.cache.get(self.key)
