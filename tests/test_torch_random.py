@@ -177,3 +177,23 @@ def test_random_in_place_ops():
     assert cpu(i).max() < 5 and cpu(i).min() >= 0
     probs = torch.tensor([[0.0, 1.0, 0.0]], device=DEV)
     assert cpu(torch.multinomial(probs, 2, replacement=True)).tolist() == [[1, 1]]
+
+
+def test_a_bad_bound_is_refused_after_the_ops_scalars_are_traced():
+    """Once a random op's scalars are traced (new bounds share one program),
+    torch's checks on their values still run for each new value: the meta
+    kernel's (normal_'s std) and the CPU kernel's (uniform_'s range,
+    bernoulli_'s p).  They once ran only at the first compile, so the result
+    depended on which tests had run before."""
+    x = torch.empty(4, device="jax")
+    for n in (3, 4, 5, 6):
+        x.normal_(0.5 * n, 1.0)
+        x.uniform_(-n, n)
+        x.bernoulli_(0.1 * n)
+    with pytest.raises(RuntimeError, match="normal expects std >= 0.0"):
+        x.normal_(0.0, -1.0)
+    with pytest.raises(RuntimeError, match=r"uniform_ expects to return a \[from, to\) range"):
+        x.uniform_(3.0, -1.0)
+    with pytest.raises(RuntimeError, match=r"bernoulli_ expects p to be in \[0, 1\]"):
+        x.bernoulli_(1.5)
+    assert x.normal_(0.0, 2.0).shape == (4,)

@@ -342,7 +342,7 @@ class CompiledOp:
 
     __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "scalar_slots",
                  "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses", "warm_hits",
-                 "dtype_from_out")
+                 "dtype_from_out", "checked_scalars")
 
     def __init__(self, func: Any, lowering: Lowering, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
@@ -368,6 +368,7 @@ class CompiledOp:
         # No out= targets, no random key, scalars static: the common case.
         self.simple = not out_names and not lowering.needs_rng
         self.dtype_from_out = bool(out_names) and self.name.split(".")[0] in _DTYPE_FROM_OUT
+        self.checked_scalars: set = set()  # scalar values of a traced random op already checked
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         dyn: list[Any] = []
@@ -411,6 +412,8 @@ class CompiledOp:
         entry = self.cache.get(key)
         if entry is not None:
             self.hits += 1
+            if self.dynamic and self.lowering.needs_rng:
+                self._check_scalars(args, kwargs)
         else:
             self.misses += 1
             if not self.in_trial:
@@ -649,6 +652,24 @@ class CompiledOp:
         if target is not None:
             target._storage.array = static_value
         return static_out
+
+    def _check_scalars(self, args: tuple, kwargs: dict) -> None:
+        """A random op whose scalars are traced reuses one program for every
+        bound, mean, std or p, so the checks torch makes on their values
+        (``normal_(std=-1)``: its meta kernel; ``uniform_(3, -1)``,
+        ``bernoulli_(1.5)``: its CPU kernel) would run only for the first:
+        they run for each new set of values (a model's dropout repeats its p,
+        so once per layer, not per call)."""
+        values = tuple(v for i, v in enumerate(args) if i in self.scalar_slots and type(v) in (int, float)) + \
+            tuple((k, v) for k, v in kwargs.items() if k in self.scalar_slots and type(v) in (int, float))
+        seen = self.checked_scalars
+        if values in seen:
+            return
+        _meta.run_meta(self.meta_op, args, kwargs)
+        _meta.check_cpu_kernel(self.func, args, kwargs)
+        if len(seen) > 256:
+            seen.clear()
+        seen.add(values)
 
     def _same_draw_again(self, args: tuple, kwargs: dict) -> Any:
         """For a random op: a function that rewinds the random state the
