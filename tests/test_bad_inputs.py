@@ -76,6 +76,8 @@ CASES = {
                                                   padding=-1),
     "conv_transpose2d output_padding too large": lambda d: F.conv_transpose2d(
         torch.ones(1, 3, 6, 6, device=d), torch.ones(3, 3, 3, 3, device=d), output_padding=3),
+    "index_select index of two dims": lambda d: torch.index_select(torch.zeros(3, 2, device=d), 0,
+                                                                   torch.tensor([[0, 1], [1, 2]], device=d)),
     "slice_scatter src broadcast": lambda d: torch.slice_scatter(torch.zeros(3, 4, device=d),
                                                                  torch.ones(3, 1, device=d), 1, 0, 4, 2),
 }

@@ -241,6 +241,15 @@ def _index_programs(device):
         "scatter": lambda: x.scatter(1, five.reshape(1, 1), 1.0),
         "scatter_add_": lambda: x.clone().scatter_add_(1, five.reshape(1, 1), x),
         "index_add": lambda: x.index_add(1, five, torch.ones(2, 1, device=device)),
+        # CPU's kernel paths word it differently: IndexError for a self of at most
+        # one dimension, alpha != 1 or an int32 index; RuntimeError along dim 1 of
+        # index_select, and through scatter_add_ for index_add along dim 0
+        "index_select_dim0": lambda: x.index_select(0, five),
+        "index_select_0d": lambda: torch.tensor(1.0, device=device).index_select(0, five),
+        "index_add_dim0": lambda: x.index_add(0, five, torch.ones(1, 3, device=device)),
+        "index_add_alpha": lambda: x.index_add(0, five, torch.ones(1, 3, device=device), alpha=2),
+        "index_add_int32": lambda: x.index_add(0, five.int(), torch.ones(1, 3, device=device)),
+        "index_add_0d": lambda: torch.tensor(1.0, device=device).index_add(0, five, torch.tensor(2.0, device=device)),
         "index_fill": lambda: x.index_fill(1, five, 0.0),
         "embedding": lambda: nn.functional.embedding(five, x),
         "take": lambda: x.take(torch.tensor([6], device=device)),

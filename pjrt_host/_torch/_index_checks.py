@@ -170,6 +170,7 @@ _OUT_OF_BOUNDS = "index {0} is out of bounds for dimension {1} with size {2}"
 _index_error = _located(IndexError, lambda v, d, s: _OUT_OF_BOUNDS.format(v, d, s))
 _runtime_error = _located(RuntimeError, lambda v, d, s: _OUT_OF_BOUNDS.format(v, d, s))
 _index_select_error = _located(RuntimeError, lambda v, d, s: f"INDICES element is out of DATA bounds, id={v} axis_dim={s}")
+_in_self_error = _located(IndexError, lambda v, d, s: "index out of range in self")
 _index_copy_error = _located(IndexError, lambda v, d, s: "index_copy_(): " + _OUT_OF_BOUNDS.format(v, d, s))
 _embedding_error = _located(IndexError, lambda v, d, s: "index out of range in self")
 _take_error = _located(IndexError, lambda v, d, s: f"out of range: tried to access index {v} on a tensor of {s} elements.")
@@ -196,7 +197,12 @@ def _advanced(args: tuple, kwargs: dict) -> None:
             dim += 1
 
 
-def _along(error: Callable[[int, int, int], Exception]) -> Callable[[tuple, dict], None]:
+def _along(error: Callable[[int, int, int], Exception] | Callable[[tuple, dict, Any, int], Any],
+           chosen: bool = False) -> Callable[[tuple, dict], None]:
+    """The check of an op taking ``(self, dim, index, ...)``: ``error``, or
+    where ``chosen`` a function of ``(args, kwargs, self, dim)`` giving the
+    error the CPU kernel's path for this call raises (None: it checks
+    nothing)."""
     def check(args: tuple, kwargs: dict) -> None:
         x = args[0]
         dim = args[1] if len(args) > 1 else kwargs["dim"]
@@ -204,10 +210,46 @@ def _along(error: Callable[[int, int, int], Exception]) -> Callable[[tuple, dict
         if isinstance(dim, str):
             return  # named dimensions: left to torch
         size, dim = _size(x, dim)
-        _check(index, size, dim, False, error)
+        err = error(args, kwargs, x, dim) if chosen else error
+        if err is not None:
+            _check(index, size, dim, False, err)
 
     check.along_dim = True
     return check
+
+
+def _index_select_path(args: tuple, kwargs: dict, x: Any, dim: int) -> Any:
+    """torch CPU's index_select checks each index with ``TORCH_CHECK_INDEX``
+    (IndexError, "index out of range in self"), except on its paths for a
+    self of more than one dimension that is empty or indexed along dim 1
+    into a contiguous result: a RuntimeError ("INDICES element is out of
+    DATA bounds")."""
+    if x.dim() <= 1:
+        return _in_self_error
+    out = kwargs.get("out")
+    contiguous = out is None or out.is_contiguous() or out.numel() == 0
+    return _index_select_error if x.numel() == 0 or (dim == 1 and contiguous) else _in_self_error
+
+
+def _index_add_path(args: tuple, kwargs: dict, x: Any, dim: int) -> Any:
+    """torch CPU's index_add: a self of at most one dimension checks each
+    index with ``TORCH_CHECK_INDEX`` (IndexError, "index out of range in
+    self"); an empty self of more dimensions checks nothing; along its first
+    or last dimension with alpha 1, an int64 index and a source of self's
+    other sizes, the kernel is scatter_add_ (RuntimeError, "index 5 is out
+    of bounds for dimension 0 with size 3"); any other call the IndexError."""
+    if x.dim() <= 1:
+        return _in_self_error
+    if x.numel() == 0:
+        return None
+    index = args[2] if len(args) > 2 else kwargs["index"]
+    source = args[3] if len(args) > 3 else kwargs.get("source")
+    alpha = args[4] if len(args) > 4 else kwargs.get("alpha", 1)
+    if (dim == 0 or dim == x.dim() - 1) and alpha == 1 and index.dtype == torch.int64 \
+            and isinstance(source, torch.Tensor) and source.dim() == x.dim() \
+            and all(a == b for i, (a, b) in enumerate(zip(x.shape, source.shape)) if i != dim):
+        return _runtime_error
+    return _in_self_error
 
 
 def _embedding(args: tuple, kwargs: dict) -> None:
@@ -229,12 +271,12 @@ _CHECKS: dict[str, Callable[[tuple, dict], None]] = {
     "index": _advanced,
     "index_put": _advanced,
     "_index_put_impl": _advanced,
-    "index_select": _along(_index_select_error),
+    "index_select": _along(_index_select_path, chosen=True),
     "gather": _along(_runtime_error),
     "scatter": _along(_runtime_error),
     "scatter_add": _along(_runtime_error),
     "scatter_reduce": _along(_runtime_error),
-    "index_add": _along(_runtime_error),
+    "index_add": _along(_index_add_path, chosen=True),
     "index_copy": _along(_index_copy_error),
     "index_fill": _along(_index_error),
     "embedding": _embedding,
