@@ -7,6 +7,8 @@ itself with ``check_indices='sync'``; dtype refusals come at the call."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -257,3 +259,30 @@ def test_an_ops_own_refusal_comes_before_its_index_check():
     with pjrt_host.config(check_indices="sync"):
         with pytest.raises(IndexError, match="index out of range in self"):
             F.embedding(torch.tensor([0, 5], device="jax"), torch.randn(3, 2, device="jax"))
+
+
+@pytest.mark.parametrize("op", [torch.ops.aten.native_batch_norm.out, torch.ops.aten._native_batch_norm_legit.out])
+def test_batch_norms_out_forms_are_cpus(op):
+    """The out= forms of batch norm write their three results into the out=
+    tensors (resized where their shape differs) and update the running
+    statistics in training, as CPU does (native_batch_norm.out left the out=
+    tensors untouched; _native_batch_norm_legit.out had no lowering); an out=
+    of another dtype is CPU's refusal."""
+    x, w, b = torch.randn(4, 3, 5), torch.randn(3), torch.randn(3)
+
+    def run(device):
+        rm, rv = torch.zeros(3, device=device), torch.ones(3, device=device)
+        outs = [torch.empty(60, device=device), torch.empty(3, device=device), torch.empty(0, device=device)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the resize's deprecation warning
+            op(x.to(device), w.to(device), b.to(device), rm, rv, True, 0.1, 1e-5,
+               out=outs[0], save_mean=outs[1], save_invstd=outs[2])
+        return [t.cpu() for t in (*outs, rm, rv)]
+
+    for got, want in zip(run("jax"), run("cpu")):
+        torch.testing.assert_close(got, want)
+    j = lambda t: t.to("jax")  # noqa: E731
+    with pytest.raises(RuntimeError, match="expected scalar type Float but found Long"):
+        op(j(x), j(w), j(b), torch.zeros(3, device="jax"), torch.ones(3, device="jax"), True, 0.1, 1e-5,
+           out=torch.empty(4, 3, 5, dtype=torch.long, device="jax"), save_mean=torch.empty(3, device="jax"),
+           save_invstd=torch.empty(3, device="jax"))

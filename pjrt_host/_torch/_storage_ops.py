@@ -552,6 +552,41 @@ def native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
     return out, mean, rstd
 
 
+_BATCH_NORM_OUTS = ("out", "save_mean", "save_invstd")
+_batch_norm_out_probed: set = set()
+
+
+@storage_op("aten::native_batch_norm.out", "aten::_native_batch_norm_legit.out",
+            "aten::_native_batch_norm_legit.no_stats_out")
+def native_batch_norm_out(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The out= forms of batch norm: the functional op (which updates the
+    running statistics in training, as CPU's kernel does) and its three
+    results written into the out= tensors, resized as torch resizes them.
+    torch CPU's refusals of the out= tensors (another dtype than the input's,
+    a write into overlapping memory) are asked of its kernel once per
+    signature; an out= tensor on another device is refused."""
+    from ._dispatch import _write_out
+    from ._devices import device_mismatch
+
+    outs = [kwargs[n] for n in _BATCH_NORM_OUTS]
+    inputs = {k: v for k, v in kwargs.items() if k not in _BATCH_NORM_OUTS}
+    device = args[0].device if args and isinstance(args[0], torch.Tensor) else inputs["input"].device
+    for o in outs:
+        if not isinstance(o, JaxTensor) or o.device != device:
+            raise device_mismatch(device, o.device)
+    key = (func, _meta.probe_key(args, kwargs))
+    if key not in _batch_norm_out_probed:
+        _meta.check_cpu_kernel(func, args, kwargs)
+        if len(_batch_norm_out_probed) >= 1024:
+            _batch_norm_out_probed.clear()
+        _batch_norm_out_probed.add(key)
+    functional = func.overloadpacket.no_stats if func.name().endswith("no_stats_out") else func.overloadpacket.default
+    results = functional(*args, **inputs)
+    for o, r in zip(outs, results):
+        _write_out(o, r)
+    return tuple(outs)
+
+
 # ---------------------------------------------------------------- sharding
 
 
