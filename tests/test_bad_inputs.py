@@ -109,6 +109,13 @@ GOOD = {
     "cholesky of (0, 5)": lambda d: torch.cholesky(torch.ones(0, 5, device=d)),
     "diagonal_scatter": lambda d: torch.diagonal_scatter(torch.zeros(3, 4, device=d), torch.ones(2, device=d), 2),
     "normal_ of float": lambda d: torch.zeros(3, device=d).normal_(0, 0).add(1),
+    # ATen's kernel reads a mask of any dtype by its truth (torch's decomposition wants bool)
+    "_unsafe_masked_index int64 mask": lambda d: torch.ops.aten._unsafe_masked_index(
+        torch.arange(6.0, device=d).view(2, 3), torch.tensor([[1], [0]], device=d),
+        [torch.tensor([[0], [1]], device=d)], -1.0),
+    "_unsafe_masked_index_put_accumulate float mask": lambda d: torch.ops.aten._unsafe_masked_index_put_accumulate(
+        torch.zeros(3, device=d), torch.tensor([2.0, 0.0], device=d), [torch.tensor([0, 2], device=d)],
+        torch.ones(2, device=d)),
 }
 
 

@@ -127,6 +127,8 @@ def handler_for(func: Any) -> Handler:
         handler = _after(setting_check, handler)
     if name in _BYTE_MASK_OPS:  # outermost: the index checks see the indices as the op reads them
         handler = _indices_as_torch_reads_them(handler, name)
+    elif name in _MASKED_INDEX_OPS:
+        handler = _mask_as_aten_reads_it(handler)
     elif _index_checks.indexes_along_dim(name):
         handler = _index_moved_to_device(handler)
     elif _draws_per_element(func):
@@ -178,6 +180,25 @@ def _drawn_in_buckets(handler: Handler) -> Handler:
                 with torch.no_grad():
                     self.copy_(stand_in[:n].view(self.shape))
                 return self
+        return handler(args, kwargs)
+
+    return handle
+
+
+_MASKED_INDEX_OPS = ("aten::_unsafe_masked_index", "aten::_unsafe_masked_index_put_accumulate")
+
+
+def _mask_as_aten_reads_it(handler: Handler) -> Handler:
+    """``_unsafe_masked_index(self, mask, ...)`` and its put: ATen's kernel
+    (the same on CPU and cuda) reads the mask as ``logical_not(mask)``, so a
+    mask of any dtype is its elements' truth; torch's decomposition, which
+    the device runs, refuses all but bool.  A mask of another dtype is made
+    bool first."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        if len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].dtype != torch.bool:
+            args = (args[0], args[1] != 0, *args[2:])
+        elif isinstance(kwargs.get("mask"), torch.Tensor) and kwargs["mask"].dtype != torch.bool:
+            kwargs = {**kwargs, "mask": kwargs["mask"] != 0}
         return handler(args, kwargs)
 
     return handle
