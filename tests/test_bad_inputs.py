@@ -293,3 +293,18 @@ def test_batch_norms_out_forms_are_cpus(op):
         op(j(x), j(w), j(b), torch.zeros(3, device="jax"), torch.ones(3, device="jax"), True, 0.1, 1e-5,
            out=torch.empty(4, 3, 5, dtype=torch.long, device="jax"), save_mean=torch.empty(3, device="jax"),
            save_invstd=torch.empty(3, device="jax"))
+
+
+def test_grid_samplers_refuse_unknown_modes():
+    """torch CPU's grid sampler kernels take an unknown interpolation or
+    padding mode without checking and return their output uninitialised;
+    torch's decomposition of 2-d sampling refuses them, and 3-d sampling on
+    the device refuses them alike (it raised NotImplementedError calling
+    mode 5 bicubic, and computed an unknown padding mode as zeros)."""
+    x, grid = torch.randn(1, 1, 3, 3, 3, device="jax"), torch.zeros(1, 2, 2, 2, 3, device="jax")
+    with pytest.raises(RuntimeError, match="Invalid interpolation mode 5"):
+        torch.grid_sampler_3d(x, grid, 5, 0, False)
+    with pytest.raises(RuntimeError, match="Invalid padding mode -1"):
+        torch.grid_sampler_3d(x, grid, 0, -1, False)
+    with pytest.raises(RuntimeError, match="Invalid interpolation mode 4"):
+        torch.grid_sampler_2d(x[0], grid[0], 4, 0, False)

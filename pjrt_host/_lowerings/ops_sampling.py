@@ -24,7 +24,7 @@ from .ops_nn import _output_size, _scatter_to_input, _tuple
 
 # ------------------------------------------------------------- grid sampling
 # torch's enums: GridSamplerInterpolation and GridSamplerPadding.
-_BILINEAR, _NEAREST = 0, 1
+_BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
 _ZEROS, _BORDER, _REFLECTION = 0, 1, 2
 
 
@@ -93,6 +93,12 @@ def _source_index(coord, size, padding_mode, align_corners):
 def _grid_sample(x, grid, mode, padding_mode, align_corners):
     """x [N, C, *S] sampled at grid [N, *O, n] -> [N, C, *O].  The grid's
     last axis lists coordinates from the last spatial axis (x = W) back."""
+    # torch's decomposition of 2-d sampling refuses other modes; its CPU and
+    # cuda kernels check neither and return their output uninitialised
+    if mode not in (_BILINEAR, _NEAREST, _BICUBIC):
+        raise RuntimeError(f"Invalid interpolation mode {mode}")
+    if padding_mode not in (_ZEROS, _BORDER, _REFLECTION):
+        raise RuntimeError(f"Invalid padding mode {padding_mode}")
     if mode not in (_BILINEAR, _NEAREST):
         raise NotImplementedError(
             f"pjrt_host: grid sampling of {x.ndim - 2}-d inputs in interpolation mode {mode} (bicubic) has no lowering "
