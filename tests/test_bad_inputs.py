@@ -109,6 +109,11 @@ GOOD = {
     "cholesky of (0, 5)": lambda d: torch.cholesky(torch.ones(0, 5, device=d)),
     "diagonal_scatter": lambda d: torch.diagonal_scatter(torch.zeros(3, 4, device=d), torch.ones(2, device=d), 2),
     "normal_ of float": lambda d: torch.zeros(3, device=d).normal_(0, 0).add(1),
+    # a window of no taps: torch's kernels give -inf, indexed at the window's start
+    "fractional_max_pool2d kernel size <= 0": lambda d: torch.ops.aten.fractional_max_pool2d(
+        torch.arange(81.0, device=d).view(1, 1, 9, 9), [-5, 2], [2, 2], torch.full((1, 1, 2), 0.5, device=d))[1],
+    "fractional_max_pool3d kernel size <= 0": lambda d: torch.ops.aten.fractional_max_pool3d(
+        torch.arange(125.0, device=d).view(1, 5, 5, 5), [2, 0, 2], [2, 2, 2], torch.full((1, 1, 3), 0.5, device=d))[0],
     # ATen's kernel reads a mask of any dtype by its truth (torch's decomposition wants bool)
     "_unsafe_masked_index int64 mask": lambda d: torch.ops.aten._unsafe_masked_index(
         torch.arange(6.0, device=d).view(2, 3), torch.tensor([[1], [0]], device=d),

@@ -295,13 +295,21 @@ def _fractional_max_pool(x, kernel_size, output_size, samples, n):
     flat = jnp.zeros((batch, channels) + (1,) * (2 * n), jnp.int32)
     for i in range(n):
         starts = _interval_starts(samples[..., sample_of_axis[i]], sizes[i], o[i], k[i])
-        pos = starts[..., :, None] + jnp.arange(k[i], dtype=jnp.int32)
+        # a window of no taps (kernel size <= 0) keeps its start: torch's
+        # kernels give -inf there, with the start as its index
+        taps = max(k[i], 1)
+        pos = starts[..., :, None] + jnp.arange(taps, dtype=jnp.int32)
         shape = [batch, channels] + [1] * (2 * n)
-        shape[2 + i], shape[2 + n + i] = o[i], k[i]
+        shape[2 + i], shape[2 + n + i] = o[i], taps
         flat = flat + pos.reshape(shape) * math.prod(sizes[i + 1:])
     # [N, C, *out, *kernel] -> [N, C, prod(out), prod(kernel)]: taps in torch's scan order.
-    windows = (batch, channels, math.prod(o), math.prod(k))
-    flat = jnp.broadcast_to(flat, (batch, channels) + tuple(o) + tuple(k)).reshape(windows)
+    taps = tuple(max(ki, 1) for ki in k)
+    windows = (batch, channels, math.prod(o), math.prod(taps))
+    flat = jnp.broadcast_to(flat, (batch, channels) + tuple(o) + taps).reshape(windows)
+    if min(k) <= 0:
+        out = jnp.full((batch, channels) + tuple(o), -jnp.inf, x.dtype)
+        indices = flat[..., 0].reshape((batch, channels) + tuple(o)).astype(jnp.int64)
+        return (out, indices) if batched else (out[0], indices[0])
     values = jnp.take_along_axis(x.reshape(batch, channels, math.prod(sizes)),
                                  flat.reshape(batch, channels, windows[2] * windows[3]), axis=2).reshape(windows)
     # torch keeps the first maximum, but any NaN wins and a later NaN replaces it.
