@@ -78,6 +78,8 @@ CASES = {
                                                   padding=-1),
     "conv_transpose2d output_padding too large": lambda d: F.conv_transpose2d(
         torch.ones(1, 3, 6, 6, device=d), torch.ones(3, 3, 3, 3, device=d), output_padding=3),
+    "interpolate nearest of no channels": lambda d: F.interpolate(torch.zeros(2, 0, 4, device=d), size=6),
+    "interpolate nearest of no width": lambda d: F.interpolate(torch.zeros(0, 3, 0, device=d), size=6),
     "index_select index of two dims": lambda d: torch.index_select(torch.zeros(3, 2, device=d), 0,
                                                                    torch.tensor([[0, 1], [1, 2]], device=d)),
     "slice_scatter src broadcast": lambda d: torch.slice_scatter(torch.zeros(3, 4, device=d),
@@ -109,6 +111,10 @@ GOOD = {
     "cholesky of (0, 5)": lambda d: torch.cholesky(torch.ones(0, 5, device=d)),
     "diagonal_scatter": lambda d: torch.diagonal_scatter(torch.zeros(3, 4, device=d), torch.ones(2, device=d), 2),
     "normal_ of float": lambda d: torch.zeros(3, device=d).normal_(0, 0).add(1),
+    # torch's meta kernel of nearest upsampling refused any empty input with a TypeError
+    "interpolate nearest of an empty batch": lambda d: F.interpolate(torch.zeros(0, 3, 4, 4, device=d), size=6),
+    "interpolate nearest-exact of an empty batch": lambda d: F.interpolate(torch.zeros(0, 3, 4, device=d), size=6,
+                                                                           mode="nearest-exact"),
     # a window of no taps: torch's kernels give -inf, indexed at the window's start
     "fractional_max_pool2d kernel size <= 0": lambda d: torch.ops.aten.fractional_max_pool2d(
         torch.arange(81.0, device=d).view(1, 1, 9, 9), [-5, 2], [2, 2], torch.full((1, 1, 2), 0.5, device=d))[1],

@@ -52,6 +52,9 @@ def run_meta(func: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
     except Exception as err:
         if type(err).__name__ in _DATA_DEPENDENT:
             return False, None
+        if isinstance(err, TypeError) and str(err).startswith("cond must be a bool") and \
+                getattr(func, "name", lambda: "")() in _EMPTY_BATCH_CHECKED:
+            return True, _empty_batch_meta(func, args, kwargs)
         kernel_error = _KERNEL_ERRORS.get(str(err))
         if kernel_error is not None:
             raise kernel_error[0](kernel_error[1]) from None
@@ -60,6 +63,27 @@ def run_meta(func: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
     if undefined is not None:
         out = undefined(args, kwargs, out)
     return True, out
+
+
+#: Nearest upsampling's meta kernels check ``input.numel() != 0 or
+#: prod(input.size()[1:])`` with torch._check, which refuses the int that
+#: ``or`` gives for an empty input (TypeError "cond must be a bool"); CPU's
+#: kernels allow an empty batch and refuse other empty dimensions.
+_EMPTY_BATCH_CHECKED = frozenset(f"aten::{name}{n}d" for name in ("upsample_nearest", "_upsample_nearest_exact")
+                                 for n in (1, 2, 3))
+
+
+def _empty_batch_meta(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The meta result of an empty input as the meta kernel means it: an
+    empty batch gives the result of a batch of one with no rows; another
+    empty dimension is refused, as CPU refuses it."""
+    x = args[0]
+    sizes = list(x.shape)
+    if x.dim() < 2 or 0 in sizes[1:]:
+        raise RuntimeError(f"Non-empty {x.dim()}D data tensor expected but got a tensor with sizes {sizes}")
+    stand_in = torch.empty([1] + sizes[1:], dtype=x.dtype, device="meta")
+    out = func(stand_in, *_to_meta(args[1:]), **{k: _to_meta(v) for k, v in kwargs.items()})
+    return out.new_empty([sizes[0]] + list(out.shape[1:]))
 
 
 def _mha_undefined_weights(args: tuple, kwargs: dict, out: Any) -> Any:
@@ -325,6 +349,8 @@ _LAYOUT_REFUSALS = re.compile("|".join((
     r"out of bounds for dimension with size 0",
     r"zero-dimensional tensor \(at position \d+\) cannot be concatenated",
     r"must be equal to the innermost dimension",
+    r"non-empty \dD data tensor expected",
+    r"input and output sizes should be greater than 0",
 )), re.IGNORECASE)
 #: The probe runs on tensors of the call's own sizes, strides and storage
 #: sizes (zeros) when they hold at most this many elements in all, and its
