@@ -115,6 +115,13 @@ GOOD = {
     "interpolate nearest of an empty batch": lambda d: F.interpolate(torch.zeros(0, 3, 4, 4, device=d), size=6),
     "interpolate nearest-exact of an empty batch": lambda d: F.interpolate(torch.zeros(0, 3, 4, device=d), size=6,
                                                                            mode="nearest-exact"),
+    # torch's kernels promote indices and offsets to their common dtype before checking it
+    "embedding_bag bool indices, int64 offsets": lambda d: F.embedding_bag(
+        torch.tensor([True, False, True], device=d), torch.arange(10.0, device=d).view(5, 2),
+        torch.tensor([0, 2], device=d)),
+    "embedding_bag int32 indices, bool offsets": lambda d: F.embedding_bag(
+        torch.tensor([1, 4, 2], dtype=torch.int32, device=d), torch.arange(10.0, device=d).view(5, 2),
+        torch.tensor([False, True], device=d), mode="max"),
     # a window of no taps: torch's kernels give -inf, indexed at the window's start
     "fractional_max_pool2d kernel size <= 0": lambda d: torch.ops.aten.fractional_max_pool2d(
         torch.arange(81.0, device=d).view(1, 1, 9, 9), [-5, 2], [2, 2], torch.full((1, 1, 2), 0.5, device=d))[1],

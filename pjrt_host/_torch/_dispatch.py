@@ -129,6 +129,8 @@ def handler_for(func: Any) -> Handler:
         handler = _indices_as_torch_reads_them(handler, name)
     elif name in _MASKED_INDEX_OPS:
         handler = _mask_as_aten_reads_it(handler)
+    elif name in _EMBEDDING_BAG_OPS:
+        handler = _bag_indices_promoted(handler)
     elif _index_checks.indexes_along_dim(name):
         handler = _index_moved_to_device(handler)
     elif _draws_per_element(func):
@@ -199,6 +201,24 @@ def _mask_as_aten_reads_it(handler: Handler) -> Handler:
             args = (args[0], args[1] != 0, *args[2:])
         elif isinstance(kwargs.get("mask"), torch.Tensor) and kwargs["mask"].dtype != torch.bool:
             kwargs = {**kwargs, "mask": kwargs["mask"] != 0}
+        return handler(args, kwargs)
+
+    return handle
+
+
+_EMBEDDING_BAG_OPS = ("aten::_embedding_bag", "aten::_embedding_bag_forward_only")
+
+
+def _bag_indices_promoted(handler: Handler) -> Handler:
+    """``_embedding_bag(weight, indices, offsets, ...)``: torch's CPU and
+    cuda kernels first promote indices and offsets to their common dtype
+    (``promoteIndicesAndOffsets``: bool indices with int64 offsets are
+    int64), then check it; torch's meta kernel checks each as given."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        if len(args) > 2 and isinstance(args[1], torch.Tensor) and isinstance(args[2], torch.Tensor) \
+                and args[1].dtype != args[2].dtype:
+            common = torch.promote_types(args[1].dtype, args[2].dtype)
+            args = (args[0], args[1].to(common), args[2].to(common), *args[3:])
         return handler(args, kwargs)
 
     return handle
