@@ -80,6 +80,8 @@ CASES = {
         torch.ones(1, 3, 6, 6, device=d), torch.ones(3, 3, 3, 3, device=d), output_padding=3),
     "interpolate nearest of no channels": lambda d: F.interpolate(torch.zeros(2, 0, 4, device=d), size=6),
     "interpolate nearest of no width": lambda d: F.interpolate(torch.zeros(0, 3, 0, device=d), size=6),
+    "soft_margin_loss target longer than input": lambda d: F.soft_margin_loss(torch.ones(1, device=d),
+                                                                              torch.ones(2, device=d)),
     "index_select index of two dims": lambda d: torch.index_select(torch.zeros(3, 2, device=d), 0,
                                                                    torch.tensor([[0, 1], [1, 2]], device=d)),
     "slice_scatter src broadcast": lambda d: torch.slice_scatter(torch.zeros(3, 4, device=d),
@@ -115,6 +117,8 @@ GOOD = {
     "interpolate nearest of an empty batch": lambda d: F.interpolate(torch.zeros(0, 3, 4, 4, device=d), size=6),
     "interpolate nearest-exact of an empty batch": lambda d: F.interpolate(torch.zeros(0, 3, 4, device=d), size=6,
                                                                            mode="nearest-exact"),
+    "soft_margin_loss bool target": lambda d: F.soft_margin_loss(torch.tensor([0.5, -1.0], device=d),
+                                                                 torch.tensor([True, False], device=d), reduction="none"),
     # torch's kernels promote indices and offsets to their common dtype before checking it
     "embedding_bag bool indices, int64 offsets": lambda d: F.embedding_bag(
         torch.tensor([True, False, True], device=d), torch.arange(10.0, device=d).view(5, 2),

@@ -578,7 +578,14 @@ def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, re
 
 @lowering("aten::soft_margin_loss")
 def soft_margin_loss(x, target, reduction=_MEAN):
-    return _reduce(jnp.log1p(jnp.exp(-target * x)), reduction)
+    """As torch's kernel (the same on CPU and cuda): ``-x`` then multiplied
+    by the target in place, so a target must broadcast to x's shape (a
+    longer one is refused, where torch's meta kernel broadcasts) and a bool
+    target is its truth."""
+    shape = tuple(jnp.broadcast_shapes(x.shape, target.shape))
+    if shape != tuple(x.shape):
+        raise RuntimeError(f"output with shape {list(x.shape)} doesn't match the broadcast shape {list(shape)}")
+    return _reduce(jnp.log1p(jnp.exp(-x * target)), reduction)
 
 
 @lowering("aten::kl_div")
