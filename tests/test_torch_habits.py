@@ -253,6 +253,7 @@ def _index_programs(device):
         "index_fill": lambda: x.index_fill(1, five, 0.0),
         "embedding": lambda: nn.functional.embedding(five, x),
         "take": lambda: x.take(torch.tensor([6], device=device)),
+        "put_": lambda: x.clone().put_(torch.tensor([6], device=device), torch.ones(1, device=device)),
     }
 
 

@@ -5,7 +5,7 @@ index.  Eager mode checks each indexing op's indices on the device and reads
 the verdict at the next synchronisation point (``_torch._index_checks``).
 A compiled program does the same inside itself: for every indexing op of the
 graph (advanced indexing and index puts, index_select, gather, scatter,
-index_add / index_copy / index_fill, embedding, take -- the ops and bounds
+index_add / index_copy / index_fill, embedding, take, put -- the ops and bounds
 eager checks, read from the graph's fake tensors) it computes one row
 ``[any index out of range, the first such index, the bound]`` and returns
 the rows as one extra output.  The caller queues that output with eager's

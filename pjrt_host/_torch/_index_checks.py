@@ -19,7 +19,7 @@ See docs/torch-device.md for the measured cost.
 
 Checked ops (and their in-place / out= forms): advanced indexing and index
 puts, index_select, gather, scatter (all forms), index_add / index_copy /
-index_fill, embedding, take.  The error types and texts are CPU's.
+index_fill, embedding, take, put.  The error types and texts are CPU's.
 """
 
 from __future__ import annotations
@@ -281,6 +281,7 @@ _CHECKS: dict[str, Callable[[tuple, dict], None]] = {
     "index_fill": _along(_index_error),
     "embedding": _embedding,
     "take": _take,
+    "put": _take,  # put(self, index, source): the same flat index, the same error
 }
 
 
