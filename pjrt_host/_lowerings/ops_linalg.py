@@ -241,6 +241,8 @@ def check_errors(info, api_name, *, is_matrix):
 
 @lowering("aten::linalg_pinv.atol_rtol_tensor", "aten::linalg_pinv.atol_rtol_float")
 def pinv(a, atol=None, rtol=None, hermitian=False):
+    if a.size == 0:  # torch returns early here, a (..., n, m) result, square or not (hermitian)
+        return jnp.zeros(a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
     if hermitian:  # from the lower triangle's eigendecomposition, as torch does
         w, v = jnp.linalg.eigh(a, symmetrize_input=False)
         s, u, vh = jnp.abs(w), v * jnp.sign(w)[..., None, :], _mT(v).conj()
