@@ -82,6 +82,7 @@ CASES = {
     "interpolate nearest of no width": lambda d: F.interpolate(torch.zeros(0, 3, 0, device=d), size=6),
     "soft_margin_loss target longer than input": lambda d: F.soft_margin_loss(torch.ones(1, device=d),
                                                                               torch.ones(2, device=d)),
+    "roll of an empty tensor, more shifts than dims": lambda d: torch.zeros(0, 2, device=d).roll((1, 2), (0,)),
     "index_select index of two dims": lambda d: torch.index_select(torch.zeros(3, 2, device=d), 0,
                                                                    torch.tensor([[0, 1], [1, 2]], device=d)),
     "slice_scatter src broadcast": lambda d: torch.slice_scatter(torch.zeros(3, 4, device=d),
@@ -119,6 +120,10 @@ GOOD = {
                                                                            mode="nearest-exact"),
     "soft_margin_loss bool target": lambda d: F.soft_margin_loss(torch.tensor([0.5, -1.0], device=d),
                                                                  torch.tensor([True, False], device=d), reduction="none"),
+    # torch's kernels return early for an empty input, before reading dims or squareness
+    "roll of an empty tensor along an out-of-range dim": lambda d: torch.zeros(0, 0, 0, device=d).roll(1, 3),
+    "pinv hermitian of an empty non-square matrix": lambda d: torch.linalg.pinv(torch.zeros(0, 5, device=d),
+                                                                                hermitian=True),
     # torch's kernels promote indices and offsets to their common dtype before checking it
     "embedding_bag bool indices, int64 offsets": lambda d: F.embedding_bag(
         torch.tensor([True, False, True], device=d), torch.arange(10.0, device=d).view(5, 2),

@@ -131,6 +131,8 @@ def handler_for(func: Any) -> Handler:
         handler = _mask_as_aten_reads_it(handler)
     elif name in _EMBEDDING_BAG_OPS:
         handler = _bag_indices_promoted(handler)
+    elif name == "aten::roll":
+        handler = _empty_rolled(handler)
     elif _index_checks.indexes_along_dim(name):
         handler = _index_moved_to_device(handler)
     elif _draws_per_element(func):
@@ -220,6 +222,28 @@ def _bag_indices_promoted(handler: Handler) -> Handler:
             common = torch.promote_types(args[1].dtype, args[2].dtype)
             args = (args[0], args[1].to(common), args[2].to(common), *args[3:])
         return handler(args, kwargs)
+
+    return handle
+
+
+def _empty_rolled(handler: Handler) -> Handler:
+    """``roll`` of an empty tensor as torch's CPU and cuda kernels have it:
+    the shifts must be given, one per dimension (or one for the flattened
+    tensor), and then a copy is returned before any dimension is read.
+    torch's meta kernel checks the dims first and returns the copy before
+    the counts (an empty tensor rolled by an out-of-range dim was refused,
+    one with more shifts than dims was a value)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        self = args[0] if args else kwargs.get("self")
+        if not (isinstance(self, _tensor.JaxTensor) and self.numel() == 0):
+            return handler(args, kwargs)
+        shifts = args[1] if len(args) > 1 else kwargs.get("shifts", ())
+        dims = args[2] if len(args) > 2 else kwargs.get("dims", ())
+        if len(shifts) == 0:
+            raise RuntimeError("`shifts` required")
+        if len(dims) != len(shifts) and not (len(dims) == 0 and len(shifts) == 1):
+            raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
+        return self.clone(memory_format=torch.preserve_format)
 
     return handle
 
