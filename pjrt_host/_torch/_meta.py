@@ -48,6 +48,10 @@ def run_meta(func: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         text = str(err)
         if "meta" in text.lower() or "data-dependent" in text or "data dependent" in text or "nonzero" in text:
             return False, None
+        for pattern, kernel_error in _KERNEL_ERROR_PATTERNS:
+            found = pattern.match(text)
+            if found:
+                raise kernel_error(found) from None
         raise
     except Exception as err:
         if type(err).__name__ in _DATA_DEPENDENT:
@@ -106,6 +110,16 @@ _KERNEL_ERRORS = {
     "clamp called but both min and max are none!":
         (RuntimeError, "torch.clamp: At least one of 'min' or 'max' must not be None"),
 }
+
+
+#: The same for a meta kernel's RuntimeError whose text says which of
+#: torch's own checks it is: (pattern, the error torch raises from the match).
+_KERNEL_ERROR_PATTERNS = (
+    # nll_loss of a 1-D input: torch's nll_loss_nd (run on every device
+    # before nll_loss_forward) wants a target of one element
+    (re.compile(r"size mismatch \(got input: torch\.Size\(\[\d+\]\), target: torch\.Size\(\[(\d+)\]\)\)$"),
+     lambda m: ValueError(f"For 1D input, 1D target must have size 1, but got target size: {m.group(1)}")),
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
