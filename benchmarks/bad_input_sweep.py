@@ -75,7 +75,7 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
      "whether a write into a tensor whose elements share memory is refused depends on each CPU kernel; the "
      "device takes CPU's answer from its probe at the call's own layouts, and where the probe cannot tell (CPU "
      "refuses its zeros first, a factory's out=) refuses it for the elementwise, random and scan ops"),
-    ("mixed-shape-only", r"^(expand_as|view_as|reshape_as|broadcast_tensors|type_as|new_\w+)\|mixed",
+    ("mixed-shape-only", r"^(expand_as|view_as|reshape_as|broadcast_tensors|type_as|new_\w+|resize_as_)\|mixed",
      r"", r"^value", "only the CPU tensor's shape (or dtype) is read, which torch accepts from any device"),
     ("mixed-factory-out", r"\|out:cpu", r"", r"does not match device type of out parameter|^value",
      "a factory or scan with out= on CPU: torch's own device check words it differently, or the result is "
@@ -94,6 +94,30 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
      "device"),
     ("device-feature", r"", r"", r"growing a 'jax' tensor in place|aten::_to_sparse has no lowering",
      "the device has no sparse layouts and does not grow a tensor's storage in place (docs/torch-device.md)"),
+    ("mixed-scalar-reshaped", r"^nn\.functional\.(prelu|multi_margin_loss|multilabel_margin_loss|"
+     r"linear_cross_entropy[\w.]*)\|mixed:", r"^value", r"same device",
+     "a 0-dim CPU tensor is taken among device tensors only by TensorIterator kernels (device_check: NoCheck); "
+     "these ops reshape it first (prelu's weight to 1-D) or run kernels with torch's common-device check (the "
+     "margin losses, nll_loss), so torch's accelerators refuse it as the device does; on CPU every tensor is on CPU"),
+    ("mixed-ctc-targets", r"^nn\.functional\.ctc_loss\|mixed:", r"", r"^value",
+     "torch's ctc_loss moves targets to log_probs' device before its kernel (for cuDNN's CPU targets), on every "
+     "device: a CPU tensor among them is no error"),
+    ("batch-norm-long-weight", r"^(native_batch_norm|_native_batch_norm_legit|_batch_norm_with_update)\|shape:",
+     r"^value", r"Attempting to broadcast a dimension",
+     "torch CPU's batch norm kernel reads the first C entries of a weight / bias / running statistic longer than "
+     "the channels without checking its length; torch's meta kernel and decomposition (which the device follows) "
+     "broadcast it against the input and refuse it"),
+    ("grid-sampler-mode", r"^grid_sampler_[23]d\|int:arg[12]=", r"^value", r"Invalid (interpolation|padding) mode",
+     "torch CPU's grid sampler kernels take an unknown interpolation or padding mode without checking and return "
+     "their output uninitialised; torch's decomposition refuses it, and the device does"),
+    ("inplace-resize", r"^addbmm\|inplace:broadcast", r"^value", r"doesn't match the broadcast shape",
+     "addbmm_'s kernel (CPU's and cuda's) resizes self to the result's shape in place; the device does not grow a "
+     "tensor's storage in place and refuses the broadcast, as every other in-place op is refused"),
+    ("value-check-not-yet", r"^(_segment_reduce\.\w+|nn\.functional\.embedding_bag)\|",
+     r"Expected all rows of lengths along axis|Expected segment_length >= 0|Expected i < index_size", r"^value",
+     "torch's kernels read the lengths / offsets and refuse inconsistent ones (segment_reduce's sum of lengths, "
+     "embedding_bag's offsets); the device's programs do not read values back and have no deferred check for "
+     "these yet"),
     ("cpu-fft-empty", r"^fft\.\w+\|empty:", r"MKL FFT error", r"^value",
      "torch CPU's MKL backend refuses an FFT of an empty signal (MKL's own error, no torch check); the device "
      "returns the empty result"),
