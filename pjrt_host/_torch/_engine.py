@@ -788,6 +788,9 @@ class CompiledOp:
         fn.__name__ = fn.__qualname__ = self.name.replace("::", ".")
         # Fused eager records ops whose results are tensors torch described in advance.
         tensors = plan.outputs is not None and all(o.kind == "tensor" for o in plan.outputs) and bool(plan.outputs)
+        if jitted and (tensors or writes) and type(key[4]) is int and _program_cache.directory() is not None:
+            # what fused eager keys a segment's program by on disk (_fused._run)
+            fn.pjrt_host_signature = self._disk_signature(key, ())
         entry = _Entry(self._program(key, jax.jit(fn)) if jitted else fn, plan,
                        fn if (jitted and writes and DONATE) else None,
                        {} if (jitted and writes and DONATE) else None,
@@ -806,10 +809,14 @@ class CompiledOp:
         place = key[4]
         if type(place) is not int or _program_cache.directory() is None:
             return jitted
+        return _FirstCall(self, key, jitted, self._disk_signature(key, donated), place, donated)
+
+    def _disk_signature(self, key: tuple, donated: tuple) -> tuple:
+        """Everything the program of ``key`` is traced from, as the program
+        cache keys it on disk (its ``repr``)."""
         cfg = key[3]
-        signature = (self.name, op_name(self.meta_op), self.inplace, self.out_names, self.lowering.where,
-                     lowering_context(cfg), key[0], key[1], key[2], cfg, donated)
-        return _FirstCall(self, key, jitted, signature, place, donated)
+        return (self.name, op_name(self.meta_op), self.inplace, self.out_names, self.lowering.where,
+                lowering_context(cfg), key[0], key[1], key[2], cfg, donated)
 
 
 class _FirstCall:

@@ -119,7 +119,7 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
             fn = _compiled[key] = _program_cache.compiled(f"aten::{name}", signature, fn, draw, jax_device(index))
     arr = fn(*draw)
     if drawn != shape:
-        arr = _cut(arr, shape)
+        arr = _cut(arr, shape, index)
     return wrap_array(arr, index, dtype)
 
 
@@ -158,8 +158,26 @@ def bucket(numel: int) -> int | None:
     return max(16, 1 << (numel - 1).bit_length()) if 0 < numel <= _BUCKETED else None
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _cut(flat: Any, shape: tuple[int, ...]) -> Any:
+_cuts: dict[tuple, Any] = {}
+
+
+def _cut(flat: Any, shape: tuple[int, ...], index: int) -> Any:
+    """The first elements of a bucketed draw ``flat`` in ``shape``: one
+    small program per bucket and shape, kept like the ops' (a warm process
+    cuts without tracing)."""
+    key = (flat.shape[0], flat.dtype.name, shape, index)
+    fn = _cuts.get(key)
+    if fn is None:
+        fn = jax.jit(functools.partial(_first_elements, shape=shape))
+        if _program_cache.directory() is not None:
+            fn = _program_cache.compiled("pjrt_host.cut", key[:3], fn, (flat,), jax_device(index))
+        if len(_cuts) > 1024:  # shapes that never repeat: bound the memory
+            _cuts.clear()
+        _cuts[key] = fn
+    return fn(flat)
+
+
+def _first_elements(flat: Any, shape: tuple[int, ...]) -> Any:
     return flat[:math.prod(shape)].reshape(shape)
 
 

@@ -33,10 +33,11 @@ from typing import Any
 
 import jax
 
+from .. import _program_cache
 from .._jax_settings import x64_scope
 from .._lowerings._dtypes import jax_dtype
 from ._tensor import DONATE, JaxTensor, Pending, Storage, _make_wrapper, note_result, open_segments
-from ._devices import torch_device
+from ._devices import jax_device, torch_device
 
 __all__ = ["LIMIT", "Segment", "record", "resolve", "stats"]
 
@@ -103,10 +104,11 @@ class Segment:
         if program is None:
             if len(_programs) > 2048:  # segments that never repeat: bound the memory
                 _programs.clear()
-            program = _programs[key] = jax.jit(_program(self.ops, live), donate_argnums=donated)
             _counts["programs"] += 1
             with warnings.catch_warnings():  # a donated buffer no output can reuse is freed all the same
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                jitted = jax.jit(_program(self.ops, live), donate_argnums=donated)
+                program = _programs[key] = _kept(jitted, key, ext, self.device)
                 outs = program(*ext)
         else:
             outs = program(*ext)
@@ -117,6 +119,34 @@ class Segment:
             if storage is not None and storage._array is p:
                 storage._array = arr
         note_result(self.device, outs[-1])
+
+
+def _kept(jitted: Any, key: tuple, ext: list, device: int) -> Any:
+    """What runs a new segment program: ``jitted`` compiled through the
+    program cache, so that a later process loads it from disk without
+    tracing, when every op in it has a signature there (the engine gives
+    its ops one, ``pjrt_host_signature``, while the cache is on); else
+    ``jitted`` itself."""
+    if _program_cache.directory() is None:
+        return jitted
+    ops_key, live, donated = key
+    ops = []
+    for fn, refs, specs in ops_key:
+        signature = getattr(fn, "pjrt_host_signature", None)
+        if signature is None:
+            return jitted
+        ops.append((signature, refs, specs))
+    # the argument types too: a Python scalar may come weakly or strongly typed
+    signature = (tuple(ops), live, donated, tuple(str(jax.typeof(x)) for x in ext))
+    compiled = _program_cache.compiled("pjrt_host.fused", signature, jitted, tuple(ext), jax_device(device))
+
+    def program(*args: Any) -> Any:
+        try:
+            return compiled(*args)
+        except TypeError:  # other argument types than it was compiled for: jax.jit retraces
+            return jitted(*args)
+
+    return program
 
 
 def _only_here(ext: list) -> tuple[int, ...]:
@@ -147,6 +177,30 @@ def _program(ops: list, live: tuple[int, ...]) -> Any:
         return tuple(values[i] for i in live)
 
     return segment
+
+
+def _fusable(fn: Any, dyn: list, plan: Any) -> bool:
+    """Whether ``fn`` traces with pending (abstract) inputs to the shapes
+    torch planned; remembered on disk by the op's signature, so a warm
+    process does not trace its ops to find out."""
+    signature = getattr(fn, "pjrt_host_signature", None)
+    if signature is not None:
+        signature = (signature, tuple(_signature(v) for v in dyn), plan is None)
+        verdict = _program_cache.remembered("fusable", signature)
+        if verdict is not None:
+            return verdict == b"yes"
+    try:
+        shapes = jax.eval_shape(fn, *[_abstract(v) for v in dyn])
+        # torch's meta kernel and the lowering may disagree on a result's
+        # shape (native_batch_norm in eval gives CPU's empty saved
+        # statistics where the meta kernel gives a full-size one): op by
+        # op, the tensor takes the shape the lowering computes.
+        fusable = plan is None or _as_planned(shapes, plan)
+    except Exception:
+        fusable = False  # the op needs concrete values (or fails): op by op
+    if signature is not None:
+        _program_cache.remember("fusable", signature, b"yes" if fusable else b"no")
+    return fusable
 
 
 def _segment(device: int) -> Segment:
@@ -185,16 +239,7 @@ def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | N
         if len(_validated) + len(_refused) > 8192:  # op functions of signatures long gone: bound the memory
             _validated.clear()
             _refused.clear()
-        try:
-            shapes = jax.eval_shape(fn, *[_abstract(v) for v in dyn])
-        except Exception:
-            _refused.add(fn)
-            return None  # the op needs concrete values (or fails): op by op
-        if plan is not None and not _as_planned(shapes, plan):
-            # torch's meta kernel and the lowering disagree on a result's
-            # shape (native_batch_norm in eval gives CPU's empty saved
-            # statistics where the meta kernel gives a full-size one): op by
-            # op, the tensor takes the shape the lowering computes.
+        if not _fusable(fn, dyn, plan):
             _refused.add(fn)
             return None
         _validated.add(fn)
