@@ -127,23 +127,58 @@ def compiled(name: str, signature: Any, jitted: Any, args: tuple, device: Any) -
     cannot serialize executables, it is compiled as usual."""
     key = _key(name, signature, device) if _disk is not None else None
     if key is not None:
+        program = _made.get(key)
+        if program is not None:  # made earlier in this process (for another in-memory key)
+            return program
         data = _disk.get(key)
         if data is not None:
             loaded = _load(key, data, device)
             if loaded is not None:
-                return loaded
-    _local.jax_entry = None
+                return _made_here(key, loaded)
+    _local.jax_entry = _local.written = None
     program = jitted.lower(*args).compile()
     if key is not None and not _unserializable:
-        if _local.jax_entry is None:
+        hit, written = _local.jax_entry, _local.written
+        if hit is None:
             _keep(key, program)
+            if written is not None:
+                if len(_ours_for_jax) > 4096:
+                    _ours_for_jax.clear()
+                _ours_for_jax[written] = key
         else:
-            # jax loaded it from its own entry: an executable loaded so
-            # cannot be serialized again whole on every backend (XLA:CPU
-            # loses its functions: "Function ... not found" when run).  That
-            # entry goes instead, so the next process compiles the program
-            # and keeps it here (tests/test_program_cache.py).
-            _disk.remove(_local.jax_entry)
+            # jax loaded it from its own entry: another program lowered to
+            # the same.  Neither that executable nor a fresh compile of the
+            # same module in this process can be serialized whole on every
+            # backend (XLA:CPU loses its functions: "Function ... not
+            # found" when run).  Where this process kept the first one, its
+            # bytes serve this key too; else jax's entry goes, so the next
+            # process compiles the program and keeps it
+            # (tests/test_program_cache.py).
+            first = _ours_for_jax.get(hit)
+            data = None if first is None else _disk.get(first)
+            if data is not None:
+                _disk.put(key, data)
+            else:
+                _disk.remove(hit)
+    return program if key is None else _made_here(key, program)
+
+
+#: jax's entry -> the key this process kept the same program under
+_ours_for_jax: dict[str, str] = {}
+
+
+#: The programs this process made or loaded, by key: a second request for
+#: the same program (two in-memory keys of one op or segment) takes the
+#: same executable, without even jax's cache (whose entry, once loaded,
+#: cannot be kept here).
+_made: dict[str, Any] = {}
+
+
+def _made_here(key: str, program: Any) -> Any:
+    with _lock:
+        if len(_made) > 4096:  # programs of signatures long gone: bound the memory
+            _made.clear()
+        _made[key] = program
     return program
 
 
@@ -343,6 +378,7 @@ class DiskStore:
             pass
 
     def put(self, key: str, value: bytes) -> None:
+        _local.written = key
         file = os.path.join(self._path, key)
         if os.path.exists(file):
             return

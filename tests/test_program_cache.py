@@ -119,6 +119,31 @@ def test_programs_kept_untraced_run_on_their_device_and_survive_a_new_version(tm
     assert third["stats"]["programs"] < second["stats"]["programs"]
 
 
+# Two signatures of one op (a Python int and a float scalar) that lower to
+# one XLA module: the second compile is a hit in jax's cache.
+SAME_MODULE = r"""
+import json, torch
+x = torch.arange(5.0, device="jax")
+values = [torch.mul(x, 2).tolist(), torch.mul(x, 2.0).tolist()]
+print(json.dumps({"values": values, "stats": torch.jax.program_cache_stats()}))
+"""
+
+
+def test_two_programs_that_lower_alike_are_both_kept_untraced(tmp_path):
+    """The second of two programs that lower to the same module is loaded by
+    jax from the first one's entry, and XLA:CPU cannot serialize such an
+    executable (nor a second compile of the module in one process) whole:
+    it ran with "NOT_FOUND: Function broadcast_multiply_fusion not found".
+    The first one's bytes are kept under the second's key, so a second
+    process loads both without tracing and computes the same."""
+    env = {"PJRT_HOST_CACHE_DIR": str(tmp_path)}
+    first = run(env, SAME_MODULE)
+    second = run(env, SAME_MODULE)
+    assert first["stats"]["disk_hits"] == 1  # the second mul, from jax's entry of the first
+    assert second["values"] == first["values"] == [[0.0, 2.0, 4.0, 6.0, 8.0]] * 2
+    assert second["stats"]["compiled"] == 0 and second["stats"]["untraced"] == second["stats"]["programs"]
+
+
 def test_the_default_directory_is_the_users_cache(tmp_path):
     out = run({"XDG_CACHE_HOME": str(tmp_path), "PJRT_HOST_CACHE_DIR": ""})
     assert out["stats"]["directory"].startswith(str(tmp_path / "pjrt_host" / "cpu_ref"))
