@@ -369,6 +369,16 @@ INTERNALS: tuple[Internal, ...] = (
         pins=("tests/test_program_cache.py::test_jax_internals_the_cache_relies_on",),
     ),
     Internal(
+        names=("jax._src.lax",),
+        files=("pjrt_host/_program_cache.py",),
+        why="jaxlib binds XLA:CPU's LAPACK kernels only while lowering a program that calls them; a program "
+            "loaded untraced calls them with nothing bound (a segmentation fault) unless they are bound first, "
+            "as jax's own loader of exported programs does.",
+        fallback="programs are traced before jax's cache hit, as before the untraced store (no crash, slower "
+                 "warm starts).",
+        pins=("tests/test_program_cache.py::test_programs_that_call_lapack_load_untraced_in_a_new_process",),
+    ),
+    Internal(
         names=("jax._src.config",),
         files=("pjrt_host/_program_cache.py",),
         why="programs kept on disk untraced are keyed by what their trace depends on; jax's trace-time settings "

@@ -125,7 +125,7 @@ def compiled(name: str, signature: Any, jitted: Any, args: tuple, device: Any) -
     only).  The result is a ``jax.stages.Compiled`` for exactly these
     argument types on ``device``.  With the cache off, or where the plugin
     cannot serialize executables, it is compiled as usual."""
-    key = _key(name, signature, device) if _disk is not None else None
+    key = _key(name, signature, device) if _disk is not None and _kernels_ready() else None
     if key is not None:
         program = _made.get(key)
         if program is not None:  # made earlier in this process (for another in-memory key)
@@ -251,6 +251,30 @@ def _setting_text() -> str:
         _setting = "|".join([h.hexdigest(), torch.__version__, jax.__version__, jaxlib.__version__, _plugin,
                              repr(flags)])
     return _setting
+
+
+_kernels = None  #: whether jaxlib's lazily bound kernels are bound in this process
+
+
+def _kernels_ready() -> bool:
+    """Bind the kernels jaxlib binds only as it lowers a program that calls
+    them -- XLA:CPU's LAPACK (``linalg.eigvals``, ``cholesky``, ``svd`` ...),
+    whose function pointers jaxlib takes from scipy -- as jax's own loader
+    of serialized programs does (``jax.export``).  An executable loaded
+    untraced calls them without any lowering in this process: a second
+    process's first ``linalg.eigvals`` ended in a segmentation fault.  False
+    (programs are then traced as before) when jax has no such call."""
+    global _kernels
+    if _kernels is None:
+        try:
+            from jax._src.lax.linalg import initialize_lapack
+
+            initialize_lapack()
+            _kernels = True
+        except Exception as err:
+            logger.debug("pjrt_host: programs are not loaded untraced: %s", err)
+            _kernels = False
+    return _kernels
 
 
 def _load(key: str, data: bytes, device: Any) -> Any:

@@ -144,6 +144,29 @@ def test_two_programs_that_lower_alike_are_both_kept_untraced(tmp_path):
     assert second["stats"]["compiled"] == 0 and second["stats"]["untraced"] == second["stats"]["programs"]
 
 
+# Ops whose programs call jaxlib's LAPACK kernels on XLA:CPU.
+LAPACK = r"""
+import json, torch
+torch.manual_seed(0)
+a = torch.randn(4, 4).to("jax")
+spd = a @ a.T + 4 * torch.eye(4, device="jax")
+results = [torch.linalg.eigvals(a).abs(), torch.linalg.cholesky(spd), torch.linalg.svdvals(a),
+           torch.linalg.qr(a).R.abs(), torch.linalg.eigvalsh(spd), torch.linalg.solve(spd, a)]
+print(json.dumps({"values": [r.cpu().tolist() for r in results], "stats": torch.jax.program_cache_stats()}))
+"""
+
+
+def test_programs_that_call_lapack_load_untraced_in_a_new_process(tmp_path):
+    """jaxlib binds its LAPACK kernels as it lowers a program that calls
+    them; a second process that loads such programs without lowering
+    anything ended in a segmentation fault at its first linalg.eigvals."""
+    env = {"PJRT_HOST_CACHE_DIR": str(tmp_path)}
+    first = run(env, LAPACK)
+    second = run(env, LAPACK)  # run() asserts the process exits 0
+    assert second["stats"]["compiled"] == 0 and second["stats"]["untraced"] == second["stats"]["programs"]
+    assert second["values"] == first["values"]
+
+
 def test_the_default_directory_is_the_users_cache(tmp_path):
     out = run({"XDG_CACHE_HOME": str(tmp_path), "PJRT_HOST_CACHE_DIR": ""})
     assert out["stats"]["directory"].startswith(str(tmp_path / "pjrt_host" / "cpu_ref"))
