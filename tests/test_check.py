@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 
 # The OpInfo sweep itself is tests/test_opinfo.py's job (the same harness);
 # here a few cases of each dtype show the ops section is wired up.
-OPS = r"^(add|mul|sum|matmul|index_select|nn\.functional\.relu|sort|cat)-"
+OPS = r"^(add|sum|matmul|index_select|sort|cat)-"
 
 _BROKEN_DTYPE = """
     from pjrt_host_cpu_ref import CpuRefPlugin
@@ -113,9 +113,9 @@ def test_cpu_ref_quick_passes_every_section(tmp_path):
 
 def test_a_declared_dtype_the_device_cannot_hold_fails_the_dtypes_section(tmp_path, site):
     _install(site, "baddtype", _BROKEN_DTYPE)
-    code, out, doc, _ = _check(tmp_path, "baddtype", "--quick", "--only", "contract,dtypes,memory", site=site)
+    code, out, doc, _ = _check(tmp_path, "baddtype", "--quick", "--only", "contract,dtypes", site=site)
     assert code == 1, out
-    assert _sections(doc) == {"contract": "pass", "dtypes": "fail", "memory": "pass"}
+    assert _sections(doc) == {"contract": "pass", "dtypes": "fail"}
     failed = _failed_checks(doc, "dtypes")
     assert [c["name"] for c in failed] == ["float64"]
     assert "complex32" in failed[0]["detail"]
@@ -140,10 +140,10 @@ def test_a_plugin_without_zero_copy_passes_the_dtypes_section(tmp_path, site):
 
 def test_a_client_without_cross_process_collectives_fails_only_collectives(tmp_path, site):
     _install(site, "nocoll", _NO_COLLECTIVES)
-    code, out, doc, _ = _check(tmp_path, "nocoll", "--quick", "--only", "contract,collectives,memory", site=site,
+    code, out, doc, _ = _check(tmp_path, "nocoll", "--quick", "--only", "contract,collectives", site=site,
                                env={"PJRT_HOST_CPU_REF_DEVICES": "2"})
     assert code == 1, out
-    assert _sections(doc) == {"contract": "pass", "collectives": "fail", "memory": "pass"}
+    assert _sections(doc) == {"contract": "pass", "collectives": "fail"}
     failed = _failed_checks(doc, "collectives")
     assert [c["name"] for c in failed] == ["2 processes: torch.distributed and pjrt_host.spmd collectives"]
     # the rank and the collective that failed, in XLA's words
@@ -172,11 +172,11 @@ def test_a_library_that_is_not_pjrt_makes_the_plugin_unusable(tmp_path, site, li
 def test_a_hanging_client_fails_within_the_time_limit(tmp_path, site):
     _install(site, "hangs", _HANGS)
     code, out, doc, _ = _check(tmp_path, "hangs", "--quick", "--only", "contract", site=site,
-                               env={"PJRT_HOST_CHECK_TIMEOUT": "15"}, timeout=120)
+                               env={"PJRT_HOST_CHECK_TIMEOUT": "10"}, timeout=120)
     assert code == 2, out
     failed = _failed_checks(doc, "contract")
     assert failed[-1]["name"] == "client"
-    assert "did not finish within 15 s in check 'client'" in failed[-1]["detail"]
+    assert "did not finish within 10 s in check 'client'" in failed[-1]["detail"]
 
 
 @pytest.mark.parametrize("name", ["cuda", "tpu"])

@@ -62,11 +62,11 @@ def test_list_with_no_plugins_says_how_to_install():
 def test_probe_shows_devices_and_survives_hanging_and_crashing_plugins(site):
     site.add_plugin("hang-pjrt", "hang", HANG)
     site.add_plugin("crash-pjrt", "crash", CRASH)
-    data = list_json(site, "--probe", "--timeout", "30",
+    data = list_json(site, "--probe", "--timeout", "12",
                      env={"PJRT_HOST_CPU_REF_DEVICES": "3", "PJRT_HOST_PLUGINS": "cpu_ref,hang,crash"})
     assert data["by_name"]["cpu_ref"][0]["probe"]["devices"] == 3
     hang = data["by_name"]["hang"][0]["probe"]
-    assert hang["devices"] is None and hang["error"].startswith("timed out after 30 s")
+    assert hang["devices"] is None and hang["error"].startswith("timed out after 12 s")
     crash = data["by_name"]["crash"][0]["probe"]
     assert crash["devices"] is None and "crashed the process (signal 6)" in crash["error"]
 

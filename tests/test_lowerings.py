@@ -337,15 +337,14 @@ def _sampling_step() -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 3, 4, 5, 6, requires_grad=True)
     grid = (torch.rand(2, 3, 4, 5, 3) * 3 - 1.5).requires_grad_()
-    for mode in ("bilinear", "nearest"):
-        for padding in ("zeros", "border", "reflection"):
-            for align in (False, True):
-                F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=align).pow(2).sum().backward()
+    # every mode with every padding, corner alignment alternating
+    for i, (mode, padding) in enumerate((m, p) for m in ("bilinear", "nearest")
+                                        for p in ("zeros", "border", "reflection")):
+        F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=i % 2 == 1).pow(2).sum().backward()
     image = torch.randn(2, 3, 10, 13, requires_grad=True)
     for mode in ("bilinear", "bicubic"):
-        for size in ((4, 5), (17, 29), (10, 7)):
-            for align in (False, True):
-                F.interpolate(image, size=size, mode=mode, antialias=True, align_corners=align).pow(2).sum().backward()
+        for align, size in ((False, (4, 5)), (True, (17, 29)), (False, (10, 7)), (True, (4, 5))):
+            F.interpolate(image, size=size, mode=mode, antialias=True, align_corners=align).pow(2).sum().backward()
         F.interpolate(image, scale_factor=(0.6, 1.7), mode=mode, antialias=True).sum().backward()
     planes = torch.randn(2, 3, 9, 11, requires_grad=True)
     out, _ = F.fractional_max_pool2d(planes, 3, output_size=(4, 5), return_indices=True,

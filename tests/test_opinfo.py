@@ -14,9 +14,9 @@ samples (31,000 samples of the 1,494 float32/int64/bool cases come down to
 13,400 distinct ones).  Default: 2 for float32 and 1 for int64, bool and the
 16-bit floats, whose cases repeat the float32 lowerings at wider tolerances
 (CI's time: the full default run is most of the suite), and only one of the
-two 16-bit floats per OpInfo (half the OpInfos each); ``pytest --slow``
-(or PJRT_HOST_SLOW_TESTS=1) runs 3 samples for every dtype, both 16-bit
-floats included.  0 runs every sample,
+two 16-bit floats, and of int64 and bool, per OpInfo (half the OpInfos
+each); ``pytest --slow`` (or PJRT_HOST_SLOW_TESTS=1) runs 3 samples for
+every dtype, every dtype for every OpInfo.  0 runs every sample,
 distinct or not, for a deep run (hours on two cores).
 """
 
@@ -53,20 +53,29 @@ def _samples_per_case(dtype: torch.dtype, slow: bool) -> int:
     return 2 if dtype == torch.float32 else 1
 
 
-def _sixteen_bit_in_default_run(op: Any, dtype: torch.dtype) -> bool:
+def _in_default_run(op: Any, dtype: torch.dtype) -> bool:
     """The default run takes one 16-bit float per OpInfo, bfloat16 for half
     of them and float16 for the other half (by a stable hash of the name):
     both run the float32 lowerings through the same rounding rule, so every
-    op is proven in a 16-bit dtype and both dtypes on half the ops; ``--slow``
-    runs both for every op."""
-    if dtype not in (torch.bfloat16, torch.float16):
-        return True
+    op is proven in a 16-bit dtype and both dtypes on half the ops.  The
+    same for int64 and bool where an OpInfo supports both: every op is
+    proven in an integer dtype, each dtype on half the ops (the other half
+    of int64 where bool is unsupported).  ``--slow`` runs every dtype for
+    every op."""
     half = zlib.crc32(f"{op.name}.{op.variant_test_name}".encode()) % 2
-    return half == (0 if dtype == torch.float16 else 1)
+    if dtype in (torch.bfloat16, torch.float16):
+        return half == (0 if dtype == torch.float16 else 1)
+    if dtype in (torch.int64, torch.bool) and _supports(op, torch.int64) and _supports(op, torch.bool):
+        return half == (0 if dtype == torch.int64 else 1)
+    return True
+
+
+def _supports(op: Any, dtype: torch.dtype) -> bool:
+    return dtype in op.supported_dtypes("cpu")
 
 
 CASES = [pytest.param(op, dtype, id=_opinfo.case_id(op, dtype),
-                      marks=() if _sixteen_bit_in_default_run(op, dtype) else pytest.mark.slow)
+                      marks=() if _in_default_run(op, dtype) else pytest.mark.slow)
          for op, dtype in _opinfo.cases(_dtypes())]
 _outcomes: collections.Counter = collections.Counter()
 
