@@ -83,9 +83,10 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
     ("complex32", r"", r"", r"complex32 has no jax equivalent",
      "the device holds no complex32 (chalf): jax has no such type (docs/torch-device.md)"),
     ("value-check", r"\|poison:", r"", r"^value",
-     "torch CPU's kernel reads the values and refuses NaN / inf (linalg factorizations that do not converge, "
-     "binary_cross_entropy's range, bernoulli's p, normal's std, histogram ranges); the device's compiled programs "
-     "do not read values back to the host, and only some ops have deferred value checks (multinomial, one_hot)"),
+     "torch CPU's kernel reads the values and refuses NaN / inf where the device has no deferred value check "
+     "(it has them for multinomial, one_hot, SVDs, eig, the old cholesky, bernoulli's p, normal's std and "
+     "binary_cross_entropy's range): histogram ranges, eigh and lstsq of NaN (LAPACK's answers), "
+     "linalg.cholesky of an infinite entry (MKL's arithmetic decides which minor fails, if any)"),
     ("mixed-index", r"^(gather|index_[\w.]+|scatter[\w.]*|_unsafe_masked_index\w*)\|mixed:", r"", r"^value",
      "an index tensor on CPU is moved to the device, as torch's CPU kernels and PyTorch's device-generic tests read "
      "it wherever it lives; the sweep's accelerator rule refuses it"),

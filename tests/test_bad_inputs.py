@@ -18,6 +18,8 @@ import pjrt_host  # noqa: E402
 
 F = torch.nn.functional
 
+NAN, INF = float("nan"), float("inf")
+
 CASES = {
     "add out= int": lambda d: torch.add(torch.ones(2, device=d), 1, out=torch.empty(2, dtype=torch.long, device=d)),
     "sub out= bool": lambda d: torch.sub(torch.ones(2, device=d), 1, out=torch.empty(2, dtype=torch.bool, device=d)),
@@ -43,6 +45,21 @@ CASES = {
     "one_hot too big": lambda d: F.one_hot(torch.tensor([0, 5], device=d), 3),
     "one_hot empty, classes unknown": lambda d: F.one_hot(torch.tensor([], dtype=torch.long, device=d)),
     "one_hot int32": lambda d: F.one_hot(torch.tensor([1], dtype=torch.int32, device=d), 3),
+    # values torch's kernels read and refuse (deferred to the next synchronisation on the device)
+    "svd of NaN": lambda d: torch.linalg.svdvals(torch.tensor([[1.0, NAN], [0.0, 1.0]], device=d)),
+    "matrix_rank of NaN": lambda d: torch.linalg.matrix_rank(torch.tensor([[1.0, NAN], [0.0, 1.0]], device=d)),
+    "pinv of NaN": lambda d: torch.linalg.pinv(torch.tensor([[1.0, NAN], [0.0, 1.0]], device=d)),
+    "eig of inf": lambda d: torch.linalg.eig(torch.tensor([[1.0, INF], [0.0, 1.0]], device=d)),
+    "old cholesky of NaN": lambda d: torch.cholesky(torch.tensor([[1.0, 0.0], [NAN, 1.0]], device=d)),
+    "old cholesky not positive-definite": lambda d: torch.cholesky(-torch.eye(2, device=d)),
+    "bernoulli p NaN": lambda d: torch.bernoulli(torch.tensor([0.5, NAN], device=d)),
+    "bernoulli p above 1": lambda d: torch.bernoulli(torch.tensor([0.5, 1.5], device=d)),
+    "normal std NaN": lambda d: torch.normal(torch.zeros(2, device=d), torch.tensor([1.0, NAN], device=d)),
+    "normal std negative": lambda d: torch.normal(0.0, torch.tensor([1.0, -1.0], device=d)),
+    "binary_cross_entropy input NaN": lambda d: F.binary_cross_entropy(torch.tensor([0.5, NAN], device=d),
+                                                                       torch.ones(2, device=d)),
+    "binary_cross_entropy target above 1": lambda d: F.binary_cross_entropy(torch.tensor([0.5, 0.5], device=d),
+                                                                            torch.tensor([1.0, 2.0], device=d)),
     "assert_async false": lambda d: torch._assert_async(torch.tensor(0, device=d)),
     "assert_async message": lambda d: torch._assert_async(torch.tensor(False, device=d), "my message"),
     # dtypes and scalar parameters torch CPU's kernels refuse where its meta kernels do not

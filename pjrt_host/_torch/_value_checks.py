@@ -38,6 +38,13 @@ class _Check:
         self.errors = errors
         self._jitted: dict[tuple, Any] = {}
 
+    def error(self, code: int) -> tuple[type, str]:
+        """The exception type and text of a verdict code: a code past the
+        listed ones takes the last listed; a text with ``{}`` has the code
+        put in (Cholesky's order of the failing minor)."""
+        exc, text = self.errors.get(code) or self.errors[max(self.errors)]
+        return exc, text.format(code) if "{}" in text else text
+
     def code(self, array: Any, *static: Any) -> Any:
         fn = self._jitted.get(static)
         if fn is None:
@@ -76,6 +83,103 @@ def _false(cond: Any) -> Any:
 _ASSERT = _Check(_false, {1: (RuntimeError, "Expected Tensor with single nonzero value, but got zero")})
 
 
+def _outside(lo: float, hi: float) -> Callable[[Any], Any]:
+    """A verdict: 1 where any element is outside [lo, hi] (NaN included)."""
+    def verdict(a: Any) -> Any:
+        return jnp.where(jnp.any(~((a >= lo) & (a <= hi))), 1, 0)
+
+    return verdict
+
+
+def _any_nan(a: Any) -> Any:
+    return jnp.where(jnp.any(jnp.isnan(a)), 1, 0)
+
+
+def _not_finite(a: Any) -> Any:
+    return jnp.where(jnp.all(jnp.isfinite(a)), 0, 1)
+
+
+def _cholesky_order(a: Any, upper: bool) -> Any:
+    """LAPACK potrf's info (0, or the order of the first leading minor that
+    is not positive-definite) of any matrix of the batch."""
+    from .._lowerings.ops_linalg import cholesky_ex
+
+    info = cholesky_ex(a, upper=upper)[1]
+    return jnp.max(info) if info.size else jnp.int32(0)
+
+
+# torch CPU's kernels read these values (torch's cuda kernels assert on them
+# on the device, or read them back and check as CPU does).
+_LINALG_ERROR = torch.linalg.LinAlgError
+_SVD = _Check(_any_nan, {1: (_LINALG_ERROR, "linalg.svd: The algorithm failed to converge because the input matrix "
+                                            "contained non-finite values.")})
+_EIG = _Check(_not_finite, {1: (RuntimeError, "torch.linalg.eig: input tensor should not contain infs or NaNs.")})
+_CHOLESKY = _Check(_cholesky_order, {1: (_LINALG_ERROR, "cholesky: The factorization could not be completed because "
+                                                        "the input is not positive-definite (the leading minor of "
+                                                        "order {} is not positive-definite).")})
+_BERNOULLI = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "Expected p_in >= 0 && p_in <= 1 to be true, but got "
+                                                           "false.  (Could this error message be improved?  If so, "
+                                                           "please report an enhancement request to PyTorch.)")})
+_STD = _Check(_outside(0.0, float("inf")), {1: (RuntimeError, "normal expects all elements of std >= 0.0")})
+_BCE_INPUT = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "all elements of input should be between 0 and 1")})
+_BCE_TARGET = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "all elements of target should be between 0 and 1")})
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _floating(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and (x.dtype.is_floating_point or x.dtype.is_complex)
+
+
+def _svd(mode: Any, args: tuple, kwargs: dict) -> None:
+    a = _arg(args, kwargs, 0, "A")
+    if _floating(a):
+        _run("aten::_linalg_svd", _SVD, a, mode)
+
+
+def _pinv(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``linalg.pinv``: through an SVD unless the input is hermitian."""
+    a = _arg(args, kwargs, 0, "self")
+    if _floating(a) and not kwargs.get("hermitian", False) and not any(v is True for v in args[1:]):
+        _run("aten::linalg_pinv", _SVD, a, mode)
+
+
+def _eig(mode: Any, args: tuple, kwargs: dict) -> None:
+    a = _arg(args, kwargs, 0, "self")
+    if _floating(a):
+        _run("aten::linalg_eig", _EIG, a, mode)
+
+
+def _cholesky(mode: Any, args: tuple, kwargs: dict) -> None:
+    a = _arg(args, kwargs, 0, "self")
+    if _floating(a) and a.dim() >= 2 and a.shape[-1] == a.shape[-2]:
+        _run("aten::cholesky", _CHOLESKY, a, mode, bool(_arg(args, kwargs, 1, "upper")))
+
+
+def _bernoulli(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``bernoulli(p)`` and ``bernoulli_(self, p: Tensor)``: the tensor of
+    probabilities."""
+    p = _arg(args, kwargs, 1, "p") if len(args) > 1 or "p" in kwargs else _arg(args, kwargs, 0, "self")
+    if _floating(p) and not p.dtype.is_complex:
+        _run("aten::bernoulli", _BERNOULLI, p, mode)
+
+
+def _normal(mode: Any, args: tuple, kwargs: dict) -> None:
+    std = _arg(args, kwargs, 1, "std")
+    if _floating(std) and not std.dtype.is_complex:
+        _run("aten::normal", _STD, std, mode)
+
+
+def _binary_cross_entropy(mode: Any, args: tuple, kwargs: dict) -> None:
+    x, target = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "target")
+    if _floating(x) and not x.dtype.is_complex:
+        _run("aten::binary_cross_entropy", _BCE_INPUT, x, mode)
+    if _floating(target) and not target.dtype.is_complex:
+        _run("aten::binary_cross_entropy", _BCE_TARGET, target, mode)
+
+
 def _run(op: str, spec: _Check, tensor: Any, mode: Any, *static: Any, text: str | None = None) -> None:
     if not isinstance(tensor, JaxTensor) or tensor.numel() == 0:
         return
@@ -87,7 +191,7 @@ def _run(op: str, spec: _Check, tensor: Any, mode: Any, *static: Any, text: str 
             return False
         value = int(np.asarray(code))
         if value:
-            exc, message = spec.errors[value]
+            exc, message = spec.error(value)
             message = text or message
             if wait is None:  # at the op itself
                 raise exc(message)
@@ -119,6 +223,13 @@ def _assert_async(mode: Any, args: tuple, kwargs: dict) -> None:
 _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "multinomial": _multinomial,
     "_assert_async": _assert_async,
+    "_linalg_svd": _svd,
+    "linalg_eig": _eig,
+    "linalg_pinv": _pinv,
+    "cholesky": _cholesky,
+    "bernoulli": _bernoulli,
+    "normal": _normal,
+    "binary_cross_entropy": _binary_cross_entropy,
 }
 
 
