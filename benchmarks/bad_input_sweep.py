@@ -85,7 +85,9 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
     ("value-check", r"\|poison:", r"", r"^value",
      "torch CPU's kernel reads the values and refuses NaN / inf where the device has no deferred value check "
      "(it has them for multinomial, one_hot, SVDs, eig, the old cholesky, bernoulli's p, normal's std and "
-     "binary_cross_entropy's range): histogram ranges, eigh and lstsq of NaN (LAPACK's answers), "
+     "binary_cross_entropy's range): histogram ranges, eigh and lstsq of NaN (LAPACK's answers), eig of an "
+     "infinite entry (torch.linalg.eigvals of a tensor subclass reaches the device as linalg_eig, and CPU's eigvals "
+     "takes one), "
      "linalg.cholesky of an infinite entry (MKL's arithmetic decides which minor fails, if any)"),
     ("mixed-index", r"^(gather|index_[\w.]+|scatter[\w.]*|_unsafe_masked_index\w*)\|mixed:", r"", r"^value",
      "an index tensor on CPU is moved to the device, as torch's CPU kernels and PyTorch's device-generic tests read "
