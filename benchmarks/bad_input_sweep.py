@@ -92,9 +92,6 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
     ("mixed-index", r"^(gather|index_[\w.]+|scatter[\w.]*|_unsafe_masked_index\w*)\|mixed:", r"", r"^value",
      "an index tensor on CPU is moved to the device, as torch's CPU kernels and PyTorch's device-generic tests read "
      "it wherever it lives; the sweep's accelerator rule refuses it"),
-    ("sections-on-cpu", r"^tensor_split\|", r"", r"expected tensor_indices_or_sections to be on cpu|^value",
-     "torch wants tensor_split's indices tensor on CPU on every accelerator; the sweep moves every tensor to the "
-     "device"),
     ("device-feature", r"", r"", r"growing a 'jax' tensor in place|aten::_to_sparse has no lowering",
      "the device has no sparse layouts and does not grow a tensor's storage in place (docs/torch-device.md)"),
     ("mixed-scalar-reshaped", r"^nn\.functional\.(prelu|multi_margin_loss|multilabel_margin_loss|"
@@ -450,7 +447,7 @@ def _call(case: Case, device: str) -> Any:
     from torch.utils._pytree import tree_map
 
     def place(t, k):
-        if device == "jax" and case.mixed == k:
+        if device == "jax" and (case.mixed == k or k in ON_CPU_EVERYWHERE.get(case.op.name, ())):
             return t.clone()
         if case.place is not None:
             return case.place(t, device, k)
@@ -542,9 +539,18 @@ def _values_differ(case: Case, got: Any, want: Any) -> str:
 
 def _mixed_expected(case: Case) -> bool:
     """Torch's accelerator rule: a CPU tensor among device tensors is refused
-    unless it is 0-dim (a scalar)."""
+    unless it is 0-dim (a scalar) or one torch wants on CPU."""
     leaves = _tensor_leaves(case.sample)
-    return leaves[case.mixed].dim() != 0 and len(leaves) > 1
+    on_cpu = ON_CPU_EVERYWHERE.get(case.op.name, ())
+    on_device = [k for k in range(len(leaves)) if k != case.mixed and k not in on_cpu]
+    return leaves[case.mixed].dim() != 0 and bool(on_device) and case.mixed not in on_cpu
+
+
+#: Tensor arguments (by position among a sample's tensors) that torch wants
+#: on CPU on every device: the device runs keep them there, as a user must.
+ON_CPU_EVERYWHERE: dict[str, tuple[int, ...]] = {
+    "tensor_split": (1,),  # tensor_indices_or_sections: "expected ... to be on cpu" on any accelerator
+}
 
 
 def judge(case: Case, cpu_done: Callable[[], None] = lambda: None) -> dict:
