@@ -95,6 +95,12 @@ def _any_nan(a: Any) -> Any:
     return jnp.where(jnp.any(jnp.isnan(a)), 1, 0)
 
 
+def _triangle_nan(a: Any, upper: bool) -> Any:
+    """1 where the triangle an eigh reads holds a NaN."""
+    half = jnp.triu(a) if upper else jnp.tril(a)
+    return jnp.where(jnp.any(jnp.isnan(half)), 1, 0)
+
+
 def _cholesky_order(a: Any, upper: bool) -> Any:
     """LAPACK potrf's info (0, or the order of the first leading minor that
     is not positive-definite) of any matrix of the batch."""
@@ -111,6 +117,9 @@ _SVD = _Check(_any_nan, {1: (_LINALG_ERROR, "linalg.svd: The algorithm failed to
                                             "contained non-finite values.")})
 # NaN only: torch.linalg.eigvals of a tensor subclass reaches the device as
 # linalg_eig, and CPU's eigvals takes an infinite entry (eig refuses it).
+_EIGH = _Check(_triangle_nan, {1: (_LINALG_ERROR, "linalg.eigh: The algorithm failed to converge because the input "
+                                                   "matrix is ill-conditioned or has too many repeated eigenvalues "
+                                                   "(it holds NaN).")})
 _EIG = _Check(_any_nan, {1: (RuntimeError, "torch.linalg.eig: input tensor should not contain infs or NaNs.")})
 _CHOLESKY = _Check(_cholesky_order, {1: (_LINALG_ERROR, "cholesky: The factorization could not be completed because "
                                                         "the input is not positive-definite (the leading minor of "
@@ -135,6 +144,14 @@ def _svd(mode: Any, args: tuple, kwargs: dict) -> None:
     a = _arg(args, kwargs, 0, "A")
     if _floating(a):
         _run("aten::_linalg_svd", _SVD, a, mode)
+
+
+def _eigh(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``_linalg_eigh(A, UPLO)``: eigh, eigvalsh, and the hermitian pinv /
+    matrix_rank, which read one triangle."""
+    a = _arg(args, kwargs, 0, "A")
+    if _floating(a):
+        _run("aten::_linalg_eigh", _EIGH, a, mode, str(_arg(args, kwargs, 1, "UPLO") or "L").upper() == "U")
 
 
 def _pinv(mode: Any, args: tuple, kwargs: dict) -> None:
@@ -224,6 +241,7 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "_linalg_svd": _svd,
     "linalg_eig": _eig,
     "linalg_pinv": _pinv,
+    "_linalg_eigh": _eigh,
     "cholesky": _cholesky,
     "bernoulli": _bernoulli,
     "normal": _normal,
