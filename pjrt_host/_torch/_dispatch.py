@@ -590,22 +590,7 @@ def _via_functional(decomposition: Callable, out_names: tuple[str, ...], args: t
     return self
 
 
-def _write_out(out: Any, result: Any) -> None:
-    """``result`` into an out= tensor, as torch's out= contract has it: an
-    out tensor of another shape is resized to the result's (with torch's
-    warning when it held elements), not broadcast into."""
-    if isinstance(result, torch.Tensor) and tuple(out.shape) != tuple(result.shape):
-        if out.numel() != 0:
-            warnings.warn(
-                f"An output with one or more elements was resized since it had shape {list(out.shape)}, which does "
-                f"not match the required output shape {list(result.shape)}. This behavior is deprecated, and in a "
-                "future PyTorch release outputs will not be resized unless they have zero elements. You can "
-                "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
-                UserWarning, stacklevel=5)
-        with torch.no_grad():
-            out.set_(result.to(out.dtype))
-        return
-    out.copy_(result)
+_write_out = _storage_ops.write_out
 
 
 def _write_back_each(functional_op: Any, schema: Any, mutable: list, args: tuple, kwargs: dict) -> Any:

@@ -13,6 +13,7 @@ callers that trace whole graphs; here eager adds what is about storage
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -552,6 +553,24 @@ def native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
     return out, mean, rstd
 
 
+def write_out(out: Any, result: Any) -> None:
+    """``result`` into an out= tensor, as torch's out= contract has it: an
+    out tensor of another shape is resized to the result's (with torch's
+    warning when it held elements), not broadcast into."""
+    if isinstance(result, torch.Tensor) and tuple(out.shape) != tuple(result.shape):
+        if out.numel() != 0:
+            warnings.warn(
+                f"An output with one or more elements was resized since it had shape {list(out.shape)}, which does "
+                f"not match the required output shape {list(result.shape)}. This behavior is deprecated, and in a "
+                "future PyTorch release outputs will not be resized unless they have zero elements. You can "
+                "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
+                UserWarning, stacklevel=5)
+        with torch.no_grad():
+            out.set_(result.to(out.dtype))
+        return
+    out.copy_(result)
+
+
 _BATCH_NORM_OUTS = ("out", "save_mean", "save_invstd")
 _batch_norm_out_probed: set = set()
 
@@ -565,7 +584,6 @@ def native_batch_norm_out(func: Any, args: tuple, kwargs: dict) -> Any:
     torch CPU's refusals of the out= tensors (another dtype than the input's,
     a write into overlapping memory) are asked of its kernel once per
     signature; an out= tensor on another device is refused."""
-    from ._dispatch import _write_out
     from ._devices import device_mismatch
 
     outs = [kwargs[n] for n in _BATCH_NORM_OUTS]
@@ -583,7 +601,7 @@ def native_batch_norm_out(func: Any, args: tuple, kwargs: dict) -> Any:
     functional = func.overloadpacket.no_stats if func.name().endswith("no_stats_out") else func.overloadpacket.default
     results = functional(*args, **inputs)
     for o, r in zip(outs, results):
-        _write_out(o, r)
+        write_out(o, r)
     return tuple(outs)
 
 
