@@ -38,7 +38,7 @@ from typing import Any
 
 from . import _env, _jax_settings
 
-__all__ = ["DiskStore", "compiled", "configure", "directory", "remember", "remembered", "stats"]
+__all__ = ["DiskStore", "compiled", "configure", "directory", "remember", "remembered", "stats", "with_retrace"]
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -179,6 +179,20 @@ def _made_here(key: str, program: Any) -> Any:
         if len(_made) > 4096:  # programs of signatures long gone: bound the memory
             _made.clear()
         _made[key] = program
+    return program
+
+
+def with_retrace(compiled: Any, jitted: Any) -> Any:
+    """A function that runs ``compiled`` (from :func:`compiled`, for one set
+    of argument types) and falls back to ``jitted``, which retraces, when a
+    call brings other types (a Python int where a numpy int was compiled:
+    one in-memory key can meet both)."""
+    def program(*args: Any) -> Any:
+        try:
+            return compiled(*args)
+        except TypeError:
+            return jitted(*args)
+
     return program
 
 

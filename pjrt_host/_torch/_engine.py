@@ -837,13 +837,7 @@ class _FirstCall:
         # int (weak and strong types) at one position
         signature = (self.signature, tuple(str(jax.typeof(x)) for x in dyn))
         compiled = _program_cache.compiled(self.op.name, signature, self.jitted, dyn, jax_device(self.index))
-        jitted = self.jitted
-
-        def program(*dyn: Any) -> Any:
-            try:
-                return compiled(*dyn)
-            except TypeError:  # other argument types than it was compiled for: jax.jit retraces
-                return jitted(*dyn)
+        program = _program_cache.with_retrace(compiled, self.jitted)
 
         op = self.op
         with _lock:

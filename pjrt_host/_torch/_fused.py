@@ -139,14 +139,7 @@ def _kept(jitted: Any, key: tuple, ext: list, device: int) -> Any:
     # the argument types too: a Python scalar may come weakly or strongly typed
     signature = (tuple(ops), live, donated, tuple(str(jax.typeof(x)) for x in ext))
     compiled = _program_cache.compiled("pjrt_host.fused", signature, jitted, tuple(ext), jax_device(device))
-
-    def program(*args: Any) -> Any:
-        try:
-            return compiled(*args)
-        except TypeError:  # other argument types than it was compiled for: jax.jit retraces
-            return jitted(*args)
-
-    return program
+    return _program_cache.with_retrace(compiled, jitted)
 
 
 def _only_here(ext: list) -> tuple[int, ...]:
