@@ -38,7 +38,8 @@ from typing import Any
 
 from . import _env, _jax_settings
 
-__all__ = ["DiskStore", "compiled", "configure", "directory", "remember", "remembered", "stats", "with_retrace"]
+__all__ = ["DiskStore", "Kept", "compiled", "configure", "directory", "remember", "remembered", "stats",
+           "with_retrace"]
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -194,6 +195,68 @@ def with_retrace(compiled: Any, jitted: Any) -> Any:
             return jitted(*args)
 
     return program
+
+
+class Kept:
+    """``jax.jit(fn, **options)`` whose executables are kept like the ops'
+    (:func:`compiled`): the small programs the host runs around ops --
+    reading a view, casting, checking indices -- load untraced in a warm
+    process instead of tracing and lowering again (what a second process's
+    first step still spent on them).
+
+    ``signature`` stands for ``fn`` within ``name`` (every value its trace
+    depends on, besides the arguments' types, with a stable ``repr``).
+    Arguments are jax arrays on one device and Python scalars; anything
+    else (arrays over several devices, numpy values) runs through
+    ``jax.jit`` as usual."""
+
+    __slots__ = ("name", "signature", "jitted", "_programs")
+
+    def __init__(self, name: str, fn: Any, signature: Any = (), **options: Any) -> None:
+        import jax
+
+        self.name, self.signature = name, signature
+        self.jitted = jax.jit(fn, **options)
+        self._programs: dict[tuple, Any] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        if _disk is None:
+            return self.jitted(*args)
+        device = None
+        spec = []
+        for a in args:
+            if type(a) in _SCALARS:
+                spec.append(type(a))
+                continue
+            try:
+                devices = a.devices()
+                aval = (a.shape, a.dtype, a.weak_type)
+            except AttributeError:
+                return self.jitted(*args)
+            if len(devices) != 1:
+                return self.jitted(*args)
+            (d,) = devices
+            if device is None:
+                device = d
+            elif d != device:
+                return self.jitted(*args)
+            spec.append(aval)
+        if device is None:
+            return self.jitted(*args)
+        key = (*spec, device.id)
+        program = self._programs.get(key)
+        if program is None:
+            import jax
+
+            types = tuple(str(jax.typeof(a)) for a in args)
+            made = compiled(self.name, (self.signature, types), self.jitted, args, device)
+            if len(self._programs) > 256:  # shapes that never repeat: bound the memory
+                self._programs.clear()
+            program = self._programs[key] = with_retrace(made, self.jitted)
+        return program(*args)
+
+
+_SCALARS = (int, float, bool)
 
 
 def remembered(name: str, signature: Any) -> bytes | None:

@@ -28,7 +28,14 @@ x = torch.randn(4, 8, device="jax")
 loss = model(x).square().mean()
 loss.backward()
 opt.step()
+# the host's own small programs: an index check, a view read, a cast, a
+# value check (each kept like the ops', so a warm process traces nothing)
+emb = torch.nn.Embedding(10, 4).to("jax")(torch.tensor([[1, 2], [3, 9]], device="jax"))
+view = model[0].weight.t()[2:5].cpu()
+half = model[0].weight.to(torch.float16)
+rank = torch.linalg.matrix_rank(model[0].weight)
 print(json.dumps({"loss": loss.item(), "weight": model[0].weight.sum().item(),
+                  "more": [emb.sum().item(), view.sum().item(), half.float().sum().item(), rank.item()],
                   "stats": torch.jax.program_cache_stats()}))
 """
 
@@ -77,6 +84,7 @@ def _loads_everything(first: dict, second: dict) -> None:
     assert 0 < s2["programs"] <= s1["programs"]
     assert s2["disk_hits"] == s2["programs"] and s2["compiled"] == 0 and s2["disk_writes"] == 0
     assert (first["loss"], first["weight"]) == (second["loss"], second["weight"])
+    assert first.get("more") == second.get("more")
 
 
 # Ops on two devices: in place (donated), through views, out=, random draws.

@@ -910,26 +910,20 @@ def _equal_on_device(a: Any, b: Any) -> Any:
     return jnp.all(a == b)
 
 
-_equal_programs: dict[Any, Any] = {}
+_equal = None
 
 
 def _same(a: Any, b: Any) -> bool:
     """Equal values (float: within 1e-6 relative), compared on the device:
     only the verdict comes to the host.  Its programs are kept like the
     ops' (a warm process compares without tracing)."""
+    global _equal
     a, b = jnp.asarray(a), jnp.asarray(b)
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    devices = a.devices()
-    device = next(iter(devices)) if len(devices) == 1 and b.devices() == devices else None
-    key = (a.dtype.name, a.shape, None if device is None else device.id)
-    program = _equal_programs.get(key)
-    if program is None:
-        program = jax.jit(_equal_on_device)
-        if device is not None and _program_cache.directory() is not None:
-            program = _program_cache.compiled("pjrt_host.same", key, program, (a, b), device)
-        _equal_programs[key] = program
-    return bool(program(a, b))
+    if _equal is None:
+        _equal = _program_cache.Kept("pjrt_host.same", _equal_on_device)
+    return bool(_equal(a, b))
 
 
 def _same_outputs(x: Any, y: Any) -> bool:

@@ -165,15 +165,12 @@ def _cut(flat: Any, shape: tuple[int, ...], index: int) -> Any:
     """The first elements of a bucketed draw ``flat`` in ``shape``: one
     small program per bucket and shape, kept like the ops' (a warm process
     cuts without tracing)."""
-    key = (flat.shape[0], flat.dtype.name, shape, index)
-    fn = _cuts.get(key)
+    fn = _cuts.get(shape)
     if fn is None:
-        fn = jax.jit(functools.partial(_first_elements, shape=shape))
-        if _program_cache.directory() is not None:
-            fn = _program_cache.compiled("pjrt_host.cut", key[:3], fn, (flat,), jax_device(index))
         if len(_cuts) > 1024:  # shapes that never repeat: bound the memory
             _cuts.clear()
-        _cuts[key] = fn
+        fn = _cuts[shape] = _program_cache.Kept("pjrt_host.cut", functools.partial(_first_elements, shape=shape),
+                                                shape)
     return fn(flat)
 
 

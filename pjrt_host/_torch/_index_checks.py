@@ -32,11 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from .. import _program_cache
 from ._tensor import JaxTensor, defer_check, read
 
 __all__ = ["check", "check_structure", "checker_for", "failure", "indexes_along_dim", "sites"]
 
-_minmax = jax.jit(lambda a: jnp.stack([jnp.min(a), jnp.max(a)]).astype(jnp.int64))
+_minmax = _program_cache.Kept("pjrt_host.minmax", lambda a: jnp.stack([jnp.min(a), jnp.max(a)]).astype(jnp.int64))
 
 
 _local = threading.local()  # .op: the op being checked, .deferred: check at the next sync point,

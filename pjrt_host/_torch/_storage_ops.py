@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from .. import _lowerings
+from .. import _lowerings, _program_cache
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from ._conversion import to_jax_array, to_torch
 from ._devices import DEVICE_NAME, device_index, jax_device
@@ -111,8 +111,8 @@ def _cast(arr: Any, dtype: torch.dtype, to_copy: Any) -> Any:
         target = jax_dtype(dtype)
         lowering = _lowerings.lookup(to_copy)
         ctx = _lowerings.LoweringContext()  # a cast does no matmul and draws nothing
-        fn = _cast_cache[dtype] = jax.jit(
-            lambda a: _lowerings.invoke(lowering, (a,), {"dtype": dtype}, ctx, target))
+        fn = _cast_cache[dtype] = _program_cache.Kept(
+            "pjrt_host.cast", lambda a: _lowerings.invoke(lowering, (a,), {"dtype": dtype}, ctx, target), str(dtype))
     return fn(arr)
 
 
@@ -445,7 +445,7 @@ def _as_bytes(array: Any) -> Any:
                 return jax.lax.bitcast_convert_type(a, jnp.uint8)
             return jax.lax.bitcast_convert_type(a, jnp.uint8).reshape(-1)
 
-        fn = _bytes_cache[key] = jax.jit(to_bytes)
+        fn = _bytes_cache[key] = _program_cache.Kept("pjrt_host.to_bytes", to_bytes, key)
     return fn(array)
 
 
@@ -468,7 +468,7 @@ def _bytes_as(data: Any, dtype: Any, numel: int) -> Any:
                 return jax.lax.bitcast_convert_type(d, target)
             return jax.lax.bitcast_convert_type(d.reshape(numel, target.itemsize), target)
 
-        fn = _bytes_cache[key] = jax.jit(from_bytes)
+        fn = _bytes_cache[key] = _program_cache.Kept("pjrt_host.from_bytes", from_bytes, key)
     return fn(data)
 
 

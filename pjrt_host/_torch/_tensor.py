@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .. import _env
+from .. import _env, _program_cache
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from . import _printing, _sharding, _strided
 from ._devices import jax_device, torch_device
@@ -542,7 +542,8 @@ def read(t: JaxTensor) -> Any:
     fn = _read_cache.get(view.static)
     if fn is None:
         static = view.static
-        fn = _read_cache[static] = jax.jit(lambda a, off: _strided.read(a, static, off))
+        fn = _read_cache[static] = _program_cache.Kept("pjrt_host.read",
+                                                       lambda a, off: _strided.read(a, static, off), static)
     return fn(arr, view.run_offset)
 
 
@@ -589,7 +590,8 @@ def _view_writer(static: tuple, donate: bool = False) -> Any:
         def body(a, off, v):
             return _strided.write(a, static, off, jnp.broadcast_to(v, static[1]))
 
-        fn = _write_cache[(static, donate)] = jax.jit(body, donate_argnums=(0,) if donate else ())
+        fn = _write_cache[(static, donate)] = _program_cache.Kept("pjrt_host.write", body, (static, donate),
+                                                                  donate_argnums=(0,) if donate else ())
     return fn
 
 
@@ -685,7 +687,8 @@ def _barrier(index: int) -> Any:
     """A tiny computation on device ``index``: queued behind everything
     already queued there, so waiting for it waits for them."""
     if index not in _barriers:
-        _barriers[index] = (jax.jit(lambda x: x + 1), jax.device_put(np.zeros((), np.int32), jax_device(index)))
+        _barriers[index] = (_program_cache.Kept("pjrt_host.barrier", lambda x: x + 1),
+                            jax.device_put(np.zeros((), np.int32), jax_device(index)))
     fn, arg = _barriers[index]
     return fn(arg)
 

@@ -32,13 +32,12 @@ class _Check:
     """``verdict(array, *static) -> int32 code`` (0: fine), and per code
     CPU's exception."""
 
-    __slots__ = ("verdict", "errors", "_jitted", "_kept")
+    __slots__ = ("verdict", "errors", "_jitted")
 
     def __init__(self, verdict: Callable[..., Any], errors: dict[int, tuple[type, str]]) -> None:
         self.verdict = verdict
         self.errors = errors
         self._jitted: dict[tuple, Any] = {}
-        self._kept: dict[tuple, Any] = {}
 
     def error(self, code: int) -> tuple[type, str]:
         """The exception type and text of a verdict code: a code past the
@@ -49,24 +48,11 @@ class _Check:
 
     def code(self, array: Any, *static: Any) -> Any:
         fn = self._jitted.get(static)
-        if fn is None:
-            fn = self._jitted[static] = jax.jit(lambda a: self.verdict(a, *static).astype(jnp.int32))
-        if _program_cache.directory() is None:
-            return fn(array)
-        devices = array.devices()
-        if len(devices) != 1:
-            return fn(array)
-        device = next(iter(devices))
-        key = (static, array.shape, array.dtype, device.id)
-        program = self._kept.get(key)
-        if program is None:
-            # kept like the ops' programs: a warm process checks without tracing
-            signature = (repr(self.errors), static, tuple(array.shape), str(jax.typeof(array)))
-            program = _program_cache.compiled("pjrt_host.value_check", signature, fn, (array,), device)
-            if len(self._kept) > 256:  # shapes that never repeat: bound the memory
-                self._kept.clear()
-            self._kept[key] = program
-        return program(array)
+        if fn is None:  # kept like the ops' programs: a warm process checks without tracing
+            fn = self._jitted[static] = _program_cache.Kept(
+                "pjrt_host.value_check", lambda a: self.verdict(a, *static).astype(jnp.int32),
+                (repr(self.errors), static))
+        return fn(array)
 
 
 def _probabilities(p: Any) -> Any:
