@@ -5,7 +5,8 @@ beside torch CPU eager, each in a fresh process.
 For each it prints the first step (everything compiles), the steady step,
 and the first step at a new sequence length (48).  The 'jax' runs go twice
 over one program-cache directory: a cold one (an empty cache) and a second
-process that finds the first one's programs on disk.  A third 'jax' run
+process that finds the first one's programs on disk (and a third that
+loads them only as they are asked for, without the prefetch thread).  A third 'jax' run
 with the cache off shows what the disk cache costs a cold process.
 
     python benchmarks/bench_cold_start.py [--steps 5]
@@ -78,10 +79,13 @@ def main() -> None:
         cpu = run("cpu", args.steps, {})
         cold = run("jax", args.steps, on)
         warm = run("jax", args.steps, on)
+        # the same, each program loaded only as it is asked for
+        warm_lazy = run("jax", args.steps, {**on, "PJRT_HOST_CACHE_PREFETCH": "0"})
         off = run("jax", args.steps, {"PJRT_HOST_PROGRAM_CACHE": "0", "PJRT_HOST_EAGER": "op"})
         fused_cold = run("jax", args.steps, fused)
         fused_warm = run("jax", args.steps, fused)
     rows = [("torch cpu", cpu), ("jax, cold cache", cold), ("jax, warm cache (2nd process)", warm),
+            ("jax, warm cache, no prefetch", warm_lazy),
             ("jax, cache off", off), ("jax fused, cold cache", fused_cold),
             ("jax fused, warm cache (2nd process)", fused_warm)]
     print(f"{'run':36s} {'first step':>11s} {'steady':>9s} {'new length':>11s}")
@@ -93,6 +97,7 @@ def main() -> None:
     print(f"cold first step / cpu first step:          {cold['first'] / cpu['first']:8.1f}x")
     print(f"cold new length / cpu new length:          {cold['new_length'] / cpu['new_length']:8.1f}x")
     print(f"warm 2nd process first step / its steady:  {warm['first'] / warm['steady']:8.1f}x")
+    print(f"warm first step, prefetch / none:          {warm['first'] / warm_lazy['first']:8.2f}x")
     print(f"cold first step, cache on / cache off:     {cold['first'] / off['first']:8.2f}x")
     print(f"fused cold first step / cpu first step:    {fused_cold['first'] / cpu['first']:8.1f}x")
     print(f"fused cold new length / cpu new length:    {fused_cold['new_length'] / cpu['new_length']:8.1f}x")

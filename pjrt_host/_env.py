@@ -144,6 +144,14 @@ def program_cache_dir() -> str:
     return os.path.join(base, "pjrt_host")
 
 
+def program_cache_prefetch() -> bool:
+    """``PJRT_HOST_CACHE_PREFETCH=0``: load a program from disk only when an
+    op asks for it.  Default: on -- as the device's client starts, a
+    background thread loads the programs the last run of the same script
+    used, in the order it used them."""
+    return flag("PJRT_HOST_CACHE_PREFETCH", True)
+
+
 def program_cache_max_bytes() -> int:
     """``PJRT_HOST_CACHE_MAX_BYTES``: the size the program cache of one
     plugin and jaxlib version is kept under (least recently used programs

@@ -21,8 +21,16 @@ setting (pjrt_host's source, torch / jax / jaxlib versions, the plugin, the
 device, jax's trace-time configuration) -- and loads them with no tracing at
 all.
 
+Loading an executable is most of what a warm process still spends (1-2 ms
+for an op's on XLA:CPU, 15-20 ms for a random draw's), and jaxlib loads
+without holding Python's lock: :func:`prefetch` loads, on a thread, the
+programs the last run of the same script used, in the order it used them,
+while the script does its own Python work (a manifest per script and set
+of devices, written at exit).
+
 Settings: ``PJRT_HOST_PROGRAM_CACHE=0`` (off), ``PJRT_HOST_CACHE_DIR``,
-``PJRT_HOST_CACHE_MAX_BYTES`` (see :mod:`pjrt_host._env`).  A directory that
+``PJRT_HOST_CACHE_MAX_BYTES``, ``PJRT_HOST_CACHE_PREFETCH=0`` (see
+:mod:`pjrt_host._env`).  A directory that
 cannot be made, or that another user owns, leaves the cache off with a
 warning: the device works the same, only colder.
 """
@@ -38,14 +46,14 @@ from typing import Any
 
 from . import _env, _jax_settings
 
-__all__ = ["DiskStore", "Kept", "compiled", "configure", "directory", "remember", "remembered", "stats",
+__all__ = ["DiskStore", "Kept", "compiled", "configure", "directory", "prefetch", "remember", "remembered", "stats",
            "with_retrace"]
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 _local = threading.local()  #: jax_entry: the key of the entry jax loaded in this thread's last compile
 _directory: str | None = None
-_counts = {"programs": 0, "disk_hits": 0, "disk_writes": 0, "untraced": 0}
+_counts = {"programs": 0, "disk_hits": 0, "disk_writes": 0, "untraced": 0, "prefetched": 0}
 _seconds = {"compile_seconds": 0.0}
 _listening = False
 
@@ -95,7 +103,8 @@ def stats() -> dict[str, Any]:
     loaded from disk included), ``compiled`` (of those, compiled here),
     ``disk_hits``, ``disk_writes``, ``compile_seconds`` (time spent in XLA
     compiling or loading), ``untraced`` (of the disk hits, programs loaded
-    without tracing their op again, :func:`compiled`) and the cache
+    without tracing their op again, :func:`compiled`), ``prefetched`` (of
+    those, loaded ahead of use by :func:`prefetch`) and the cache
     ``directory`` (None when off)."""
     with _lock:
         counts = dict(_counts)
@@ -128,8 +137,11 @@ def compiled(name: str, signature: Any, jitted: Any, args: tuple, device: Any) -
     cannot serialize executables, it is compiled as usual."""
     key = _key(name, signature, device) if _disk is not None and _kernels_ready() else None
     if key is not None:
+        loading = _used_here(key, device)
+        if loading is not None:  # the prefetch thread is loading it: a few milliseconds
+            loading.wait()
         program = _made.get(key)
-        if program is not None:  # made earlier in this process (for another in-memory key)
+        if program is not None:  # made earlier in this process (for another in-memory key, or ahead)
             return program
         data = _disk.get(key)
         if data is not None:
@@ -354,7 +366,131 @@ def _kernels_ready() -> bool:
     return _kernels
 
 
-def _load(key: str, data: bytes, device: Any) -> Any:
+# ---------------------------------------------------------------- loading ahead
+
+#: (device id, key) of the programs this process asked for, first use first
+_used: dict[str, int] = {}
+_USED_MAX = 4096
+_manifest: str | None = None  #: this script's manifest file (None: not prefetching)
+_plan: dict[str, int] = {}  #: key -> its place in the manifest being prefetched
+_reached = -1  #: the furthest place in the manifest the script itself has asked for
+_next = 0  #: the next place in the manifest a prefetch thread takes
+_loading: dict[str, threading.Event] = {}  #: keys a prefetch thread is loading now
+_stop = threading.Event()
+_threads: list[threading.Thread] = []
+
+
+def _used_here(key: str, device: Any) -> threading.Event | None:
+    """Note that the script asks for ``key`` (for the next run's manifest,
+    and so that prefetch threads skip past it); the event of its load when
+    a prefetch thread is loading it now."""
+    global _reached
+    if key not in _used and len(_used) < _USED_MAX:
+        _used[key] = device.id
+    if not _plan:
+        return None
+    with _lock:
+        place = _plan.get(key)
+        if place is not None and place > _reached:
+            _reached = place
+        return _loading.get(key)
+
+
+def prefetch(devices: list) -> None:
+    """Start loading, on a background thread, the programs the last run of
+    this script on these ``devices`` used (the client has just been
+    created); from here on, remember what this run uses, for the next.  A
+    program the script asks for before the thread reaches it is loaded by
+    the script as before, and the thread skips past it."""
+    global _manifest
+    import sys
+
+    # a process that has not imported torch (a probe, jax code through
+    # pjrt_host) runs no ops: it neither reads nor writes a manifest
+    if _disk is None or _manifest is not None or not _env.program_cache_prefetch() or "torch" not in sys.modules:
+        return
+    import atexit
+    import hashlib
+
+    ids = ",".join(str(d.id) for d in devices)
+    # of this setting too: after an upgrade the old run's programs are of no use
+    name = hashlib.sha256(f"{_setting_text()}\0{_script()}\0{ids}".encode()).hexdigest()[:32]
+    _manifest = f"manifest-{name}"
+    atexit.register(_finish, os.getpid())
+    data = _disk.get(_manifest)
+    if not data:
+        return
+    by_id = {d.id: d for d in devices}
+    entries = []
+    for line in data.decode(errors="replace").splitlines():
+        did, _, key = line.partition(" ")
+        device = by_id.get(int(did)) if did.isdigit() else None
+        if device is not None and key:
+            _plan.setdefault(key, len(entries))
+            entries.append((key, device))
+    if entries and _kernels_ready():
+        # loading runs mostly outside Python's lock: a thread per spare core (up to 4)
+        for n in range(max(1, min(4, (os.cpu_count() or 1) - 1))):
+            thread = threading.Thread(target=_load_ahead, args=(entries,), name=f"pjrt_host-prefetch-{n}",
+                                      daemon=True)
+            _threads.append(thread)
+            thread.start()
+
+
+def _load_ahead(entries: list) -> None:
+    global _next
+    while not _stop.is_set():
+        with _lock:
+            place = max(_next, _reached + 1)  # what the script asked for itself is behind it
+            if place >= len(entries):
+                return
+            _next = place + 1
+            key, device = entries[place]
+            if key in _made or key in _loading:
+                continue
+            done = _loading[key] = threading.Event()
+        try:
+            data = _disk.get(key)
+            program = None if data is None else _load(key, data, device, ahead=True)  # None: evicted
+            if program is not None:
+                _made_here(key, program)
+        finally:
+            with _lock:
+                del _loading[key]
+            done.set()
+
+
+def _finish(pid: int) -> None:
+    """At exit: stop the loading thread (before jaxlib is torn down), and
+    keep what this run used as the next run's manifest (not a forked
+    child's: it ran none of it)."""
+    if os.getpid() != pid:
+        return
+    _stop.set()
+    for thread in _threads:
+        thread.join(timeout=10)
+    if _disk is None or _manifest is None or not _used:
+        return
+    text = "\n".join(f"{did} {key}" for key, did in list(_used.items()))
+    _disk.put(_manifest, text.encode(), replace=True)
+
+
+def _script() -> str:
+    """What identifies the script this process runs: its file (a module run
+    with -m included), the code given with -c, else the interpreter."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path:
+        return os.path.abspath(path)
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if "-c" in argv[:-1]:
+        return "-c " + argv[argv.index("-c") + 1]
+    return "<interactive>"
+
+
+def _load(key: str, data: bytes, device: Any, ahead: bool = False) -> Any:
     import pickle
     import time
 
@@ -373,6 +509,7 @@ def _load(key: str, data: bytes, device: Any) -> Any:
         _counts["programs"] += 1
         _counts["disk_hits"] += 1
         _counts["untraced"] += 1
+        _counts["prefetched"] += ahead
         _seconds["compile_seconds"] += time.perf_counter() - start
     return program
 
@@ -478,10 +615,10 @@ class DiskStore:
         except OSError:
             pass
 
-    def put(self, key: str, value: bytes) -> None:
+    def put(self, key: str, value: bytes, replace: bool = False) -> None:
         _local.written = key
         file = os.path.join(self._path, key)
-        if os.path.exists(file):
+        if not replace and os.path.exists(file):
             return
         tmp = os.path.join(self._path, f"{self._TMP}{os.getpid()}-{threading.get_ident()}-{key}")
         try:

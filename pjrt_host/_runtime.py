@@ -169,6 +169,7 @@ def _create(record: PluginRecord) -> Runtime:
         raise _error(record, "the PJRT client has no addressable devices", None)
     logger.info("plugin %r: %d device(s) on backend %r", record.name, len(devs), backend)
     pm.hook.pjrt_host_client_created(name=record.name, plugin=plugin, devices=list(devs))
+    _program_cache.prefetch(list(devs))  # what the last run of this script loaded, on a thread
     return Runtime(record, backend, client_obj, list(devs))
 
 
