@@ -429,8 +429,8 @@ def prefetch(devices: list) -> None:
             _plan.setdefault(key, len(entries))
             entries.append((key, device))
     if entries and _kernels_ready():
-        # loading runs mostly outside Python's lock: a thread per spare core (up to 4)
-        for n in range(max(1, min(4, (os.cpu_count() or 1) - 1))):
+        # loading runs mostly outside Python's lock: a thread per spare core (up to 2)
+        for n in range(max(1, min(2, (os.cpu_count() or 1) - 1))):
             thread = threading.Thread(target=_load_ahead, args=(entries,), name=f"pjrt_host-prefetch-{n}",
                                       daemon=True)
             _threads.append(thread)
