@@ -1,0 +1,90 @@
+"""Greedy generation from a fresh process: transformers GPT-2 (random
+weights, 4 layers, width 128, vocabulary 1000), ``generate()`` of 32 new
+tokens with its default cache, on 'jax' eager beside torch CPU eager.
+
+For each it prints the first call (everything compiles), the same prompt
+again, and a prompt of another length.  The 'jax' runs go over one
+program-cache directory: a cold process (an empty cache) and a second one
+that finds the first one's programs on disk; then the same two with fused
+eager.  Every run must generate CPU's tokens (the weights are the same
+seeded random ones; greedy decoding).
+
+    python benchmarks/bench_generate.py [--tokens 32]
+
+Ratios: each 'jax' figure over CPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, sys, time
+import torch
+import transformers
+
+device, tokens = sys.argv[1], int(sys.argv[2])
+transformers.set_seed(0)
+config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=128,
+                                 bos_token_id=0, eos_token_id=0, pad_token_id=0)
+model = transformers.GPT2LMHeadModel(config).eval().to(device)
+g = torch.Generator().manual_seed(1)
+prompt = torch.randint(1, 1000, (1, 12), generator=g)
+other = torch.randint(1, 1000, (1, 17), generator=g)
+
+def timed(ids):
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids.to(device), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+    out = out.cpu()  # the host waits for the tokens
+    return time.perf_counter() - t, out[0].tolist()
+
+first, a = timed(prompt)
+again, b = timed(prompt)
+new_length, c = timed(other)
+out = {"first": first, "again": again, "new_length": new_length, "tokens": [a, b, c]}
+if device == "jax":
+    out["programs"] = torch.jax.program_cache_stats()
+print(json.dumps(out))
+"""
+
+
+def run(device: str, tokens: int, env: dict[str, str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CHILD, device, str(tokens)], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"the {device} run failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=32)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as fused_cache:
+        op = {"PJRT_HOST_CACHE_DIR": cache, "PJRT_HOST_EAGER": "op"}
+        fused = {"PJRT_HOST_CACHE_DIR": fused_cache, "PJRT_HOST_EAGER": "fused"}
+        cpu = run("cpu", args.tokens, {})
+        rows = [("torch cpu", cpu),
+                ("jax, cold cache", run("jax", args.tokens, op)),
+                ("jax, warm cache (2nd process)", run("jax", args.tokens, op)),
+                ("jax fused, cold cache", run("jax", args.tokens, fused)),
+                ("jax fused, warm cache (2nd process)", run("jax", args.tokens, fused))]
+    print(f"{'run':36s} {'first':>9s} {'again':>9s} {'new length':>11s}   vs cpu: first / again / new length")
+    for name, r in rows:
+        ratios = "" if r is cpu else (f"   {r['first'] / cpu['first']:6.1f}x {r['again'] / cpu['again']:6.1f}x "
+                                      f"{r['new_length'] / cpu['new_length']:6.1f}x")
+        print(f"{name:36s} {r['first']:8.3f}s {r['again']:8.3f}s {r['new_length']:10.3f}s{ratios}")
+    for name, r in rows[1:]:
+        print(f"{name:36s} programs: {r['programs']}")
+    wrong = [name for name, r in rows[1:] if r["tokens"] != cpu["tokens"]]
+    print("tokens: " + (f"DIFFER from CPU's in {wrong}" if wrong else "every run generated CPU's tokens"))
+
+
+if __name__ == "__main__":
+    main()
