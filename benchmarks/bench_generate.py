@@ -1,6 +1,8 @@
 """Greedy generation from a fresh process: transformers GPT-2 (random
 weights, 4 layers, width 128, vocabulary 1000), ``generate()`` of 32 new
-tokens with its default cache, on 'jax' eager beside torch CPU eager.
+tokens with its default cache (``--cache static``: transformers' static
+cache, one shape for every decoding step), on 'jax' eager beside torch
+CPU eager.
 
 For each it prints the first call (everything compiles), the same prompt
 again, and a prompt of another length.  The 'jax' runs go over one
@@ -28,7 +30,7 @@ import json, sys, time
 import torch
 import transformers
 
-device, tokens = sys.argv[1], int(sys.argv[2])
+device, tokens, cache = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 transformers.set_seed(0)
 config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=128,
                                  bos_token_id=0, eos_token_id=0, pad_token_id=0)
@@ -40,7 +42,8 @@ other = torch.randint(1, 1000, (1, 17), generator=g)
 def timed(ids):
     t = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(ids.to(device), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        extra = {} if cache == "default" else {"cache_implementation": cache}
+        out = model.generate(ids.to(device), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **extra)
     out = out.cpu()  # the host waits for the tokens
     return time.perf_counter() - t, out[0].tolist()
 
@@ -54,8 +57,8 @@ print(json.dumps(out))
 """
 
 
-def run(device: str, tokens: int, env: dict[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, device, str(tokens)], capture_output=True, text=True,
+def run(device: str, tokens: int, env: dict[str, str], cache: str = "default") -> dict:
+    proc = subprocess.run([sys.executable, "-c", CHILD, device, str(tokens), cache], capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"the {device} run failed:\n{proc.stderr[-4000:]}")
@@ -65,16 +68,18 @@ def run(device: str, tokens: int, env: dict[str, str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--cache", default="default",
+                        help="generate()'s cache_implementation ('static': one shape for every step)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as fused_cache:
         op = {"PJRT_HOST_CACHE_DIR": cache, "PJRT_HOST_EAGER": "op"}
         fused = {"PJRT_HOST_CACHE_DIR": fused_cache, "PJRT_HOST_EAGER": "fused"}
-        cpu = run("cpu", args.tokens, {})
+        cpu = run("cpu", args.tokens, {}, args.cache)
         rows = [("torch cpu", cpu),
-                ("jax, cold cache", run("jax", args.tokens, op)),
-                ("jax, warm cache (2nd process)", run("jax", args.tokens, op)),
-                ("jax fused, cold cache", run("jax", args.tokens, fused)),
-                ("jax fused, warm cache (2nd process)", run("jax", args.tokens, fused))]
+                ("jax, cold cache", run("jax", args.tokens, op, args.cache)),
+                ("jax, warm cache (2nd process)", run("jax", args.tokens, op, args.cache)),
+                ("jax fused, cold cache", run("jax", args.tokens, fused, args.cache)),
+                ("jax fused, warm cache (2nd process)", run("jax", args.tokens, fused, args.cache))]
     print(f"{'run':36s} {'first':>9s} {'again':>9s} {'new length':>11s}   vs cpu: first / again / new length")
     for name, r in rows:
         ratios = "" if r is cpu else (f"   {r['first'] / cpu['first']:6.1f}x {r['again'] / cpu['again']:6.1f}x "
