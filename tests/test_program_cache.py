@@ -55,7 +55,7 @@ def test_a_second_process_loads_every_program_from_disk(tmp_path):
     s1, s2 = first["stats"], second["stats"]
     _loads_everything(first, second)
     # every one without tracing its op again (eager ops, factories, the
-    # cut of a bucketed random draw, the traced-scalar comparison)
+    # cut of a bucketed random draw)
     assert s1["untraced"] == 0 and s2["untraced"] == s2["programs"]
     # loaded ahead, on a thread, from the manifest of what the first run of
     # this script used (the results above are the same)

@@ -557,3 +557,28 @@ def test_assigning_real_and_imag_writes_the_complex_tensor():
         assert z.real.cpu().tolist() == [10.0, 20.0, 30.0]
         with pytest.raises(RuntimeError, match="non-complex"):
             torch.ones(3, device=dev).imag = torch.zeros(3, device=dev)
+
+
+def test_the_traced_scalar_trial_compares_results_as_documented():
+    """An op that traces its scalars keeps doing so only where the traced
+    program's results equal the per-value program's: equal values, floats
+    within 1e-6 relative, NaN where both have NaN; dtype or shape differences
+    never pass (the comparison runs on the host, _engine._same)."""
+    import jax.numpy as jnp
+    import ml_dtypes
+    import numpy as np
+
+    from pjrt_host._torch._engine import _same
+
+    nan = float("nan")
+    assert _same(jnp.array([1.0, nan, -0.0]), jnp.array([1.0, nan, 0.0]))
+    assert _same(jnp.array([1.0]), jnp.array([1.0 + 1e-7]))
+    assert not _same(jnp.array([1.0]), jnp.array([1.001]))
+    assert not _same(jnp.array([nan]), jnp.array([1.0]))
+    assert not _same(jnp.array([1.0, 2.0]), jnp.array([1.0]))
+    assert not _same(jnp.array([1], jnp.int32), jnp.array([1.0]))
+    assert _same(jnp.array([3, 4]), jnp.array([3, 4])) and not _same(jnp.array([3, 4]), jnp.array([3, 5]))
+    half = np.array([1.5, 2.0], ml_dtypes.bfloat16)
+    assert _same(jnp.asarray(half), jnp.asarray(half)) and not _same(jnp.asarray(half), jnp.asarray(half * 2))
+    assert _same(jnp.array([1 + 2j]), jnp.array([1 + 2j])) and not _same(jnp.array([1 + 2j]), jnp.array([1 - 2j]))
+    assert _same(jnp.array([True, False]), jnp.array([True, False]))

@@ -903,27 +903,22 @@ def _nbytes(x: Any) -> int:
     return getattr(x, "nbytes", 0)
 
 
-def _equal_on_device(a: Any, b: Any) -> Any:
-    if jnp.issubdtype(a.dtype, jnp.inexact):
-        close = jnp.abs(a - b) <= 1e-6 * jnp.abs(b)
-        return jnp.all((a == b) | close | (jnp.isnan(a) & jnp.isnan(b)))
-    return jnp.all(a == b)
-
-
-_equal = None
-
-
 def _same(a: Any, b: Any) -> bool:
-    """Equal values (float: within 1e-6 relative), compared on the device:
-    only the verdict comes to the host.  Its programs are kept like the
-    ops' (a warm process compares without tracing)."""
-    global _equal
-    a, b = jnp.asarray(a), jnp.asarray(b)
+    """Equal values (float: within 1e-6 relative, NaN equal to NaN),
+    compared on the host: a trial's results are at most _TRIAL_BYTES, and
+    copying them costs less than compiling a comparison for each new shape
+    (about 0.1 s each on XLA:CPU: 12 of them were 1.2 s of a GPT-2 training
+    step's 16 s cold start)."""
+    a, b = np.asarray(a), np.asarray(b)
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    if _equal is None:
-        _equal = _program_cache.Kept("pjrt_host.same", _equal_on_device)
-    return bool(_equal(a, b))
+    if not jnp.issubdtype(a.dtype, jnp.inexact):
+        return bool(np.array_equal(a, b))
+    wide = np.complex128 if jnp.issubdtype(a.dtype, jnp.complexfloating) else np.float64
+    a, b = a.astype(wide), b.astype(wide)
+    with np.errstate(all="ignore"):
+        close = np.abs(a - b) <= 1e-6 * np.abs(b)
+        return bool(np.all((a == b) | close | (np.isnan(a) & np.isnan(b))))
 
 
 def _same_outputs(x: Any, y: Any) -> bool:
