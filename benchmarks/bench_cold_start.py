@@ -61,12 +61,18 @@ print(json.dumps(out))
 """
 
 
-def run(device: str, steps: int, env: dict[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, device, str(steps)], capture_output=True, text=True,
+def fresh_process(child: str, argv: list[str], env: dict[str, str]) -> dict:
+    """Run ``child`` (code printing a JSON line last) in a new Python
+    process with ``argv`` and ``env`` added to this one's; its JSON."""
+    proc = subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=1800)
     if proc.returncode != 0:
-        raise SystemExit(f"the {device} run failed:\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"the run {argv} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(device: str, steps: int, env: dict[str, str]) -> dict:
+    return fresh_process(CHILD, [device, str(steps)], env)
 
 
 def main() -> None:

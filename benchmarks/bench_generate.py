@@ -19,11 +19,9 @@ Ratios: each 'jax' figure over CPU's.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
+
+from bench_cold_start import fresh_process
 
 CHILD = r"""
 import json, sys, time
@@ -58,11 +56,7 @@ print(json.dumps(out))
 
 
 def run(device: str, tokens: int, env: dict[str, str], cache: str = "default") -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, device, str(tokens), cache], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"the {device} run failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return fresh_process(CHILD, [device, str(tokens), cache], env)
 
 
 def main() -> None:
