@@ -27,7 +27,6 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
