@@ -184,6 +184,34 @@ def test_the_default_directory_is_the_users_cache(tmp_path):
     assert out["stats"]["directory"].startswith(str(tmp_path / "pjrt_host" / "cpu_ref"))
 
 
+# Leaves as soon as the device is up when told to: the prefetch threads are
+# then still loading what the full run used.
+EARLY_EXIT = r"""
+import json, os, sys, torch
+x = torch.ones(3, device="jax")
+if os.environ.get("LEAVE_EARLY"):
+    sys.exit(0)
+y = (torch.randn(64, 64, device="jax") @ torch.randn(64, 64, device="jax")).softmax(-1).sum(0)
+z = torch.nn.functional.gelu(y).cumsum(0)
+print(json.dumps({"z": z.tolist(), "stats": torch.jax.program_cache_stats()}))
+"""
+
+
+def test_a_process_that_exits_while_programs_load_ahead_exits_cleanly(tmp_path):
+    """Prefetch threads load executables while the script may already be
+    leaving: the interpreter's exit stops and waits for them before jaxlib
+    goes (a load during teardown would crash), the early process's shorter
+    manifest replaces the full one, and the run after it is correct."""
+    env = {"PJRT_HOST_CACHE_DIR": str(tmp_path)}
+    full = run(env, EARLY_EXIT)
+    for _ in range(2):
+        proc = run_python(["-c", EARLY_EXIT], env={**env, "LEAVE_EARLY": "1"}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and "Fatal" not in proc.stderr, proc.stderr[-3000:]
+    again = run(env, EARLY_EXIT)
+    assert again["z"] == full["z"] and again["stats"]["compiled"] == 0
+
+
 def test_off_switch_keeps_programs_in_memory_only(tmp_path):
     out = run({"PJRT_HOST_CACHE_DIR": str(tmp_path / "c"), "PJRT_HOST_PROGRAM_CACHE": "0"})
     assert out["stats"]["directory"] is None and out["stats"]["disk_writes"] == 0
