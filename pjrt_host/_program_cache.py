@@ -368,7 +368,8 @@ def _kernels_ready() -> bool:
 
 # ---------------------------------------------------------------- loading ahead
 
-#: (device id, key) of the programs this process asked for, first use first
+#: key -> device id of the programs this process asked for, first use first
+#: (the next run's manifest; kept only while prefetching is on)
 _used: dict[str, int] = {}
 _USED_MAX = 4096
 _manifest: str | None = None  #: this script's manifest file (None: not prefetching)
@@ -385,7 +386,7 @@ def _used_here(key: str, device: Any) -> threading.Event | None:
     and so that prefetch threads skip past it); the event of its load when
     a prefetch thread is loading it now."""
     global _reached
-    if key not in _used and len(_used) < _USED_MAX:
+    if _manifest is not None and key not in _used and len(_used) < _USED_MAX:
         _used[key] = device.id
     if not _plan:
         return None
