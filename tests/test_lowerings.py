@@ -597,3 +597,91 @@ def test_every_lowering_module_imports_cleanly() -> None:
     assert names
     for name in names:
         importlib.import_module(f"pjrt_host._lowerings.{name}")
+
+
+def _random_calls() -> dict[str, tuple]:
+    """A call of every random lowering on tensors of several dimensions:
+    {name: (args, kwargs, result shape and dtype for a factory)}."""
+    x = jnp.zeros((3, 4, 5), jnp.float32)
+    p = jnp.linspace(0.0, 1.0, 60).reshape(3, 4, 5)
+    ones = jnp.ones((3, 4, 5), jnp.float32)
+    q, k, v = (jnp.linspace(-1.0, 1.0, 2 * 3 * 4 * 8).reshape(2, 3, 4, 8) * s for s in (1.0, 0.5, 2.0))
+    return {
+        "aten::normal_": ((x, 1.0, 2.0), {}, None), "aten::uniform_": ((x, -1.0, 3.0), {}, None),
+        "aten::exponential_": ((x,), {}, None), "aten::log_normal_": ((x,), {}, None),
+        "aten::cauchy_": ((x,), {}, None), "aten::geometric_": ((x, 0.3), {}, None),
+        "aten::bernoulli_.float": ((x, 0.3), {}, None), "aten::bernoulli_.Tensor": ((x, p), {}, None),
+        "aten::bernoulli": ((p,), {}, None), "aten::bernoulli.p": ((x, 0.7), {}, None),
+        "aten::random_.from": ((x.astype(jnp.int64), -5, 9), {}, None),
+        "aten::random_.to": ((x.astype(jnp.int32), 9), {}, None), "aten::random_": ((x,), {}, None),
+        "aten::native_dropout": ((ones, 0.4, True), {}, None),
+        "aten::normal.Tensor_float": ((x, 2.0), {}, None), "aten::normal.float_Tensor": ((1.0, ones), {}, None),
+        "aten::normal.Tensor_Tensor": ((x, ones), {}, None),
+        "aten::multinomial": ((ones.reshape(12, 5), 3), {}, None),
+        "aten::randint_like": ((x, 3, 9), {}, None),
+        "aten::rrelu_with_noise_functional": ((p - 0.5, ones, 0.1, 0.3, True), {}, None),
+        "aten::rrelu_with_noise": ((p - 0.5, ones, 0.1, 0.3, True), {}, None),
+        "aten::rand": ((), {}, ((3, 4, 5), jnp.float32)), "aten::rand.complex": ((), {}, ((3, 4), jnp.complex64)),
+        "aten::randn": ((), {}, ((3, 4, 5), jnp.bfloat16)),
+        "aten::randint": ((9, (3, 4, 5)), {}, ((3, 4, 5), jnp.int64)),
+        "aten::randint.low": ((-2, 9, (3, 4, 5)), {}, ((3, 4, 5), jnp.int64)),
+        "aten::scaled_dot_product_attention": ((q, k, v, None, 0.3), {}, None),
+    }
+
+
+#: Random lowerings whose draw has no shape of several dimensions to flatten.
+_NOT_SHAPED = {"aten::randperm", "aten::randperm.generator"}
+_RANDOM_CALLS = (
+    "aten::normal_", "aten::uniform_", "aten::exponential_", "aten::log_normal_", "aten::cauchy_",
+    "aten::geometric_", "aten::bernoulli_.float", "aten::bernoulli_.Tensor", "aten::bernoulli", "aten::bernoulli.p",
+    "aten::random_.from", "aten::random_.to", "aten::random_", "aten::native_dropout", "aten::normal.Tensor_float",
+    "aten::normal.float_Tensor", "aten::normal.Tensor_Tensor", "aten::multinomial", "aten::randint_like",
+    "aten::rrelu_with_noise_functional", "aten::rrelu_with_noise", "aten::rand", "aten::rand.complex",
+    "aten::randn", "aten::randint", "aten::randint.low", "aten::scaled_dot_product_attention",
+)
+
+
+@pytest.mark.parametrize("name", _RANDOM_CALLS)
+def test_a_random_draw_is_the_same_on_one_device_and_partitioned(name: str) -> None:
+    """On one device a draw of several dimensions is made over a flat
+    counter and reshaped (``LoweringContext.one_device``: XLA:CPU compiles
+    it 2-5x faster); a program partitioned over a mesh draws the shape
+    itself.  Both must give every element the same value, or a seed would
+    draw other numbers on a mesh than on one device (and eager than a
+    compiled graph on a mesh)."""
+    from pjrt_host._lowerings import LoweringContext, invoke
+
+    args, kwargs, result = _random_calls()[name]
+    _lowerings.load_all()
+    lowering = _lowerings._TABLE[name.replace(".complex", "")]
+    key = jax.random.fold_in(jax.random.key(11, impl="threefry2x32"), 5)
+
+    def run(one_device: bool) -> list:
+        ctx = LoweringContext(rng_key=key, one_device=one_device)
+        shape, dtype = result if result is not None else (None, None)
+        where = [i for i, a in enumerate(args) if isinstance(a, jax.Array)]  # scalars stay constants
+
+        def call(*arrays: Any) -> Any:
+            full = list(args)
+            for i, a in zip(where, arrays):
+                full[i] = a
+            return invoke(lowering, full, kwargs, ctx, dtype, shape)
+
+        out = jax.jit(call)(*(args[i] for i in where))
+        return [np.asarray(o) for o in jax.tree_util.tree_leaves(out)]
+
+    flat, shaped = run(True), run(False)
+    assert [a.shape for a in flat] == [a.shape for a in shaped] and any(a.ndim > 1 for a in flat)
+    for a, b in zip(flat, shaped):
+        np.testing.assert_array_equal(a, b)
+    if name == "aten::native_dropout":
+        assert 0 < flat[1].sum() < flat[1].size  # a real draw, not a constant mask
+
+
+def test_every_random_lowering_is_checked_on_one_device_and_partitioned() -> None:
+    _lowerings.load_all()
+    random = {n for n, lw in _lowerings._TABLE.items() if lw.needs_rng}
+    assert set(_random_calls()) == set(_RANDOM_CALLS)
+    checked = {_lowerings._TABLE[n.replace(".complex", "")].fn for n in _RANDOM_CALLS}
+    missing = {n for n in random if _lowerings._TABLE[n].fn not in checked} - _NOT_SHAPED
+    assert not missing, f"random lowerings with no flat-against-shaped check: {sorted(missing)}"

@@ -229,9 +229,10 @@ def config() -> Any:
     return _config.current()
 
 
-def lowering_context(cfg: Any) -> LoweringContext:
-    """The context eager ops run lowerings with under ``cfg`` (no key)."""
-    return _engine.lowering_context(cfg)
+def lowering_context(cfg: Any, one_device: bool = False) -> LoweringContext:
+    """The context eager ops run lowerings with under ``cfg`` (no key);
+    ``one_device``: the program runs on one device, not over a mesh."""
+    return _engine.lowering_context(cfg, one_device)
 
 
 def next_key_args(index: int) -> tuple[Any, int]:

@@ -159,14 +159,18 @@ class CompiledGraph:
             place = _door.current_index()
         index = _door.index_of(place)
         cfg = _door.config()
-        key = (layout, cfg) if not self.program.symbolic else (layout, cfg, tuple(getattr(a, "shape", None) for a in args))
+        # Sharded arguments (or constraints): one mesh for the whole call, a
+        # program of its own (partitioned).
+        partitioned = mixed or type(place) is not int or self.mesh is not None
+        key = (layout, cfg, partitioned)
+        if self.program.symbolic:
+            key += (tuple(getattr(a, "shape", None) for a in args),)
         entry = self.cache.get(key)
         if entry is None:
-            entry = self._build(key, layout, cfg, owners)
+            entry = self._build(key, layout, cfg, owners, not partitioned)
         for slot in entry.foreign_slots:
             arrays[slot] = _door.to_device_array(arrays[slot], index)
-        if mixed or type(place) is not int or self.mesh is not None:
-            # Sharded arguments (or constraints): one mesh for the whole call.
+        if partitioned:
             place = _door.onto_mesh(arrays, owners, place, self.mesh)
         sharded = type(place) is not int
         rng = _door.next_key_args(index) if self.random else ()
@@ -254,9 +258,9 @@ class CompiledGraph:
 
     # ------------------------------------------------------------ building
 
-    def _build(self, key: Any, layout: tuple, cfg: Any, owners: list) -> _Entry:
+    def _build(self, key: Any, layout: tuple, cfg: Any, owners: list, one_device: bool) -> _Entry:
         program = self.program
-        ctx = _door.lowering_context(cfg)
+        ctx = _door.lowering_context(cfg, one_device)
         # Where each placeholder's values live: (slot, view static, offset position).
         where: list[Any] = []
         n_off = 0

@@ -54,6 +54,12 @@ class LoweringContext:
     #: A jax PRNG key for lowerings that need one (drawn per call by the
     #: caller from the device's random state); None where no random op runs.
     rng_key: Any = None
+    #: The program runs on one device, not partitioned over a mesh: a random
+    #: draw of several dimensions is made over a flat counter and reshaped
+    #: (:func:`pjrt_host._lowerings._util.draw`).  The values are the same
+    #: either way; XLA:CPU compiles the flat draw 2-5x faster, and a
+    #: partitioner would have to replicate it.
+    one_device: bool = False
 
 
 _DEFAULT = LoweringContext()

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from . import lowering
-from ._util import arange_values, cast, linspace_values
+from ._util import arange_values, cast, draw, linspace_values
 
 __all__: list[str] = []
 
@@ -96,24 +96,25 @@ def rand(key, result, *args, **kwargs):
     if jnp.issubdtype(result.dtype, jnp.complexfloating):
         # torch: the real and imaginary parts each uniform in [0, 1).
         part = jnp.finfo(result.dtype).dtype
-        return jax.lax.complex(*jax.random.uniform(key, (2, *result.shape), part)).astype(result.dtype)
-    return jax.random.uniform(key, result.shape, result.dtype)
+        real, imag = draw(lambda k, s: jax.random.uniform(k, s, part), key, (2, *result.shape))
+        return jax.lax.complex(real, imag).astype(result.dtype)
+    return draw(lambda k, s: jax.random.uniform(k, s, result.dtype), key, result.shape)
 
 
 @factory("aten::randn", "aten::randn.generator", "aten::randn_like", random=True, per_element=True)
 def randn(key, result, *args, **kwargs):
     # A complex dtype: jax draws each part with variance 1/2, as torch does.
-    return jax.random.normal(key, result.shape, result.dtype)
+    return draw(lambda k, s: jax.random.normal(k, s, result.dtype), key, result.shape)
 
 
 @factory("aten::randint", "aten::randint.generator", random=True, per_element=True)
 def randint(key, result, high, size, **kwargs):
-    return jax.random.randint(key, result.shape, 0, high, jnp.int64).astype(result.dtype)
+    return draw(lambda k, s: jax.random.randint(k, s, 0, high, jnp.int64), key, result.shape).astype(result.dtype)
 
 
 @factory("aten::randint.low", "aten::randint.low_generator", random=True, per_element=True)
 def randint_low(key, result, low, high, size, **kwargs):
-    return jax.random.randint(key, result.shape, low, high, jnp.int64).astype(result.dtype)
+    return draw(lambda k, s: jax.random.randint(k, s, low, high, jnp.int64), key, result.shape).astype(result.dtype)
 
 
 @factory("aten::randperm", "aten::randperm.generator", random=True)

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import lowering
 from ._invoke import REDUCED_FLOATS, current_context
-from ._util import as_stored, cast, promote, take, torch_dtype_of
+from ._util import as_stored, cast, draw, promote, take, torch_dtype_of
 
 def _accumulate(*xs):
     """float32 for 16-bit float operands: the matmul family keeps them
@@ -952,7 +952,9 @@ def scaled_dot_product_attention(rng, query, key, value, attn_mask=None, dropout
     masked_rows = jnp.all(scores == -jnp.inf, axis=-1, keepdims=True)
     weights = jnp.where(masked_rows, 0, jax.nn.softmax(scores, axis=-1)).astype(query.dtype)
     if dropout_p > 0:
-        keep = dropout_mask if dropout_mask is not None else jax.random.bernoulli(rng, 1 - dropout_p, weights.shape)
+        keep = dropout_mask
+        if keep is None:
+            keep = draw(lambda k, s: jax.random.bernoulli(k, 1 - dropout_p, s), rng, weights.shape)
         weights = jnp.where(keep, weights / (1 - dropout_p), 0).astype(query.dtype)
     if enable_gqa and value.shape[-3] != query.shape[-3]:
         value = jnp.repeat(value, query.shape[-3] // value.shape[-3], axis=-3)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from . import lowering
-from ._util import widened
+from ._util import draw, widened
 
 __all__: list[str] = []
 
@@ -31,64 +31,66 @@ def _float(x):
 @random_lowering("aten::normal_", per_element=True)
 def normal_(key, self, mean=0.0, std=1.0, *, generator=None):
     dt = _float(self)
-    return (jax.random.normal(key, self.shape, dt) * std + mean).astype(self.dtype)
+    return (draw(lambda k, s: jax.random.normal(k, s, dt), key, self.shape) * std + mean).astype(self.dtype)
 
 
 @random_lowering("aten::uniform_", per_element=True)
 def uniform_(key, self, from_=0.0, to=1.0, *, generator=None):
     dt = _float(self)
-    return jax.random.uniform(key, self.shape, dt, from_, to).astype(self.dtype)
+    return draw(lambda k, s: jax.random.uniform(k, s, dt, from_, to), key, self.shape).astype(self.dtype)
 
 
 @random_lowering("aten::exponential_", per_element=True)
 def exponential_(key, self, lambd=1.0, *, generator=None):
     dt = _float(self)
-    return (jax.random.exponential(key, self.shape, dt) / lambd).astype(self.dtype)
+    return (draw(lambda k, s: jax.random.exponential(k, s, dt), key, self.shape) / lambd).astype(self.dtype)
 
 
 @random_lowering("aten::log_normal_", per_element=True)
 def log_normal_(key, self, mean=1.0, std=2.0, *, generator=None):
     dt = _float(self)
-    return jnp.exp(jax.random.normal(key, self.shape, dt) * std + mean).astype(self.dtype)
+    return jnp.exp(draw(lambda k, s: jax.random.normal(k, s, dt), key, self.shape) * std + mean).astype(self.dtype)
 
 
 @random_lowering("aten::cauchy_", per_element=True)
 def cauchy_(key, self, median=0.0, sigma=1.0, *, generator=None):
     dt = _float(self)
-    return (jax.random.cauchy(key, self.shape, dt) * sigma + median).astype(self.dtype)
+    return (draw(lambda k, s: jax.random.cauchy(k, s, dt), key, self.shape) * sigma + median).astype(self.dtype)
 
 
 @random_lowering("aten::geometric_", per_element=True)
 def geometric_(key, self, p, *, generator=None):
-    u = jax.random.uniform(key, self.shape, jnp.float64, minval=jnp.finfo(jnp.float64).tiny)
+    u = draw(lambda k, s: jax.random.uniform(k, s, jnp.float64, minval=jnp.finfo(jnp.float64).tiny), key,
+             self.shape)
     return jnp.ceil(jnp.log(u) / jnp.log1p(-p)).astype(self.dtype)
 
 
 @random_lowering("aten::bernoulli_.float", per_element=True)
 def bernoulli_float_(key, self, p=0.5, *, generator=None):
-    return jax.random.bernoulli(key, p, self.shape).astype(self.dtype)
+    return draw(lambda k, s: jax.random.bernoulli(k, p, s), key, self.shape).astype(self.dtype)
 
 
 @random_lowering("aten::bernoulli_.Tensor")
 def bernoulli_tensor_(key, self, p, *, generator=None):
-    return jax.random.bernoulli(key, jnp.broadcast_to(p, self.shape), self.shape).astype(self.dtype)
+    p = jnp.broadcast_to(p, self.shape)
+    return draw(lambda k, s: jax.random.bernoulli(k, p.reshape(s), s), key, self.shape).astype(self.dtype)
 
 
 @random_lowering("aten::bernoulli")
 def bernoulli(key, self, *, generator=None):
-    return jax.random.bernoulli(key, self, self.shape).astype(self.dtype)
+    return draw(lambda k, s: jax.random.bernoulli(k, self.reshape(s), s), key, self.shape).astype(self.dtype)
 
 
 @random_lowering("aten::bernoulli.p")
 def bernoulli_p(key, self, p, *, generator=None):
-    return jax.random.bernoulli(key, p, self.shape).astype(self.dtype)
+    return draw(lambda k, s: jax.random.bernoulli(k, p, s), key, self.shape).astype(self.dtype)
 
 
 def _random_range(key, shape, dtype, low, high):
     if jnp.issubdtype(dtype, jnp.floating):
         # Integers in [low, high), as torch draws them for float tensors.
-        return jnp.floor(jax.random.uniform(key, shape, jnp.float64, low, high)).astype(dtype)
-    return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
+        return jnp.floor(draw(lambda k, s: jax.random.uniform(k, s, jnp.float64, low, high), key, shape)).astype(dtype)
+    return draw(lambda k, s: jax.random.randint(k, s, low, high, jnp.int64), key, shape).astype(dtype)
 
 
 @random_lowering("aten::random_.from", per_element=True)
@@ -122,26 +124,26 @@ def native_dropout(key, input, p, train):
         return input, jnp.ones(input.shape, jnp.bool_)
     if p == 1:
         return jnp.zeros_like(input), jnp.zeros(input.shape, jnp.bool_)
-    keep = jax.random.bernoulli(key, 1.0 - p, input.shape)
+    keep = draw(lambda k, s: jax.random.bernoulli(k, 1.0 - p, s), key, input.shape)
     scale = jnp.asarray(1.0 / (1.0 - p), input.dtype)
     return jnp.where(keep, input * scale, jnp.zeros((), input.dtype)), keep
 
 
 @random_lowering("aten::normal.Tensor_float")
 def normal_tensor_float(key, mean, std=1.0, *, generator=None):
-    return jax.random.normal(key, mean.shape, mean.dtype) * std + mean
+    return draw(lambda k, s: jax.random.normal(k, s, mean.dtype), key, mean.shape) * std + mean
 
 
 @random_lowering("aten::normal.float_Tensor")
 def normal_float_tensor(key, mean, std, *, generator=None):
-    return jax.random.normal(key, std.shape, std.dtype) * std + mean
+    return draw(lambda k, s: jax.random.normal(k, s, std.dtype), key, std.shape) * std + mean
 
 
 @random_lowering("aten::normal.Tensor_Tensor")
 def normal_tensor_tensor(key, mean, std, *, generator=None):
     shape = jnp.broadcast_shapes(mean.shape, std.shape)
     dt = jnp.result_type(mean, std)
-    return jax.random.normal(key, shape, dt) * std + mean
+    return draw(lambda k, s: jax.random.normal(k, s, dt), key, shape) * std + mean
 
 
 @random_lowering("aten::multinomial")
@@ -152,7 +154,7 @@ def multinomial(key, self, num_samples, replacement=False, *, generator=None):
         out = jax.random.categorical(key, logits, axis=-1, shape=(num_samples,) + batch)
         return jnp.moveaxis(out, 0, -1).astype(jnp.int64)
     # Without replacement: the Gumbel top-k trick.
-    g = jax.random.gumbel(key, self.shape, jnp.float64)
+    g = draw(lambda k, s: jax.random.gumbel(k, s, jnp.float64), key, self.shape)
     return jax.lax.top_k(logits + g, num_samples)[1].astype(jnp.int64)
 
 
@@ -161,7 +163,7 @@ def randint_like(key, self, low, high=None, *, dtype=None, layout=None, device=N
                  memory_format=None):
     if high is None:
         low, high = 0, low
-    return jax.random.randint(key, self.shape, low, high, jnp.int64).astype(self.dtype)
+    return draw(lambda k, s: jax.random.randint(k, s, low, high, jnp.int64), key, self.shape).astype(self.dtype)
 
 
 # -------------------------------------------------- dtype-changing "views"
@@ -177,7 +179,7 @@ def rrelu_with_noise_functional(key, x, noise, lower=0.125, upper=1 / 3, trainin
     if not training:  # leaky_relu by the mean slope, in float32 for 16-bit x as torch does
         wide = widened(x)
         return jnp.where(x >= 0, wide, wide * ((lower + upper) / 2)).astype(x.dtype), noise
-    slope = jax.random.uniform(key, x.shape, _float(x), lower, upper)
+    slope = draw(lambda k, s: jax.random.uniform(k, s, _float(x), lower, upper), key, x.shape)
     new_noise = jnp.where(x >= 0, 1, slope).astype(noise.dtype)
     return (x * new_noise.astype(x.dtype)).astype(x.dtype), new_noise
 

@@ -61,15 +61,18 @@ def _lowering_options() -> dict:
     return {name: getattr(record.plugin, name, 0) for name in _plugin.LOWERING_OPTIONS}
 
 
-def lowering_context(cfg: _config.Config) -> LoweringContext:
+def lowering_context(cfg: _config.Config, one_device: bool = False) -> LoweringContext:
     """The context lowerings run with under device configuration ``cfg``
-    (no random key: a caller that runs random ops adds its own)."""
-    ctx = _contexts.get(cfg)
+    (no random key: a caller that runs random ops adds its own);
+    ``one_device``: the program runs on one device, not over a mesh
+    (``LoweringContext.one_device``)."""
+    ctx = _contexts.get((cfg, one_device))
     if ctx is None:
         global _plugin_options
         if _plugin_options is None:
             _plugin_options = _lowering_options()
-        ctx = _contexts[cfg] = LoweringContext(matmul_precision=cfg.matmul_precision, **_plugin_options)
+        ctx = _contexts[cfg, one_device] = LoweringContext(matmul_precision=cfg.matmul_precision,
+                                                           one_device=one_device, **_plugin_options)
     return ctx
 
 
@@ -703,7 +706,7 @@ class CompiledOp:
         cpu_accepts = _meta.check_cpu_kernel(self.func, args, every_kwarg)
         lowering = self.lowering
         needs_rng = lowering.needs_rng
-        base_ctx = lowering_context(cfg)
+        base_ctx = lowering_context(cfg, type(key[4]) is int)
         key_args, key_kwargs = key[0], key[1]
         n_targets = len(out_targets)
 
@@ -816,7 +819,7 @@ class CompiledOp:
         cache keys it on disk (its ``repr``)."""
         cfg = key[3]
         return (self.name, op_name(self.meta_op), self.inplace, self.out_names, self.lowering.where,
-                lowering_context(cfg), key[0], key[1], key[2], cfg, donated)
+                lowering_context(cfg, True), key[0], key[1], key[2], cfg, donated)
 
 
 class _FirstCall:

@@ -115,7 +115,7 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         if key is not None:
             # compiled for this call (from disk, untraced, when made before)
             signature = (key, sorted((k, "GENERATOR" if k == "generator" else v) for k, v in kwargs.items()),
-                         lowering.where, lowering_context(_config.current()))
+                         lowering.where, lowering_context(_config.current(), True))
             fn = _compiled[key] = _program_cache.compiled(f"aten::{name}", signature, fn, draw, jax_device(index))
     arr = fn(*draw)
     if drawn != shape:
@@ -132,7 +132,7 @@ def factory_lowering(op: Any) -> Any:
 def _compile(name: str, lowering: Any, args: tuple, kwargs: dict, dtype: Any, shape: tuple, index: int) -> Any:
     """The factory's lowering jitted on the target device, its arguments
     static (what the key in ``_compiled`` holds)."""
-    ctx = lowering_context(_config.current())
+    ctx = lowering_context(_config.current(), True)  # a factory makes its tensor on one device
     if lowering.needs_rng:
         def body(key_data, counter):
             key = jax.random.fold_in(jax.random.wrap_key_data(key_data, impl="threefry2x32"), counter)
