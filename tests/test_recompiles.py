@@ -47,3 +47,24 @@ def test_the_recompile_log_says_what_changed():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "INFO aten::exp compiles a new program: argument 0 float32[2, 3] -> float32[3, 3]" in proc.stdout
     assert "INFO aten::exp compiles a new program: argument 0 float32[29, 3] -> float32[4, 8]" in proc.stdout
+
+
+LISTS = r"""
+import logging, sys, torch
+logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")
+logging.getLogger("pjrt_host.recompiles").setLevel("INFO")
+parts = [torch.ones(2, 3, device="jax") for _ in range(40)]
+for n in (3, 4):  # one item of a long list changes shape
+    torch.cat(parts[:-1] + [torch.ones(2, n, device="jax")], dim=1)
+"""
+
+
+def test_a_changed_list_is_logged_by_the_items_that_changed():
+    """A list argument (cat's tensors, a foreach op's step sizes) is logged
+    by how many of its items changed and the first of them, not printed
+    whole twice."""
+    proc = run_python(["-c", LISTS])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if "aten::cat compiles a new program" in ln)
+    assert "argument 0, 1 of its 40 items (item 39: float32[2, 3] -> float32[2, 4])" in line, line
+    assert len(line) < 300, line

@@ -42,9 +42,13 @@ _BINARY = {
     "maximum": (pw.maximum, False), "minimum": (pw.minimum, False), "pow": (pw.pow, False),
     "clamp_min": (pw.clamp_min, False), "clamp_max": (pw.clamp_max, False),
 }
+# Their scalars are traced from the first call (``traced_scalars``): torch.optim
+# passes step sizes and bias corrections that change every step (lists of
+# Python floats in its default, non-capturable foreach step), and a trial of
+# a step over every parameter at once may be too large to run twice.
 for _name, (_fn, _alpha) in _BINARY.items():
-    lowering(*(f"aten::_foreach_{_name}.{o}" for o in ("List", "Scalar", "ScalarList", "Tensor")))(
-        _binary(_fn, _alpha))
+    lowering(*(f"aten::_foreach_{_name}.{o}" for o in ("List", "Scalar", "ScalarList", "Tensor")),
+             traced_scalars=True)(_binary(_fn, _alpha))
 
 
 def _unary(fn):
@@ -87,20 +91,25 @@ def foreach_zero(tensors):
 
 def _ternary(fn):
     def lower(tensors, tensors1, tensors2, scalars=1):
-        values = scalars if isinstance(scalars, (list, tuple)) else (
-            [scalars] * len(tensors) if not hasattr(scalars, "shape") else [scalars[i] for i in range(len(tensors))])
+        if isinstance(scalars, (list, tuple)):
+            values = scalars
+        elif getattr(scalars, "ndim", 0) > 0:  # .Tensor: a 1-D tensor of one value per tensor
+            values = [scalars[i] for i in range(len(tensors))]
+        else:  # a number, or a traced one (a 0-d array)
+            values = [scalars] * len(tensors)
         return [fn(t, a, b, value=v) for t, a, b, v in zip(tensors, tensors1, tensors2, values)]
 
     return lower
 
 
-lowering("aten::_foreach_addcmul.Scalar", "aten::_foreach_addcmul.ScalarList", "aten::_foreach_addcmul.Tensor")(
-    _ternary(pw.addcmul))
-lowering("aten::_foreach_addcdiv.Scalar", "aten::_foreach_addcdiv.ScalarList", "aten::_foreach_addcdiv.Tensor")(
-    _ternary(pw.addcdiv))
+lowering("aten::_foreach_addcmul.Scalar", "aten::_foreach_addcmul.ScalarList", "aten::_foreach_addcmul.Tensor",
+         traced_scalars=True)(_ternary(pw.addcmul))
+lowering("aten::_foreach_addcdiv.Scalar", "aten::_foreach_addcdiv.ScalarList", "aten::_foreach_addcdiv.Tensor",
+         traced_scalars=True)(_ternary(pw.addcdiv))
 
 
-@lowering("aten::_foreach_lerp.List", "aten::_foreach_lerp.Scalar", "aten::_foreach_lerp.ScalarList")
+@lowering("aten::_foreach_lerp.List", "aten::_foreach_lerp.Scalar", "aten::_foreach_lerp.ScalarList",
+          traced_scalars=True)
 def foreach_lerp(tensors, ends, weight):
     return [pw.lerp(t, e, w) for t, e, w in zip(tensors, ends, _pairs(weight, len(tensors)))]
 

@@ -160,6 +160,8 @@ def _encode_dynamic(v: Any, dyn: list, devs: list) -> Any:
     if t is float or t is int:
         dyn.append(v)
         return DynamicScalar(t)
+    if t is list or t is tuple:  # a Scalar[] (a foreach op's per-tensor step sizes)
+        return SequenceArg([_encode_dynamic(x, dyn, devs) for x in v])
     return _encode(v, dyn, devs)
 
 
@@ -182,8 +184,10 @@ def _decode(x: Any, it: Any, inputs: list) -> Any:
     return x
 
 
-# Tensor positions too: torch passes a Python number there as it is (x / 2.0).
-_SCALAR_TYPES = ("Scalar", "Scalar?", "float", "float?", "Tensor", "Tensor?")
+# Tensor positions too: torch passes a Python number there as it is (x / 2.0);
+# and lists of numbers (torch.optim's foreach steps pass the bias corrections
+# of every parameter as a Scalar[] that changes every step).
+_SCALAR_TYPES = ("Scalar", "Scalar?", "float", "float?", "Tensor", "Tensor?", "List[number]", "List[float]")
 
 
 def _scalar_slots(func: Any) -> frozenset:
@@ -270,7 +274,15 @@ def _difference(prev: tuple, key: tuple) -> str:
     (pa, pk, pt, pc, pp), (a, k, t, c, p) = prev, key
     for where, old, new in [(f"argument {i}", x, y) for i, (x, y) in enumerate(zip(pa, a))] + \
             [(f"argument {n!r}", x, y) for (n, x), (_, y) in zip(pk, k)]:
-        if old != new:
+        if old == new:
+            continue
+        if type(old) is SequenceArg and type(new) is SequenceArg and len(old) == len(new):
+            # A list (of tensors, of step sizes): which items changed, not the whole list twice.
+            items = [i for i, (x, y) in enumerate(zip(old, new)) if x != y]
+            first = items[0]
+            changes.append(f"{where}, {len(items)} of its {len(new)} items (item {first}: "
+                           f"{_describe(old[first])} -> {_describe(new[first])})")
+        else:
             changes.append(f"{where} {_describe(old)} -> {_describe(new)}")
     if len(pa) != len(a) or [n for n, _ in pk] != [n for n, _ in k]:
         changes.append("other arguments")
@@ -292,6 +304,8 @@ def _describe(part: Any) -> str:
         return f"{jnp.dtype(part[0]).name}{list(view[1])} ({view[0]} view of {list(part[1])})"
     if isinstance(part, tuple) and len(part) == 2 and isinstance(part[0], type):
         return repr(part[1])
+    if type(part) is SequenceArg:
+        return f"a list of {len(part)}" if len(part) > 4 else f"[{', '.join(_describe(x) for x in part)}]"
     return repr(part)
 
 
