@@ -56,6 +56,16 @@ class Internal:
 INTERNALS: tuple[Internal, ...] = (
     # -- import pjrt_host / autoload ------------------------------------------------------
     Internal(
+        names=("torch.optim.optimizer._foreach_supported_types", "torch.utils._foreach_utils",
+               "torch.utils._foreach_utils._foreach_supported_types"),
+        files=("pjrt_host/_torch/_patches.py",),
+        why="torch.optim and clip_grad_norm_ take their foreach path (one op over all parameters) only for "
+            "tensor types on these lists; DTensor adds itself the same way (torch/distributed/tensor).",
+        fallback="the 'foreach' patch warns and is off: optimizers take their per-parameter step on 'jax' "
+                 "(correct, one program per parameter shape and op: seconds more at a cold start).",
+        pins=("tests/test_fused_optimizers.py::test_the_default_step_is_foreach_and_a_schedule_stops_compiling",),
+    ),
+    Internal(
         names=("._import_device_backends",),
         files=("pjrt_host/__init__.py",),
         why="`import pjrt_host` after `import torch` registers the device as torch's device-backend "

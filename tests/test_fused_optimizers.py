@@ -211,6 +211,44 @@ def test_a_step_is_one_device_op_and_a_schedule_stops_compiling():
     assert device_ops == ["aten::_foreach_add_.Scalar", "aten::_fused_adamw_"], device_ops
 
 
+def test_the_default_step_is_foreach_and_a_schedule_stops_compiling():
+    """torch.optim's default step on 'jax' parameters is its foreach step
+    (one op over all parameters per update, as on cuda), as is
+    clip_grad_norm_'s: torch picks it by the tensor type, which pjrt_host
+    adds to torch's lists as DTensor does.  Its bias corrections and
+    step sizes, Python floats that change every step, are traced: a
+    schedule stops compiling after the first step; the steps are CPU's."""
+    params = _params("jax")
+    opt = torch.optim.AdamW(params, lr=0.05, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    compiled = []
+    for step in range(6):
+        for p, g in zip(params, _grads(step, "jax")):
+            p.grad = g
+        before = torch.jax.program_cache_stats()["programs"]
+        with _OpLog() as log:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+        torch.jax.synchronize()
+        compiled.append(torch.jax.program_cache_stats()["programs"] - before)
+        sched.step()
+    assert compiled[2:] == [0, 0, 0, 0], compiled
+    single_tensor_step = {"aten::lerp_.Scalar", "aten::addcmul_", "aten::addcdiv_", "aten::sqrt"}
+    assert not single_tensor_step & set(log.ops), log.ops
+    assert {"aten::_foreach_addcdiv_.ScalarList", "aten::_foreach_norm.Scalar"} <= set(log.ops), log.ops
+    cpu = [p.detach().clone().requires_grad_() for p in _params("cpu")]
+    cpu_opt = torch.optim.AdamW(cpu, lr=0.05, weight_decay=0.1, foreach=False)
+    cpu_sched = torch.optim.lr_scheduler.LambdaLR(cpu_opt, lambda s: 1.0 / (1 + s))
+    for step in range(6):
+        for p, g in zip(cpu, _grads(step, "cpu")):
+            p.grad = g
+        torch.nn.utils.clip_grad_norm_(cpu, 1.0, foreach=False)
+        cpu_opt.step()
+        cpu_sched.step()
+    for a, b in zip(params, cpu):
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-6)
+
+
 _LARGE_SCHEDULE_SCRIPT = textwrap.dedent("""
     import json
     import torch

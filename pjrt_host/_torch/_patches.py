@@ -106,6 +106,19 @@ def _install_backward() -> None:
              _backward.wrap_engine_run_backward)
 
 
+def _install_foreach() -> None:
+    # torch.optim and clip_grad_norm_ choose their foreach path only for
+    # tensors whose type is on these lists; DTensor adds itself the same way.
+    import torch.optim.optimizer as optimizer
+    import torch.utils._foreach_utils as foreach_utils
+
+    from ._tensor import JaxTensor
+
+    for supported in (optimizer._foreach_supported_types, foreach_utils._foreach_supported_types):
+        if JaxTensor not in supported:
+            supported.append(JaxTensor)
+
+
 def _install_c10d() -> None:
     from . import _c10d
 
@@ -143,6 +156,8 @@ INVENTORY: tuple[Patch, ...] = (
                                   "import hook: neither is imported)", (), _accelerate.install),
     Patch("lightning", "import", "Trainer(accelerator='jax') and Fabric(accelerator='jax') (an import hook: "
                                  "Lightning is not imported)", (), _lightning.install),
+    Patch("foreach", "device", "torch.optim's and clip_grad_norm_'s default foreach step on 'jax' (one program per "
+                               "optimizer op over all parameters, not one per parameter shape)", (), _install_foreach),
     Patch("backward", "device", "device errors inside backward() raised at backward()",
           (("torch.autograd._engine_run_backward", "a device error inside backward raises at backward(), not "
                                                    "abort() (installed at the first 'jax' tensor)"),),
