@@ -37,6 +37,7 @@ warning: the device works the same, only colder.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -228,7 +229,15 @@ class Kept:
         import jax
 
         self.name, self.signature = name, signature
-        self.jitted = jax.jit(fn, **options)
+
+        @functools.wraps(fn)
+        def named(*args: Any) -> Any:
+            return fn(*args)
+
+        # jax names the program after the function: compile logs, profiles and
+        # jax.monitoring events then say jit(pjrt_host.read), not jit(<lambda>).
+        named.__name__ = named.__qualname__ = name
+        self.jitted = jax.jit(named, **options)
         self._programs: dict[tuple, Any] = {}
 
     def __call__(self, *args: Any) -> Any:
