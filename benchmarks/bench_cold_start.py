@@ -7,12 +7,16 @@ and the first step at a new sequence length (48).  The 'jax' runs go twice
 over one program-cache directory: a cold one (an empty cache) and a second
 process that finds the first one's programs on disk (and a third that
 loads them only as they are asked for, without the prefetch thread).  A third 'jax' run
-with the cache off shows what the disk cache costs a cold process.
+with the cache off shows what the disk cache costs a cold process.  The
+last run compiles the model with ``torch.compile(backend='jax')`` (the
+optimizer steps eagerly), in a cold cache of its own: the steady step that
+eager mode aims at.
 
     python benchmarks/bench_cold_start.py [--steps 5]
 
-Ratios: cold first step / CPU first step, new length / CPU new length, and
-the warm second process's first step / its own steady step.
+Ratios: cold first step / CPU first step, new length / CPU new length,
+the warm second process's first step / its own steady step, and eager's
+steady step / the compiled one's.
 """
 
 from __future__ import annotations
@@ -30,14 +34,16 @@ import torch
 import transformers
 
 device, steps = sys.argv[1], int(sys.argv[2])
+compiled = len(sys.argv) > 3 and sys.argv[3] == "compile"
 transformers.set_seed(0)
 config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=128)
 model = transformers.GPT2LMHeadModel(config).to(device)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+forward = torch.compile(model, backend="jax") if compiled else model  # forward and backward compiled
 
 def step(length):
     ids = torch.randint(0, 1000, (4, length), device=device)
-    loss = model(input_ids=ids, labels=ids).loss
+    loss = forward(input_ids=ids, labels=ids).loss
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -71,8 +77,8 @@ def fresh_process(child: str, argv: list[str], env: dict[str, str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run(device: str, steps: int, env: dict[str, str]) -> dict:
-    return fresh_process(CHILD, [device, str(steps)], env)
+def run(device: str, steps: int, env: dict[str, str], mode: str = "eager") -> dict:
+    return fresh_process(CHILD, [device, str(steps), mode], env)
 
 
 def main() -> None:
@@ -90,10 +96,12 @@ def main() -> None:
         off = run("jax", args.steps, {"PJRT_HOST_PROGRAM_CACHE": "0", "PJRT_HOST_EAGER": "op"})
         fused_cold = run("jax", args.steps, fused)
         fused_warm = run("jax", args.steps, fused)
+        with tempfile.TemporaryDirectory() as compile_cache:
+            compiled = run("jax", args.steps, {"PJRT_HOST_CACHE_DIR": compile_cache}, "compile")
     rows = [("torch cpu", cpu), ("jax, cold cache", cold), ("jax, warm cache (2nd process)", warm),
             ("jax, warm cache, no prefetch", warm_lazy),
             ("jax, cache off", off), ("jax fused, cold cache", fused_cold),
-            ("jax fused, warm cache (2nd process)", fused_warm)]
+            ("jax fused, warm cache (2nd process)", fused_warm), ("torch.compile(backend='jax'), cold", compiled)]
     print(f"{'run':36s} {'first step':>11s} {'steady':>9s} {'new length':>11s}")
     for name, r in rows:
         print(f"{name:36s} {r['first']:10.3f}s {r['steady'] * 1e3:7.1f}ms {r['new_length']:10.3f}s")
@@ -109,6 +117,8 @@ def main() -> None:
     print(f"fused cold new length / cpu new length:    {fused_cold['new_length'] / cpu['new_length']:8.1f}x")
     print(f"fused warm 2nd process first / its steady: {fused_warm['first'] / fused_warm['steady']:8.1f}x")
     print(f"fused steady / op-by-op steady:            {fused_cold['steady'] / cold['steady']:8.2f}x")
+    print(f"op-by-op steady / compiled steady:         {cold['steady'] / compiled['steady']:8.2f}x")
+    print(f"fused steady / compiled steady:            {fused_cold['steady'] / compiled['steady']:8.2f}x")
 
 
 if __name__ == "__main__":
