@@ -32,6 +32,9 @@ class _ViewResult(NamedTuple):
     stride: tuple[int, ...]
     offset: int
     lazy_bit: str | None  #: "conj" / "neg": torch marks such a view instead of computing it
+    #: Its View into a storage of the key's shape and dtype, for a result of
+    #: self's dtype (None: the storage as it is, or another dtype's result).
+    view: Any = None
 
 
 _view_cache: dict[Any, tuple[bool, list[_ViewResult]]] = {}
@@ -52,8 +55,12 @@ def _static_key(values: Any) -> tuple:
 
 
 def _results(func: Any, self: JaxTensor, args: tuple, kwargs: dict) -> tuple[bool, list[_ViewResult]]:
-    key = (func, self._storage.numel, self.dtype, tuple(self.shape), self.stride(), self.storage_offset(),
-           _static_key(args[1:]), _static_key(tuple(kwargs.items())) if kwargs else None)
+    storage = self._storage
+    elem = self._view.elem if self._view is not None else None
+    # The storage's shape and dtype and the element type self reads it as:
+    # the results' Views into it are made once here, not per call.
+    key = (func, storage.shape, storage.jax_dtype, elem, self.dtype, tuple(self.shape), self.stride(),
+           self.storage_offset(), _static_key(args[1:]), _static_key(tuple(kwargs.items())) if kwargs else None)
     try:
         cached = _view_cache.get(key)
     except TypeError:  # an unhashable argument: computed every time
@@ -62,10 +69,15 @@ def _results(func: Any, self: JaxTensor, args: tuple, kwargs: dict) -> tuple[boo
         out = func(meta_view_of(self), *args[1:], **kwargs)
         single = isinstance(out, torch.Tensor)
         metas = [out] if single else list(out)
-        cached = (single, [_ViewResult(tuple(m.shape), m.dtype, tuple(m.stride()), m.storage_offset(),
-                                       "conj" if m.is_conj() else "neg" if m.is_neg() else None) for m in metas])
-        for r in cached[1]:
+        results = []
+        for m in metas:
+            r = _ViewResult(tuple(m.shape), m.dtype, tuple(m.stride()), m.storage_offset(),
+                            "conj" if m.is_conj() else "neg" if m.is_neg() else None)
             _check_in_storage(self, r)
+            if r.dtype == self.dtype:
+                r = r._replace(view=view_for(storage, r.size, r.stride, r.offset, elem))
+            results.append(r)
+        cached = (single, results)
         if key is not None:
             if len(_view_cache) > 8192:  # x[i] for ever new i: bound the memory
                 _view_cache.clear()
@@ -141,10 +153,8 @@ def _outside_inference_mode(self: JaxTensor, fn: Any, *args: Any) -> Any:
 
 
 def _views_of(self: JaxTensor, metas: list, single: bool) -> Any:
-    storage = self._storage
-    elem = self._view.elem if self._view is not None else None  # a view of a view(dtype) reads as it does
-    outs = [make(storage, r.size, r.dtype, r.stride, r.offset, view_for(storage, r.size, r.stride, r.offset, elem))
-            for r in metas]
+    storage = self._storage  # each result's View was made for this storage's shape and dtype (_results' key)
+    outs = [make(storage, r.size, r.dtype, r.stride, r.offset, r.view) for r in metas]
     return outs[0] if single else outs
 
 
