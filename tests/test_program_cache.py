@@ -69,6 +69,39 @@ def test_a_second_process_loads_every_program_from_disk(tmp_path):
     assert any(where.iterdir())
 
 
+PROBES = r"""
+import json, torch
+from pjrt_host._torch import _meta
+probes = []
+check = _meta.check_cpu_kernel
+def counted(func, args, kwargs):
+    probes.append(str(func))
+    return check(func, args, kwargs)
+_meta.check_cpu_kernel = counted
+x = torch.randn(4, 8, device="jax")
+y = (x @ x.t()).abs().sum(0)
+refused = None
+try:  # CPU's kernel refuses this; a warm process must still say so
+    torch.addmm(torch.ones(2, 2, device="jax"), torch.ones(2, 2, device="jax"),
+                torch.ones(2, 2, dtype=torch.int64, device="jax"))
+except RuntimeError as err:
+    refused = str(err)
+print(json.dumps({"probes": len(probes), "y": y.cpu().tolist(), "refused": refused}))
+"""
+
+
+def test_a_second_process_does_not_probe_cpu_for_calls_it_accepted(tmp_path):
+    """CPU's kernel check of each new signature (it runs the call on CPU
+    tensors) is kept beside the programs when CPU accepts it: a warm
+    process skips it, and still raises CPU's refusal of a call it refuses."""
+    env = {"PJRT_HOST_CACHE_DIR": str(tmp_path)}
+    first, second = run(env, PROBES), run(env, PROBES)
+    assert first["y"] == second["y"] and first["refused"] and first["refused"] == second["refused"]
+    assert "must have the same dtype" in first["refused"], first["refused"]
+    # the second process probes only the refused call (nothing is kept for it)
+    assert first["probes"] >= 3 and second["probes"] == 1, (first["probes"], second["probes"])
+
+
 def test_a_second_fused_eager_process_compiles_nothing(tmp_path):
     """Fused eager's segments are the same in the second process (an op's
     traced-scalar trial, which ends a segment, runs there too), so every

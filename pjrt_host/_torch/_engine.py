@@ -717,7 +717,7 @@ class CompiledOp:
             raise
         # CPU ran the call's own layouts: its kernel's answer on overlapping
         # writes stands instead of the rule by tags below
-        cpu_accepts = _meta.check_cpu_kernel(self.func, args, every_kwarg)
+        cpu_accepts = self._cpu_kernel_verdict(key, args, every_kwarg)
         lowering = self.lowering
         needs_rng = lowering.needs_rng
         base_ctx = lowering_context(cfg, type(key[4]) is int)
@@ -827,6 +827,26 @@ class CompiledOp:
         if type(place) is not int or _program_cache.directory() is None:
             return jitted
         return _FirstCall(self, key, jitted, self._disk_signature(key, donated), place, donated)
+
+    def _cpu_kernel_verdict(self, key: tuple, args: tuple, kwargs: dict) -> bool:
+        """``_meta.check_cpu_kernel`` for the call of ``key``: raises CPU's
+        refusal, else whether CPU ran the call's own layouts.  An accepted
+        call's verdict is kept beside the programs on disk, so that a warm
+        process does not probe CPU again for each signature (a foreach
+        step's probe runs the op on every parameter: ~30 ms each).  It is
+        keyed as the program is, and as this process keeps it in memory: a
+        signature whose scalars are traced is probed for the first value
+        it meets in either case."""
+        signature = None
+        if type(key[4]) is int and _program_cache.directory() is not None:
+            signature = (self._disk_signature(key, ()), _meta.inside_backward())
+            verdict = _program_cache.remembered("cpu-kernel", signature)
+            if verdict in (b"ran", b"other"):
+                return verdict == b"ran"
+        accepts = _meta.check_cpu_kernel(self.func, args, kwargs)
+        if signature is not None:
+            _program_cache.remember("cpu-kernel", signature, b"ran" if accepts else b"other")
+        return accepts
 
     def _disk_signature(self, key: tuple, donated: tuple) -> tuple:
         """Everything the program of ``key`` is traced from, as the program
