@@ -833,10 +833,10 @@ class CompiledOp:
         refusal, else whether CPU ran the call's own layouts.  An accepted
         call's verdict is kept beside the programs on disk, so that a warm
         process does not probe CPU again for each signature (a foreach
-        step's probe runs the op on every parameter: ~30 ms each).  It is
-        keyed as the program is, and as this process keeps it in memory: a
-        signature whose scalars are traced is probed for the first value
-        it meets in either case."""
+        step's probe runs the op on every parameter).  It is keyed as the
+        program and the in-memory entry are: a signature whose scalars are
+        traced is probed once, for the first value met, here by the first
+        process that met it as in memory by this one."""
         signature = None
         if type(key[4]) is int and _program_cache.directory() is not None:
             signature = (self._disk_signature(key, ()), _meta.inside_backward())
