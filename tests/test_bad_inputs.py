@@ -21,6 +21,11 @@ F = torch.nn.functional
 NAN, INF = float("nan"), float("inf")
 
 CASES = {
+    # a negative integer exponent of an integer base (jax computes 0)
+    "pow int by negative int": lambda d: torch.pow(torch.arange(1, 4, device=d), -3),
+    "foreach pow int by negative int": lambda d: torch._foreach_pow([torch.arange(1, 4, device=d)], -2),
+    "foreach pow int by a negative list item": lambda d: torch._foreach_pow(
+        [torch.arange(1, 4, device=d), torch.arange(2, device=d)], [2, -1]),
     "add out= int": lambda d: torch.add(torch.ones(2, device=d), 1, out=torch.empty(2, dtype=torch.long, device=d)),
     "sub out= bool": lambda d: torch.sub(torch.ones(2, device=d), 1, out=torch.empty(2, dtype=torch.bool, device=d)),
     "mul out= int from int*float": lambda d: torch.mul(torch.ones(2, dtype=torch.long, device=d), 0.5,

@@ -332,6 +332,7 @@ _KERNEL_REFUSALS = re.compile("|".join((
     r"handles only integral",
     r"^\w+ should be >= 0",
     r"index is supposed to be a vector",
+    r"integers to negative integer powers are not allowed",
 )), re.IGNORECASE)
 #: What CPU's kernels refuse for the tensors' sizes, strides and storage
 #: alone: asked of a probe that has the call's own (a 1-element probe's
