@@ -47,7 +47,8 @@ from typing import Any
 
 from . import _env, _jax_settings
 
-__all__ = ["DiskStore", "Kept", "compiled", "configure", "directory", "prefetch", "remember", "remembered", "stats",
+__all__ = ["DiskStore", "Kept", "compiled", "configure", "directory", "learnt", "prefetch", "remember", "remembered",
+           "stats",
            "with_retrace"]
 
 logger = logging.getLogger(__name__)
@@ -286,6 +287,21 @@ def remembered(name: str, signature: Any) -> bytes | None:
     cache is off)."""
     key = _key(name, signature, None) if _disk is not None else None
     return None if key is None else _disk.get(key)
+
+
+def learnt(name: str, signature: Any, find: Any) -> bool:
+    """``find()`` (a yes or no this process finds out by running something),
+    kept with :func:`remember` so that a later process of the same setting
+    takes it without running it; ``signature`` None: found, not kept.  A
+    ``find`` that raises keeps nothing."""
+    if signature is not None:
+        value = remembered(name, signature)
+        if value in (b"yes", b"no"):
+            return value == b"yes"
+    found = bool(find())
+    if signature is not None:
+        remember(name, signature, b"yes" if found else b"no")
+    return found
 
 
 def remember(name: str, signature: Any, value: bytes) -> None:

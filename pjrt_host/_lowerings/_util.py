@@ -7,6 +7,7 @@ operands asks :func:`result_type` for torch's answer and casts explicitly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -210,7 +211,7 @@ def draw(make: Any, key: Any, shape: Sequence[int]) -> jax.Array:
     splits without replicating it."""
     shape = tuple(shape)
     if len(shape) > 1 and current_context().one_device:
-        return make(key, (int(np.prod(shape, dtype=np.int64)),)).reshape(shape)
+        return make(key, (math.prod(shape),)).reshape(shape)
     return make(key, shape)
 
 

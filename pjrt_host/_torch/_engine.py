@@ -840,13 +840,7 @@ class CompiledOp:
         signature = None
         if type(key[4]) is int and _program_cache.directory() is not None:
             signature = (self._disk_signature(key, ()), _meta.inside_backward())
-            verdict = _program_cache.remembered("cpu-kernel", signature)
-            if verdict in (b"ran", b"other"):
-                return verdict == b"ran"
-        accepts = _meta.check_cpu_kernel(self.func, args, kwargs)
-        if signature is not None:
-            _program_cache.remember("cpu-kernel", signature, b"ran" if accepts else b"other")
-        return accepts
+        return _program_cache.learnt("cpu-kernel", signature, lambda: _meta.check_cpu_kernel(self.func, args, kwargs))
 
     def _disk_signature(self, key: tuple, donated: tuple) -> tuple:
         """Everything the program of ``key`` is traced from, as the program

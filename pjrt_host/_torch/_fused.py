@@ -179,21 +179,19 @@ def _fusable(fn: Any, dyn: list, plan: Any) -> bool:
     signature = getattr(fn, "pjrt_host_signature", None)
     if signature is not None:
         signature = (signature, tuple(_signature(v) for v in dyn), plan is None)
-        verdict = _program_cache.remembered("fusable", signature)
-        if verdict is not None:
-            return verdict == b"yes"
+    return _program_cache.learnt("fusable", signature, lambda: _traces_as_planned(fn, dyn, plan))
+
+
+def _traces_as_planned(fn: Any, dyn: list, plan: Any) -> bool:
     try:
         shapes = jax.eval_shape(fn, *[_abstract(v) for v in dyn])
         # torch's meta kernel and the lowering may disagree on a result's
         # shape (native_batch_norm in eval gives CPU's empty saved
         # statistics where the meta kernel gives a full-size one): op by
         # op, the tensor takes the shape the lowering computes.
-        fusable = plan is None or _as_planned(shapes, plan)
+        return plan is None or _as_planned(shapes, plan)
     except Exception:
-        fusable = False  # the op needs concrete values (or fails): op by op
-    if signature is not None:
-        _program_cache.remember("fusable", signature, b"yes" if fusable else b"no")
-    return fusable
+        return False  # the op needs concrete values (or fails): op by op
 
 
 def _segment(device: int) -> Segment:
