@@ -24,6 +24,11 @@ CASES = {
     # a negative integer exponent of an integer base (jax computes 0)
     "pow int by negative int": lambda d: torch.pow(torch.arange(1, 4, device=d), -3),
     "foreach pow int by negative int": lambda d: torch._foreach_pow([torch.arange(1, 4, device=d)], -2),
+    # an in-place foreach step whose results the int tensors cannot hold
+    "foreach div_ of int tensors by floats": lambda d: torch._foreach_div_([torch.ones(2, dtype=torch.long, device=d)],
+                                                                           [2.0]),
+    "foreach mul_ of an int tensor by a float": lambda d: torch._foreach_mul_(
+        [torch.ones(2, device=d), torch.ones(2, dtype=torch.long, device=d)], 0.5),
     "foreach pow int by a negative list item": lambda d: torch._foreach_pow(
         [torch.arange(1, 4, device=d), torch.arange(2, device=d)], [2, -1]),
     "add out= int": lambda d: torch.add(torch.ones(2, device=d), 1, out=torch.empty(2, dtype=torch.long, device=d)),

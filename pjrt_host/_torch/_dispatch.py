@@ -600,14 +600,22 @@ def _write_back_each(functional_op: Any, schema: Any, mutable: list, args: tuple
         results = (results,)
     bound = dict(zip((a.name for a in schema.arguments), args))
     bound.update(kwargs)
+    writes = []
     for argument, value in zip(mutable, results):
         target = bound[argument.name]
-        write = _write_out if argument.kwarg_only else (lambda t, v: t.copy_(v))
-        if isinstance(target, (list, tuple)):
-            for t, v in zip(target, value):
-                write(t, v)
+        pairs = zip(target, value) if isinstance(target, (list, tuple)) else ((target, value),)
+        writes.extend((argument.kwarg_only, t, v) for t, v in pairs)
+    for out, t, v in writes:
+        if not out and isinstance(v, torch.Tensor):
+            # torch refuses an in-place result self cannot hold (a float
+            # step into an int tensor) before writing anything; a copy_
+            # would cast it silently
+            _meta.check_inplace(v, t)
+    for out, t, v in writes:
+        if out:
+            _write_out(t, v)
         else:
-            write(target, value)
+            t.copy_(v)
     if not schema.returns:
         return None
     written = [bound[a.name] for a in mutable][:len(schema.returns)]  # an in-place op returns what it wrote
