@@ -51,7 +51,9 @@ def test_spmd_in_a_process_with_eight_devices():
                            "-m", "not multiprocess"],
                           capture_output=True, text=True, env=env, cwd=str(REPO), timeout=900,
                           stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    # a crash (a negative return code) prints its report first: keep the head of stderr too
+    head = proc.stderr[:4000] if proc.returncode < 0 else ""
+    assert proc.returncode == 0, proc.stdout[-6000:] + head + proc.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
