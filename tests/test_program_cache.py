@@ -72,34 +72,48 @@ def test_a_second_process_loads_every_program_from_disk(tmp_path):
 PROBES = r"""
 import json, torch
 from pjrt_host._torch import _meta
-probes = []
-check = _meta.check_cpu_kernel
+probes, metas = [], []
+check, meta = _meta.check_cpu_kernel, _meta.run_meta
 def counted(func, args, kwargs):
     probes.append(str(func))
     return check(func, args, kwargs)
-_meta.check_cpu_kernel = counted
+def counted_meta(func, args, kwargs):
+    metas.append(str(func))
+    return meta(func, args, kwargs)
+_meta.check_cpu_kernel, _meta.run_meta = counted, counted_meta
 x = torch.randn(4, 8, device="jax")
 y = (x @ x.t()).abs().sum(0)
-refused = None
+values, indices = x.max(dim=1)  # a tuple of two dtypes
+flags = x > 0
+refused = []
 try:  # CPU's kernel refuses this; a warm process must still say so
     torch.addmm(torch.ones(2, 2, device="jax"), torch.ones(2, 2, device="jax"),
                 torch.ones(2, 2, dtype=torch.int64, device="jax"))
 except RuntimeError as err:
-    refused = str(err)
-print(json.dumps({"probes": len(probes), "y": y.cpu().tolist(), "refused": refused}))
+    refused.append(str(err))
+try:  # the result's dtype (from the meta kernel) cannot be written into an int tensor
+    torch.ones(3, dtype=torch.int64, device="jax").add_(torch.ones(3, device="jax"))
+except RuntimeError as err:
+    refused.append(str(err))
+results = [(str(t.dtype), list(t.shape), t.cpu().tolist()) for t in (y, values, indices, flags)]
+print(json.dumps({"probes": len(probes), "metas": len(metas), "results": results, "refused": refused}))
 """
 
 
-def test_a_second_process_does_not_probe_cpu_for_calls_it_accepted(tmp_path):
-    """CPU's kernel check of each new signature (it runs the call on CPU
-    tensors) is kept beside the programs when CPU accepts it: a warm
-    process skips it, and still raises CPU's refusal of a call it refuses."""
+def test_a_second_process_does_not_ask_torch_again_what_it_learnt(tmp_path):
+    """What a process learns about a new call by running torch is kept
+    beside its program: CPU's kernel check (it runs the call on CPU
+    tensors) when CPU accepts the call, and the meta kernel's result shapes
+    and dtypes.  A warm process asks neither again, gives the same
+    results, and still raises the errors the first raised."""
     env = {"PJRT_HOST_CACHE_DIR": str(tmp_path)}
     first, second = run(env, PROBES), run(env, PROBES)
-    assert first["y"] == second["y"] and first["refused"] and first["refused"] == second["refused"]
-    assert "must have the same dtype" in first["refused"], first["refused"]
-    # the second process probes only the refused call (nothing is kept for it)
-    assert first["probes"] >= 3 and second["probes"] == 1, (first["probes"], second["probes"])
+    assert first["results"] == second["results"] and first["refused"] == second["refused"]
+    assert "must have the same dtype" in first["refused"][0], first["refused"]
+    assert "result type Float can't be cast to the desired output type Long" in first["refused"][1]
+    # the second process asks torch only about the two refused calls (nothing is kept for a refusal)
+    assert first["probes"] >= 6 and second["probes"] == 2, (first["probes"], second["probes"])
+    assert first["metas"] >= 6 and second["metas"] <= 2, (first["metas"], second["metas"])
 
 
 def test_a_second_fused_eager_process_compiles_nothing(tmp_path):

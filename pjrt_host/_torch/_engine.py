@@ -708,8 +708,12 @@ class CompiledOp:
         # CPU's probe takes the call as it was made (``given``: before a dtype
         # taken from out= was added, which CPU's kernel would accept)
         every_kwarg = given if given is not None else dict(kwargs, **dict(zip(self.out_names, out_targets)))
+        # what the program is keyed by on disk: what a process of the same
+        # setting found out about this call before is kept under it too
+        disk_signature = (self._disk_signature(key, ()) if type(key[4]) is int
+                          and _program_cache.directory() is not None else None)
         try:
-            known, meta = _meta.run_meta(self.meta_op, args, kwargs)
+            known, meta = self._meta_result(disk_signature, args, kwargs)
         except Exception:
             # torch CPU's own refusal where its kernel refuses first (a meta
             # kernel's assertion is not what CPU users see)
@@ -717,7 +721,7 @@ class CompiledOp:
             raise
         # CPU ran the call's own layouts: its kernel's answer on overlapping
         # writes stands instead of the rule by tags below
-        cpu_accepts = self._cpu_kernel_verdict(key, args, every_kwarg)
+        cpu_accepts = self._cpu_kernel_verdict(disk_signature, args, every_kwarg)
         lowering = self.lowering
         needs_rng = lowering.needs_rng
         base_ctx = lowering_context(cfg, type(key[4]) is int)
@@ -805,9 +809,9 @@ class CompiledOp:
         fn.__name__ = fn.__qualname__ = self.name.replace("::", ".")
         # Fused eager records ops whose results are tensors torch described in advance.
         tensors = plan.outputs is not None and all(o.kind == "tensor" for o in plan.outputs) and bool(plan.outputs)
-        if jitted and (tensors or writes) and type(key[4]) is int and _program_cache.directory() is not None:
+        if jitted and (tensors or writes) and disk_signature is not None:
             # what fused eager keys a segment's program by on disk (_fused._run)
-            fn.pjrt_host_signature = self._disk_signature(key, ())
+            fn.pjrt_host_signature = disk_signature
         entry = _Entry(self._program(key, jax.jit(fn)) if jitted else fn, plan,
                        fn if (jitted and writes and DONATE) else None,
                        {} if (jitted and writes and DONATE) else None,
@@ -828,8 +832,27 @@ class CompiledOp:
             return jitted
         return _FirstCall(self, key, jitted, self._disk_signature(key, donated), place, donated)
 
-    def _cpu_kernel_verdict(self, key: tuple, args: tuple, kwargs: dict) -> bool:
-        """``_meta.check_cpu_kernel`` for the call of ``key``: raises CPU's
+    def _meta_result(self, disk_signature: tuple | None, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+        """``_meta.run_meta`` for the call (the program's ``disk_signature``
+        with the program cache on): torch's meta kernels give a call's result
+        shapes and dtypes once per signature, and a foreach op's run torch's
+        reference code for every tensor, so what they answered is kept
+        beside the programs on disk, as the in-memory entry keeps it for
+        this process.  A refusal is never kept: it is raised again."""
+        if disk_signature is not None:
+            data = _program_cache.remembered("meta", disk_signature)
+            kept = None if data is None else _meta.decode_result(data)
+            if kept is not None:
+                return kept
+        known, meta = _meta.run_meta(self.meta_op, args, kwargs)
+        data = _meta.encode_result(known, meta) if disk_signature is not None else None
+        if data is not None:
+            _program_cache.remember("meta", disk_signature, data)
+        return known, meta
+
+    def _cpu_kernel_verdict(self, disk_signature: tuple | None, args: tuple, kwargs: dict) -> bool:
+        """``_meta.check_cpu_kernel`` for the call (the program's
+        ``disk_signature`` with the program cache on): raises CPU's
         refusal, else whether CPU ran the call's own layouts.  An accepted
         call's verdict is kept beside the programs on disk, so that a warm
         process does not probe CPU again for each signature (a foreach
@@ -837,9 +860,7 @@ class CompiledOp:
         program and the in-memory entry are: a signature whose scalars are
         traced is probed once, for the first value met, here by the first
         process that met it as in memory by this one."""
-        signature = None
-        if type(key[4]) is int and _program_cache.directory() is not None:
-            signature = (self._disk_signature(key, ()), _meta.inside_backward())
+        signature = None if disk_signature is None else (disk_signature, _meta.inside_backward())
         return _program_cache.learnt("cpu-kernel", signature, lambda: _meta.check_cpu_kernel(self.func, args, kwargs))
 
     def _disk_signature(self, key: tuple, donated: tuple) -> tuple:

@@ -16,7 +16,7 @@ import torch
 from ._tensor import JaxTensor
 
 __all__ = ["OutputPlan", "OutputSpec", "check_cpu_factory", "check_cpu_kernel", "inside_backward", "probe_key", "check_inplace", "check_out_dtypes", "check_out_overlap",
-           "meta_view_of", "out_needs_resize", "output_plan", "run_meta"]
+           "decode_result", "encode_result", "meta_view_of", "out_needs_resize", "output_plan", "run_meta"]
 
 
 def meta_view_of(t: JaxTensor) -> torch.Tensor:
@@ -67,6 +67,56 @@ def run_meta(func: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
     if undefined is not None:
         out = undefined(args, kwargs, out)
     return True, out
+
+
+def encode_result(known: bool, out: Any) -> bytes | None:
+    """``run_meta``'s answer as the engine uses it (each result tensor's
+    shape and dtype, the containers, which results are None or scalars),
+    as text a later process reads back with :func:`decode_result`; None
+    where the answer holds something else (a symbolic size)."""
+    def enc(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            if not all(type(n) is int for n in v.shape):
+                raise TypeError
+            return ["t", list(v.shape), str(v.dtype).removeprefix("torch.")]
+        if v is None:
+            return None
+        if type(v) in (bool, int, float):
+            return ["s", type(v).__name__]
+        if type(v) in (tuple, list):
+            return [type(v).__name__, [enc(x) for x in v]]
+        raise TypeError
+
+    import json
+
+    try:
+        return json.dumps(["known", enc(out)] if known else ["unknown"]).encode()
+    except TypeError:
+        return None
+
+
+def decode_result(data: bytes) -> tuple[bool, Any] | None:
+    """The ``(known, result)`` that :func:`encode_result` kept, with meta
+    tensors of its shapes and dtypes (None: not such a text)."""
+    import json
+
+    def dec(v: Any) -> Any:
+        if v is None:
+            return None
+        if v[0] == "t":
+            dtype = getattr(torch, v[2])
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError
+            return torch.empty(v[1], dtype=dtype, device="meta")
+        if v[0] == "s":
+            return {"bool": False, "int": 0, "float": 0.0}[v[1]]
+        return {"tuple": tuple, "list": list}[v[0]](dec(x) for x in v[1])
+
+    try:
+        value = json.loads(data)
+        return (True, dec(value[1])) if value[0] == "known" else (False, None)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
 
 
 #: Nearest upsampling's meta kernels check ``input.numel() != 0 or
