@@ -45,6 +45,8 @@ OPS = {
     "aten::scatter_add": lambda x, i: x.scatter_add(0, i, ones()),
     "aten::scatter_reduce": lambda x, i: x.scatter_reduce(0, i, ones(), "amax"),
     "aten::take": lambda x, i: x.take(i),
+    # class targets of a loss (a wrong class count gave a NaN or a wrong loss)
+    "aten::nll_loss_forward": lambda x, i: nn.functional.cross_entropy(x.view(1, 10).expand(2, 10), i),
 }
 
 
@@ -90,6 +92,19 @@ def test_in_range_values_and_negatives_give_cpus_result():
     for g, e in zip(got, f(cpu, i)):
         assert g.cpu().tolist() == e.tolist()
     torch.jax.synchronize()
+
+
+def test_a_loss_skips_its_ignore_index_as_cpu_does():
+    logits = torch.arange(12.0).view(4, 3)
+    for ignore, target, bad in ((-100, [2, -100, 0, 1], [2, 7, 0, 1]), (7, [2, 7, 0, 1], [2, -100, 0, 1])):
+        torch._dynamo.reset()
+        f = lambda x, t: nn.functional.cross_entropy(x, t, ignore_index=ignore)  # noqa: E731
+        compiled = torch.compile(f, backend="jax")
+        got = compiled(logits.to("jax"), torch.tensor(target, device="jax"))
+        assert torch.allclose(got.cpu(), f(logits, torch.tensor(target)))
+        with pytest.raises(IndexError, match=f"Target {bad[1]} is out of bounds"):
+            compiled(logits.to("jax"), torch.tensor(bad, device="jax")).cpu()
+        torch.jax.synchronize()
 
 
 def test_negatives_out_of_range_and_where_torch_refuses_them():

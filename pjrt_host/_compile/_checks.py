@@ -41,7 +41,7 @@ __all__ = ["Site", "debug_checks", "report", "sites_of", "stack"]
 
 class Site(NamedTuple):
     """One index check of a graph: ``index`` (a graph node) must lie in
-    ``[-size if negative_ok else 0, size)``."""
+    ``[-size if negative_ok else 0, size)`` or equal ``ignore``."""
 
     op: str  #: the ATen op, "aten::index.Tensor"
     index: torch.fx.Node
@@ -50,6 +50,7 @@ class Site(NamedTuple):
     negative_ok: bool
     error: Callable[[int, int, int], Exception]  #: torch's exception for (value, dim, size)
     source: str  #: "file.py:12 in fn", where the user's code called the op ("" unknown)
+    ignore: int | None = None  #: a value allowed wherever it lies (a loss's ignore_index)
 
 
 def sites_of(node: torch.fx.Node, name: str) -> list[Site]:
@@ -69,11 +70,11 @@ def sites_of(node: torch.fx.Node, name: str) -> list[Site]:
     args = torch.fx.node.map_aggregate(node.args, fake)
     kwargs = torch.fx.node.map_aggregate(node.kwargs, fake)
     found = []
-    for index, size, dim, negative_ok, error in _door.index_sites(name, args, kwargs):
+    for index, size, dim, negative_ok, error, ignore in _door.index_sites(name, args, kwargs):
         at = fakes.get(id(index))
         if at is None or 0 in tuple(index.shape):  # no index values to check
             continue
-        found.append(Site(name, at, size, dim, negative_ok, error, _source(node)))
+        found.append(Site(name, at, size, dim, negative_ok, error, _source(node), ignore))
     return found
 
 

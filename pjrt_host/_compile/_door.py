@@ -174,7 +174,7 @@ def has_index_check(name: str) -> bool:
 
 def index_sites(name: str, args: tuple, kwargs: dict) -> list[tuple]:
     """The index checks eager mode makes for ATen op ``name``, read from a
-    graph's fake tensors: ``[(index, size, dim, negative_ok, error)]``."""
+    graph's fake tensors: ``[(index, size, dim, negative_ok, error, ignore)]``."""
     return _index_checks.sites(name, args, kwargs)
 
 

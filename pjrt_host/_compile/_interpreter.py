@@ -319,7 +319,7 @@ class Program:
         for number in numbers:
             site = self.sites[number]
             size = _concrete(site.size, bindings)
-            checks.append((number, size, index_row(env[site.index], size, site.negative_ok)))
+            checks.append((number, size, index_row(env[site.index], size, site.negative_ok, site.ignore)))
 
     def _out(self, node: torch.fx.Node, bindings: dict) -> Out:
         val = node.meta.get("val")
@@ -369,14 +369,16 @@ def _foreach(lowering: Any, args: tuple, kwargs: dict, ctx: LoweringContext, dty
     return out
 
 
-def index_row(index: Any, size: int, negative_ok: bool) -> Any:
+def index_row(index: Any, size: int, negative_ok: bool, ignore: int | None = None) -> Any:
     """Traceable: ``[any value out of range, an out-of-range value (the
     largest if one is too large, else the smallest), size]`` of the index
     values ``index``, in the index's dtype; in range is ``[-size, size)``
-    with ``negative_ok``, else ``[0, size)``.  One small vector per check:
-    a min/max reduction over the index (as eager's check), no read of the
-    indexed data."""
+    with ``negative_ok``, else ``[0, size)``, and ``ignore`` wherever it
+    lies.  One small vector per check: a min/max reduction over the index
+    (as eager's check), no read of the indexed data."""
     jnp = jax.numpy
+    if ignore is not None:
+        index = jnp.where(index == ignore, 0, index)
     lo, hi = jnp.min(index), jnp.max(index)
     too_high = hi >= size
     bad = too_high | (lo < (-size if negative_ok else 0))

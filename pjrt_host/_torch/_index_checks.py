@@ -19,7 +19,8 @@ See docs/torch-device.md for the measured cost.
 
 Checked ops (and their in-place / out= forms): advanced indexing and index
 puts, index_select, gather, scatter (all forms), index_add / index_copy /
-index_fill, embedding, take, put.  The error types and texts are CPU's.
+index_fill, embedding, take, put, and the class targets of nll_loss (so
+cross_entropy).  The error types and texts are CPU's.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from ._tensor import JaxTensor, defer_check, read
 __all__ = ["check", "check_structure", "checker_for", "failure", "indexes_along_dim", "sites"]
 
 _minmax = _program_cache.Kept("pjrt_host.minmax", lambda a: jnp.stack([jnp.min(a), jnp.max(a)]).astype(jnp.int64))
+# the same over the values that are not ``v`` (a loss's ignore_index)
+_minmax_except = _program_cache.Kept("pjrt_host.minmax_except", lambda a, v: _minmax.jitted(jnp.where(a == v, 0, a)))
 
 
 _local = threading.local()  # .op: the op being checked, .deferred: check at the next sync point,
@@ -91,9 +94,12 @@ def check_structure(x: Any, indices: Any, reads: bool) -> None:
                          + ", ".join(str(list(s)) for s in sizes)) from None
 
 
-def _first_bad(values: Any, low: int, high: int) -> int:
+def _first_bad(values: Any, low: int, high: int, ignore: int | None = None) -> int:
     values = np.asarray(values).reshape(-1)
-    return int(values[(values < low) | (values >= high)][0])
+    bad = (values < low) | (values >= high)
+    if ignore is not None:
+        bad &= values != ignore
+    return int(values[bad][0])
 
 
 def failure(error: Callable[[int, int, int], Exception], value: int, dim: int, size: int, op: str, where: str,
@@ -104,21 +110,25 @@ def failure(error: Callable[[int, int, int], Exception], value: int, dim: int, s
     return type(err)(f"{err} (raised by {op} {where}, {when})")
 
 
-def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[int, int, int], Exception]) -> None:
+def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[int, int, int], Exception],
+           ignore: int | None = None) -> None:
+    """Check ``index``'s values against ``[-size if negative_ok else 0,
+    size)``; a value equal to ``ignore`` (a loss's ignore_index) is
+    allowed wherever it lies."""
     collect = getattr(_local, "collect", None)
     if collect is not None:  # graph form: the check itself is computed inside the compiled program
         if isinstance(index, torch.Tensor) and not index.dtype.is_floating_point:
-            collect.append((index, size, dim, negative_ok, error))
+            collect.append((index, size, dim, negative_ok, error, ignore))
         return
     if not isinstance(index, JaxTensor) or index.numel() == 0 or index.dtype.is_floating_point:
         return
     low = -size if negative_ok else 0
     values = read(index)
-    bounds = _minmax(values)
+    bounds = _minmax(values) if ignore is None else _minmax_except(values, int(ignore))
     if not _local.deferred:
         lo, hi = np.asarray(bounds).tolist()
         if lo < low or hi >= size:
-            raise error(_first_bad(values, low, size), dim, size)
+            raise error(_first_bad(values, low, size, ignore), dim, size)
         return
     op, device = _local.op, index.device
 
@@ -127,7 +137,7 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
             return False
         lo, hi = np.asarray(bounds).tolist()
         if lo < low or hi >= size:
-            raise failure(error, _first_bad(values, low, size), dim, size, op, f"on {device}",
+            raise failure(error, _first_bad(values, low, size, ignore), dim, size, op, f"on {device}",
                           "found at the next synchronisation point; pjrt_host.config(check_indices='sync'), or "
                           "the debugging mode PJRT_HOST_EAGER=sync, raises at the op itself")
         return True
@@ -146,8 +156,9 @@ def check(func_name: str, check_fn: Callable[[tuple, dict], None], mode: Any, ar
 def sites(name: str, args: tuple, kwargs: dict) -> list[tuple]:
     """Graph form: the index checks ATen op ``name`` makes on ``args``
     (fake tensors, as a traced graph records them), without reading values:
-    ``[(index tensor, size, dim, negative_ok, error)]``, the index valid in
-    ``[-size if negative_ok else 0, size)``; ``error(value, dim, size)`` is
+    ``[(index tensor, size, dim, negative_ok, error, ignore)]``, the index
+    valid in ``[-size if negative_ok else 0, size)`` or equal to ``ignore``
+    (None: no such value); ``error(value, dim, size)`` is
     torch's exception for a bad ``value``.  The compiled program computes
     the verdict itself."""
     fn = checker_for(name)
@@ -174,6 +185,7 @@ _in_self_error = _located(IndexError, lambda v, d, s: "index out of range in sel
 _index_copy_error = _located(IndexError, lambda v, d, s: "index_copy_(): " + _OUT_OF_BOUNDS.format(v, d, s))
 _embedding_error = _located(IndexError, lambda v, d, s: "index out of range in self")
 _take_error = _located(IndexError, lambda v, d, s: f"out of range: tried to access index {v} on a tensor of {s} elements.")
+_target_error = _located(IndexError, lambda v, d, s: f"Target {v} is out of bounds.")
 
 
 def _size(x: Any, dim: int) -> tuple[int, int]:
@@ -264,6 +276,19 @@ def _take(args: tuple, kwargs: dict) -> None:
     _check(index, x.numel(), 0, True, _take_error)
 
 
+def _nll_loss(args: tuple, kwargs: dict) -> None:
+    """``nll_loss_forward`` / ``nll_loss2d_forward(self, target, weight,
+    reduction, ignore_index)``: each target is a class of ``self`` (its
+    dim 1, or dim 0 of a 1-D input) or the ignore_index.  Without the
+    check a wrong class count gives a NaN or a wrong loss, where CPU's
+    kernels raise."""
+    x = args[0]
+    target = args[1] if len(args) > 1 else kwargs["target"]
+    ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
+    dim = 1 if x.dim() >= 2 else 0
+    _check(target, x.shape[dim], dim, False, _target_error, ignore)
+
+
 _MASKS = (torch.bool, torch.uint8)
 
 # op name without namespace, overload and trailing underscore -> check
@@ -282,6 +307,8 @@ _CHECKS: dict[str, Callable[[tuple, dict], None]] = {
     "embedding": _embedding,
     "take": _take,
     "put": _take,  # put(self, index, source): the same flat index, the same error
+    "nll_loss_forward": _nll_loss,
+    "nll_loss2d_forward": _nll_loss,
 }
 
 
