@@ -132,6 +132,8 @@ _BERNOULLI = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "Expected p_in >= 0 &
 _STD = _Check(_outside(0.0, float("inf")), {1: (RuntimeError, "normal expects all elements of std >= 0.0")})
 _BCE_INPUT = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "all elements of input should be between 0 and 1")})
 _BCE_TARGET = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "all elements of target should be between 0 and 1")})
+_BINCOUNT = _Check(lambda a: jnp.where(jnp.any(a < 0), 1, 0),
+                   {1: (RuntimeError, "bincount only supports 1-d non-negative integral inputs.")})
 
 
 def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
@@ -197,6 +199,12 @@ def _binary_cross_entropy(mode: Any, args: tuple, kwargs: dict) -> None:
         _run("aten::binary_cross_entropy", _BCE_TARGET, target, mode)
 
 
+def _bincount(mode: Any, args: tuple, kwargs: dict) -> None:
+    x = _arg(args, kwargs, 0, "self")
+    if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and x.dtype != torch.bool:
+        _run("aten::bincount", _BINCOUNT, x, mode)
+
+
 def _run(op: str, spec: _Check, tensor: Any, mode: Any, *static: Any, text: str | None = None) -> None:
     if not isinstance(tensor, JaxTensor) or tensor.numel() == 0:
         return
@@ -248,6 +256,7 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "bernoulli": _bernoulli,
     "normal": _normal,
     "binary_cross_entropy": _binary_cross_entropy,
+    "bincount": _bincount,
 }
 
 
