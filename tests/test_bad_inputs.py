@@ -21,6 +21,19 @@ F = torch.nn.functional
 NAN, INF = float("nan"), float("inf")
 
 CASES = {
+    # a class target out of range (a wrong class count): the loss was NaN or wrong
+    "cross_entropy target too large": lambda d: F.cross_entropy(torch.zeros(2, 3, device=d), torch.tensor([0, 5], device=d)),
+    "cross_entropy negative target": lambda d: F.cross_entropy(torch.zeros(2, 3, device=d), torch.tensor([-1, 0], device=d)),
+    "cross_entropy target of another ignore_index": lambda d: F.cross_entropy(
+        torch.zeros(2, 3, device=d), torch.tensor([-100, 1], device=d), ignore_index=2),
+    "nll_loss 2d target too large": lambda d: F.nll_loss(torch.zeros(1, 3, 2, 2, device=d),
+                                                         torch.tensor([[[0, 1], [2, 3]]], device=d)),
+    "nll_loss of a 1-D input": lambda d: F.nll_loss(torch.zeros(3, device=d), torch.tensor(4, device=d)),
+    "bincount negative": lambda d: torch.bincount(torch.tensor([2, -1], device=d)),
+    # shapes that do not broadcast: CPU's TensorIterator text, not the meta kernel's
+    "add of shapes that do not broadcast": lambda d: torch.ones(2, 3, 4, device=d) + torch.ones(3, 5, device=d),
+    "where of shapes that do not broadcast": lambda d: torch.where(torch.ones(3, device=d) > 0, torch.ones(3, device=d),
+                                                                   torch.ones(4, device=d)),
     # a negative integer exponent of an integer base (jax computes 0)
     "pow int by negative int": lambda d: torch.pow(torch.arange(1, 4, device=d), -3),
     "foreach pow int by negative int": lambda d: torch._foreach_pow([torch.arange(1, 4, device=d)], -2),
@@ -122,6 +135,12 @@ CASES = {
 
 # Where CPU accepts: the device gives CPU's values (the checks must not refuse these).
 GOOD = {
+    # targets equal to ignore_index lie outside the classes and are skipped
+    "cross_entropy ignore_index targets": lambda d: F.cross_entropy(
+        torch.arange(6.0, device=d).view(2, 3), torch.tensor([-100, 2], device=d)),
+    "nll_loss 2d ignore_index 255": lambda d: F.nll_loss(torch.zeros(1, 3, 2, 2, device=d),
+                                                         torch.tensor([[[0, 255], [2, 1]]], device=d), ignore_index=255),
+    "bincount with minlength": lambda d: torch.bincount(torch.tensor([0, 3, 3], device=d), minlength=6),
     "eigh of NaN in the triangle it does not read": lambda d: torch.linalg.eigvalsh(
         torch.tensor([[1.0, 0.0, NAN], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], device=d)),
     "add out= float from int": lambda d: torch.add(torch.ones(2, dtype=torch.long, device=d), 1,

@@ -169,7 +169,19 @@ _KERNEL_ERROR_PATTERNS = (
     # before nll_loss_forward) wants a target of one element
     (re.compile(r"size mismatch \(got input: torch\.Size\(\[\d+\]\), target: torch\.Size\(\[(\d+)\]\)\)$"),
      lambda m: ValueError(f"For 1D input, 1D target must have size 1, but got target size: {m.group(1)}")),
+    # shapes that do not broadcast (torch's reference _broadcast_shapes): CPU's
+    # TensorIterator words it as the error every PyTorch user knows
+    (re.compile(r"Attempting to broadcast a dimension of length (\d+) at (-\d+)! Mismatching argument at index \d+ "
+                r"had .*; but expected shape should be broadcastable to \[([\d, ]*)\]$"),
+     lambda m: _size_mismatch(int(m.group(1)), int(m.group(2)), [int(n) for n in m.group(3).split(",") if n.strip()])),
 )
+
+
+def _size_mismatch(size: int, at: int, common: list[int]) -> Exception:
+    if not -len(common) <= at < 0:
+        return RuntimeError(f"shapes cannot be broadcast: a dimension of length {size} against {common}")
+    return RuntimeError(f"The size of tensor a ({common[at]}) must match the size of tensor b ({size}) at "
+                        f"non-singleton dimension {len(common) + at}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
