@@ -30,6 +30,23 @@ CASES = {
                                                          torch.tensor([[[0, 1], [2, 3]]], device=d)),
     "nll_loss of a 1-D input": lambda d: F.nll_loss(torch.zeros(3, device=d), torch.tensor(4, device=d)),
     "bincount negative": lambda d: torch.bincount(torch.tensor([2, -1], device=d)),
+    # integer division by zero: CPU's kernels refuse it, jax gives -1, 0 or the dividend
+    "floor_divide of ints by a zero tensor": lambda d: torch.tensor([1, 2], device=d) // torch.tensor([1, 0], device=d),
+    "remainder of ints by 0": lambda d: torch.tensor([1, 2], device=d) % 0,
+    "fmod_ of uint8 by a zero tensor": lambda d: torch.tensor([1, 2], dtype=torch.uint8, device=d).fmod_(
+        torch.tensor([0, 1], dtype=torch.uint8, device=d)),
+    "div trunc of ints by a zero tensor": lambda d: torch.div(torch.tensor([1], device=d), torch.tensor([0], device=d),
+                                                              rounding_mode="trunc"),
+    # sizes that do not fit, in CPU's words (the meta kernels' differ): large calls by
+    # their text, small ones by CPU's kernel run at the call's sizes
+    "linear of widths that do not chain": lambda d: F.linear(torch.ones(64, 784, device=d), torch.ones(10, 700, device=d)),
+    "cat of sizes that do not match": lambda d: torch.cat([torch.ones(64, 300, device=d), torch.ones(64, 301, device=d)]),
+    "grouped conv of another channel count": lambda d: F.conv2d(torch.ones(1, 6, 4, 4, device=d),
+                                                                torch.ones(4, 2, 3, 3, device=d), groups=2),
+    "stack of unequal sizes": lambda d: torch.stack([torch.ones(2, device=d), torch.ones(3, device=d)]),
+    "topk of more than there are": lambda d: torch.ones(3, device=d).topk(5),
+    "cross_entropy of a 2-D class-index target": lambda d: F.cross_entropy(torch.ones(4, 10, device=d),
+                                                                          torch.zeros(4, 9, dtype=torch.long, device=d)),
     # shapes that do not broadcast: CPU's TensorIterator text, not the meta kernel's
     "add of shapes that do not broadcast": lambda d: torch.ones(2, 3, 4, device=d) + torch.ones(3, 5, device=d),
     "where of shapes that do not broadcast": lambda d: torch.where(torch.ones(3, device=d) > 0, torch.ones(3, device=d),
@@ -141,6 +158,10 @@ GOOD = {
     "nll_loss 2d ignore_index 255": lambda d: F.nll_loss(torch.zeros(1, 3, 2, 2, device=d),
                                                          torch.tensor([[[0, 255], [2, 1]]], device=d), ignore_index=255),
     "bincount with minlength": lambda d: torch.bincount(torch.tensor([0, 3, 3], device=d), minlength=6),
+    # division by zero with a float result is inf, as on CPU
+    "true division of ints by zero": lambda d: torch.tensor([1, 2], device=d) / torch.tensor([1, 0], device=d),
+    "floor_divide of floats by zero": lambda d: torch.tensor([1.0, 2.0], device=d) // torch.tensor([1.0, 0.0], device=d),
+    "remainder of ints by a float zero": lambda d: torch.tensor([1, 2], device=d) % 0.0,
     "eigh of NaN in the triangle it does not read": lambda d: torch.linalg.eigvalsh(
         torch.tensor([[1.0, 0.0, NAN], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], device=d)),
     "add out= float from int": lambda d: torch.add(torch.ones(2, dtype=torch.long, device=d), 1,
@@ -230,7 +251,7 @@ def test_the_device_accepts_what_cpu_accepts(case):
     got = _outcome(GOOD[case], "jax")
     assert want[0] == got[0] == "value", (case, got, want)
     if isinstance(want[1], torch.Tensor):
-        torch.testing.assert_close(got[1], want[1])
+        torch.testing.assert_close(got[1], want[1], equal_nan=True)
 
 
 def test_a_value_check_names_the_op_when_found_later():
@@ -387,4 +408,4 @@ def test_grid_samplers_refuse_unknown_modes():
     with pytest.raises(RuntimeError, match="Invalid padding mode -1"):
         torch.grid_sampler_3d(x, grid, 0, -1, False)
     with pytest.raises(RuntimeError, match="Invalid interpolation mode 4"):
-        torch.grid_sampler_2d(x[0], grid[0], 4, 0, False)
+        torch.grid_sampler_2d(torch.randn(1, 1, 3, 3, device="jax"), torch.zeros(1, 2, 2, 2, device="jax"), 4, 0, False)

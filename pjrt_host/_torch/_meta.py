@@ -174,6 +174,14 @@ _KERNEL_ERROR_PATTERNS = (
     (re.compile(r"Attempting to broadcast a dimension of length (\d+) at (-\d+)! Mismatching argument at index \d+ "
                 r"had .*; but expected shape should be broadcastable to \[([\d, ]*)\]$"),
      lambda m: _size_mismatch(int(m.group(1)), int(m.group(2)), [int(n) for n in m.group(3).split(",") if n.strip()])),
+    # mm / addmm / linear of sizes that do not chain (the error of every model
+    # whose layer widths disagree); calls too large for CPU's probe
+    (re.compile(r"a and b must have same reduction dim, but got \[(\d+), (\d+)\] X \[(\d+), (\d+)\]\.$"),
+     lambda m: RuntimeError("mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})".format(*m.groups()))),
+    (re.compile(r"Sizes of tensors must match except in dimension (\d+)\. Expected (\d+) in dimension \d+ but got "
+                r"(\d+) for tensor number (\d+) in the list$"),
+     lambda m: RuntimeError("Sizes of tensors must match except in dimension {}. Expected size {} but got size {} for "
+                            "tensor number {} in the list.".format(*m.groups()))),
 )
 
 
@@ -515,7 +523,7 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
         cpu_args, cpu_kwargs = _probe_args(args, kwargs, "cpu", real)
     except Exception:
         return False  # arguments a probe cannot copy (sparse tensors)
-    refused = None
+    refused, shape_refusal = None, False
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -524,6 +532,11 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
         refused = str(err).split("\n")[0]
         if not real:
             return False  # the small shapes do not fit this call: nothing to learn
+        # a meta kernel that cannot answer (none, or a data-dependent shape)
+        # refuses nothing: CPU's refusal of zeros may be of their values
+        shape_refusal = not (isinstance(err, NotImplementedError) or type(err).__name__ in _DATA_DEPENDENT
+                             or "meta" in refused.lower() or "data-dependent" in refused
+                             or "data dependent" in refused)
         # the call is refused (or its shapes are data-dependent); its inputs are
         # small, so CPU may say what it refuses first
     else:
@@ -536,9 +549,13 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
             func(*cpu_args, **cpu_kwargs)
     except (NotImplementedError, RuntimeError, TypeError, IndexError, ValueError) as err:
         text = str(err).split("\n")[0]
-        # the meta kernel's own refusal (it has no values) with CPU's exception
-        # type (IndexError where the meta kernel says RuntimeError)
-        if _KERNEL_REFUSALS.search(text) or (real and (_LAYOUT_REFUSALS.search(text) or text == refused)):
+        # a refusal of the kinds CPU's kernels make alone; or, at the call's
+        # own sizes, a call the meta kernel refuses too: CPU's exception type
+        # and text (torch's reference code words its checks otherwise:
+        # "a and b must have same reduction dim" for CPU's "mat1 and mat2
+        # shapes cannot be multiplied")
+        if _KERNEL_REFUSALS.search(text) or (real and (_LAYOUT_REFUSALS.search(text) or text == refused
+                                                       or shape_refusal)):
             raise type(err)(text) from None
         return False
     except Exception:

@@ -132,6 +132,7 @@ _BERNOULLI = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "Expected p_in >= 0 &
 _STD = _Check(_outside(0.0, float("inf")), {1: (RuntimeError, "normal expects all elements of std >= 0.0")})
 _BCE_INPUT = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "all elements of input should be between 0 and 1")})
 _BCE_TARGET = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "all elements of target should be between 0 and 1")})
+_ZERO = _Check(lambda a: jnp.where(jnp.any(a == 0), 1, 0), {1: (RuntimeError, "ZeroDivisionError")})
 _BINCOUNT = _Check(lambda a: jnp.where(jnp.any(a < 0), 1, 0),
                    {1: (RuntimeError, "bincount only supports 1-d non-negative integral inputs.")})
 
@@ -199,6 +200,32 @@ def _binary_cross_entropy(mode: Any, args: tuple, kwargs: dict) -> None:
         _run("aten::binary_cross_entropy", _BCE_TARGET, target, mode)
 
 
+def _integer_division(op: str) -> Callable[[Any, tuple, dict], None]:
+    """``floor_divide`` / ``remainder`` / ``fmod`` / ``div`` with a rounding
+    mode, of integer operands: torch CPU's kernels refuse a zero divisor
+    ("ZeroDivisionError"); jax divides and gives a value (-1, 0, the
+    dividend).  A Python 0 is refused at the call, a tensor holding a zero
+    at the next synchronisation."""
+    def check(mode: Any, args: tuple, kwargs: dict) -> None:
+        a, b = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "other")
+        if op == "div" and _arg(args, kwargs, 2, "rounding_mode") is None:
+            return  # true division: a float result (inf), as on CPU
+        if not isinstance(a, torch.Tensor) or not isinstance(b, (torch.Tensor, int, float, bool)):
+            return
+        dtype = torch.result_type(a, b)
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            return
+        if not isinstance(b, torch.Tensor):
+            if b == 0:
+                raise RuntimeError("ZeroDivisionError")
+        elif isinstance(b, JaxTensor):
+            _run(f"aten::{op}", _ZERO, b, mode)
+        elif b.numel() and bool((b == 0).any()):  # a CPU scalar tensor
+            raise RuntimeError("ZeroDivisionError")
+
+    return check
+
+
 def _bincount(mode: Any, args: tuple, kwargs: dict) -> None:
     x = _arg(args, kwargs, 0, "self")
     if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and x.dtype != torch.bool:
@@ -257,6 +284,7 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "normal": _normal,
     "binary_cross_entropy": _binary_cross_entropy,
     "bincount": _bincount,
+    **{op: _integer_division(op) for op in ("floor_divide", "remainder", "fmod", "div")},
 }
 
 
