@@ -30,6 +30,12 @@ CASES = {
                                                          torch.tensor([[[0, 1], [2, 3]]], device=d)),
     "nll_loss of a 1-D input": lambda d: F.nll_loss(torch.zeros(3, device=d), torch.tensor(4, device=d)),
     "bincount negative": lambda d: torch.bincount(torch.tensor([2, -1], device=d)),
+    "repeat_interleave of a negative count": lambda d: torch.repeat_interleave(torch.tensor([1, 2], device=d),
+                                                                            torch.tensor([1, -1], device=d)),
+    "masked_scatter of too few sources": lambda d: torch.zeros(2, 3, device=d).masked_scatter(
+        torch.tensor([True, False, True], device=d), torch.ones(3, device=d)),
+    "multinomial of more draws than categories": lambda d: torch.multinomial(torch.tensor([0.5, 0.5], device=d), 3),
+    "arange beyond int64": lambda d: torch.arange(0, 1e20, device=d),
     # integer division by zero: CPU's kernels refuse it, jax gives -1, 0 or the dividend
     "floor_divide of ints by a zero tensor": lambda d: torch.tensor([1, 2], device=d) // torch.tensor([1, 0], device=d),
     "remainder of ints by 0": lambda d: torch.tensor([1, 2], device=d) % 0,
@@ -158,6 +164,10 @@ GOOD = {
     "nll_loss 2d ignore_index 255": lambda d: F.nll_loss(torch.zeros(1, 3, 2, 2, device=d),
                                                          torch.tensor([[[0, 255], [2, 1]]], device=d), ignore_index=255),
     "bincount with minlength": lambda d: torch.bincount(torch.tensor([0, 3, 3], device=d), minlength=6),
+    "masked_scatter of as many sources as ones": lambda d: torch.zeros(2, 3, device=d).masked_scatter(
+        torch.tensor([True, False, True], device=d), torch.arange(4.0, device=d)),
+    "repeat_interleave with a zero count": lambda d: torch.repeat_interleave(torch.tensor([1, 2], device=d),
+                                                                          torch.tensor([0, 2], device=d)),
     # division by zero with a float result is inf, as on CPU
     "true division of ints by zero": lambda d: torch.tensor([1, 2], device=d) / torch.tensor([1, 0], device=d),
     "floor_divide of floats by zero": lambda d: torch.tensor([1.0, 2.0], device=d) // torch.tensor([1.0, 0.0], device=d),

@@ -84,8 +84,11 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         meta_kwargs["generator"] = None  # the meta kernel needs no random state
     try:
         meta = _aten(name)(*args, **meta_kwargs)
-    except Exception:
+    except Exception as err:
         _meta.check_cpu_factory(_aten(name), args, kwargs)  # CPU's own refusal first, where its kernel refuses
+        known = _meta.kernel_error(err)
+        if known is not None:
+            raise known from None
         raise
     dtype = device_dtype(meta.dtype)
     shape = tuple(meta.shape)

@@ -16,7 +16,7 @@ import torch
 from ._tensor import JaxTensor
 
 __all__ = ["OutputPlan", "OutputSpec", "check_cpu_factory", "check_cpu_kernel", "inside_backward", "probe_key", "check_inplace", "check_out_dtypes", "check_out_overlap",
-           "decode_result", "encode_result", "meta_view_of", "out_needs_resize", "output_plan", "run_meta"]
+           "decode_result", "encode_result", "kernel_error", "meta_view_of", "out_needs_resize", "output_plan", "run_meta"]
 
 
 def meta_view_of(t: JaxTensor) -> torch.Tensor:
@@ -48,10 +48,9 @@ def run_meta(func: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         text = str(err)
         if "meta" in text.lower() or "data-dependent" in text or "data dependent" in text or "nonzero" in text:
             return False, None
-        for pattern, kernel_error in _KERNEL_ERROR_PATTERNS:
-            found = pattern.match(text)
-            if found:
-                raise kernel_error(found) from None
+        known_error = kernel_error(err)
+        if known_error is not None:
+            raise known_error from None
         raise
     except Exception as err:
         if type(err).__name__ in _DATA_DEPENDENT:
@@ -119,6 +118,20 @@ def decode_result(data: bytes) -> tuple[bool, Any] | None:
         return None
 
 
+def kernel_error(err: Exception) -> Exception | None:
+    """The error torch's CPU kernels raise for a call whose meta kernel (a
+    reference in Python) raised ``err``, where its text says which of
+    torch's checks it is (``_KERNEL_ERROR_PATTERNS``); None otherwise."""
+    if not isinstance(err, RuntimeError):
+        return None
+    text = str(err)
+    for pattern, make in _KERNEL_ERROR_PATTERNS:
+        found = pattern.match(text)
+        if found:
+            return make(found)
+    return None
+
+
 #: Nearest upsampling's meta kernels check ``input.numel() != 0 or
 #: prod(input.size()[1:])`` with torch._check, which refuses the int that
 #: ``or`` gives for an empty input (TypeError "cond must be a bool"); CPU's
@@ -176,6 +189,10 @@ _KERNEL_ERROR_PATTERNS = (
      lambda m: _size_mismatch(int(m.group(1)), int(m.group(2)), [int(n) for n in m.group(3).split(",") if n.strip()])),
     # mm / addmm / linear of sizes that do not chain (the error of every model
     # whose layer widths disagree); calls too large for CPU's probe
+    # a size beyond int64 (torch.arange(0, 1e20)): CPU's check, not the
+    # reference's failure to parse its own argument
+    (re.compile(r"prims::iota\(\) Expected a value of type 'int' for argument 'length'"),
+     lambda m: RuntimeError("invalid size, possible overflow?")),
     (re.compile(r"a and b must have same reduction dim, but got \[(\d+), (\d+)\] X \[(\d+), (\d+)\]\.$"),
      lambda m: RuntimeError("mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})".format(*m.groups()))),
     (re.compile(r"Sizes of tensors must match except in dimension (\d+)\. Expected (\d+) in dimension \d+ but got "
@@ -369,6 +386,7 @@ _KERNEL_REFUSALS = re.compile("|".join((
     r"^\w+ expects (std|sigma|lambda|p) ",
     r"^\w+ expects to return a \[from, to\) range",
     r"^\w+ expects 'from' to be less than 'to'",
+    r"cannot sample n_sample > prob_dist\.size\(-1\) samples without replacement",
     r"^(from|to)( - 1)? is out of bounds for \w+$",
     r"only supports bool tensor for result",
     r"expected the dtype for input and out to match",

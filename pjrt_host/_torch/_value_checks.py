@@ -132,6 +132,9 @@ _BERNOULLI = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "Expected p_in >= 0 &
 _STD = _Check(_outside(0.0, float("inf")), {1: (RuntimeError, "normal expects all elements of std >= 0.0")})
 _BCE_INPUT = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "all elements of input should be between 0 and 1")})
 _BCE_TARGET = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "all elements of target should be between 0 and 1")})
+_NEGATIVE_REPEATS = _Check(lambda a: jnp.where(jnp.any(a < 0), 1, 0), {1: (RuntimeError, "repeats can not be negative")})
+_FEW_SOURCES = _Check(lambda mask, shape, n: jnp.where(jnp.sum(jnp.broadcast_to(mask, shape) != 0) > n, 1, 0),
+                      {1: (RuntimeError, "Number of elements of source < number of ones in mask")})
 _ZERO = _Check(lambda a: jnp.where(jnp.any(a == 0), 1, 0), {1: (RuntimeError, "ZeroDivisionError")})
 _BINCOUNT = _Check(lambda a: jnp.where(jnp.any(a < 0), 1, 0),
                    {1: (RuntimeError, "bincount only supports 1-d non-negative integral inputs.")})
@@ -226,6 +229,24 @@ def _integer_division(op: str) -> Callable[[Any, tuple, dict], None]:
     return check
 
 
+def _repeat_interleave(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``repeat_interleave.Tensor(repeats)`` (what ``x.repeat_interleave(t)``
+    reaches with a tensor of repeats): a negative count gave a shorter
+    result."""
+    repeats = _arg(args, kwargs, 0, "repeats")
+    if isinstance(repeats, torch.Tensor) and not repeats.dtype.is_floating_point:
+        _run("aten::repeat_interleave", _NEGATIVE_REPEATS, repeats, mode)
+
+
+def _masked_scatter(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``masked_scatter(self, mask, source)``: a mask with more ones than
+    ``source`` has elements took values from past its end."""
+    x, mask, source = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "mask"), _arg(args, kwargs, 2, "source")
+    if all(isinstance(v, torch.Tensor) for v in (x, mask, source)):
+        shape = tuple(torch.broadcast_shapes(x.shape, mask.shape))
+        _run("aten::masked_scatter", _FEW_SOURCES, mask, mode, shape, source.numel())
+
+
 def _bincount(mode: Any, args: tuple, kwargs: dict) -> None:
     x = _arg(args, kwargs, 0, "self")
     if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and x.dtype != torch.bool:
@@ -284,6 +305,8 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "normal": _normal,
     "binary_cross_entropy": _binary_cross_entropy,
     "bincount": _bincount,
+    "repeat_interleave": _repeat_interleave,
+    "masked_scatter": _masked_scatter,
     **{op: _integer_division(op) for op in ("floor_divide", "remainder", "fmod", "div")},
 }
 
