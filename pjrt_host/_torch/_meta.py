@@ -58,9 +58,9 @@ def run_meta(func: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         if isinstance(err, TypeError) and str(err).startswith("cond must be a bool") and \
                 getattr(func, "name", lambda: "")() in _EMPTY_BATCH_CHECKED:
             return True, _empty_batch_meta(func, args, kwargs)
-        kernel_error = _KERNEL_ERRORS.get(str(err))
-        if kernel_error is not None:
-            raise kernel_error[0](kernel_error[1]) from None
+        cpu_error = _KERNEL_ERRORS.get(str(err))
+        if cpu_error is not None:
+            raise cpu_error[0](cpu_error[1]) from None
         raise
     undefined = _UNDEFINED_RESULTS.get(getattr(func, "name", lambda: "")())
     if undefined is not None:
