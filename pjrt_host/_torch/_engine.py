@@ -812,7 +812,7 @@ class CompiledOp:
         if jitted and (tensors or writes) and disk_signature is not None:
             # what fused eager keys a segment's program by on disk (_fused._run)
             fn.pjrt_host_signature = disk_signature
-        entry = _Entry(self._program(key, jax.jit(fn)) if jitted else fn, plan,
+        entry = _Entry(self._program(key, jax.jit(fn), signature=disk_signature) if jitted else fn, plan,
                        fn if (jitted and writes and DONATE) else None,
                        {} if (jitted and writes and DONATE) else None,
                        fn if (jitted and (tensors or writes)) else None)
@@ -823,16 +823,19 @@ class CompiledOp:
         return entry
 
 
-    def _program(self, key: tuple, jitted: Any, donated: tuple = ()) -> Any:
+    def _program(self, key: tuple, jitted: Any, donated: tuple = (), signature: Any = None) -> Any:
         """What runs ``jitted``: itself on a mesh or with the program cache
         off, else a :class:`_FirstCall` that gets its compiled program from
         the program cache (from disk, untraced, when it was made before)."""
         place = key[4]
         if type(place) is not int or _program_cache.directory() is None:
             return jitted
-        return _FirstCall(self, key, jitted, self._disk_signature(key, donated), place, donated)
+        if signature is None or donated:
+            signature = self._disk_signature(key, donated)
+        return _FirstCall(self, key, jitted, signature, place, donated)
 
-    def _meta_result(self, disk_signature: tuple | None, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    def _meta_result(self, disk_signature: _program_cache.Spelt | None, args: tuple,
+                     kwargs: dict) -> tuple[bool, Any]:
         """``_meta.run_meta`` for the call (the program's ``disk_signature``
         with the program cache on): torch's meta kernels give a call's result
         shapes and dtypes once per signature, and a foreach op's run torch's
@@ -850,7 +853,7 @@ class CompiledOp:
             _program_cache.remember("meta", disk_signature, data)
         return known, meta
 
-    def _cpu_kernel_verdict(self, disk_signature: tuple | None, args: tuple, kwargs: dict) -> bool:
+    def _cpu_kernel_verdict(self, disk_signature: _program_cache.Spelt | None, args: tuple, kwargs: dict) -> bool:
         """``_meta.check_cpu_kernel`` for the call (the program's
         ``disk_signature`` with the program cache on): raises CPU's
         refusal, else whether CPU ran the call's own layouts.  An accepted
@@ -863,12 +866,13 @@ class CompiledOp:
         signature = None if disk_signature is None else (disk_signature, _meta.inside_backward())
         return _program_cache.learnt("cpu-kernel", signature, lambda: _meta.check_cpu_kernel(self.func, args, kwargs))
 
-    def _disk_signature(self, key: tuple, donated: tuple) -> tuple:
+    def _disk_signature(self, key: tuple, donated: tuple) -> _program_cache.Spelt:
         """Everything the program of ``key`` is traced from, as the program
         cache keys it on disk (its ``repr``)."""
         cfg = key[3]
-        return (self.name, op_name(self.meta_op), self.inplace, self.out_names, self.lowering.where,
-                lowering_context(cfg, True), key[0], key[1], key[2], cfg, donated)
+        return _program_cache.Spelt((self.name, op_name(self.meta_op), self.inplace, self.out_names,
+                                     self.lowering.where, lowering_context(cfg, True), key[0], key[1], key[2], cfg,
+                                     donated))
 
 
 class _FirstCall:
