@@ -308,7 +308,9 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "bincount": _bincount,
     "repeat_interleave": _repeat_interleave,
     "masked_scatter": _masked_scatter,
-    **{op: _integer_division(op) for op in ("floor_divide", "remainder", "fmod", "div")},
+    **{op: _integer_division(op) for op in ("floor_divide", "remainder", "fmod")},
+    # div only with a rounding mode (true division is never refused, and is hot)
+    **{f"div.{overload}": _integer_division("div") for overload in ("Tensor_mode", "Scalar_mode", "out_mode")},
 }
 
 
@@ -317,8 +319,9 @@ def checker_for(name: str) -> Callable[[Any, tuple, dict], None] | None:
     namespace, _, rest = name.rpartition("::")
     if namespace not in ("aten", ""):
         return None
-    base = rest.split(".", 1)[0]
-    return _CHECKS.get(base if base.startswith("_") else base.rstrip("_"))
+    base, _, overload = rest.partition(".")
+    base = base if base.startswith("_") else base.rstrip("_")
+    return _CHECKS.get(f"{base}.{overload}") or _CHECKS.get(base)
 
 
 @x64_scope
