@@ -56,6 +56,33 @@ def test_second_device_in_subprocess():
     assert out.stdout.strip().endswith("ok")
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_ops_that_only_overwrite_a_tensor_keep_it_on_its_device(eager):
+    """An op whose program reads nothing of the tensor it writes (a random
+    fill, fill_, zero_, nn.init) was placed by its other inputs, host
+    values, on jax's default device: a layer made on jax:1 held its
+    weights on device 0 while reporting jax:1."""
+    code = textwrap.dedent("""
+        import jax, torch
+        layer = torch.nn.Linear(4, 3, device='jax:1')
+        one = jax.devices()[1]  # the client exists now, with its two devices
+        made = [layer.weight, layer.bias, torch.empty(5, device='jax:1').uniform_(-1, 1),
+                torch.empty(5, device='jax:1').normal_(), torch.empty(5, device='jax:1').fill_(2.0),
+                torch.ones(5, device='jax:1').zero_(), torch.empty(5, device='jax:1').bernoulli_(0.5),
+                torch.rand(5, device='jax:1'), layer(torch.ones(2, 4, device='jax:1'))]
+        torch.nn.init.trunc_normal_(made[2])
+        for t in made:
+            assert t.device == torch.device('jax:1'), t.device
+            assert t._storage.array.devices() == {one}, (t.shape, t._storage.array.devices())
+        print('ok')
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PJRT_") or k == "PJRT_HOST_CACHE_DIR"}
+    env.update(PJRT_HOST_CPU_REF_DEVICES="2", PJRT_HOST_EAGER=eager)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
 def test_plugin_dtype_mapping_warns_once_in_subprocess():
     # A plugin that cannot hold float64: such tensors become float32 on the
     # device, with one warning, and ops keep working.

@@ -471,7 +471,7 @@ class CompiledOp:
                         fn = entry.donating.get(donated)
                         if fn is None:
                             fn = entry.donating[donated] = self._program(
-                                key, jax.jit(entry.raw, donate_argnums=donated), donated)
+                                key, jax.jit(entry.raw, donate_argnums=donated, keep_unused=True), donated)
                             with warnings.catch_warnings():  # an unusable donated buffer is freed all the same
                                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                                 result = fn(*dyn)
@@ -812,7 +812,11 @@ class CompiledOp:
         if jitted and (tensors or writes) and disk_signature is not None:
             # what fused eager keys a segment's program by on disk (_fused._run)
             fn.pjrt_host_signature = disk_signature
-        entry = _Entry(self._program(key, jax.jit(fn), signature=disk_signature) if jitted else fn, plan,
+        # keep_unused: an input the op only overwrites (uniform_, fill_ of a
+        # tensor) places the program on its device; jax would drop it and run
+        # on its default device, leaving a tensor of jax:1 on device 0
+        entry = _Entry(self._program(key, jax.jit(fn, keep_unused=True), signature=disk_signature) if jitted else fn,
+                       plan,
                        fn if (jitted and writes and DONATE) else None,
                        {} if (jitted and writes and DONATE) else None,
                        fn if (jitted and (tensors or writes)) else None)

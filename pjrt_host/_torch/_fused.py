@@ -107,7 +107,8 @@ class Segment:
             _counts["programs"] += 1
             with warnings.catch_warnings():  # a donated buffer no output can reuse is freed all the same
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                jitted = jax.jit(_program(self.ops, live), donate_argnums=donated)
+                # keep_unused: an input only overwritten still places the program (_engine._build)
+                jitted = jax.jit(_program(self.ops, live), donate_argnums=donated, keep_unused=True)
                 program = _programs[key] = _kept(jitted, key, ext, self.device)
                 outs = program(*ext)
         else:
