@@ -151,7 +151,17 @@ def compiled(name: str, signature: Any, jitted: Any, args: tuple, device: Any) -
             if loaded is not None:
                 return _made_here(key, loaded)
     _local.jax_entry = _local.written = None
-    program = jitted.lower(*args).compile()
+    # jax's entry of a module this process has not met is not read: the
+    # program is compiled, so that it can be kept under this key.  (An
+    # executable loaded from jax's entry cannot be kept; after an upgrade of
+    # pjrt_host the first process loaded every program from jax's entries
+    # and kept none, and the second compiled them all.)  A program that
+    # cannot be kept (constants closed over) takes jax's entry as before.
+    _local.fresh = key is not None and not _unserializable and remembered("unkept", key) is None
+    try:
+        program = jitted.lower(*args).compile()
+    finally:
+        _local.fresh = False
     if key is not None and not _unserializable:
         hit, written = _local.jax_entry, _local.written
         if hit is None:
@@ -180,6 +190,9 @@ def compiled(name: str, signature: Any, jitted: Any, args: tuple, device: Any) -
 
 #: jax's entry -> the key this process kept the same program under
 _ours_for_jax: dict[str, str] = {}
+#: jax's entries this process read or wrote: modules it compiled or loaded,
+#: whose second compile in this process could not be kept whole
+_jax_met: set[str] = set()
 
 
 #: The programs this process made or loaded, by key: a second request for
@@ -566,6 +579,7 @@ def _keep(key: str, program: Any) -> None:
         data = pickle.dumps((payload, in_tree, out_tree))
     except (NotImplementedError, ValueError) as err:  # constants closed over, mutable refs: this program only
         logger.debug("pjrt_host: program %s is kept in memory only: %s", key, err)
+        remember("unkept", key, b"yes")  # later processes take jax's entry of it (:func:`compiled`)
         return
     except Exception as err:  # the plugin cannot serialize executables
         logger.debug("pjrt_host: programs are kept in memory only: %s", err)
@@ -637,6 +651,10 @@ class DiskStore:
         self._size = self._scan()[1]
 
     def get(self, key: str) -> bytes | None:
+        if not key.startswith("pjrt_host-"):  # one of jax's own entries
+            if getattr(_local, "fresh", False) and key not in _jax_met:
+                return None  # compiled instead, to be kept (:func:`compiled`)
+            _jax_met.add(key)
         file = os.path.join(self._path, key)
         try:
             with open(file, "rb") as f:
@@ -658,6 +676,8 @@ class DiskStore:
 
     def put(self, key: str, value: bytes, replace: bool = False) -> None:
         _local.written = key
+        if not key.startswith("pjrt_host-"):
+            _jax_met.add(key)
         file = os.path.join(self._path, key)
         if not replace and os.path.exists(file):
             return
