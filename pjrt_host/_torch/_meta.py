@@ -187,12 +187,12 @@ _KERNEL_ERROR_PATTERNS = (
     (re.compile(r"Attempting to broadcast a dimension of length (\d+) at (-\d+)! Mismatching argument at index \d+ "
                 r"had .*; but expected shape should be broadcastable to \[([\d, ]*)\]$"),
      lambda m: _size_mismatch(int(m.group(1)), int(m.group(2)), [int(n) for n in m.group(3).split(",") if n.strip()])),
-    # mm / addmm / linear of sizes that do not chain (the error of every model
-    # whose layer widths disagree); calls too large for CPU's probe
     # a size beyond int64 (torch.arange(0, 1e20)): CPU's check, not the
     # reference's failure to parse its own argument
     (re.compile(r"prims::iota\(\) Expected a value of type 'int' for argument 'length'"),
      lambda m: RuntimeError("invalid size, possible overflow?")),
+    # mm / addmm / linear of sizes that do not chain (the error of every model
+    # whose layer widths disagree), and cat's sizes: calls too large for CPU's probe
     (re.compile(r"a and b must have same reduction dim, but got \[(\d+), (\d+)\] X \[(\d+), (\d+)\]\.$"),
      lambda m: RuntimeError("mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})".format(*m.groups()))),
     (re.compile(r"Sizes of tensors must match except in dimension (\d+)\. Expected (\d+) in dimension \d+ but got "
