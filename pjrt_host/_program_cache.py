@@ -195,6 +195,12 @@ _ours_for_jax: dict[str, str] = {}
 _jax_met: set[str] = set()
 
 
+def _of_jax(key: str) -> bool:
+    """Whether ``key`` names one of jax's own entries (or a manifest), not a
+    program or fact pjrt_host keeps."""
+    return not key.startswith("pjrt_host-")
+
+
 #: The programs this process made or loaded, by key: a second request for
 #: the same program (two in-memory keys of one op or segment) takes the
 #: same executable, without even jax's cache (whose entry, once loaded,
@@ -308,10 +314,10 @@ class Spelt:
     and CPU's verdict, each a ``repr`` of nested tuples of dtypes and
     shapes (about 0.4 ms)."""
 
-    __slots__ = ("value", "text")
+    __slots__ = ("text",)
 
     def __init__(self, value: Any) -> None:
-        self.value, self.text = value, repr(value)
+        self.text = repr(value)
 
     def __repr__(self) -> str:
         return self.text
@@ -651,7 +657,7 @@ class DiskStore:
         self._size = self._scan()[1]
 
     def get(self, key: str) -> bytes | None:
-        if not key.startswith("pjrt_host-"):  # one of jax's own entries
+        if _of_jax(key):
             if getattr(_local, "fresh", False) and key not in _jax_met:
                 return None  # compiled instead, to be kept (:func:`compiled`)
             _jax_met.add(key)
@@ -676,7 +682,7 @@ class DiskStore:
 
     def put(self, key: str, value: bytes, replace: bool = False) -> None:
         _local.written = key
-        if not key.startswith("pjrt_host-"):
+        if _of_jax(key):
             _jax_met.add(key)
         file = os.path.join(self._path, key)
         if not replace and os.path.exists(file):

@@ -132,13 +132,15 @@ _BERNOULLI = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "Expected p_in >= 0 &
 _STD = _Check(_outside(0.0, float("inf")), {1: (RuntimeError, "normal expects all elements of std >= 0.0")})
 _BCE_INPUT = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "all elements of input should be between 0 and 1")})
 _BCE_TARGET = _Check(_outside(0.0, 1.0), {1: (RuntimeError, "all elements of target should be between 0 and 1")})
-_NEGATIVE_REPEATS = _Check(lambda a: jnp.where(jnp.any(a < 0), 1, 0),
-                           {1: (RuntimeError, "repeats can not be negative")})
+def _any_negative(a: Any) -> Any:
+    return jnp.where(jnp.any(a < 0), 1, 0)
+
+
+_NEGATIVE_REPEATS = _Check(_any_negative, {1: (RuntimeError, "repeats can not be negative")})
 _FEW_SOURCES = _Check(lambda mask, shape, n: jnp.where(jnp.sum(jnp.broadcast_to(mask, shape) != 0) > n, 1, 0),
                       {1: (RuntimeError, "Number of elements of source < number of ones in mask")})
 _ZERO = _Check(lambda a: jnp.where(jnp.any(a == 0), 1, 0), {1: (RuntimeError, "ZeroDivisionError")})
-_BINCOUNT = _Check(lambda a: jnp.where(jnp.any(a < 0), 1, 0),
-                   {1: (RuntimeError, "bincount only supports 1-d non-negative integral inputs.")})
+_BINCOUNT = _Check(_any_negative, {1: (RuntimeError, "bincount only supports 1-d non-negative integral inputs.")})
 
 
 def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
