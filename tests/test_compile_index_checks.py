@@ -1,7 +1,8 @@
 """Out-of-range indices in compiled programs (torch.compile(backend='jax'),
 assume_pure, call_torch) raise the error eager mode raises, at the next
 synchronisation point (pjrt_host.config(check_indices=...)): an XLA gather
-or scatter would clip or drop them."""
+or scatter would clip or drop them.  So do the argument values eager
+refuses (an integer division by zero, a probability outside [0, 1])."""
 
 from __future__ import annotations
 
@@ -50,9 +51,9 @@ OPS = {
 }
 
 
-def eager_error(fn, x, i):
+def eager_error(fn, *args):
     with pjrt_host.config(check_indices="sync"), pytest.raises(Exception) as caught:
-        fn(x, i)
+        fn(*args)
     return caught.value
 
 
@@ -200,6 +201,75 @@ def test_assume_pure_module_with_gradient_checks_its_indices():
     with pytest.raises(IndexError, match="index out of range in self.*aten::embedding"):
         emb(torch.tensor([10], device="jax")).sum().backward()
         torch.jax.synchronize()
+
+
+# ------------------------------------------------------------ value checks
+
+
+def _ints(*v):
+    return torch.tensor(v, device="jax")
+
+
+def _floats(*v):
+    return torch.tensor(v, dtype=torch.float32, device="jax")
+
+
+# op -> (fn, bad arguments, good arguments): every argument value eager refuses
+# where a compiled program would give a value
+VALUE_OPS = {
+    "aten::floor_divide": (lambda a, b: a // b, (_ints(5, 7, 9), _ints(2, 0, 3)), (_ints(5, 7, 9), _ints(2, 1, 3))),
+    "aten::remainder": (lambda a, b: a % b, (_ints(5, 7), _ints(0, 3)), (_ints(5, 7), _ints(4, 3))),
+    "aten::fmod": (lambda a, b: torch.fmod(a, b), (_ints(5, -7), _ints(2, 0)), (_ints(5, -7), _ints(2, 3))),
+    "aten::div": (lambda a, b: torch.div(a, b, rounding_mode="trunc"), (_ints(5, -7), _ints(0, 2)),
+                  (_ints(5, -7), _ints(3, 2))),
+    "aten::binary_cross_entropy": (lambda p, t: nn.functional.binary_cross_entropy(p, t), (_floats(0.5, 1.5), _floats(0, 1)),
+                                   (_floats(0.5, 0.25), _floats(0, 1))),
+    "aten::bernoulli": (lambda p: torch.bernoulli(p) * 0, (_floats(0.5, -0.5),), (_floats(0.5, 1.0),)),
+}
+
+
+@pytest.mark.parametrize("op", list(VALUE_OPS))
+def test_compiled_op_refuses_the_values_eager_refuses(op):
+    fn, bad, good = VALUE_OPS[op]
+    expected = eager_error(fn, *bad)
+    compiled = torch.compile(fn, backend="jax")
+    compiled(*bad)
+    with pytest.raises(type(expected)) as caught:
+        torch.jax.synchronize()
+    text = str(caught.value)
+    assert text.startswith(str(expected)), text
+    assert op in text and "torch.compile(backend='jax')" in text and f"called from {__file__}:" in text
+    # the same program with values CPU accepts gives CPU's result
+    assert compiled(*good).cpu().tolist() == fn(*(a.cpu() for a in good)).tolist()
+    with pjrt_host.config(check_indices="sync"), pytest.raises(type(expected), match="found at the call"):
+        compiled(*bad)
+
+
+def test_a_python_zero_divisor_is_refused_by_every_call():
+    f = torch.compile(lambda a: a // 0 + a % 0, backend="jax")
+    with pytest.raises(RuntimeError, match="ZeroDivisionError.*aten::floor_divide.*torch.compile"):
+        f(_ints(5, 7)).cpu()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(_ints(1)).cpu()
+    # a float division by zero is not refused, on CPU or here
+    g = torch.compile(lambda a: a // 0.0, backend="jax")
+    assert g(_floats(1.0, -1.0)).cpu().tolist() == (torch.tensor([1.0, -1.0]) // 0.0).tolist()
+
+
+def test_value_checks_under_checkify_and_off():
+    from jax.experimental import checkify
+
+    fn = lambda a, b: a // b  # noqa: E731
+    a, bad = jax.numpy.array([5, 7]), jax.numpy.array([2, 0])
+    checked = jax.jit(checkify.checkify(lambda a, b: interop.call_torch(fn, a, b), errors=checkify.user_checks))
+    err, _ = checked(a, bad)
+    assert "ZeroDivisionError (raised by aten::floor_divide" in err.get()
+    err, out = checked(a, jax.numpy.array([2, 7]))
+    assert err.get() is None and out.tolist() == [2, 1]
+    compiled = torch.compile(fn, backend="jax")
+    with pjrt_host.config(check_indices=False):
+        compiled(_ints(5, 7), _ints(2, 0)).cpu()  # unchecked: jax's value, no error
+    torch.jax.synchronize()
 
 
 # ------------------------------------------------------------ torch functions as JAX functions

@@ -1,4 +1,4 @@
-"""Index checks inside compiled programs (``pjrt_host.config(check_indices=...)``).
+"""Index and value checks inside compiled programs (``pjrt_host.config(check_indices=...)``).
 
 An XLA gather or scatter cannot fail: it clips or drops an out-of-range
 index.  Eager mode checks each indexing op's indices on the device and reads
@@ -14,6 +14,12 @@ user's code the graph recorded) and surfaces at the next ``.item()``,
 ``.cpu()``, print or ``torch.jax.synchronize()``; with ``check_indices='sync'``
 it is read, and raised, right after the call; ``check_indices=False``
 compiles programs without the rows.
+
+Value checks are eager's too (``_torch._value_checks``: an integer division
+by zero, a probability outside [0, 1], an SVD of NaNs ...): the program
+computes each checked op's verdict code from the same verdict function, one
+row ``[code, 0, 0]`` beside the index rows, and the error is CPU's type and
+text for that code.
 
 Under a JAX transformation (``call_torch`` / ``extract_jax`` inside
 ``jax.jit``) no host code runs per call: the checks are
@@ -36,7 +42,7 @@ import torch.fx
 from .._jax_settings import x64_mode
 from . import _door
 
-__all__ = ["Site", "debug_checks", "report", "sites_of", "stack"]
+__all__ = ["Site", "ValueSite", "debug_checks", "report", "sites_of", "stack"]
 
 
 class Site(NamedTuple):
@@ -52,10 +58,58 @@ class Site(NamedTuple):
     source: str  #: "file.py:12 in fn", where the user's code called the op ("" unknown)
     ignore: int | None = None  #: a value allowed wherever it lies (a loss's ignore_index)
 
+    def row(self, index: Any, size: int) -> Any:
+        """Traceable: the verdict row of the index values ``index``."""
+        from ._interpreter import index_row
+
+        return index_row(index, size, self.negative_ok, self.ignore)
+
+    def failure(self, row: list[int], where: str, when: str) -> Exception:
+        """The exception of a failed ``row`` (read back), called ``where``."""
+        _, value, size = row
+        return _door.index_failure(self.error, value, self.dim, size, self.op, where, when)
+
+    def debug_check(self, row: Any, size: int, where: str) -> None:
+        from jax.experimental import checkify
+
+        # torch's text names the value: put the traced value there.
+        text = str(self.error(-987654321, self.dim, size)).replace("{", "{{").replace("}", "}}") \
+            .replace("-987654321", "{}")
+        checkify.debug_check(row[0] == 0, f"{text} (raised by {self.op} {where})", row[1].astype(jnp.int32))
+
+
+class ValueSite(NamedTuple):
+    """One value check of a graph: ``verdict`` of ``index``'s values (a
+    graph node, named as :class:`Site`'s for the interpreter; None: the
+    call is refused whatever it holds) must be 0."""
+
+    op: str
+    index: torch.fx.Node | None
+    verdict: Callable[[Any], Any]  #: traceable, array -> int32 code
+    error: Callable[[int], tuple[type, str]]  #: CPU's exception type and text for a code
+    source: str
+    size: int = 0
+
+    def row(self, value: Any, size: int) -> Any:
+        code = self.verdict(value)
+        return jnp.stack([code, jnp.zeros_like(code), jnp.zeros_like(code)])
+
+    def failure(self, row: list[int], where: str, when: str) -> Exception:
+        exc, text = self.error(row[0])
+        return exc(f"{text} (raised by {self.op} {where}, {when})")
+
+    def debug_check(self, row: Any, size: int, where: str) -> None:
+        from jax.experimental import checkify
+
+        text = self.error(1)[1].replace("{", "{{").replace("}", "}}")
+        checkify.debug_check(row[0] == 0, f"{text} (raised by {self.op} {where})")
+
 
 def sites_of(node: torch.fx.Node, name: str) -> list[Site]:
-    """The index checks of op ``name`` at ``node`` (empty for other ops)."""
-    if not _door.has_index_check(name):
+    """The index and value checks of op ``name`` at ``node`` (empty for
+    other ops)."""
+    indexes, values = _door.has_index_check(name), _door.has_value_check(name)
+    if not (indexes or values):
         return []
     fakes: dict[int, torch.fx.Node] = {}
 
@@ -69,12 +123,17 @@ def sites_of(node: torch.fx.Node, name: str) -> list[Site]:
 
     args = torch.fx.node.map_aggregate(node.args, fake)
     kwargs = torch.fx.node.map_aggregate(node.kwargs, fake)
-    found = []
-    for index, size, dim, negative_ok, error, ignore in _door.index_sites(name, args, kwargs):
+    found: list[Any] = []
+    for index, size, dim, negative_ok, error, ignore in _door.index_sites(name, args, kwargs) if indexes else ():
         at = fakes.get(id(index))
         if at is None or 0 in tuple(index.shape):  # no index values to check
             continue
         found.append(Site(name, at, size, dim, negative_ok, error, _source(node), ignore))
+    for tensor, verdict, error in _door.value_sites(name, args, kwargs) if values else ():
+        at = None if tensor is None else fakes.get(id(tensor))
+        if tensor is not None and (at is None or 0 in tuple(tensor.shape)):  # not an argument, or no values
+            continue
+        found.append(ValueSite(name, at, verdict, error, _source(node)))
     return found
 
 
@@ -106,10 +165,9 @@ def stack(rows: list) -> Any:
 
 
 def _raise_first(values: Any, sites: list[Site], where: str, when: str) -> None:
-    for site, (bad, value, size) in zip(sites, np.asarray(values).tolist()):
-        if bad:
-            at = f"{where}, called from {site.source}" if site.source else where
-            raise _door.index_failure(site.error, value, site.dim, size, site.op, at, when)
+    for site, row in zip(sites, np.asarray(values).tolist()):
+        if row[0]:
+            raise site.failure(row, f"{where}, called from {site.source}" if site.source else where, when)
 
 
 _DEFERRED = ("found at the next synchronisation point; pjrt_host.config(check_indices='sync') raises at the "
@@ -139,16 +197,10 @@ def report(flags: Any, sites: list[Site], mode: Any, where: str) -> None:
 def debug_checks(rows: list, sites: list[Site], where: str) -> None:
     """Traceable, under a JAX transformation: each row as a
     ``checkify.debug_check`` (reported by ``checkify.checkify``)."""
-    from jax.experimental import checkify
-
     for number, size, r in rows:
         site = sites[number]
         at = f"{where}, called from {site.source}" if site.source else where
-        # torch's text names the value: put the traced value there.
-        text = str(site.error(-987654321, site.dim, size)).replace("{", "{{").replace("}", "}}") \
-            .replace("-987654321", "{}")
-        value = r[1].astype(jnp.int32)
         # checkify keeps its error state in the caller's types, made outside
         # pjrt_host's 64-bit scope: the check is added in the caller's mode.
         with jax.enable_x64(x64_mode() == "process"):
-            checkify.debug_check(r[0] == 0, f"{text} (raised by {site.op} {at})", value)
+            site.debug_check(r, size, at)

@@ -15,16 +15,17 @@ import torch
 from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _index_checks, _rng,
-                      _sharding, _tensor, _strided)
+                      _sharding, _tensor, _strided, _value_checks)
 from .._torch._hiding import dynamo_compiling, our_trace
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
     "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "check_results_fit", "config", "constraint_sharding",
     "current_index", "custom_op_kernel", "defer_check", "device_dtype", "device_index", "dynamo_compiling",
-    "eager_dispatch_hooks", "has_index_check", "host_values", "index_failure", "index_of_array", "index_sites",
-    "jax_device", "lowering_context", "next_key_args", "note_result", "our_trace", "out_of_memory", "put_storage",
-    "read", "storage_of", "to_device_array", "to_torch", "torch_device", "torch_dtype", "wrap", "write",
+    "eager_dispatch_hooks", "has_index_check", "has_value_check", "host_values", "index_failure", "index_of_array",
+    "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result", "our_trace", "out_of_memory",
+    "put_storage", "read", "storage_of", "to_device_array", "to_torch", "torch_device", "torch_dtype", "value_sites",
+    "wrap", "write",
 ]
 
 
@@ -176,6 +177,17 @@ def index_sites(name: str, args: tuple, kwargs: dict) -> list[tuple]:
     """The index checks eager mode makes for ATen op ``name``, read from a
     graph's fake tensors: ``[(index, size, dim, negative_ok, error, ignore)]``."""
     return _index_checks.sites(name, args, kwargs)
+
+
+def has_value_check(name: str) -> bool:
+    """Whether eager mode checks the argument values of ATen op ``name``."""
+    return _value_checks.checker_for(name) is not None
+
+
+def value_sites(name: str, args: tuple, kwargs: dict) -> list[tuple]:
+    """The value checks eager mode makes for ATen op ``name``, read from a
+    graph's fake tensors: ``[(tensor or None, verdict, error)]``."""
+    return _value_checks.sites(name, args, kwargs)
 
 
 def index_failure(error: Any, value: int, dim: int, size: int, op: str, where: str, when: str) -> Exception:

@@ -59,7 +59,7 @@ class _Step(NamedTuple):
     random: int = -1  # index of the random op (its key is fold_in(key, random))
     meta: Any = None  # result dtypes (lowering) / Out template (graph)
     index: int = -1  # placeholder position (input), or the placeholder a lowering writes (copy_ into an input)
-    checks: tuple[int, ...] = ()  # the op's index checks (numbers into Program.sites)
+    checks: tuple[int, ...] = ()  # the op's index and value checks (numbers into Program.sites)
 
 
 _PYTHON_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
@@ -79,16 +79,17 @@ def _python_callable(target: Any) -> bool:
 class Program:
     """One ATen graph, read once.  ``dtype_of(torch dtype) -> jax dtype``
     maps result dtypes (the device may map some, e.g. float64 -> float32).
-    ``sites_of(node, op name) -> [site]`` gives the index checks of an op
-    (``_checks.sites_of``; each site has ``.index``, the index's node,
-    ``.size`` and ``.negative_ok``): :meth:`run` computes them on request."""
+    ``sites_of(node, op name) -> [site]`` gives the index and value checks
+    of an op (``_checks.sites_of``; each site has ``.index``, the checked
+    tensor's node or None, ``.size``, and ``.row(value, size)``, its
+    traceable verdict row): :meth:`run` computes them on request."""
 
     def __init__(self, gm: torch.fx.GraphModule, dtype_of: Callable[[torch.dtype], Any],
                  sites_of: Callable[[torch.fx.Node, str], list] | None = None) -> None:
         self.gm = gm
         self.dtype_of = dtype_of
         self._sites_of = sites_of
-        #: The index checks of the graph's ops, in graph order.
+        #: The index and value checks of the graph's ops, in graph order.
         self.sites: list[Any] = []
         self.steps: list[_Step] = []
         #: Ops with no lowering (name -> why): the graph cannot be one jax function.
@@ -258,7 +259,7 @@ class Program:
         """Evaluate the graph on jax values (traceable).  Returns (outputs,
         [(placeholder, new value)] for each write into an input, in order).
         With a list ``checks``, appends ``(site number, size, row)`` for each
-        index check of :attr:`sites` (``row``: see :func:`index_row`)."""
+        check of :attr:`sites` (``row``: see :func:`index_row`)."""
         env: dict[torch.fx.Node, Any] = {}
         mutations: list[tuple[int, Any]] = []
         bindings: dict[Any, int] = {}
@@ -319,7 +320,7 @@ class Program:
         for number in numbers:
             site = self.sites[number]
             size = _concrete(site.size, bindings)
-            checks.append((number, size, index_row(env[site.index], size, site.negative_ok, site.ignore)))
+            checks.append((number, size, site.row(None if site.index is None else env[site.index], size)))
 
     def _out(self, node: torch.fx.Node, bindings: dict) -> Out:
         val = node.meta.get("val")

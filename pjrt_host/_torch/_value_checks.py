@@ -10,10 +10,16 @@ device; it is read at the next synchronisation point (``.item()``,
 these off with the index checks (the same switch: both are torch's
 device-side asserts).  Errors are CPU's type and text, followed by the op
 and when it was found.
+
+The same checks run inside compiled graphs (``torch.compile(backend='jax')``,
+``call_torch``): :func:`sites` reads an op's checks from the graph's fake
+tensors, and the program computes each verdict code itself beside its
+results (``_compile._checks``).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import jax.numpy as jnp
@@ -24,7 +30,9 @@ from .. import _program_cache
 from .._jax_settings import x64_scope
 from ._tensor import JaxTensor, defer_check, read
 
-__all__ = ["checker_for", "one_hot_classes"]
+__all__ = ["checker_for", "one_hot_classes", "sites"]
+
+_local = threading.local()  # .collect: a list while :func:`sites` reads an op's checks (graph form)
 
 
 class _Check:
@@ -223,11 +231,12 @@ def _integer_division(op: str) -> Callable[[Any, tuple, dict], None]:
             return
         if not isinstance(b, torch.Tensor):
             if b == 0:
+                _refuse(f"aten::{op}", RuntimeError("ZeroDivisionError"))
+        elif type(b) is torch.Tensor and b.device.type == "cpu":  # a CPU scalar tensor (not a trace's fake)
+            if b.numel() and bool((b == 0).any()):
                 raise RuntimeError("ZeroDivisionError")
-        elif isinstance(b, JaxTensor):
+        else:
             _run(f"aten::{op}", _ZERO, b, mode)
-        elif b.numel() and bool((b == 0).any()):  # a CPU scalar tensor
-            raise RuntimeError("ZeroDivisionError")
 
     return check
 
@@ -257,6 +266,12 @@ def _bincount(mode: Any, args: tuple, kwargs: dict) -> None:
 
 
 def _run(op: str, spec: _Check, tensor: Any, mode: Any, *static: Any, text: str | None = None) -> None:
+    collect = getattr(_local, "collect", None)
+    if collect is not None:  # graph form: the program computes the verdict itself
+        if isinstance(tensor, torch.Tensor):
+            collect.append((tensor, lambda a: spec.verdict(a, *static).astype(jnp.int32),
+                            lambda code: (spec.error(code)[0], text or spec.error(code)[1])))
+        return
     if not isinstance(tensor, JaxTensor) or tensor.numel() == 0:
         return
     code = spec.code(read(tensor), *static)
@@ -280,6 +295,34 @@ def _run(op: str, spec: _Check, tensor: Any, mode: Any, *static: Any, text: str 
         verdict(None)  # type: ignore[arg-type]
     else:
         defer_check(verdict)
+
+
+def _refuse(op: str, err: Exception) -> None:
+    """A call refused whatever its tensors hold (a Python 0 divisor):
+    raised at the call; in graph form, by every call of the program."""
+    collect = getattr(_local, "collect", None)
+    if collect is None:
+        raise err
+    collect.append((None, lambda a: jnp.ones((), jnp.int32), lambda code: (type(err), str(err))))
+
+
+def sites(name: str, args: tuple, kwargs: dict) -> list[tuple]:
+    """Graph form: the value checks ATen op ``name`` makes on ``args``
+    (fake tensors, as a traced graph records them), without reading values:
+    ``[(tensor, verdict, error)]``, ``verdict(array)`` the traceable int32
+    code of the tensor's values (0: fine; ``tensor`` None: a call refused
+    whatever it holds, ``array`` unused) and ``error(code)`` CPU's
+    exception type and text for a code."""
+    check = checker_for(name)
+    if check is None:
+        return []
+    found: list[tuple] = []
+    _local.collect = found
+    try:
+        check(True, args, kwargs)
+    finally:
+        _local.collect = None
+    return found
 
 
 def _multinomial(mode: Any, args: tuple, kwargs: dict) -> None:
