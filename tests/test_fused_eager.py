@@ -256,7 +256,7 @@ def test_segments_line_up_with_a_repeated_block():
 
     def run():
         v = torch.randn(4, 16, device="jax")
-        for _ in range(8):
+        for _ in range(16):
             v = block(v)
         return v.sum().item()
 
@@ -271,8 +271,41 @@ def test_segments_line_up_with_a_repeated_block():
         before = _fused.stats()
         run()
         after = _fused.stats()
-    assert after["segments"] - before["segments"] >= 6, "the blocks were not split into segments"
+    # 16 blocks of 12 ops: segments of whole blocks, at least REPEAT_SEGMENT ops each
+    assert after["segments"] - before["segments"] >= 3, "the blocks were not split into segments"
     assert after["programs"] == before["programs"], "the same loop compiled again"
+
+
+def test_a_chain_of_small_ops_runs_in_segments_of_whole_blocks():
+    """A loop body of two ops repeats every two ops: segments end at a
+    whole number of bodies once they hold REPEAT_SEGMENT ops, not every
+    REPEAT_MIN ops (a chain run a few ops at a time costs a program call
+    per few ops), and not only at LIMIT."""
+    x = torch.randn(128, device="jax")
+
+    def chain():
+        v = x
+        for _ in range(200):
+            v = v * 1.0001 + 0.0001
+        return v
+
+    expected = x.cpu()
+    for _ in range(200):
+        expected = expected * 1.0001 + 0.0001
+    torch.jax.synchronize()
+    with fused():
+        for _ in range(2):  # warm-up may take two runs (see the test above)
+            first = chain()
+            torch.jax.synchronize()
+        before = _fused.stats()
+        got = chain()
+        torch.jax.synchronize()
+        after = _fused.stats()
+    segments = after["segments"] - before["segments"]
+    assert 400 / _fused.LIMIT < segments <= 400 / _fused.REPEAT_SEGMENT + 2, segments
+    assert after["programs"] == before["programs"], "the same chain compiled again"
+    assert torch.equal(got.cpu(), first.cpu())
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)  # XLA may fuse x * a + b (FMA)
 
 
 def test_a_segment_that_fails_names_its_failure_to_every_later_reader():

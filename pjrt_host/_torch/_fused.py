@@ -54,12 +54,12 @@ _counts = {"segments": 0, "ops": 0, "programs": 0}
 class Segment:
     """The ops one thread has recorded and not yet run."""
 
-    __slots__ = ("ops", "key", "externals", "ext_ids", "results", "lock", "done", "device", "error",
-                 "__weakref__")
+    __slots__ = ("ops", "externals", "ext_ids", "results", "lock", "done", "device", "error", "__weakref__")
 
     def __init__(self, device: int) -> None:
-        self.ops: list[tuple[Any, tuple[int, ...], bool]] = []  # (traceable fn, argument refs, one result)
-        self.key: list[tuple[Any, tuple[int, ...]]] = []
+        # (traceable fn, argument refs, one result): with the externals'
+        # signatures, the program's key
+        self.ops: list[tuple[Any, tuple[int, ...], bool]] = []
         self.externals: list[Any] = []  # arrays and run-time scalars the ops read
         self.ext_ids: dict[int, int] = {}
         self.results: list[tuple[Any, Pending]] = []  # (weakref to the Storage, its Pending)
@@ -98,7 +98,7 @@ class Segment:
                 raise
 
     def _run(self, ext: list, live: tuple[int, ...], donated: tuple[int, ...]) -> None:
-        key = (tuple(self.key), live, donated)
+        key = (tuple(self.ops), tuple(_signature(v) for v in ext), live, donated)
         program = _programs.get(key)
         _counts["segments"] += 1
         if program is None:
@@ -130,14 +130,14 @@ def _kept(jitted: Any, key: tuple, ext: list, device: int) -> Any:
     ``jitted`` itself."""
     if _program_cache.directory() is None:
         return jitted
-    ops_key, live, donated = key
+    ops_key, _, live, donated = key
     ops = []
-    for fn, refs, specs in ops_key:
+    for fn, refs, _ in ops_key:
         signature = getattr(fn, "pjrt_host_signature", None)
         if signature is None:
             return jitted
-        ops.append((signature, refs, specs))
-    # the argument types too: a Python scalar may come weakly or strongly typed
+        ops.append((signature, refs))
+    # the argument types (shapes, dtypes; a Python scalar may come weakly or strongly typed)
     signature = (tuple(ops), live, donated, tuple(str(jax.typeof(x)) for x in ext))
     compiled = _program_cache.compiled("pjrt_host.fused", signature, jitted, tuple(ext), jax_device(device))
     return _program_cache.with_retrace(compiled, jitted)
@@ -255,7 +255,6 @@ def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | N
         refs_t = tuple(refs)
         single = plan.container == "single" if into is None else returns_one
         seg.ops.append((fn, refs_t, single))
-        seg.key.append((fn, refs_t, tuple(_signature(seg.externals[r]) for r in refs_t if r >= 0)))
         _counts["ops"] += 1
         if into is not None:
             result: Any = True
@@ -277,7 +276,9 @@ def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | N
                 seg.results.append((weakref.ref(storage), pending))
                 tensors.append(t)
             result = tensors[0] if single else (tuple(tensors) if plan.container == "tuple" else tensors)
-        full = len(seg.ops) >= LIMIT or _repeats(id(fn), len(seg.ops))
+        n = len(seg.ops)
+        period = _repeats(id(fn), n)
+        full = n >= LIMIT or (period and (period >= REPEAT_SEGMENT or (n % period == 0 and n >= REPEAT_SEGMENT)))
     if full:
         seg.flush()
     return result
@@ -287,12 +288,18 @@ def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | N
 #: them, a block of 10 to 128 ops (a layer, a loop body), so that segments
 #: line up with the blocks and each later block reuses one program.
 REPEAT_MIN, REPEAT_MAX = 10, 128
+#: A block shorter than this (a small loop body) ends a segment only once
+#: the segment holds a whole number of blocks and at least this many ops:
+#: each later segment then holds the same number of blocks and reuses one
+#: program, and a chain of small ops is not run a few ops at a time.
+REPEAT_SEGMENT = 64
 
 
-def _repeats(op: int, recorded: int) -> bool:
-    """Whether this thread's last ops (``op`` the newest, ``recorded`` in
-    the open segment) end a block of REPEAT_MIN to REPEAT_MAX ops that
-    repeats the block before it, and the segment holds at least that block.
+def _repeats(op: int, recorded: int) -> int:
+    """The length of the block this thread's last ops (``op`` the newest,
+    ``recorded`` in the open segment) end, where that block of REPEAT_MIN
+    to REPEAT_MAX ops repeats the block before it and the segment holds at
+    least that block; else 0.
     The block is the shortest one from REPEAT_MIN up, measured from an
     earlier place of the same op (a block with a shorter repeat inside, as
     three identical sublayers, is a multiple of it)."""
@@ -317,7 +324,7 @@ def _repeats(op: int, recorded: int) -> bool:
     places = seen.get(op)
     if places is None:
         seen[op] = [i]
-        return False
+        return 0
     period = 0
     for p in reversed(places):
         if i - p >= REPEAT_MIN:
@@ -326,8 +333,10 @@ def _repeats(op: int, recorded: int) -> bool:
     places.append(i)
     if len(places) > 16:
         del places[:8]
-    return (REPEAT_MIN <= period <= REPEAT_MAX and recorded >= period and i + 1 >= 2 * period
-            and window[i - period + 1:] == window[i - 2 * period + 1:i - period + 1])
+    if (REPEAT_MIN <= period <= REPEAT_MAX and recorded >= period and i + 1 >= 2 * period
+            and window[i - period + 1:] == window[i - 2 * period + 1:i - period + 1]):
+        return period
+    return 0
 
 
 def _signature(v: Any) -> Any:
