@@ -38,7 +38,9 @@ def eager_draws(g):
             torch.normal(torch.zeros(3, device="jax"), torch.ones(3, device="jax"), **kw),
             torch.multinomial(w, 3, **kw), torch.multinomial(w, 8, replacement=True, **kw),
             torch.nn.functional.dropout(torch.ones(8, device="jax"), 0.5),
-            torch.nn.functional.dropout(torch.ones(8, device="jax"), 0.25)]
+            torch.nn.functional.dropout(torch.ones(8, device="jax"), 0.25),
+            torch.poisson(w * 3, **kw), torch.binomial(w * 10, w * 0.4, **kw),
+            torch._standard_gamma(w * 2, **kw), torch._sample_dirichlet(w, **kw)]
 
 def compiled_draws():
     f = torch.compile(lambda a: torch.nn.functional.dropout(a, 0.5) + torch.rand_like(a), backend="jax")
@@ -197,3 +199,48 @@ def test_a_bad_bound_is_refused_after_the_ops_scalars_are_traced():
     with pytest.raises(RuntimeError, match=r"bernoulli_ expects p to be in \[0, 1\]"):
         x.bernoulli_(1.5)
     assert x.normal_(0.0, 2.0).shape == (4,)
+
+
+def test_torch_distributions_sample_and_score_on_the_device():
+    """torch.distributions checks its arguments (``validate_args``, on by
+    default) with ``torch._is_all_true``; its samplers are poisson,
+    binomial, _standard_gamma and _sample_dirichlet.  Draws are jax's, not
+    CPU's: checked by their statistics over many draws."""
+    D = torch.distributions
+    n = 20000
+    normal = D.Normal(torch.zeros(3, device=DEV), torch.full((3,), 2.0, device=DEV))
+    assert torch.allclose(cpu(normal.log_prob(torch.ones(3, device=DEV))),
+                          D.Normal(torch.zeros(3), torch.full((3,), 2.0)).log_prob(torch.ones(3)))
+    # CPU's refusal of an invalid argument (validate_args given: torch.compile
+    # turns the default off for the whole process, on every device)
+    with pytest.raises(ValueError, match="scale"):
+        D.Normal(torch.zeros(2, device=DEV), torch.tensor([1.0, -1.0], device=DEV), validate_args=True)
+    assert cpu(D.Categorical(logits=torch.zeros(4, device=DEV)).sample((n,))).bincount().min() > n / 4 * 0.9
+
+    rates = torch.tensor([0.0, 0.5, 4.0, 60.0], device=DEV)
+    p = cpu(torch.poisson(rates.expand(n, 4)))
+    assert p.dtype == torch.float32 and torch.equal(p, p.round()) and p[:, 0].max() == 0 and p.min() >= 0
+    assert torch.allclose(p.mean(0), cpu(rates), rtol=0.05, atol=0.02)
+    count, prob = torch.tensor([0.0, 10.0, 100.0], device=DEV), torch.tensor([0.5, 0.3, 0.9], device=DEV)
+    b = cpu(torch.binomial(count.expand(n, 3), prob.expand(n, 3)))
+    assert (b <= cpu(count)).all() and b.min() >= 0 and torch.equal(b, b.round())
+    assert torch.allclose(b.mean(0), cpu(count * prob), rtol=0.03, atol=0.02)
+    gamma = cpu(D.Gamma(torch.tensor([0.5, 3.0], device=DEV), torch.tensor([1.0, 2.0], device=DEV)).sample((n,)))
+    assert torch.allclose(gamma.mean(0), torch.tensor([0.5, 1.5]), rtol=0.05) and gamma.min() > 0
+    alpha = torch.tensor([0.5, 1.0, 2.5], device=DEV)
+    d = cpu(D.Dirichlet(alpha).sample((n,)))
+    assert torch.allclose(d.sum(-1), torch.ones(n), atol=1e-5)
+    assert torch.allclose(d.mean(0), cpu(alpha / alpha.sum()), atol=0.01)
+    beta = cpu(D.Beta(torch.tensor([2.0], device=DEV), torch.tensor([6.0], device=DEV)).sample((n,)))
+    assert abs(beta.mean().item() - 0.25) < 0.01
+
+    # Gamma.rsample's backward: d sample / d alpha, as CPU computes it for the same sample
+    a, x = torch.tensor([0.3, 1.0, 7.5]), torch.tensor([0.1, 1.2, 6.0])
+    assert torch.allclose(cpu(torch._standard_gamma_grad(a.to(DEV), x.to(DEV))), torch._standard_gamma_grad(a, x),
+                          rtol=1e-4)
+    conc = torch.tensor([0.5, 2.0], device=DEV, requires_grad=True)
+    D.Gamma(conc, 1.0).rsample((4,)).sum().backward()
+    assert conc.grad is not None and torch.isfinite(cpu(conc.grad)).all()
+
+    with pytest.raises(RuntimeError, match="invalid Poisson rate, expected rate to be non-negative"):
+        cpu(torch.poisson(torch.tensor([1.0, -1.0], device=DEV)))

@@ -158,6 +158,51 @@ def multinomial(key, self, num_samples, replacement=False, *, generator=None):
     return jax.lax.top_k(logits + g, num_samples)[1].astype(jnp.int64)
 
 
+# -------------------------------------------------- torch.distributions' samplers
+
+
+@random_lowering("aten::poisson")
+def poisson(key, self, generator=None):
+    """Counts drawn at the rates ``self`` (a rate of 0 gives 0); a negative
+    rate is refused by the value check, as on CPU."""
+    rate = jnp.maximum(widened(self), 0)
+    return jax.random.poisson(key, rate, self.shape, jnp.int64).astype(self.dtype)
+
+
+@random_lowering("aten::binomial")
+def binomial(key, count, prob, generator=None):
+    """Successes in ``count`` trials of probability ``prob``; a probability
+    past [0, 1] is taken at the bound, as CPU's sampler does."""
+    wide = widened(count)
+    p = jnp.clip(widened(prob), 0, 1)
+    shape = jnp.broadcast_shapes(count.shape, prob.shape)
+    return jax.random.binomial(key, wide, p, shape, wide.dtype).astype(count.dtype)
+
+
+@random_lowering("aten::_standard_gamma")
+def standard_gamma(key, self, generator=None):
+    """Gamma(self, 1) draws (``torch.distributions.Gamma``, ``Beta``,
+    ``Dirichlet``, ``Chi2``, ``StudentT``)."""
+    wide = widened(self)
+    return jax.random.gamma(key, wide, self.shape, wide.dtype).astype(self.dtype)
+
+
+@lowering("aten::_standard_gamma_grad")
+def standard_gamma_grad(self, output):
+    """d sample / d alpha of a Gamma(alpha, 1) sample (``Gamma.rsample``'s
+    backward), by implicit differentiation as jax computes it."""
+    wide = widened(self)
+    return jax.lax.random_gamma_grad(wide, widened(output).astype(wide.dtype)).astype(self.dtype)
+
+
+@random_lowering("aten::_sample_dirichlet")
+def sample_dirichlet(key, self, generator=None):
+    """Dirichlet draws along the last dimension: Gamma draws, normalised,
+    as CPU computes them."""
+    wide = widened(self)
+    return jax.random.dirichlet(key, wide, self.shape[:-1], wide.dtype).astype(self.dtype)
+
+
 @random_lowering("aten::randint_like", "aten::randint_like.low_dtype")
 def randint_like(key, self, low, high=None, *, dtype=None, layout=None, device=None, pin_memory=None,
                  memory_format=None):

@@ -259,6 +259,18 @@ def all_(x, dim=None, keepdim=False):
     return out.astype(jnp.uint8) if x.dtype == jnp.uint8 else out
 
 
+@lowering("aten::_is_all_true")
+def is_all_true(x):
+    """``torch._is_all_true`` of a bool tensor: how torch.distributions
+    checks its arguments (``validate_args``, on by default)."""
+    return jnp.all(x)
+
+
+@lowering("aten::_is_any_true")
+def is_any_true(x):
+    return jnp.any(x)
+
+
 # ----------------------------------------------------------------- scans
 
 

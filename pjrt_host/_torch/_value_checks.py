@@ -148,6 +148,7 @@ _NEGATIVE_REPEATS = _Check(_any_negative, {1: (RuntimeError, "repeats can not be
 _FEW_SOURCES = _Check(lambda mask, shape, n: jnp.where(jnp.sum(jnp.broadcast_to(mask, shape) != 0) > n, 1, 0),
                       {1: (RuntimeError, "Number of elements of source < number of ones in mask")})
 _ZERO = _Check(lambda a: jnp.where(jnp.any(a == 0), 1, 0), {1: (RuntimeError, "ZeroDivisionError")})
+_POISSON = _Check(_any_negative, {1: (RuntimeError, "invalid Poisson rate, expected rate to be non-negative")})
 _BINCOUNT = _Check(_any_negative, {1: (RuntimeError, "bincount only supports 1-d non-negative integral inputs.")})
 
 
@@ -259,6 +260,12 @@ def _masked_scatter(mode: Any, args: tuple, kwargs: dict) -> None:
         _run("aten::masked_scatter", _FEW_SOURCES, mask, mode, shape, source.numel())
 
 
+def _poisson(mode: Any, args: tuple, kwargs: dict) -> None:
+    rates = _arg(args, kwargs, 0, "self")
+    if _floating(rates) and not rates.dtype.is_complex:
+        _run("aten::poisson", _POISSON, rates, mode)
+
+
 def _bincount(mode: Any, args: tuple, kwargs: dict) -> None:
     x = _arg(args, kwargs, 0, "self")
     if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and x.dtype != torch.bool:
@@ -351,6 +358,7 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "normal": _normal,
     "binary_cross_entropy": _binary_cross_entropy,
     "bincount": _bincount,
+    "poisson": _poisson,
     "repeat_interleave": _repeat_interleave,
     "masked_scatter": _masked_scatter,
     **{op: _integer_division(op) for op in ("floor_divide", "remainder", "fmod")},
