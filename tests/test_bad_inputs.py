@@ -20,6 +20,15 @@ F = torch.nn.functional
 
 NAN, INF = float("nan"), float("inf")
 
+def _ctc(d, inputs, labels, lengths=None):
+    """CTC loss of 6 steps, 2 sequences, 4 classes, targets 3 wide; the
+    lengths as device tensors (or ``lengths(values)``)."""
+    log_probs = torch.linspace(-3, 0, 48).view(6, 2, 4).log_softmax(2).to(d)
+    targets = torch.tensor([[1, 2, 3], [3, 1, 2]], device=d)
+    as_lengths = lengths or (lambda v: torch.tensor(v, device=d))
+    return F.ctc_loss(log_probs, targets, as_lengths(inputs), as_lengths(labels))
+
+
 CASES = {
     # a class target out of range (a wrong class count): the loss was NaN or wrong
     "cross_entropy target too large": lambda d: F.cross_entropy(torch.zeros(2, 3, device=d), torch.tensor([0, 5], device=d)),
@@ -34,6 +43,13 @@ CASES = {
                                                                             torch.tensor([1, -1], device=d)),
     "masked_scatter of too few sources": lambda d: torch.zeros(2, 3, device=d).masked_scatter(
         torch.tensor([True, False, True], device=d), torch.ones(3, device=d)),
+    # CTC lengths past the input or the targets: the loss was inf or a finite value
+    "ctc_loss input length past the input": lambda d: _ctc(d, [7, 6], [3, 3]),
+    "ctc_loss negative input length": lambda d: _ctc(d, [6, -1], [3, 3]),
+    "ctc_loss negative target length": lambda d: _ctc(d, [6, 6], [3, -2]),
+    "ctc_loss target length past the targets": lambda d: _ctc(d, [6, 6], [4, 3]),
+    "ctc_loss input length past the input, as a list": lambda d: _ctc(d, [7, 6], [3, 3], list),
+    "poisson of a negative rate": lambda d: torch.poisson(torch.tensor([1.0, -1.0], device=d)),
     "multinomial of more draws than categories": lambda d: torch.multinomial(torch.tensor([0.5, 0.5], device=d), 3),
     "arange beyond int64": lambda d: torch.arange(0, 1e20, device=d),
     # integer division by zero: CPU's kernels refuse it, jax gives -1, 0 or the dividend
@@ -158,6 +174,7 @@ CASES = {
 
 # Where CPU accepts: the device gives CPU's values (the checks must not refuse these).
 GOOD = {
+    "ctc_loss with lengths within bounds": lambda d: _ctc(d, [6, 4], [3, 0]),
     # targets equal to ignore_index lie outside the classes and are skipped
     "cross_entropy ignore_index targets": lambda d: F.cross_entropy(
         torch.arange(6.0, device=d).view(2, 3), torch.tensor([-100, 2], device=d)),

@@ -266,6 +266,65 @@ def _poisson(mode: Any, args: tuple, kwargs: dict) -> None:
         _run("aten::poisson", _POISSON, rates, mode)
 
 
+def _first_bad(bad: Any, x: Any) -> Any:
+    """The first value of ``x`` where ``bad`` holds (the one CPU names),
+    else 0."""
+    flat = bad.reshape(-1)
+    return jnp.where(jnp.any(flat), x.reshape(-1)[jnp.argmax(flat)], 0)
+
+
+_BOUNDED: dict[tuple, _Check] = {}
+
+
+def _bounded(text: str, low: int | None, high: int | None) -> _Check:
+    """The check that every value lies in ``[low, high]`` (None: no bound);
+    its code is the first value outside, put into ``text`` (a bad value is
+    never 0: 0 lies within every bound used here)."""
+    key = (text, low, high)
+    check = _BOUNDED.get(key)
+    if check is None:
+        def verdict(x: Any) -> Any:
+            bad = jnp.zeros(x.shape, bool)
+            if low is not None:
+                bad = bad | (x < low)
+            if high is not None:
+                bad = bad | (x > high)
+            return _first_bad(bad, x)
+
+        check = _BOUNDED[key] = _Check(verdict, {1: (RuntimeError, text)})
+    return check
+
+
+def _ctc_loss(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``_ctc_loss``'s lengths, as CPU checks them: each input length in
+    ``[0, T]``, each target length at least 0 and (2-d targets) at most
+    their width.  The device's lowering gave inf or a finite loss for
+    them.  Lengths come as a list, a CPU tensor (checked here, at the
+    call) or a device tensor (checked on the device)."""
+    names = ("log_probs", "targets", "input_lengths", "target_lengths")
+    log_probs, targets, inputs, labels = (_arg(args, kwargs, i, n) for i, n in enumerate(names))
+    if not isinstance(log_probs, torch.Tensor) or log_probs.dim() not in (2, 3):
+        return
+    where = " (while checking arguments for ctc_loss_allocate_outputs)"
+    checks = [(inputs, f"Expected input_lengths to have value at least 0, but got value {{}}{where}", 0, None),
+              (inputs, f"Expected input_lengths to have value at most {log_probs.shape[0]}, but got value {{}}{where}",
+               None, int(log_probs.shape[0])),
+              (labels, f"Expected target_lengths to have value at least 0, but got value {{}}{where}", 0, None)]
+    if isinstance(targets, torch.Tensor) and targets.dim() == 2:
+        width = int(targets.shape[1])
+        checks.append((labels, f"Expected tensor to have size at least {{}} at dimension 1, but got size {width} for "
+                               f"argument #2 'targets'{where}", None, width))
+    for lengths, text, low, high in checks:
+        if isinstance(lengths, (list, tuple)) or (type(lengths) is torch.Tensor and lengths.device.type == "cpu"):
+            values = lengths.tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
+            for v in values:
+                if (low is not None and v < low) or (high is not None and v > high):
+                    _refuse("aten::_ctc_loss", RuntimeError(text.format(v)))
+                    return
+        elif isinstance(lengths, torch.Tensor) and not lengths.dtype.is_floating_point:
+            _run("aten::_ctc_loss", _bounded(text, low, high), lengths, mode)
+
+
 def _bincount(mode: Any, args: tuple, kwargs: dict) -> None:
     x = _arg(args, kwargs, 0, "self")
     if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and x.dtype != torch.bool:
@@ -359,6 +418,7 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "binary_cross_entropy": _binary_cross_entropy,
     "bincount": _bincount,
     "poisson": _poisson,
+    "_ctc_loss": _ctc_loss,
     "repeat_interleave": _repeat_interleave,
     "masked_scatter": _masked_scatter,
     **{op: _integer_division(op) for op in ("floor_divide", "remainder", "fmod")},
