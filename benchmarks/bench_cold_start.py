@@ -10,7 +10,9 @@ loads them only as they are asked for, without the prefetch thread).  A third 'j
 with the cache off shows what the disk cache costs a cold process.  The
 last run compiles the model with ``torch.compile(backend='jax')`` (the
 optimizer steps eagerly), in a cold cache of its own: the steady step that
-eager mode aims at.
+eager mode aims at.  Beside it, the same compile on torch CPU with
+``backend='aot_eager'`` (dynamo and AOTAutograd, no compiler): the part of
+a compiled first step that no backend can remove.
 
     python benchmarks/bench_cold_start.py [--steps 5]
 
@@ -34,12 +36,12 @@ import torch
 import transformers
 
 device, steps = sys.argv[1], int(sys.argv[2])
-compiled = len(sys.argv) > 3 and sys.argv[3] == "compile"
+backend = {"compile": "jax", "aot_eager": "aot_eager"}.get(sys.argv[3] if len(sys.argv) > 3 else "eager")
 transformers.set_seed(0)
 config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=128)
 model = transformers.GPT2LMHeadModel(config).to(device)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-forward = torch.compile(model, backend="jax") if compiled else model  # forward and backward compiled
+forward = torch.compile(model, backend=backend) if backend else model  # forward and backward compiled
 
 def step(length):
     ids = torch.randint(0, 1000, (4, length), device=device)
@@ -84,7 +86,18 @@ def run(device: str, steps: int, env: dict[str, str], mode: str = "eager") -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--compile-only", action="store_true",
+                        help="only torch CPU eager and the two torch.compile runs")
     args = parser.parse_args()
+    if args.compile_only:
+        cpu = run("cpu", args.steps, {})
+        aot = run("cpu", args.steps, {}, "aot_eager")
+        with tempfile.TemporaryDirectory() as compile_cache:
+            compiled = run("jax", args.steps, {"PJRT_HOST_CACHE_DIR": compile_cache}, "compile")
+        _print([("torch cpu", cpu), ("torch.compile(backend='aot_eager'), cpu", aot),
+                ("torch.compile(backend='jax'), cold", compiled)])
+        _print_compile(compiled, aot)
+        return
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as fused_cache:
         on = {"PJRT_HOST_CACHE_DIR": cache, "PJRT_HOST_EAGER": "op"}
         fused = {"PJRT_HOST_CACHE_DIR": fused_cache, "PJRT_HOST_EAGER": "fused"}
@@ -98,16 +111,12 @@ def main() -> None:
         fused_warm = run("jax", args.steps, fused)
         with tempfile.TemporaryDirectory() as compile_cache:
             compiled = run("jax", args.steps, {"PJRT_HOST_CACHE_DIR": compile_cache}, "compile")
-    rows = [("torch cpu", cpu), ("jax, cold cache", cold), ("jax, warm cache (2nd process)", warm),
+        aot = run("cpu", args.steps, {}, "aot_eager")
+    _print([("torch cpu", cpu), ("jax, cold cache", cold), ("jax, warm cache (2nd process)", warm),
             ("jax, warm cache, no prefetch", warm_lazy),
             ("jax, cache off", off), ("jax fused, cold cache", fused_cold),
-            ("jax fused, warm cache (2nd process)", fused_warm), ("torch.compile(backend='jax'), cold", compiled)]
-    print(f"{'run':36s} {'first step':>11s} {'steady':>9s} {'new length':>11s}")
-    for name, r in rows:
-        print(f"{name:36s} {r['first']:10.3f}s {r['steady'] * 1e3:7.1f}ms {r['new_length']:10.3f}s")
-    for name, r in rows[1:]:
-        stats = r.get("programs", {})
-        print(f"{name:36s} programs: {stats}")
+            ("jax fused, warm cache (2nd process)", fused_warm), ("torch.compile(backend='jax'), cold", compiled),
+            ("torch.compile(backend='aot_eager'), cpu", aot)])
     print(f"cold first step / cpu first step:          {cold['first'] / cpu['first']:8.1f}x")
     print(f"cold new length / cpu new length:          {cold['new_length'] / cpu['new_length']:8.1f}x")
     print(f"warm 2nd process first step / its steady:  {warm['first'] / warm['steady']:8.1f}x")
@@ -119,6 +128,24 @@ def main() -> None:
     print(f"fused steady / op-by-op steady:            {fused_cold['steady'] / cold['steady']:8.2f}x")
     print(f"op-by-op steady / compiled steady:         {cold['steady'] / compiled['steady']:8.2f}x")
     print(f"fused steady / compiled steady:            {fused_cold['steady'] / compiled['steady']:8.2f}x")
+    _print_compile(compiled, aot)
+
+
+def _print(rows: list[tuple[str, dict]]) -> None:
+    print(f"{'run':40s} {'first step':>11s} {'steady':>9s} {'new length':>11s}")
+    for name, r in rows:
+        print(f"{name:40s} {r['first']:10.3f}s {r['steady'] * 1e3:7.1f}ms {r['new_length']:10.3f}s")
+    for name, r in rows:
+        if "programs" in r:
+            print(f"{name:40s} programs: {r['programs']}")
+
+
+def _print_compile(compiled: dict, aot: dict) -> None:
+    """How much of a compiled first step and recompile is dynamo's and
+    AOTAutograd's own (the aot_eager run on CPU) and how much the backend's."""
+    for what in ("first", "new_length"):
+        print(f"compiled {what.replace('_', ' '):10s} / dynamo+AOTAutograd alone: {compiled[what] / aot[what]:8.2f}x "
+              f"(the backend's part: {compiled[what] - aot[what]:.2f}s)")
 
 
 if __name__ == "__main__":
