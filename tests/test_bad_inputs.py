@@ -49,6 +49,16 @@ CASES = {
     "ctc_loss negative target length": lambda d: _ctc(d, [6, 6], [3, -2]),
     "ctc_loss target length past the targets": lambda d: _ctc(d, [6, 6], [4, 3]),
     "ctc_loss input length past the input, as a list": lambda d: _ctc(d, [7, 6], [3, 3], list),
+    "segment_reduce lengths short of the data": lambda d: torch.segment_reduce(
+        torch.arange(6.0, device=d), "sum", lengths=torch.tensor([2, 3], device=d)),
+    "segment_reduce negative length": lambda d: torch.segment_reduce(
+        torch.arange(6.0, device=d), "sum", lengths=torch.tensor([3, -1, 4], device=d)),
+    "embedding_bag offsets not from 0": lambda d: F.embedding_bag(
+        torch.tensor([1, 2, 4, 5], device=d), torch.ones(10, 3, device=d), torch.tensor([1, 3], device=d)),
+    "embedding_bag offsets past the indices": lambda d: F.embedding_bag(
+        torch.tensor([1, 2, 4, 5], device=d), torch.ones(10, 3, device=d), torch.tensor([0, 5], device=d)),
+    "embedding_bag decreasing offsets": lambda d: F.embedding_bag(
+        torch.tensor([1, 2, 4, 5], device=d), torch.ones(10, 3, device=d), torch.tensor([0, 3, 1], device=d)),
     "poisson of a negative rate": lambda d: torch.poisson(torch.tensor([1.0, -1.0], device=d)),
     "multinomial of more draws than categories": lambda d: torch.multinomial(torch.tensor([0.5, 0.5], device=d), 3),
     "arange beyond int64": lambda d: torch.arange(0, 1e20, device=d),
@@ -175,6 +185,10 @@ CASES = {
 # Where CPU accepts: the device gives CPU's values (the checks must not refuse these).
 GOOD = {
     "ctc_loss with lengths within bounds": lambda d: _ctc(d, [6, 4], [3, 0]),
+    "segment_reduce lengths with an empty segment": lambda d: torch.segment_reduce(
+        torch.arange(6.0, device=d), "sum", lengths=torch.tensor([2, 0, 4], device=d)),
+    "embedding_bag with an empty bag": lambda d: F.embedding_bag(
+        torch.tensor([1, 2, 4, 5], device=d), torch.arange(30.0, device=d).view(10, 3), torch.tensor([0, 2, 2], device=d)),
     # targets equal to ignore_index lie outside the classes and are skipped
     "cross_entropy ignore_index targets": lambda d: F.cross_entropy(
         torch.arange(6.0, device=d).view(2, 3), torch.tensor([-100, 2], device=d)),

@@ -325,6 +325,62 @@ def _ctc_loss(mode: Any, args: tuple, kwargs: dict) -> None:
             _run("aten::_ctc_loss", _bounded(text, low, high), lengths, mode)
 
 
+def _segment_lengths(lengths: Any, width: int) -> Any:
+    """1: a negative length; 2: a row of lengths that does not sum to the
+    data's width along the axis."""
+    rows = lengths.reshape(-1, lengths.shape[-1]) if lengths.ndim else lengths.reshape(1, 1)
+    return jnp.where(jnp.any(lengths < 0), 1, jnp.where(jnp.any(rows.sum(-1) != width), 2, 0))
+
+
+_SEGMENT_LENGTHS = _Check(_segment_lengths, {
+    1: (RuntimeError, "lengths contains negative value!"),
+    2: (RuntimeError, "segment_reduce(): Expected all rows of lengths along axis to sum to "
+                      "data.size(lengths.dim()-1) when !unsafe.")})
+
+
+def _segment_reduce(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``segment_reduce(data, reduce, lengths=...)``: lengths that are
+    negative or do not cover the data gave a result."""
+    data, lengths = _arg(args, kwargs, 0, "data"), kwargs.get("lengths")
+    if isinstance(lengths, torch.Tensor) and isinstance(data, torch.Tensor) and not kwargs.get("unsafe", False) \
+            and lengths.dim() >= 1 and data.dim() >= lengths.dim():
+        _run("aten::segment_reduce", _SEGMENT_LENGTHS, lengths, mode, int(data.shape[lengths.dim() - 1]))
+
+
+_BAG_FIRST = _Check(lambda o: o[0], {1: (RuntimeError, "offsets[0] has to be 0, i.e., the first sequence in the "
+                                         "mini-batch has to start from position 0. However, got {}")})
+_BAG_ORDER = _Check(lambda o: jnp.where(jnp.any(o[1:] < o[:-1]), 1, 0), {1: (
+    RuntimeError, "Expected i < index_size to be true, but got false.  (Could this error message be improved?  If "
+                  "so, please report an enhancement request to PyTorch.)")})
+
+
+_BAG_ENDS: dict[int, _Check] = {}
+
+
+def _bag_end(n: int) -> _Check:
+    """The check that the last offset is at most ``n``, the indices' count."""
+    check = _BAG_ENDS.get(n)
+    if check is None:
+        check = _BAG_ENDS[n] = _Check(lambda o: jnp.where(o[-1] > n, o[-1], 0), {1: (
+            RuntimeError, f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {{}}")})
+    return check
+
+
+def _embedding_bag(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``_embedding_bag(weight, indices, offsets, ...)`` with 1-d indices:
+    offsets that do not start at 0, decrease, or pass the indices' end
+    made bags of whatever the lowering read."""
+    indices, offsets = _arg(args, kwargs, 1, "indices"), _arg(args, kwargs, 2, "offsets")
+    if not (isinstance(indices, torch.Tensor) and isinstance(offsets, torch.Tensor)) or indices.dim() != 1 \
+            or offsets.dim() != 1 or offsets.numel() == 0 or offsets.dtype.is_floating_point:
+        return
+    n = int(indices.shape[0])
+    _run("aten::_embedding_bag", _BAG_FIRST, offsets, mode)
+    _run("aten::_embedding_bag", _bag_end(n), offsets, mode)
+    if offsets.numel() > 1:
+        _run("aten::_embedding_bag", _BAG_ORDER, offsets, mode)
+
+
 def _bincount(mode: Any, args: tuple, kwargs: dict) -> None:
     x = _arg(args, kwargs, 0, "self")
     if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and x.dtype != torch.bool:
@@ -419,6 +475,9 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "bincount": _bincount,
     "poisson": _poisson,
     "_ctc_loss": _ctc_loss,
+    "segment_reduce": _segment_reduce,
+    "_embedding_bag": _embedding_bag,
+    "_embedding_bag_forward_only": _embedding_bag,
     "repeat_interleave": _repeat_interleave,
     "masked_scatter": _masked_scatter,
     **{op: _integer_division(op) for op in ("floor_divide", "remainder", "fmod")},
