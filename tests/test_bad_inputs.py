@@ -20,13 +20,15 @@ F = torch.nn.functional
 
 NAN, INF = float("nan"), float("inf")
 
-def _ctc(d, inputs, labels, lengths=None):
+def _ctc(d, inputs, labels, lengths=None, reduction="mean"):
     """CTC loss of 6 steps, 2 sequences, 4 classes, targets 3 wide; the
     lengths as device tensors (or ``lengths(values)``)."""
-    log_probs = torch.linspace(-3, 0, 48).view(6, 2, 4).log_softmax(2).to(d)
+    log_probs = torch.linspace(-3, 0, 48).view(6, 2, 4).log_softmax(2).to(d).requires_grad_()
     targets = torch.tensor([[1, 2, 3], [3, 1, 2]], device=d)
     as_lengths = lengths or (lambda v: torch.tensor(v, device=d))
-    return F.ctc_loss(log_probs, targets, as_lengths(inputs), as_lengths(labels))
+    loss = F.ctc_loss(log_probs, targets, as_lengths(inputs), as_lengths(labels), reduction=reduction)
+    loss.sum().backward()
+    return torch.cat([loss.detach().reshape(-1).cpu(), log_probs.grad.reshape(-1).cpu()])
 
 
 CASES = {
@@ -185,6 +187,9 @@ CASES = {
 # Where CPU accepts: the device gives CPU's values (the checks must not refuse these).
 GOOD = {
     "ctc_loss with lengths within bounds": lambda d: _ctc(d, [6, 4], [3, 0]),
+    # lengths in CPU tensors, as cuda users pass them ('mean' divides by them
+    # in torch's composite for tensor subclasses: torch's mixed-device error)
+    "ctc_loss with CPU length tensors": lambda d: _ctc(d, [6, 4], [3, 1], torch.tensor, "sum"),
     "segment_reduce lengths with an empty segment": lambda d: torch.segment_reduce(
         torch.arange(6.0, device=d), "sum", lengths=torch.tensor([2, 0, 4], device=d)),
     "embedding_bag with an empty bag": lambda d: F.embedding_bag(

@@ -131,6 +131,8 @@ def handler_for(func: Any) -> Handler:
         handler = _mask_as_aten_reads_it(handler)
     elif name in _EMBEDDING_BAG_OPS:
         handler = _bag_indices_promoted(handler)
+    elif name in _CTC_OPS:
+        handler = _lengths_moved_to_device(handler, _CTC_OPS[name])
     elif name == "aten::roll":
         handler = _empty_rolled(handler)
     elif _index_checks.indexes_along_dim(name):
@@ -244,6 +246,27 @@ def _empty_rolled(handler: Handler) -> Handler:
         if len(dims) != len(shifts) and not (len(dims) == 0 and len(shifts) == 1):
             raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
         return self.clone(memory_format=torch.preserve_format)
+
+    return handle
+
+
+#: CTC ops with length tensors: the positions of input_lengths and target_lengths
+_CTC_OPS = {"aten::_ctc_loss.Tensor": (2, 3), "aten::_ctc_loss_backward.Tensor": (3, 4)}
+
+
+def _lengths_moved_to_device(handler: Handler, positions: tuple[int, ...]) -> Handler:
+    """``ctc_loss`` with its lengths in CPU tensors and log_probs on 'jax'
+    (the usual call: torch's cuda kernels take lengths from the CPU): the
+    lengths moved to log_probs' device."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        if args and isinstance(args[0], _tensor.JaxTensor):
+            moved = list(args)
+            for i in positions:
+                v = moved[i] if i < len(moved) else None
+                if isinstance(v, torch.Tensor) and not isinstance(v, _tensor.JaxTensor) and v.device.type == "cpu":
+                    moved[i] = v.to(args[0].device)
+            args = tuple(moved)
+        return handler(args, kwargs)
 
     return handle
 
