@@ -192,3 +192,31 @@ def test_encoder_compiles_on_device():
         got = compiled(x.to(DEV), src_key_padding_mask=pad.to(DEV))
     torch._dynamo.reset()
     _close(got, expected, where=~pad)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_packed_sequences_through_an_lstm_match_cpu(batch_first):
+    """pack_padded_sequence (sorted and not), an LSTM over the packed batch,
+    pad_packed_sequence, and the gradients back through the packing: as on
+    CPU.  lengths and batch_sizes stay on the CPU, as on every device."""
+    rnn = torch.nn.utils.rnn
+    got = {}
+    for d in ("cpu", DEV):
+        torch.manual_seed(0)
+        lstm = torch.nn.LSTM(5, 6, batch_first=batch_first).to(d)
+        x = torch.randn((3, 4, 5) if batch_first else (4, 3, 5)).to(d).requires_grad_()
+        packed = rnn.pack_padded_sequence(x, torch.tensor([4, 2, 1]), batch_first=batch_first)
+        assert packed.batch_sizes.device.type == "cpu" and packed.data.device.type == d
+        out, (h, _) = lstm(packed)
+        padded, lengths = rnn.pad_packed_sequence(out, batch_first=batch_first)
+        unsorted = rnn.pack_padded_sequence(x, torch.tensor([1, 4, 2]), batch_first=batch_first, enforce_sorted=False)
+        (padded.sum() + h.sum() + unsorted.data.sum()).backward()
+        got[d] = [padded, h, x.grad, lstm.weight_ih_l0.grad, unsorted.data, lengths, packed.batch_sizes]
+    for c, j in zip(got["cpu"], got[DEV]):
+        torch.testing.assert_close(j.detach().cpu(), c.detach(), atol=1e-5, rtol=1e-5)
+    # CPU's checks of the lengths, with CPU's errors
+    x = torch.zeros(3, 4, 5, device=DEV)
+    with pytest.raises(RuntimeError, match="must be sorted in decreasing order"):
+        rnn.pack_padded_sequence(x, torch.tensor([2, 4, 1]), batch_first=True)
+    with pytest.raises(RuntimeError, match=r"Expected `len\(lengths\)` to be equal to batch_size"):
+        rnn.pack_padded_sequence(x, torch.tensor([4, 2]), batch_first=True)
