@@ -271,7 +271,8 @@ def test_segments_line_up_with_a_repeated_block():
         before = _fused.stats()
         run()
         after = _fused.stats()
-    # 16 blocks of 12 ops: segments of whole blocks, at least REPEAT_SEGMENT ops each
+    # 16 blocks of 12 ops, each three bodies of 4 ops (a small body): segments
+    # of whole blocks, at least REPEAT_SEGMENT ops each
     assert after["segments"] - before["segments"] >= 3, "the blocks were not split into segments"
     assert after["programs"] == before["programs"], "the same loop compiled again"
 
@@ -280,7 +281,8 @@ def test_a_chain_of_small_ops_runs_in_segments_of_whole_blocks():
     """A loop body of two ops repeats every two ops: segments end at a
     whole number of bodies once they hold REPEAT_SEGMENT ops, not every
     REPEAT_MIN ops (a chain run a few ops at a time costs a program call
-    per few ops), and not only at LIMIT."""
+    per few ops), and not only at LIMIT.  A block of REPEAT_MIN ops or more
+    with no shorter body (a layer) still ends a segment each time."""
     x = torch.randn(128, device="jax")
 
     def chain():
@@ -306,6 +308,25 @@ def test_a_chain_of_small_ops_runs_in_segments_of_whole_blocks():
     assert after["programs"] == before["programs"], "the same chain compiled again"
     assert torch.equal(got.cpu(), first.cpu())
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)  # XLA may fuse x * a + b (FMA)
+
+    # a body of 12 different ops (shapes differ, so each op is another program)
+    ws = [torch.randn(4 + k % 3, 4 + (k + 1) % 3, device="jax") / 4 for k in range(3)]
+
+    def layers():
+        v = torch.randn(2, 4, device="jax")
+        for _ in range(12):
+            for w in ws:
+                v = (v @ w).tanh() * 0.5 + 0.25
+        return v
+
+    with fused():
+        for _ in range(2):
+            layers().cpu()
+        before = _fused.stats()
+        layers().cpu()
+        after = _fused.stats()
+    assert after["segments"] - before["segments"] >= 8, "a block of distinct ops did not end its segment"
+    assert after["programs"] == before["programs"]
 
 
 def test_a_segment_that_fails_names_its_failure_to_every_later_reader():

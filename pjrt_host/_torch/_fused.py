@@ -278,7 +278,7 @@ def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | N
             result = tensors[0] if single else (tuple(tensors) if plan.container == "tuple" else tensors)
         n = len(seg.ops)
         period = _repeats(id(fn), n)
-        full = n >= LIMIT or (period and (period >= REPEAT_SEGMENT or (n % period == 0 and n >= REPEAT_SEGMENT)))
+        full = n >= LIMIT or (period and (not _small_body(period) or (n % period == 0 and n >= REPEAT_SEGMENT)))
     if full:
         seg.flush()
     return result
@@ -288,11 +288,29 @@ def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | N
 #: them, a block of 10 to 128 ops (a layer, a loop body), so that segments
 #: line up with the blocks and each later block reuses one program.
 REPEAT_MIN, REPEAT_MAX = 10, 128
-#: A block shorter than this (a small loop body) ends a segment only once
-#: the segment holds a whole number of blocks and at least this many ops:
-#: each later segment then holds the same number of blocks and reuses one
-#: program, and a chain of small ops is not run a few ops at a time.
+#: A block made of a loop body shorter than REPEAT_MIN (``x = x * a + b``
+#: in a loop: a block of 10 ops that is five bodies) ends a segment only
+#: once the segment holds a whole number of blocks and at least this many
+#: ops: each later segment then holds the same number of blocks and reuses
+#: one program, and a chain of small ops is not run a few ops at a time.
+#: Other blocks (a layer) end a segment each, so that segments line up
+#: with them wherever the loop around them stops.
 REPEAT_SEGMENT = 64
+
+
+def _small_body(period: int) -> bool:
+    """Whether this thread's last block of ``period`` ops repeats a body
+    shorter than REPEAT_MIN.  While every op ends a repeat of the same
+    length (a loop running), the answer stays the one found at its first."""
+    window = _local.window
+    last = getattr(_local, "small", None)
+    if last is not None and last[0] == period and last[1] == len(window) - 1:
+        small = last[2]
+    else:
+        block = window[-period:]
+        small = any(period % q == 0 and block[q:] == block[:-q] for q in range(1, REPEAT_MIN))
+    _local.small = (period, len(window), small)
+    return small
 
 
 def _repeats(op: int, recorded: int) -> int:
