@@ -272,6 +272,24 @@ def test_value_checks_under_checkify_and_off():
     torch.jax.synchronize()
 
 
+def test_linalg_infos_and_their_checks_under_a_callers_jit():
+    """LAPACK-style infos (cholesky_ex, lu_factor_ex, inv_ex) and the old
+    torch.cholesky's value check, traced inside a caller's jax.jit with
+    64-bit types off: they once failed MLIR's verifier (jnp.argmax's own
+    jitted function, traced with int64 and lowered with int32)."""
+    from jax.experimental import checkify
+
+    m = jax.numpy.array([[4.0, 2.0, 0.0], [2.0, 3.0, 0.0], [0.0, 0.0, 1.0]])
+    bad = jax.numpy.array([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    for fn in (lambda a: torch.linalg.cholesky_ex(a)[1], lambda a: torch.linalg.lu_factor_ex(a)[2],
+               lambda a: torch.linalg.inv_ex(a)[1]):
+        assert int(jax.jit(lambda a: interop.call_torch(fn, a))(m)) == 0
+    assert int(jax.jit(lambda a: interop.call_torch(lambda t: torch.linalg.cholesky_ex(t)[1], a))(bad)) == 2
+    checked = jax.jit(checkify.checkify(lambda a: interop.call_torch(torch.cholesky, a), errors=checkify.user_checks))
+    assert checked(m)[0].get() is None
+    assert "the leading minor of order 2 is not positive-definite" in checked(bad)[0].get()
+
+
 # ------------------------------------------------------------ torch functions as JAX functions
 
 

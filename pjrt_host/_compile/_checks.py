@@ -101,8 +101,11 @@ class ValueSite(NamedTuple):
     def debug_check(self, row: Any, size: int, where: str) -> None:
         from jax.experimental import checkify
 
-        text = self.error(1)[1].replace("{", "{{").replace("}", "}}")
-        checkify.debug_check(row[0] == 0, f"{text} (raised by {self.op} {where})")
+        # a text that names the code (the first bad length ...): the traced code there
+        text = self.error(-987654321)[1].replace("{", "{{").replace("}", "}}")
+        named = "-987654321" in text
+        message = f"{text.replace('-987654321', '{}')} (raised by {self.op} {where})"
+        checkify.debug_check(row[0] == 0, message, *((row[0],) if named else ()))
 
 
 def sites_of(node: torch.fx.Node, name: str) -> list[Site]:

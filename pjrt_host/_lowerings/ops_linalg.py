@@ -37,7 +37,11 @@ def _first(bad):
     the first failure along the last axis, 0 where there is none."""
     if bad.shape[-1] == 0:  # an empty matrix cannot fail
         return jnp.zeros(bad.shape[:-1], jnp.int32)
-    return jnp.where(bad.any(-1), jnp.argmax(bad, -1) + 1, 0).astype(jnp.int32)
+    # lax.argmax with an int32 index, not jnp.argmax: jnp's is a jitted
+    # function of its own, which a caller's jit with 64-bit types off lowers
+    # with int32 results against the int64 it was traced with (an MLIR
+    # verifier error under jax.jit(call_torch(torch.linalg.cholesky_ex))).
+    return jnp.where(bad.any(-1), jax.lax.argmax(bad, bad.ndim - 1, jnp.int32) + 1, 0).astype(jnp.int32)
 
 
 def _lu_info(lu):
