@@ -6,6 +6,7 @@ refuses (an integer division by zero, a probability outside [0, 1])."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -273,10 +274,10 @@ def test_value_checks_under_checkify_and_off():
 
 
 def test_linalg_infos_and_their_checks_under_a_callers_jit():
-    """LAPACK-style infos (cholesky_ex, lu_factor_ex, inv_ex) and the old
-    torch.cholesky's value check, traced inside a caller's jax.jit with
-    64-bit types off: they once failed MLIR's verifier (jnp.argmax's own
-    jitted function, traced with int64 and lowered with int32)."""
+    """LAPACK-style infos (cholesky_ex, lu_factor_ex, inv_ex), argmax, and
+    the old torch.cholesky's value check, traced inside a caller's jax.jit
+    with 64-bit types off: they once failed MLIR's verifier (an argmax's
+    int64 index, traced as int64 and lowered as int32)."""
     from jax.experimental import checkify
 
     m = jax.numpy.array([[4.0, 2.0, 0.0], [2.0, 3.0, 0.0], [0.0, 0.0, 1.0]])
@@ -284,6 +285,10 @@ def test_linalg_infos_and_their_checks_under_a_callers_jit():
     for fn in (lambda a: torch.linalg.cholesky_ex(a)[1], lambda a: torch.linalg.lu_factor_ex(a)[2],
                lambda a: torch.linalg.inv_ex(a)[1]):
         assert int(jax.jit(lambda a: interop.call_torch(fn, a))(m)) == 0
+    # argmax and max(dim) (a classifier's prediction) likewise
+    for fn in (lambda a: torch.argmax(a, 1), lambda a: torch.max(a, 1)[1], lambda a: torch.argmin(a)):
+        got = jax.jit(lambda a: interop.call_torch(fn, a))(m)
+        assert got.tolist() == fn(torch.tensor(np.asarray(m))).tolist()
     assert int(jax.jit(lambda a: interop.call_torch(lambda t: torch.linalg.cholesky_ex(t)[1], a))(bad)) == 2
     checked = jax.jit(checkify.checkify(lambda a: interop.call_torch(torch.cholesky, a), errors=checkify.user_checks))
     assert checked(m)[0].get() is None

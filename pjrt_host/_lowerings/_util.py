@@ -21,7 +21,7 @@ from ._invoke import REDUCED_FLOATS, current_context, stored_dtype
 
 __all__ = [
     "as_float", "broadcast_shapes_or_raise", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "draw",
-    "float_dtype", "linspace_values", "arange_values",
+    "float_dtype", "index_of_max", "index_of_min", "linspace_values", "arange_values",
     "optional_jax_dtype", "promote", "result_type", "take", "torch_dtype_of", "to_jax",
 ]
 
@@ -249,3 +249,23 @@ def broadcast_shapes_or_raise(a: tuple, b: tuple) -> tuple:
             raise RuntimeError(f"The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton "
                                f"dimension {i}")
     return tuple(max(x, y) if 0 not in (x, y) else 0 for x, y in zip(pa, pb))
+
+
+def index_of_max(x: jax.Array, axis: int | None = None) -> jax.Array:
+    """``jnp.argmax`` (the first largest; NaN counts as largest) with an
+    int32 index (cast it for torch's int64).  An int64 index -- jnp's under
+    pjrt_host's 64-bit scope -- is traced as int64 but lowered as int32
+    inside a caller's ``jax.jit`` with 64-bit types off, which fails MLIR's
+    verifier (``jax.jit(call_torch(torch.argmax))``)."""
+    return _index_of(jax.lax.argmax, x, axis)
+
+
+def index_of_min(x: jax.Array, axis: int | None = None) -> jax.Array:
+    """``jnp.argmin`` with an int32 index (see :func:`index_of_max`)."""
+    return _index_of(jax.lax.argmin, x, axis)
+
+
+def _index_of(op: Any, x: jax.Array, axis: int | None) -> jax.Array:
+    if axis is None:
+        return op(jnp.ravel(x), 0, jnp.int32)
+    return op(x, axis % x.ndim, jnp.int32)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from . import lowering
-from ._util import canonical_dim, cast, float_dtype, result_type
+from ._util import canonical_dim, cast, float_dtype, index_of_max, result_type
 
 
 def _info(a):
@@ -37,11 +37,7 @@ def _first(bad):
     the first failure along the last axis, 0 where there is none."""
     if bad.shape[-1] == 0:  # an empty matrix cannot fail
         return jnp.zeros(bad.shape[:-1], jnp.int32)
-    # lax.argmax with an int32 index, not jnp.argmax: jnp's is a jitted
-    # function of its own, which a caller's jit with 64-bit types off lowers
-    # with int32 results against the int64 it was traced with (an MLIR
-    # verifier error under jax.jit(call_torch(torch.linalg.cholesky_ex))).
-    return jnp.where(bad.any(-1), jax.lax.argmax(bad, bad.ndim - 1, jnp.int32) + 1, 0).astype(jnp.int32)
+    return jnp.where(bad.any(-1), index_of_max(bad, -1) + 1, 0).astype(jnp.int32)
 
 
 def _lu_info(lu):
@@ -458,7 +454,7 @@ def _ldl_factor_one(a, herm):
         col = full[:, k]
         absakk = diag_abs(col[k])
         below = jnp.where(idx > k, _cabs1(col), -1)
-        imax = jnp.argmax(below)  # the first largest, as LAPACK's i*amax
+        imax = index_of_max(below)  # the first largest, as LAPACK's i*amax
         colmax = jnp.maximum(below[imax], 0)
         rowmax = jnp.max(jnp.where((idx >= k) & (idx != imax), _cabs1(full[imax]), 0))
         zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import lowering
 from ._invoke import REDUCED_FLOATS, current_context
-from ._util import as_stored, cast, draw, promote, take, torch_dtype_of
+from ._util import as_stored, cast, draw, index_of_max, promote, take, torch_dtype_of
 
 def _accumulate(*xs):
     """float32 for 16-bit float operands: the matmul family keeps them
@@ -681,7 +681,7 @@ def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, n):
     p, d = _tuple(padding, n), _tuple(dilation, n)
     taps = [_window_indices(x.shape[x.ndim - n + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(n)]
     values, flat = _windows_by_slices(x, taps, k, s, p, d)
-    best = jnp.argmax(values, axis=-1)  # NaN wins, as in torch
+    best = index_of_max(values, axis=-1)  # NaN wins, as in torch
     out = jnp.take_along_axis(values, best[..., None], axis=-1)[..., 0]
     index_map = jnp.broadcast_to(jnp.asarray(flat), values.shape)
     indices = jnp.take_along_axis(index_map, best[..., None], axis=-1)[..., 0]
@@ -806,7 +806,7 @@ def _adaptive_max(x, output_size, n):
     taps = [_adaptive_taps(x.shape[x.ndim - n + i], o) for i, o in enumerate(_tuple(output_size, n))]
     values, flat, valid = _windows(x, taps)
     values = jnp.where(jnp.asarray(valid), values, jnp.asarray(_lowest(x.dtype), x.dtype))
-    best = jnp.argmax(values, axis=-1)
+    best = index_of_max(values, axis=-1)
     out = jnp.take_along_axis(values, best[..., None], axis=-1)[..., 0]
     indices = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(flat), values.shape), best[..., None], axis=-1)[..., 0]
     return out, indices.astype(jnp.int64)

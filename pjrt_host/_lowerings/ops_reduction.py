@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import lowering
-from ._util import (as_float, canonical_dim, canonical_dims, cast, linspace_values, optional_jax_dtype, promote,
+from ._util import (as_float, canonical_dim, index_of_max, index_of_min, canonical_dims, cast, linspace_values, optional_jax_dtype, promote,
                     torch_dtype_of, widened)
 
 
@@ -122,10 +122,10 @@ def _arg_extreme(x, dim, keepdim, largest):
         axis = canonical_dim(dim, x.ndim)
     if x.ndim == 0:
         return jnp.zeros((), jnp.int64)
-    out = jnp.argmax(x, axis=axis) if largest else jnp.argmin(x, axis=axis)
+    out = index_of_max(x, axis=axis) if largest else index_of_min(x, axis=axis)
     if jnp.issubdtype(x.dtype, jnp.floating):
         nan = jnp.isnan(x)
-        out = jnp.where(jnp.any(nan, axis=axis), jnp.argmax(nan, axis=axis), out)
+        out = jnp.where(jnp.any(nan, axis=axis), index_of_max(nan, axis=axis), out)
     out = out.astype(jnp.int64)
     if keepdim:
         out = jnp.expand_dims(out, axis) if not flat else out.reshape((1,) * x.ndim)

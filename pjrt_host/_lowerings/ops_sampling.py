@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import lowering
+from ._util import index_of_max
 from .ops_nn import _output_size, _scatter_to_input, _tuple
 
 # ------------------------------------------------------------- grid sampling
@@ -314,8 +315,8 @@ def _fractional_max_pool(x, kernel_size, output_size, samples, n):
                                  flat.reshape(batch, channels, windows[2] * windows[3]), axis=2).reshape(windows)
     # torch keeps the first maximum, but any NaN wins and a later NaN replaces it.
     nan = jnp.isnan(values)
-    last_nan = values.shape[-1] - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
-    best = jnp.where(jnp.any(nan, axis=-1), last_nan, jnp.argmax(values, axis=-1))[..., None]
+    last_nan = values.shape[-1] - 1 - index_of_max(nan[..., ::-1], axis=-1)
+    best = jnp.where(jnp.any(nan, axis=-1), last_nan, index_of_max(values, axis=-1))[..., None]
     out = jnp.take_along_axis(values, best, axis=-1).reshape((batch, channels) + tuple(o))
     indices = jnp.take_along_axis(flat, best, axis=-1).reshape((batch, channels) + tuple(o)).astype(jnp.int64)
     return (out, indices) if batched else (out[0], indices[0])

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import lowering
+from ._util import index_of_max
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 #: float32's lowest finite value: the kernels' start value for every dtype.
@@ -205,11 +206,11 @@ def roi_pool(input, rois, spatial_scale, pooled_height, pooled_width):
     values = jnp.where(jnp.isnan(values), -jnp.inf, values)  # NaN never wins the kernel's `>`
     # Columns first: [K, C, H, PW, W] -> the first maximum of each row's window.
     masked = jnp.where(in_w[:, None, None, :, :], values[:, :, :, None, :], -jnp.inf)
-    col = jnp.argmax(masked, axis=-1)
+    col = index_of_max(masked, axis=-1)
     col_max = jnp.take_along_axis(masked, col[..., None], axis=-1)[..., 0]  # [K, C, H, PW]
     # Then rows: [K, C, PH, PW, H] -> the first row holding the maximum.
     masked = jnp.where(in_h[:, None, :, None, :], jnp.moveaxis(col_max, 2, -1)[:, :, None, :, :], -jnp.inf)
-    row = jnp.argmax(masked, axis=-1)
+    row = index_of_max(masked, axis=-1)
     best = jnp.take_along_axis(masked, row[..., None], axis=-1)[..., 0]  # [K, C, PH, PW]
     cols_of_rows = jnp.broadcast_to(jnp.moveaxis(col, 2, -1)[:, :, None, :, :], masked.shape)
     best_col = jnp.take_along_axis(cols_of_rows, row[..., None], axis=-1)[..., 0]

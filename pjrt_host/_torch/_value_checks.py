@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .. import _program_cache
+from .._lowerings._util import index_of_max
 from .._jax_settings import x64_scope
 from ._tensor import JaxTensor, defer_check, read
 
@@ -270,7 +271,7 @@ def _first_bad(bad: Any, x: Any) -> Any:
     """The first value of ``x`` where ``bad`` holds (the one CPU names),
     else 0."""
     flat = bad.reshape(-1)
-    return jnp.where(jnp.any(flat), x.reshape(-1)[jnp.argmax(flat)], 0)
+    return jnp.where(jnp.any(flat), x.reshape(-1)[index_of_max(flat)], 0)
 
 
 _BOUNDED: dict[tuple, _Check] = {}
