@@ -28,8 +28,9 @@ def _pack_padded_sequence(args: tuple, kwargs: dict) -> Any:
     x, lengths, batch_first = (args[i] if i < len(args) else kwargs[n] for i, n in enumerate(names))
     # CPU's kernel on a stand-in: its checks and errors (lengths on the CPU,
     # sorted, positive, as many as the batch), and batch_sizes.
+    # (through torch's public function: the same CPU kernel)
     stand_in = torch.zeros(tuple(x.shape[:2]), dtype=torch.float32)
-    _, batch_sizes = torch.ops.aten._pack_padded_sequence.default(stand_in, lengths, batch_first)
+    batch_sizes = torch.nn.utils.rnn.pack_padded_sequence(stand_in, lengths, batch_first=batch_first).batch_sizes
     steps = x.transpose(0, 1) if batch_first else x
     batch = steps.shape[1]
     flat = steps.reshape(steps.shape[0] * batch, *steps.shape[2:])
