@@ -19,6 +19,7 @@ results (``_compile._checks``).
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, Callable
 
@@ -274,26 +275,20 @@ def _first_bad(bad: Any, x: Any) -> Any:
     return jnp.where(jnp.any(flat), x.reshape(-1)[index_of_max(flat)], 0)
 
 
-_BOUNDED: dict[tuple, _Check] = {}
-
-
+@functools.lru_cache(maxsize=None)  # one check (and its compiled programs) per bound and text
 def _bounded(text: str, low: int | None, high: int | None) -> _Check:
     """The check that every value lies in ``[low, high]`` (None: no bound);
     its code is the first value outside, put into ``text`` (a bad value is
     never 0: 0 lies within every bound used here)."""
-    key = (text, low, high)
-    check = _BOUNDED.get(key)
-    if check is None:
-        def verdict(x: Any) -> Any:
-            bad = jnp.zeros(x.shape, bool)
-            if low is not None:
-                bad = bad | (x < low)
-            if high is not None:
-                bad = bad | (x > high)
-            return _first_bad(bad, x)
+    def verdict(x: Any) -> Any:
+        bad = jnp.zeros(x.shape, bool)
+        if low is not None:
+            bad = bad | (x < low)
+        if high is not None:
+            bad = bad | (x > high)
+        return _first_bad(bad, x)
 
-        check = _BOUNDED[key] = _Check(verdict, {1: (RuntimeError, text)})
-    return check
+    return _Check(verdict, {1: (RuntimeError, text)})
 
 
 def _ctc_loss(mode: Any, args: tuple, kwargs: dict) -> None:
@@ -355,16 +350,11 @@ _BAG_ORDER = _Check(lambda o: jnp.where(jnp.any(o[1:] < o[:-1]), 1, 0), {1: (
                   "so, please report an enhancement request to PyTorch.)")})
 
 
-_BAG_ENDS: dict[int, _Check] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _bag_end(n: int) -> _Check:
     """The check that the last offset is at most ``n``, the indices' count."""
-    check = _BAG_ENDS.get(n)
-    if check is None:
-        check = _BAG_ENDS[n] = _Check(lambda o: jnp.where(o[-1] > n, o[-1], 0), {1: (
-            RuntimeError, f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {{}}")})
-    return check
+    return _Check(lambda o: jnp.where(o[-1] > n, o[-1], 0), {1: (
+        RuntimeError, f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {{}}")})
 
 
 def _embedding_bag(mode: Any, args: tuple, kwargs: dict) -> None:
