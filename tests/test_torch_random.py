@@ -242,5 +242,12 @@ def test_torch_distributions_sample_and_score_on_the_device():
     D.Gamma(conc, 1.0).rsample((4,)).sum().backward()
     assert conc.grad is not None and torch.isfinite(cpu(conc.grad)).all()
 
-    with pytest.raises(RuntimeError, match="invalid Poisson rate, expected rate to be non-negative"):
-        cpu(torch.poisson(torch.tensor([1.0, -1.0], device=DEV)))
+    for rate in (-1.0, float("nan")):  # CPU's check refuses a NaN rate too
+        with pytest.raises(RuntimeError, match="invalid Poisson rate, expected rate to be non-negative"):
+            cpu(torch.poisson(torch.tensor([1.0, rate], device=DEV)))
+    # CPU's samplers at their edges: a negative count has no successes; a
+    # gamma draw is never below the smallest normal float (alpha <= 0 too)
+    assert cpu(torch.binomial(torch.tensor([-1.0, 0.0], device=DEV), torch.tensor([0.5, 0.5], device=DEV))).tolist() \
+        == [0.0, 0.0]
+    tiny = torch.finfo(torch.float32).tiny
+    assert cpu(torch._standard_gamma(torch.tensor([-1.0, 0.0], device=DEV))).tolist() == [tiny, tiny]

@@ -173,7 +173,7 @@ def poisson(key, self, generator=None):
 def binomial(key, count, prob, generator=None):
     """Successes in ``count`` trials of probability ``prob``; a probability
     past [0, 1] is taken at the bound, as CPU's sampler does."""
-    wide = widened(count)
+    wide = jnp.maximum(widened(count), 0)  # CPU's sampler gives 0 successes of a negative count
     p = jnp.clip(widened(prob), 0, 1)
     shape = jnp.broadcast_shapes(count.shape, prob.shape)
     return jax.random.binomial(key, wide, p, shape, wide.dtype).astype(count.dtype)
@@ -182,9 +182,13 @@ def binomial(key, count, prob, generator=None):
 @random_lowering("aten::_standard_gamma")
 def standard_gamma(key, self, generator=None):
     """Gamma(self, 1) draws (``torch.distributions.Gamma``, ``Beta``,
-    ``Dirichlet``, ``Chi2``, ``StudentT``)."""
+    ``Chi2``, ``StudentT``)."""
     wide = widened(self)
-    return jax.random.gamma(key, wide, self.shape, wide.dtype).astype(self.dtype)
+    sample = jax.random.gamma(key, wide, self.shape, wide.dtype)
+    # CPU's sampler keeps every draw at least the dtype's smallest normal
+    # number (an underflow, or alpha <= 0, where jax gives 0 or NaN)
+    tiny = jnp.finfo(self.dtype).tiny
+    return jnp.where(sample > tiny, sample, tiny).astype(self.dtype)
 
 
 @lowering("aten::_standard_gamma_grad")
