@@ -45,14 +45,15 @@ class Block(torch.nn.Module):
 
 
 class _CompileCounter:
-    """XLA compilations, counted through jax's public monitoring events."""
+    """XLA compilations, by program name, through jax's public monitoring
+    events (every thread: backward runs on autograd's)."""
 
     def __enter__(self):
-        self.n = 0
+        self.names = []
 
-        def listener(event, duration, **_):
+        def listener(event, duration, fun_name="?", **_):
             if event == "/jax/core/compile/backend_compile_duration":
-                self.n += 1
+                self.names.append(fun_name)
 
         self._listener = listener
         jax.monitoring.register_event_duration_secs_listener(listener)
@@ -287,7 +288,10 @@ def test_five_training_steps_trace_once_and_compile_forward_and_backward_once():
         for _ in range(5):
             pure(x).sum().backward()
     assert pure.cache_info().traces == 1
-    assert c.n == 2, f"{c.n} XLA compilations (expected forward + backward)"
+    # Only the function's own programs: an eager op of the loop may compile
+    # again in a worker whose earlier test files filled jax's bounded caches.
+    own = [name for name in c.names if "Linear." in name]
+    assert own == ["jit(Linear.forward)", "jit(Linear.backward)"], c.names
 
 
 def test_cache_is_bounded_lru_and_counts():

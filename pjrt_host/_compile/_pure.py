@@ -109,7 +109,7 @@ class _Entry:
                         body(arrays, _Entry._key(rng))
                 return outs, [_like(v, arrays[i]) for i, v in muts], None if rows is None else _checks.stack(rows)
 
-            programs.plain = jax.jit(fn)
+            programs.plain = jax.jit(_named(fn, name))
         return programs.plain
 
     def forward(self) -> Any:
@@ -142,7 +142,7 @@ class _Entry:
                 res, treedef[0] = jax.tree_util.tree_flatten(pullback)
                 return fl, rest, muts, res, flags
 
-            programs.forward = jax.jit(fn)
+            programs.forward = jax.jit(_named(fn, name + ".forward"))
         return programs.forward
 
     def backward(self) -> Any:
@@ -155,8 +155,16 @@ class _Entry:
                 with jax.named_scope(name + ".backward"):
                     return jax.tree_util.tree_unflatten(treedef[0], res)(cts)[0]
 
-            programs.backward = jax.jit(fn)
+            programs.backward = jax.jit(_named(fn, name + ".backward"))
         return programs.backward
+
+
+def _named(fn: Any, name: str) -> Any:
+    """``fn`` under ``name``: jax names a program after its function, so
+    compile logs, profiles and ``jax.monitoring`` events say
+    ``jit(Linear.forward)``, not ``jit(fn)``."""
+    fn.__name__ = fn.__qualname__ = name
+    return fn
 
 
 class _Programs:
