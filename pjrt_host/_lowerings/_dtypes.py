@@ -32,6 +32,12 @@ for _name, _jax_name in (("uint16", "uint16"), ("uint32", "uint32"), ("uint64", 
     # Newer dtypes: present in these versions, looked up defensively.
     if hasattr(torch, _name) and hasattr(jnp, _jax_name):
         _TORCH_TO_JAX[getattr(torch, _name)] = getattr(jnp, _jax_name)
+# As numpy dtype objects, the form a jax array's ``.dtype`` has: a storage's
+# dtype then keys programs the same way whether it came from a torch dtype
+# (a factory, a fused-eager result) or from an array (an op's result).
+# ``np.dtype('int64') == jnp.int64`` but their hashes and reprs differ, so
+# the two forms made two in-memory keys and two disk entries of one program.
+_TORCH_TO_JAX = {k: np.dtype(v) for k, v in _TORCH_TO_JAX.items()}
 
 _JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
 
