@@ -86,6 +86,39 @@ def test_a_repeated_segment_reuses_its_program():
     assert after["programs"] == before["programs"], "the same segment compiled again"
 
 
+def test_the_recompile_log_says_why_a_segment_compiled_a_new_program(caplog):
+    w = torch.randn(8, 8, device="jax")
+
+    def block(x, scale):
+        y = (x @ w).relu() * scale + 1
+        return (y.sin() - y.cos()).sum(-1)
+
+    def why(run) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="pjrt_host.recompiles"):
+            run()
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("fused eager: ")]
+
+    with fused():
+        # warm, over four shapes: an op tries its scalars traced at its fourth
+        # signature (a trial that ends a segment), and it is behind us then
+        for rows in (1, 2, 3, 4, 4):
+            block(torch.randn(rows, 8, device="jax"), 2.0).cpu()
+        assert why(lambda: block(torch.randn(4, 8, device="jax"), 2.0).cpu()) == []
+        [line] = why(lambda: block(torch.randn(6, 8, device="jax"), 2.0).cpu())
+        assert "a segment of 8 ops compiles a new program" in line
+        assert "op 0 (aten::mm): argument 0 float32[4, 8] -> float32[6, 8]" in line
+        assert "input 0 float32[4, 8] -> float32[6, 8]" in line
+
+        def keep_an_intermediate():
+            x = torch.randn(6, 8, device="jax")
+            y = (x @ w).relu() * 2.0 + 1  # held: one more result of the same ops
+            (y.sin() - y.cos()).sum(-1).cpu()
+
+        [line] = why(keep_an_intermediate)
+        assert "other results are still held (1 -> 2 of them)" in line
+
+
 def test_values_nobody_holds_are_never_outputs():
     x = torch.randn(4, 4, device="jax")
     with fused():

@@ -296,6 +296,8 @@ def _difference(prev: tuple, key: tuple) -> str:
 
 
 def _describe(part: Any) -> str:
+    if type(part) is DynamicScalar:
+        return f"a traced {part.type.__name__}"
     if isinstance(part, TensorSpec):
         view = part.view
         if view is None:
@@ -807,6 +809,9 @@ class CompiledOp:
         # jax names the program after the function: compile logs, profiles
         # and jax.monitoring events then say which torch op compiled.
         fn.__name__ = fn.__qualname__ = self.name.replace("::", ".")
+        # the op and its key: fused eager says which op's arguments changed
+        # when a segment compiles a new program (_fused._why_new)
+        fn.pjrt_host_key = (self.name, key)
         # Fused eager records ops whose results are tensors torch described in advance.
         tensors = plan.outputs is not None and all(o.kind == "tensor" for o in plan.outputs) and bool(plan.outputs)
         if jitted and (tensors or writes) and disk_signature is not None:

@@ -25,6 +25,7 @@ segment, under the segment's lock.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import warnings
@@ -49,6 +50,7 @@ _programs: dict[tuple, Any] = {}
 _validated: set = set()  # traceable op functions known to trace with pending (abstract) inputs
 _refused: set = set()  # those that do not (they need concrete values), or trace to other shapes than planned
 _counts = {"segments": 0, "ops": 0, "programs": 0}
+_recompiles = logging.getLogger("pjrt_host.recompiles")
 
 
 class Segment:
@@ -105,6 +107,9 @@ class Segment:
             if len(_programs) > 2048:  # segments that never repeat: bound the memory
                 _programs.clear()
             _counts["programs"] += 1
+            if _recompiles.isEnabledFor(logging.INFO) and _programs:
+                _recompiles.info("fused eager: a segment of %d ops compiles a new program: %s", len(self.ops),
+                                 _why_new(key))
             with warnings.catch_warnings():  # a donated buffer no output can reuse is freed all the same
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 # keep_unused: an input only overwritten still places the program (_engine._build)
@@ -120,6 +125,55 @@ class Segment:
             if storage is not None and storage._array is p:
                 storage._array = arr
         note_result(self.device, outs[-1])
+
+
+def _why_new(key: tuple) -> str:
+    """What sets a new segment's program apart from the closest one made
+    before (the same number of ops, the most of them the same), in a
+    user's terms: which op's arguments changed, which input's shape, or
+    which results are still held.  Only for the ``pjrt_host.recompiles``
+    log at INFO: it looks at every program made."""
+    from ._engine import _difference
+
+    ops, inputs, live, donated = key
+    names = [_op_name(op) for op in ops]
+    same_length = [k for k in reversed(_programs) if len(k[0]) == len(ops)]  # of equals, the latest
+    if not same_length:
+        return f"no earlier segment has {len(ops)} ops (this one: {names[0]} ... {names[-1]})"
+    closest = min(same_length, key=lambda k: sum(a != b for a, b in zip(k[0], ops)))
+    changes = []
+    for i, (old, new) in enumerate(zip(closest[0], ops)):
+        if old == new:
+            continue
+        old_key, new_key = getattr(old[0], "pjrt_host_key", None), getattr(new[0], "pjrt_host_key", None)
+        if old[0] is not new[0] and old_key is not None and new_key is not None and old_key[0] == new_key[0]:
+            changes.append(f"op {i} ({names[i]}): {_difference(old_key[1], new_key[1])}")
+        elif old[0] is not new[0]:
+            changes.append(f"op {i} is {names[i]} where the closest earlier segment has {_op_name(old)}")
+        else:
+            changes.append(f"op {i} ({names[i]}) reads other values (the ops are wired otherwise)")
+        if len(changes) == 3:
+            break
+    for i, (old, new) in enumerate(zip(closest[1], inputs)):
+        if old != new and len(changes) < 4:
+            changes.append(f"input {i} {_input_text(old)} -> {_input_text(new)}")
+    if closest[2] != live:
+        changes.append(f"other results are still held ({len(closest[2])} -> {len(live)} of them)")
+    if closest[3] != donated:
+        changes.append("other inputs are held only by the segment (donated)")
+    return "; ".join(changes) or "the same segment (its earlier program was dropped)"
+
+
+def _op_name(op: tuple) -> str:
+    named = getattr(op[0], "pjrt_host_key", None)
+    return named[0] if named is not None else getattr(op[0], "__name__", "an op")
+
+
+def _input_text(signature: Any) -> str:
+    if isinstance(signature, tuple):
+        shape, dtype = signature
+        return f"{dtype}{list(shape)}"
+    return f"a {signature.__name__}"
 
 
 def _kept(jitted: Any, key: tuple, ext: list, device: int) -> Any:
