@@ -295,6 +295,9 @@ def _difference(prev: tuple, key: tuple) -> str:
     return "; ".join(changes) or "the same arguments (the earlier program was evicted)"
 
 
+_fused.key_difference = _difference
+
+
 def _describe(part: Any) -> str:
     if type(part) is DynamicScalar:
         return f"a traced {part.type.__name__}"

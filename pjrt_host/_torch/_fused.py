@@ -51,6 +51,9 @@ _validated: set = set()  # traceable op functions known to trace with pending (a
 _refused: set = set()  # those that do not (they need concrete values), or trace to other shapes than planned
 _counts = {"segments": 0, "ops": 0, "programs": 0}
 _recompiles = logging.getLogger("pjrt_host.recompiles")
+#: How two keys of one op differ, in a user's terms: ``_engine._difference``,
+#: set by the engine (which imports this module) for :func:`_why_new`.
+key_difference: Any = None
 
 
 class Segment:
@@ -133,8 +136,6 @@ def _why_new(key: tuple) -> str:
     user's terms: which op's arguments changed, which input's shape, or
     which results are still held.  Only for the ``pjrt_host.recompiles``
     log at INFO: it looks at every program made."""
-    from ._engine import _difference
-
     ops, inputs, live, donated = key
     names = [_op_name(op) for op in ops]
     same_length = [k for k in reversed(_programs) if len(k[0]) == len(ops)]  # of equals, the latest
@@ -147,7 +148,7 @@ def _why_new(key: tuple) -> str:
             continue
         old_key, new_key = getattr(old[0], "pjrt_host_key", None), getattr(new[0], "pjrt_host_key", None)
         if old[0] is not new[0] and old_key is not None and new_key is not None and old_key[0] == new_key[0]:
-            changes.append(f"op {i} ({names[i]}): {_difference(old_key[1], new_key[1])}")
+            changes.append(f"op {i} ({names[i]}): {key_difference(old_key[1], new_key[1])}")
         elif old[0] is not new[0]:
             changes.append(f"op {i} is {names[i]} where the closest earlier segment has {_op_name(old)}")
         else:
