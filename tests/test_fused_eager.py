@@ -19,7 +19,7 @@ pytest.importorskip("jax")
 import pjrt_host  # noqa: E402
 from pjrt_host._torch import _fused, _tensor  # noqa: E402
 
-from conftest import REPO, run_python  # noqa: E402
+from conftest import run_python  # noqa: E402
 
 def fused():
     return pjrt_host.config(eager="fused")
