@@ -103,6 +103,46 @@ def test_a_device_error_inside_backward_raises_at_backward():
     assert "AFTER [2.0, 2.0, 2.0]" in lines and "FALLBACK True" in lines, proc.stdout
 
 
+_FOREACH_WRITES = [
+    ("_foreach_add_", lambda ts: torch._foreach_add_(ts, 1.0)),
+    ("_foreach_mul_ (list)", lambda ts: torch._foreach_mul_(ts, [2.0] * len(ts))),
+    ("_foreach_addcmul_", lambda ts: torch._foreach_addcmul_(ts, ts, ts, 0.5)),
+    ("_foreach_lerp_", lambda ts: torch._foreach_lerp_(ts, [t * 0 + 3 for t in ts], 0.25)),
+    ("_foreach_zero_", lambda ts: torch._foreach_zero_(ts)),
+]
+
+
+@pytest.mark.parametrize("name,write", _FOREACH_WRITES, ids=[n for n, _ in _FOREACH_WRITES])
+def test_foreach_in_place_ops_count_their_writes_as_cpu_does(name, write):
+    """torch's foreach kernels count each write in the target's version
+    (the ops have no ADInplaceOrView kernel): a view's write counts in its
+    base too; an expanded target is refused where CPU refuses it."""
+    seen = {}
+    for dev in ("cpu", DEV):
+        plain = torch.arange(3.0, device=dev)
+        base = torch.arange(6.0, device=dev).reshape(2, 3)
+        write([plain, base[1]])
+        try:
+            write([torch.zeros(1, device=dev).expand(3)])
+            refused = None
+        except RuntimeError as err:
+            refused = str(err)
+        seen[dev] = (plain._version, base._version, refused, plain.cpu(), base.cpu())
+    assert seen[DEV][:3] == seen["cpu"][:3], name
+    torch.testing.assert_close(seen[DEV][3:], seen["cpu"][3:])
+
+
+def test_a_saved_tensor_changed_by_a_foreach_op_is_refused_at_backward():
+    # without its version counted, backward would use the new values silently
+    for dev in ("cpu", DEV):
+        w = torch.randn(3, device=dev, requires_grad=True)
+        a = torch.randn(3, device=dev)
+        loss = (a * w).sum()  # saves a
+        torch._foreach_add_([a], 1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+
+
 def test_cpu_fallback_opt_in():
     """Through torch's real dispatch: off by default, on in the scope, with a
     one-time warning naming the op, and the result back on the device."""

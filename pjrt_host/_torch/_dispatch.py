@@ -359,7 +359,8 @@ def _handler_for(func: Any) -> Handler:
             # _amp_update_scale_, _amp_foreach_non_finite_check_and_unscale_)
             # or a list (_foreach_copy_): its functional twin returns their
             # new values, in order.
-            write_back = functools.partial(_write_back_each, functional[0], schema, mutable)
+            write_back = functools.partial(_write_back_each, func, functional[0], schema, mutable,
+                                           _kernel_counts_writes(op_name(func)))
             # out= lists (split_with_sizes_copy's) are probed; GradScaler's and
             # the _foreach_ in-place ops, called every step with many tensors, are not
             return _probed(func, write_back) if all(a.kwarg_only for a in mutable) else write_back
@@ -619,7 +620,24 @@ def _via_functional(decomposition: Callable, out_names: tuple[str, ...], args: t
 _write_out = _storage_ops.write_out
 
 
-def _write_back_each(functional_op: Any, schema: Any, mutable: list, args: tuple, kwargs: dict) -> Any:
+@functools.lru_cache(maxsize=None)
+def _kernel_counts_writes(name: str) -> bool:
+    """Whether the device's kernel of an in-place op counts its writes in
+    each target's version, as torch's kernels of the foreach in-place ops
+    do (CPU's and CUDA's call ``increment_version``: these ops have no
+    ADInplaceOrView kernel that would).  Without it autograd would not see
+    a saved tensor changed by ``torch._foreach_add_`` and would compute
+    the gradient from the new values.  The fused optimizer and amp ops,
+    whose CPU kernels count nothing, are left as CPU leaves them."""
+    try:
+        viewed = torch._C._dispatch_has_kernel_for_dispatch_key(name, "ADInplaceOrView")
+    except RuntimeError:
+        return False
+    return not viewed and name.split("::")[-1].startswith("_foreach_")
+
+
+def _write_back_each(func: Any, functional_op: Any, schema: Any, mutable: list, count_writes: bool, args: tuple,
+                     kwargs: dict) -> Any:
     out_names = {a.name for a in mutable if a.kwarg_only}
     results = functional_op(*args, **{k: v for k, v in kwargs.items() if k not in out_names})
     if len(mutable) == 1 or not isinstance(results, (tuple, list)):
@@ -637,15 +655,37 @@ def _write_back_each(functional_op: Any, schema: Any, mutable: list, args: tuple
             # step into an int tensor) before writing anything; a copy_
             # would cast it silently
             _meta.check_inplace(v, t)
+    # torch's refusal of a target with self-overlapping elements, by the op's
+    # own rule (zero_ allows it); a whole storage (no view) cannot overlap itself
+    _meta.check_out_overlap([t for out, t, _ in writes if not out and getattr(t, "_view", None) is not None], func)
     for out, t, v in writes:
         if out:
             _write_out(t, v)
-        else:
+        elif not _swapped_in(t, v):
             t.copy_(v)
+    if count_writes:  # the writes above, inside the dispatcher, count nothing themselves
+        torch.autograd.graph.increment_version([t for out, t, _ in writes if not out and isinstance(t, torch.Tensor)])
     if not schema.returns:
         return None
     written = [bound[a.name] for a in mutable][:len(schema.returns)]  # an in-place op returns what it wrote
     return written[0] if len(written) == 1 else tuple(written)
+
+
+def _swapped_in(target: Any, value: Any) -> bool:
+    """``target.copy_(value)`` for a fresh result of the target's own shape
+    on its own device, without a second trip through torch's dispatcher:
+    what copy_ ends in (the storage takes the new array, or a view's
+    elements are written).  A foreach optimizer step writes back every
+    parameter and state tensor (GPT-2's AdamW: 364 writes a step), and the
+    in-place op itself has already counted the write in each target's
+    version (the caller has applied the op's refusal of self-overlapping
+    targets).  False where copy_'s conversions or broadcasting are needed."""
+    if not (isinstance(target, _tensor.JaxTensor) and isinstance(value, _tensor.JaxTensor)) \
+            or value._view is not None or value.shape != target.shape \
+            or value._storage.place != target._storage.place:
+        return False
+    _tensor.write(target, value._storage.get())
+    return True
 
 
 def _last_resort(func: Any, args: tuple, kwargs: dict) -> Any:

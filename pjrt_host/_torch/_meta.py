@@ -342,6 +342,11 @@ def _checks_overlap(op: Any) -> bool:
     if isinstance(op, str):
         return op in _OVERLAP_CHECKED
     base = op_base(op)
+    if base.startswith("_foreach_"):
+        # torch's foreach kernels run the per-tensor op on each tensor: its rule
+        single = getattr(torch.ops.aten, base[len("_foreach_"):], None)
+        overloads = single.overloads() if single is not None else []
+        return bool(overloads) and _checks_overlap(getattr(single, overloads[0]))
     if base in _OVERLAP_ALLOWED:
         return False
     tags = getattr(op, "tags", ())
