@@ -657,7 +657,9 @@ def _write_back_each(func: Any, functional_op: Any, schema: Any, mutable: list, 
             _meta.check_inplace(v, t)
     # torch's refusal of a target with self-overlapping elements, by the op's
     # own rule (zero_ allows it); a whole storage (no view) cannot overlap itself
-    _meta.check_out_overlap([t for out, t, _ in writes if not out and getattr(t, "_view", None) is not None], func)
+    viewed = [t for out, t, _ in writes if not out and getattr(t, "_view", None) is not None]
+    if viewed:
+        _meta.check_out_overlap(viewed, func)
     for out, t, v in writes:
         if out:
             _write_out(t, v)
@@ -676,10 +678,10 @@ def _swapped_in(target: Any, value: Any) -> bool:
     on its own device, without a second trip through torch's dispatcher:
     what copy_ ends in (the storage takes the new array, or a view's
     elements are written).  A foreach optimizer step writes back every
-    parameter and state tensor (GPT-2's AdamW: 364 writes a step), and the
-    in-place op itself has already counted the write in each target's
-    version (the caller has applied the op's refusal of self-overlapping
-    targets).  False where copy_'s conversions or broadcasting are needed."""
+    parameter and state tensor (GPT-2's AdamW: 364 writes a step).  The
+    caller applies the op's refusal of self-overlapping targets and counts
+    the writes in the targets' versions where the op's kernel would.
+    False where copy_'s conversions or broadcasting are needed."""
     if not (isinstance(target, _tensor.JaxTensor) and isinstance(value, _tensor.JaxTensor)) \
             or value._view is not None or value.shape != target.shape \
             or value._storage.place != target._storage.place:
