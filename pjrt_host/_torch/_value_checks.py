@@ -276,7 +276,7 @@ def _first_bad(bad: Any, x: Any) -> Any:
     return jnp.where(jnp.any(flat), x.reshape(-1)[index_of_max(flat)], 0)
 
 
-@functools.lru_cache(maxsize=None)  # one check (and its compiled programs) per bound and text
+@functools.lru_cache(maxsize=256)  # one check (and its compiled programs) per bound and text; bounds follow shapes
 def _bounded(text: str, low: int | None, high: int | None) -> _Check:
     """The check that every value lies in ``[low, high]`` (None: no bound);
     its code is the first value outside, put into ``text`` (a bad value is
@@ -351,7 +351,7 @@ _BAG_ORDER = _Check(lambda o: jnp.where(jnp.any(o[1:] < o[:-1]), 1, 0), {1: (
                   "so, please report an enhancement request to PyTorch.)")})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=256)  # one per indices count: bounded, as batch sizes vary
 def _bag_end(n: int) -> _Check:
     """The check that the last offset is at most ``n``, the indices' count."""
     return _Check(lambda o: jnp.where(o[-1] > n, o[-1], 0), {1: (
