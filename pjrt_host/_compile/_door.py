@@ -14,8 +14,8 @@ import torch
 
 from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _index_checks, _rng,
-                      _sharding, _tensor, _strided, _value_checks)
+from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _index_checks, _lowering_context,
+                      _rng, _sharding, _tensor, _strided, _value_checks)
 from .._torch._hiding import dynamo_compiling, our_trace
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
@@ -23,7 +23,7 @@ __all__ = [
     "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "check_results_fit", "config", "constraint_sharding",
     "current_index", "custom_op_kernel", "defer_check", "device_dtype", "device_index", "dynamo_compiling",
     "eager_dispatch_hooks", "has_index_check", "has_value_check", "host_values", "index_failure", "index_of_array",
-    "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result", "our_trace", "out_of_memory",
+    "index_sites", "jax_device", "lowering_context", "next_key_args", "draw_key", "check_writable", "note_result", "our_trace", "out_of_memory",
     "put_storage", "read", "storage_of", "to_device_array", "to_torch", "torch_device", "torch_dtype", "value_sites",
     "wrap", "write",
 ]
@@ -92,13 +92,6 @@ def onto_mesh(arrays: list, owners: list, place: Any, required: Any = None) -> A
     return place if found is None else found
 
 
-def settle(array: Any, st: Any) -> Any:
-    """A storage's new array laid out as its previous one (an input written
-    by a graph keeps its placement and sharding)."""
-    previous = st.array
-    return array if previous is None else _sharding.settle(array, previous)
-
-
 def graph_placement(gm: torch.fx.GraphModule) -> Any:
     """The mesh a graph's sharding constraints name (None: it has none)."""
     for node in gm.graph.nodes:
@@ -121,11 +114,6 @@ def storage_of(t: JaxTensor) -> tuple[Any, Any, tuple | None, Any]:
     return st, arr, vw.static, vw.run_offset
 
 
-def storage_key(st: Any) -> tuple:
-    """What a compiled function is specialised on for a storage: shape and dtype."""
-    return (st.shape, st.jax_dtype)
-
-
 def view_read(array: Any, static: tuple | None, offset: Any) -> Any:
     """Traceable: a view's values from its storage array."""
     return _strided.read(array, static, offset)
@@ -136,10 +124,17 @@ def view_write(array: Any, static: tuple | None, offset: Any, value: Any) -> Any
     return _strided.write(array, static, offset, value)
 
 
-def put_storage(st: Any, array: Any) -> None:
-    """A storage's new values, written by a compiled call (one write)."""
-    st.array = array
-    st.version += 1
+def check_writable(st: Any) -> None:
+    """Raise eager's refusal if a compiled call must not write storage ``st``
+    (a read-only snapshot): asked before the call runs, as eager asks."""
+    st.check_writable()
+
+
+def put_storage(st: Any, array: Any, settle: bool = False) -> None:
+    """A storage's new values, written by a compiled call (one write:
+    ``Storage.commit``; ``settle``: laid out as its previous values, for a
+    value computed on a mesh)."""
+    st.commit(array, settle)
 
 
 def device_index(t: JaxTensor) -> int:
@@ -244,13 +239,18 @@ def config() -> Any:
 def lowering_context(cfg: Any, one_device: bool = False) -> LoweringContext:
     """The context eager ops run lowerings with under ``cfg`` (no key);
     ``one_device``: the program runs on one device, not over a mesh."""
-    return _engine.lowering_context(cfg, one_device)
+    return _lowering_context.lowering_context(cfg, one_device)
 
 
 def next_key_args(index: int) -> tuple[Any, int]:
     """(key data uint32[2], counter) of the next draw from device ``index``'s
     generator; advances it."""
     return _rng.next_key_args(index)
+
+
+def draw_key(key_data: Any, counter: Any) -> Any:
+    """Traceable: the jax key of one draw from ``next_key_args``' pair."""
+    return _rng.draw_key(key_data, counter)
 
 
 def to_device_array(t: torch.Tensor, index: int) -> Any:

@@ -93,7 +93,7 @@ class _Entry:
         if rng is None:
             return None
         kd, counter = rng
-        return jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), counter)
+        return _door.draw_key(kd, counter)
 
     def plain(self) -> Any:
         """jit: (arrays, rng) -> (outputs, new values of the written

@@ -39,8 +39,8 @@ from ._dtype_policy import device_dtype
 
 __all__ = [
     "JaxTensor", "Storage", "TensorSpec", "View", "contiguous_strides", "defer_check", "install_dispatcher", "make", "new_tensor",
-    "forget_results", "note_result", "read", "run_deferred_checks", "finish_op", "synchronize", "view_for", "withdraw_checks",
-    "wrap_array", "write",
+    "forget_results", "note_result", "read", "result_tensor", "run_deferred_checks", "finish_op", "synchronize", "view_for",
+    "withdraw_checks", "wrap_array", "write",
 ]
 
 
@@ -121,6 +121,30 @@ class Storage:
     @property
     def sharded(self) -> bool:
         return type(self.place) is not int
+
+    def check_writable(self) -> None:
+        """Raise why this storage refuses writes (a byte-level snapshot of
+        another storage), if it does."""
+        if self.read_only is not None:
+            raise RuntimeError(self.read_only)
+
+    def commit(self, array: Any, settle: bool = False) -> None:
+        """Make ``array`` this storage's values: the one way a write lands
+        (eager ops, writes through views, fused eager's pending results,
+        compiled graphs' input mutations).  Refused for a read-only storage;
+        laid out as the previous array when the storage is sharded or
+        ``settle`` (the value was computed on a mesh); counts the write in
+        ``version``; the latest result :func:`synchronize` waits for."""
+        if self.read_only is not None:
+            raise RuntimeError(self.read_only)
+        if settle or type(self.place) is not int:
+            previous = self._array
+            if previous is not None and type(previous) is not Pending:
+                array = _sharding.settle(array, previous)
+        self._array = array
+        self.version += 1
+        if type(array) is not Pending:
+            _last[self.device_index] = _weak(array)
 
 
 class Pending:
@@ -381,7 +405,8 @@ class JaxTensor(torch.Tensor):
 
 def install_dispatcher(dispatch: Callable[[Any, tuple, dict], Any]) -> None:
     """Make ``dispatch(func, args, kwargs)`` run every ATen op on 'jax'
-    tensors.  Called once, by ``_privateuse1``, before the first tensor.
+    tensors.  Called once, by ``_loader`` when the device loads, before the
+    first tensor.
 
     ``__torch_dispatch__`` becomes the descriptor of
     :mod:`pjrt_host._torch._hiding`: dynamo, while it compiles in a
@@ -508,14 +533,22 @@ def make(storage: Storage, size: tuple[int, ...], dtype: torch.dtype, stride: tu
     return t
 
 
+def result_tensor(array: Any, shape: tuple[int, ...], dtype: torch.dtype, index: int, place: Any = None) -> JaxTensor:
+    """A new tensor owning ``array``, an op's result of ``shape`` and torch
+    ``dtype`` (a jax array, or fused eager's :class:`Pending`), on device
+    ``index`` (on ``place``'s mesh, when sharded, with ``index`` its torch
+    device).  The caller notes a computed result for :func:`synchronize`."""
+    return make(Storage(array, shape, array.dtype, index, place), shape, dtype)
+
+
 def wrap_array(array: Any, index: int, dtype: torch.dtype | None = None, place: Any = None) -> JaxTensor:
     """A new tensor owning ``array`` (already on device ``index``, or on
-    ``place``'s mesh with ``index`` its torch device)."""
+    ``place``'s mesh with ``index`` its torch device), noted as the
+    device's latest result."""
     if dtype is None:
         dtype = torch_dtype(array.dtype)
-    shape = tuple(array.shape)
     _last[index] = _weak(array)
-    return make(Storage(array, shape, array.dtype, index, place), shape, dtype)
+    return result_tensor(array, tuple(array.shape), dtype, index, place)
 
 
 def new_tensor(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> JaxTensor:
@@ -552,8 +585,7 @@ def write(t: JaxTensor, value: Any) -> None:
     array broadcastable to t's shape, cast here to the storage's dtype."""
     storage = t._storage
     view = t._view
-    if storage.read_only is not None:
-        raise RuntimeError(storage.read_only)
+    storage.check_writable()
     dtype = storage.jax_dtype if view is None or view.elem is None else view.elem
     if value.dtype != dtype:
         value = value.astype(dtype)
@@ -563,16 +595,15 @@ def write(t: JaxTensor, value: Any) -> None:
     if view is None:
         if tuple(value.shape) != storage.shape:
             value = jnp.broadcast_to(value, storage.shape)
-        storage.array = value
+        storage.commit(value)
     else:
         arr = storage.get()
         # Nothing else holds the array (the attribute, ``arr``, getrefcount's
         # argument): donated, so XLA writes the view's elements in place.
         sole = DONATE and sys.getrefcount(arr) <= 3 and value is not arr
-        storage.array = _view_writer(view.static, sole)(arr, view.run_offset, value)
+        new = _view_writer(view.static, sole)(arr, view.run_offset, value)
         del arr
-    storage.version += 1
-    _last[storage.device_index] = _weak(storage.array)
+        storage.commit(new)
 
 
 #: Writes give up the array they overwrite when nothing else holds it (eager
@@ -606,9 +637,7 @@ def _write_sharded(storage: Storage, view: View | None, value: Any) -> None:
         new = value
     else:
         new = _view_writer(view.static)(previous, view.run_offset, value)
-    storage.array = _sharding.settle(new, previous)
-    storage.version += 1
-    _last[storage.device_index] = _weak(storage.array)
+    storage.commit(new)  # laid out as ``previous``: the storage is sharded
 
 
 # ---------------------------------------------------------------- synchronize
