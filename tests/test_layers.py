@@ -219,3 +219,22 @@ def test_torch_is_patched_from_the_inventory_module_only():
         if "_pjrt_host = True" in path.read_text():
             offenders.append(name)
     assert offenders == [], f"torch patched outside pjrt_host._torch._patches: {offenders}"
+
+
+#: A 'jax' tensor's data: its storage, its view, a storage's array.
+_TENSOR_INTERNALS = frozenset({"_storage", "_view", "_array"})
+
+
+def test_only_the_device_and_its_door_read_a_tensors_storage():
+    """Outside ``_torch`` (the device itself) only ``_compile._door`` reads a
+    tensor's storage or view: the compile backend, ``spmd`` and the rest
+    work on the arrays and handles the door gives, so a change of the
+    storage model is a change in ``_torch`` and the door only."""
+    offenders = []
+    for name, path in all_modules().items():
+        if name.startswith("pjrt_host._torch") or name == "pjrt_host._compile._door":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in _TENSOR_INTERNALS:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} .{node.attr}")
+    assert offenders == [], f"a tensor's storage read outside pjrt_host._torch and the door: {offenders}"

@@ -3,7 +3,9 @@ place: taking a tensor's storage array and view, putting new values back,
 wrapping results, the device's random state, configuration and transfers.
 
 The rest of the backend works on jax arrays and these few functions only, so
-a change of the device's internals is a change here.
+a change of the device's internals is a change here: only this module
+imports ``_torch`` and reads a tensor's storage or view
+(``tests/test_layers.py`` checks both).
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from .._torch._hiding import dynamo_compiling, our_trace
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
-    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "check_results_fit", "config", "constraint_sharding",
-    "current_index", "custom_op_kernel", "defer_check", "device_dtype", "device_index", "dynamo_compiling",
-    "eager_dispatch_hooks", "has_index_check", "has_value_check", "host_values", "index_failure", "index_of_array",
-    "index_sites", "jax_device", "lowering_context", "next_key_args", "draw_key", "check_writable", "note_result", "our_trace", "out_of_memory",
-    "put_storage", "read", "storage_of", "to_device_array", "to_torch", "torch_device", "torch_dtype", "value_sites",
-    "wrap", "write",
+    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "argument", "check_results_fit", "check_writable", "config",
+    "constraint_sharding", "current_index", "custom_op_kernel", "defer_check", "device_dtype", "device_index",
+    "draw_key", "dynamo_compiling", "eager_dispatch_hooks", "has_index_check", "has_value_check", "host_values",
+    "index_failure", "index_of_array", "index_sites", "jax_device", "lowering_context", "next_key_args",
+    "note_result", "our_trace", "out_of_memory", "put_storage", "read", "storage", "storage_of", "to_device_array",
+    "to_torch", "torch_device", "torch_dtype", "value_sites", "wrap", "write",
 ]
 
 
@@ -112,6 +114,24 @@ def storage_of(t: JaxTensor) -> tuple[Any, Any, tuple | None, Any]:
     if vw is None:
         return st, arr, None, 0
     return st, arr, vw.static, vw.run_offset
+
+
+def storage(t: JaxTensor) -> Any:
+    """The storage of a 'jax' tensor, as a handle to pass back here
+    (``onto_mesh``, ``put_storage``); never read into outside this module."""
+    return t._storage
+
+
+def argument(t: JaxTensor) -> tuple[int, Any, Any, TensorSpec | None]:
+    """What a traced call takes of a 'jax' tensor argument: ``(device index,
+    its values as a jax array, its storage's place, its key)``: for a tensor
+    that is its whole storage the storage's own array (no copy) and spec,
+    for a view its values read through the view and None."""
+    st = t._storage
+    if t._view is None:
+        arr = st.array
+        return st.device_index, (arr if arr is not None else st.get()), st.place, st.spec
+    return st.device_index, _tensor.read(t), st.place, None
 
 
 def view_read(array: Any, static: tuple | None, offset: Any) -> Any:

@@ -67,7 +67,7 @@ class Storage:
     itself for one device, a ``MeshPlacement`` for an array sharded over a
     mesh (``device_index`` is then the torch device the tensor reports)."""
 
-    __slots__ = ("_array", "shape", "jax_dtype", "device_index", "place", "version", "spec", "torch_storage",
+    __slots__ = ("_array", "shape", "jax_dtype", "device_index", "place", "spec", "torch_storage",
                  "read_only", "__weakref__")
 
     @property
@@ -96,7 +96,6 @@ class Storage:
         self.jax_dtype = dtype
         self.device_index = device_index
         self.place = device_index if place is None else place
-        self.version = 0  #: counts writes
         self.spec = TensorSpec((dtype, shape, None))
         self.torch_storage: Any = None  #: the torch UntypedStorage naming it (_storage_bridge), made on first use
         #: Why a write is refused (a byte-level snapshot of another Storage, see _storage_ops.set_), else None.
@@ -133,8 +132,9 @@ class Storage:
         (eager ops, writes through views, fused eager's pending results,
         compiled graphs' input mutations).  Refused for a read-only storage;
         laid out as the previous array when the storage is sharded or
-        ``settle`` (the value was computed on a mesh); counts the write in
-        ``version``; the latest result :func:`synchronize` waits for."""
+        ``settle`` (the value was computed on a mesh); the latest result
+        :func:`synchronize` waits for.  (torch counts the write in the
+        tensors' ``_version`` itself.)"""
         if self.read_only is not None:
             raise RuntimeError(self.read_only)
         if settle or type(self.place) is not int:
@@ -142,7 +142,6 @@ class Storage:
             if previous is not None and type(previous) is not Pending:
                 array = _sharding.settle(array, previous)
         self._array = array
-        self.version += 1
         if type(array) is not Pending:
             _last[self.device_index] = _weak(array)
 
