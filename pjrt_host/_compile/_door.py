@@ -17,7 +17,7 @@ import torch
 from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _index_checks, _lowering_context,
-                      _rng, _sharding, _tensor, _strided, _value_checks)
+                      _rng, _sharding, _strided, _sync, _tensor, _value_checks)
 from .._torch._hiding import dynamo_compiling, our_trace
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
@@ -169,18 +169,18 @@ def wrap(array: Any, index: int, dtype: torch.dtype, place: Any = None) -> JaxTe
     """A new 'jax' tensor owning ``array`` (on device ``index``, or on
     ``place``'s mesh)."""
     shape = tuple(array.shape)
-    return _tensor.make(_tensor.Storage(array, shape, array.dtype, index, place), shape, dtype)
+    return _tensor.result_tensor(array, shape, dtype, index, place)
 
 
 def note_result(index: int, array: Any) -> None:
     """``torch.jax.synchronize()`` waits for ``array``."""
-    _tensor.note_result(index, array)
+    _sync.note_result(index, array)
 
 
 def last_result(index: int) -> Any:
     """The array ``torch.jax.synchronize()`` would wait for on ``index``
     (None: none, or nobody holds it any more)."""
-    return _tensor.last_result(index)
+    return _sync.last_result(index)
 
 
 def has_index_check(name: str) -> bool:
@@ -213,7 +213,7 @@ def index_failure(error: Any, value: int, dim: int, size: int, op: str, where: s
 def defer_check(verdict: Any) -> None:
     """Queue ``verdict(wait)`` with eager's deferred checks (run at the next
     synchronisation point: ``.item()``, ``.cpu()``, ``torch.jax.synchronize()``)."""
-    _tensor.defer_check(verdict)
+    _sync.defer_check(verdict)
 
 
 def jax_device(index: int) -> Any:

@@ -44,7 +44,8 @@ from ._dtype_policy import device_dtype
 from ._lowering_context import lowering_context
 from ._signatures import (ForeignFirst, Traceable, decode, encode, encode_dynamic, first_jax_device, has_dynamic,
                           note_miss, scalar_slots)
-from ._tensor import DONATE, JaxTensor, open_segments, wrap_array
+from ._sync import open_segments
+from ._tensor import DONATE, JaxTensor, wrap_array
 
 __all__ = ["CompiledOp", "missing_lowering", "op_name"]
 

@@ -39,7 +39,8 @@ from .._jax_settings import x64_scope
 from .._lowerings._dtypes import jax_dtype
 from ._devices import jax_device
 from ._signatures import Traceable, difference
-from ._tensor import DONATE, Pending, note_result, open_segments, result_tensor
+from ._sync import note_result, open_segments
+from ._tensor import DONATE, Pending, result_tensor
 
 __all__ = ["LIMIT", "Segment", "record", "resolve", "stats"]
 

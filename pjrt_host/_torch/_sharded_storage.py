@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from . import _devices, _sharding
-from ._tensor import JaxTensor, Storage, TensorSpec, note_result, read, view_for
+from ._sync import note_result
+from ._tensor import JaxTensor, Storage, TensorSpec, read, view_for
 
 __all__ = ["grad_follows_parameter", "placement", "shard", "storage_shape", "storage_spec", "unshard"]
 
