@@ -55,6 +55,8 @@ CASES = {
         torch.arange(6.0, device=d), "sum", lengths=torch.tensor([2, 3], device=d)),
     "segment_reduce negative length": lambda d: torch.segment_reduce(
         torch.arange(6.0, device=d), "sum", lengths=torch.tensor([3, -1, 4], device=d)),
+    "segment_reduce decreasing offsets": lambda d: torch.segment_reduce(
+        torch.arange(6.0, device=d), "sum", offsets=torch.tensor([0, 4, 2, 6], device=d)),
     "embedding_bag offsets not from 0": lambda d: F.embedding_bag(
         torch.tensor([1, 2, 4, 5], device=d), torch.ones(10, 3, device=d), torch.tensor([1, 3], device=d)),
     "embedding_bag offsets past the indices": lambda d: F.embedding_bag(
@@ -204,6 +206,10 @@ GOOD = {
     "ctc_loss with CPU length tensors": lambda d: _ctc(d, [6, 4], [3, 1], torch.tensor, "sum"),
     "segment_reduce lengths with an empty segment": lambda d: torch.segment_reduce(
         torch.arange(6.0, device=d), "sum", lengths=torch.tensor([2, 0, 4], device=d)),
+    "segment_reduce offsets not from 0 and short of the data": lambda d: torch.segment_reduce(
+        torch.arange(6.0, device=d), "sum", offsets=torch.tensor([1, 3, 5], device=d)),
+    "embedding_bag of every row, 2-d": lambda d: F.embedding_bag(
+        torch.tensor([[0, 9], [3, 3]], device=d), torch.arange(30.0, device=d).view(10, 3)),
     "searchsorted with a sorter": lambda d: torch.searchsorted(
         torch.tensor([3.0, 1.0, 2.0], device=d), torch.tensor([1.5, 2.5, 9.0], device=d), right=True,
         sorter=torch.tensor([1, 2, 0], device=d)),
@@ -323,6 +329,19 @@ CASES_IN_OTHER_WORDS = {
     "histogram of an input holding inf": (
         lambda d: torch.histogram(torch.tensor([0.5, -INF], device=d), bins=4),
         "torch.histogramdd: dimension 0's range [min, max] of the input is not finite"),
+    # CPU names the index's position too, or (its path for 1-d indices with
+    # offsets) says "Expected i < index_size"
+    "embedding_bag of an index past the table": (
+        lambda d: F.embedding_bag(torch.tensor([[1, 12]], device=d), torch.ones(10, 3, device=d)),
+        "Index of input takes value 12 which is not in the valid range [0, 10)"),
+    "embedding_bag of a negative index with offsets": (
+        lambda d: F.embedding_bag(torch.tensor([1, -2, 4], device=d), torch.ones(10, 3, device=d),
+                                  torch.tensor([0, 2], device=d)),
+        "Index of input takes value -2 which is not in the valid range [0, 10)"),
+    "embedding_bag of an index past the table with offsets": (
+        lambda d: F.embedding_bag(torch.tensor([1, 2, 12], device=d), torch.ones(10, 3, device=d),
+                                  torch.tensor([0, 2], device=d)),
+        "Index of input takes value 12 which is not in the valid range [0, 10)"),
     "lstsq of a NaN in A": (lambda d: torch.linalg.lstsq(torch.tensor([[1.0, NAN], [3.0, 4.0], [5.0, 6.0]], device=d),
                                                          torch.ones(3, 1, device=d)).solution,
                             "torch.linalg.lstsq: A has illegal value: it holds NaN"),

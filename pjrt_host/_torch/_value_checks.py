@@ -335,13 +335,23 @@ _SEGMENT_LENGTHS = _Check(_segment_lengths, {
                       "data.size(lengths.dim()-1) when !unsafe.")})
 
 
+_SEGMENT_OFFSETS = _Check(lambda o: jnp.where(jnp.any(o[..., 1:] < o[..., :-1]), 1, 0), {1: (
+    RuntimeError, "Expected segment_length >= 0 to be true, but got false.  (Could this error message be improved?  "
+                  "If so, please report an enhancement request to PyTorch.)")})
+
+
 def _segment_reduce(mode: Any, args: tuple, kwargs: dict) -> None:
     """``segment_reduce(data, reduce, lengths=...)``: lengths that are
-    negative or do not cover the data gave a result."""
-    data, lengths = _arg(args, kwargs, 0, "data"), kwargs.get("lengths")
+    negative or do not cover the data gave a result; ``offsets=...`` that
+    decrease (a negative segment length, which CPU refuses even when
+    ``unsafe``) gave one too."""
+    data, lengths, offsets = _arg(args, kwargs, 0, "data"), kwargs.get("lengths"), kwargs.get("offsets")
     if isinstance(lengths, torch.Tensor) and isinstance(data, torch.Tensor) and not kwargs.get("unsafe", False) \
             and lengths.dim() >= 1 and data.dim() >= lengths.dim():
         _run("aten::segment_reduce", _SEGMENT_LENGTHS, lengths, mode, int(data.shape[lengths.dim() - 1]))
+    if lengths is None and isinstance(offsets, torch.Tensor) and offsets.dim() >= 1 and offsets.shape[-1] > 1 \
+            and not offsets.dtype.is_floating_point:
+        _run("aten::segment_reduce", _SEGMENT_OFFSETS, offsets, mode)
 
 
 _BAG_FIRST = _Check(lambda o: o[0], {1: (RuntimeError, "offsets[0] has to be 0, i.e., the first sequence in the "
@@ -358,11 +368,26 @@ def _bag_end(n: int) -> _Check:
         RuntimeError, f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {{}}")})
 
 
+@functools.lru_cache(maxsize=256)  # one per table size: bounded
+def _bag_rows(n: int) -> _Check:
+    """The check that every index is a row of a table of ``n``: the code
+    is the first one outside (never 0, a row of every table)."""
+    return _Check(lambda i: _first_bad((i < 0) | (i >= n), i).astype(jnp.int64).clip(-2**31, 2**31 - 1), {1: (
+        RuntimeError, f"Index of input takes value {{}} which is not in the valid range [0, {n})")})
+
+
 def _embedding_bag(mode: Any, args: tuple, kwargs: dict) -> None:
     """``_embedding_bag(weight, indices, offsets, ...)`` with 1-d indices:
-    offsets that do not start at 0, decrease, or pass the indices' end
-    made bags of whatever the lowering read."""
-    indices, offsets = _arg(args, kwargs, 1, "indices"), _arg(args, kwargs, 2, "offsets")
+    an index that is not a row of the table gave a row of whatever the
+    lowering read (CPU says "Index 1 of input takes value 12 which is not
+    in the valid range [0, 10)", or on its path for 1-d indices with
+    offsets "Expected i < index_size"; the verdict carries the value, not
+    the position); offsets that do not start at 0, decrease, or pass the
+    indices' end made bags of whatever the lowering read."""
+    weight, indices, offsets = (_arg(args, kwargs, i, n) for i, n in enumerate(("weight", "indices", "offsets")))
+    if isinstance(weight, torch.Tensor) and isinstance(indices, torch.Tensor) and weight.dim() == 2 \
+            and not indices.dtype.is_floating_point and indices.dtype != torch.bool:
+        _run("aten::_embedding_bag", _bag_rows(int(weight.shape[0])), indices, mode)
     if not (isinstance(indices, torch.Tensor) and isinstance(offsets, torch.Tensor)) or indices.dim() != 1 \
             or offsets.dim() != 1 or offsets.numel() == 0 or offsets.dtype.is_floating_point:
         return
