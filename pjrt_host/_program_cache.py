@@ -749,7 +749,7 @@ class DiskStore:
         elif len(data) < head + 48:
             problem = "it is truncated"
         elif data[head:head + 16] != self._scope_digest:
-            problem = "it was written for another jaxlib version, plugin or machine"
+            problem = "it was written for another jaxlib version, plugin, machine or entry format"
         elif data[head + 16:head + 48] != self._checksum(key, data[head + 48:]):
             problem = "its checksum does not match (truncated or corrupted)"
         else:

@@ -526,5 +526,5 @@ def test_a_damaged_entry_is_not_returned(tmp_path, damage, reason):
     other = _program_cache._store(str(tmp_path), 1 << 20, "jaxlib 2 cpu_ref")
     other.put("pjrt_host-k", b"x")
     _program_cache._damaged = False
-    with pytest.warns(RuntimeWarning, match="written for another jaxlib version, plugin or machine"):
+    with pytest.warns(RuntimeWarning, match="written for another jaxlib version, plugin, machine or entry format"):
         assert store.get("pjrt_host-k") is None
