@@ -32,9 +32,9 @@ Settings: ``PJRT_HOST_PROGRAM_CACHE=0`` (off), ``PJRT_HOST_CACHE_DIR``,
 ``PJRT_HOST_CACHE_MAX_BYTES``, ``PJRT_HOST_CACHE_PREFETCH=0`` (see
 :mod:`pjrt_host._env`).  A directory that
 cannot be made, or that anyone but this user could write into or replace
-(:func:`_private_directory`), leaves the cache off with a warning: the
+(``_program_files.private_directory``), leaves the cache off with a warning: the
 device works the same, only colder.  An entry file that is not whole, or
-not of this setting, is compiled again, never loaded (:class:`DiskStore`).
+not of this setting, is compiled again, never loaded (``_program_files.DiskStore``).
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import threading
 import warnings
 from typing import Any
 
 from . import _env, _jax_settings
+from ._program_files import DiskStore, private_directory, safe_name
 
 __all__ = ["DiskStore", "Kept", "Spelt", "compiled", "configure", "directory", "learnt", "prefetch", "remember", "remembered",
            "stats",
@@ -61,7 +61,6 @@ _counts = {"programs": 0, "disk_hits": 0, "disk_writes": 0, "untraced": 0, "pref
 _seconds = {"compile_seconds": 0.0}
 _listening = False
 _refused = False  #: the directory was refused (warned once)
-_damaged = False  #: an entry on disk was damaged or foreign (warned once)
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -89,8 +88,8 @@ def configure(plugin_name: str, plugin_identity: str = "") -> str | None:
     if _jax_settings.persistent_cache_dir() is not None:
         return None  # the user gave jax a cache directory of their own: it is used as they set it
     root = _env.program_cache_dir()
-    path = os.path.join(root, _safe(plugin_name), f"jaxlib-{jaxlib.__version__}")
-    problem = _private_directory(path)
+    path = os.path.join(root, safe_name(plugin_name), f"jaxlib-{jaxlib.__version__}")
+    problem = private_directory(path)
     if problem is not None:
         global _refused
         if not _refused:  # once a process
@@ -380,7 +379,7 @@ def _key(name: str, signature: Any, device: Any) -> str | None:
     for part in (_setting_text(), repr(context), *where, name, text):
         h.update(part.encode())
         h.update(b"\0")
-    return f"pjrt_host-{_safe(name)}-{h.hexdigest()[:48]}"
+    return f"pjrt_host-{safe_name(name)}-{h.hexdigest()[:48]}"
 
 
 def _setting_text() -> str:
@@ -630,227 +629,40 @@ def _on_duration(event: str, duration: float, **_: Any) -> None:
 
 
 def _store(path: str, max_bytes: int, scope: str = "") -> Any:
-    """A ``DiskStore`` of jax's cache interface (its base class is jax's)."""
+    """The program cache's store: ``_program_files.DiskStore`` as jax's
+    cache interface (its base class is jax's), noting which entry each
+    thread's compile read or wrote (:func:`compiled` keeps it a second way)."""
     from jax._src.compilation_cache_interface import CacheInterface
 
     global _Store
     if _Store is None:
-        _Store = type("DiskStore", (DiskStore, CacheInterface), {})
-    return _Store(path, max_bytes, scope)
+        _Store = type("DiskStore", (_Entries, CacheInterface), {})
+    return _Store(path, max_bytes, f"{_FORMAT} {scope}")
 
 
 _Store: Any = None
 
 
-class DiskStore:
-    """Programs as files named by their key in one directory.
-
-    Writes are atomic (a temporary file renamed into place), so a process
-    reading while another writes sees a whole entry or none.  Each file is
-    the entry behind a header: a magic line, a digest of the store's
-    ``scope`` (format, jaxlib version, plugin, machine) and a SHA-256 of the
-    scope, the key and the entry.  A file without the magic, of another
-    scope, or whose checksum does not match (truncated, corrupted, renamed
-    from another key) is never returned: it is removed, and the program is
-    compiled again and written anew.  A hit touches
-    the file's modification time, which orders eviction.  The directory's
-    size is read once per process and kept up to date from this process's
-    own writes; past ``max_bytes`` the least recently used entries go until
-    it is under 3/4 of it (another process's writes are seen at that scan).
-    """
-
-    _TMP = ".tmp-"
-    _MAGIC = b"pjrt_host-entry-1\n"
-
-    def __init__(self, path: str, max_bytes: int, scope: str = "") -> None:
-        import hashlib
-        import pathlib
-        import platform
-        import sys
-
-        self._path = pathlib.Path(path)
-        self._scope = f"{_FORMAT} {scope} {sys.platform} {platform.machine()}".encode()
-        self._scope_digest = hashlib.sha256(self._scope).digest()[:16]
-        self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-        self._size = self._scan()[1]
+class _Entries(DiskStore):
+    """The store, with what :func:`compiled` needs to know of jax's entries:
+    the key a thread's compile read or wrote, and jax's keys met in this
+    process (a fresh compile of the device's own is not answered from
+    jax's entry: it is compiled, to be kept untraced)."""
 
     def get(self, key: str) -> bytes | None:
         if _of_jax(key):
             if getattr(_local, "fresh", False) and key not in _jax_met:
                 return None  # compiled instead, to be kept (:func:`compiled`)
             _jax_met.add(key)
-        file = os.path.join(self._path, key)
-        try:
-            with open(file, "rb") as f:
-                data = f.read()
-        except OSError:  # absent, or evicted by another process meanwhile
-            return None
-        data = self._open(key, data)
-        if data is None:
-            return None
-        try:
-            os.utime(file)
-        except OSError:
-            pass
-        _local.read = key
+        data = super().get(key)
+        if data is not None:
+            _local.read = key
         return data
-
-    def remove(self, key: str) -> None:
-        try:
-            os.unlink(os.path.join(self._path, key))
-        except OSError:
-            pass
 
     def put(self, key: str, value: bytes, replace: bool = False) -> None:
         _local.written = key
         if _of_jax(key):
             _jax_met.add(key)
-        file = os.path.join(self._path, key)
-        if not replace and os.path.exists(file):
-            return
-        tmp = os.path.join(self._path, f"{self._TMP}{os.getpid()}-{threading.get_ident()}-{key}")
-        value = self._sealed(key, value)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(value)
-            os.replace(tmp, file)
-        except OSError as err:  # a full disk loses an entry, never the program
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            warnings.warn(f"pjrt_host: a compiled program could not be written to {self._path}: {err}",
-                          RuntimeWarning, stacklevel=2)
-            return
-        with self._lock:
-            self._size += len(value)
-            over = self._size > self.max_bytes
-        if over:
-            self._evict()
-
-    def _checksum(self, key: str, value: bytes) -> bytes:
-        import hashlib
-
-        h = hashlib.sha256(self._scope)
-        h.update(b"\0" + key.encode() + b"\0")
-        h.update(value)
-        return h.digest()
-
-    def _sealed(self, key: str, value: bytes) -> bytes:
-        return b"".join((self._MAGIC, self._scope_digest, self._checksum(key, value), value))
-
-    def _open(self, key: str, data: bytes) -> bytes | None:
-        """The entry in file ``data`` of ``key``; None (and the file gone)
-        when it is not a whole entry of this store's scope."""
-        head = len(self._MAGIC)
-        if not data.startswith(self._MAGIC):
-            problem = None  # an older pjrt_host's entry (removed quietly), or not pjrt_host's
-        elif len(data) < head + 48:
-            problem = "it is truncated"
-        elif data[head:head + 16] != self._scope_digest:
-            problem = "it was written for another jaxlib version, plugin, machine or entry format"
-        elif data[head + 16:head + 48] != self._checksum(key, data[head + 48:]):
-            problem = "its checksum does not match (truncated or corrupted)"
-        else:
-            return data[head + 48:]
-        file = os.path.join(self._path, key)
-        if problem is None:
-            logger.debug("pjrt_host: %s is not an entry of this cache: compiling its program again", file)
-        else:
-            global _damaged
-            if not _damaged:  # once a process: the rest go quietly
-                _damaged = True
-                warnings.warn(f"pjrt_host: the program cache entry {file} is not used: {problem}. It is removed "
-                              "and its program compiled again.", RuntimeWarning, stacklevel=3)
-        self.remove(key)
-        return None
-
-    def _scan(self) -> tuple[list[tuple[float, int, str]], int]:
-        entries = []
-        total = 0
-        try:
-            names = os.listdir(self._path)
-        except OSError:
-            return [], 0
-        for name in names:
-            try:
-                info = os.stat(os.path.join(self._path, name))
-            except OSError:
-                continue
-            if name.startswith(self._TMP):
-                continue
-            entries.append((info.st_mtime, info.st_size, name))
-            total += info.st_size
-        return entries, total
-
-    def _evict(self) -> None:
-        with self._lock:
-            entries, total = self._scan()
-            entries.sort()
-            target = self.max_bytes * 3 // 4
-            for _, size, name in entries:
-                if total <= target:
-                    break
-                try:
-                    os.unlink(os.path.join(self._path, name))
-                except OSError:
-                    continue
-                total -= size
-            self._size = total
+        super().put(key, value, replace)
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "plugin"
-
-
-def _private_directory(path: str) -> str | None:
-    """Make ``path`` (mode 0700) if needed; why it cannot be trusted with
-    programs, or None.
-
-    An entry is a pickled executable that every process of this user loads
-    and runs: whoever can write into the directory, or replace it or one of
-    the directories above it, can run code in those processes.  The rule,
-    as OpenSSH's StrictModes: ``path`` and every directory above it (the
-    real ones, symbolic links followed, and those the path names) belong to
-    this user or to root, and none can be written by its group or by
-    others -- except a directory above with the sticky bit (``/tmp``),
-    where others may add names but not remove or rename this user's."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.stat(path)
-    except OSError as err:
-        return f"{path} cannot be made ({err.strerror or err}). Fix: make it a directory this user can write"
-    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
-        return f"{path} is not writable. Fix: give this user write access to it"
-    if not hasattr(os, "getuid"):
-        return None  # no POSIX owners and modes to check
-    import stat
-
-    me = os.getuid()
-    chain = []
-    for start in (os.path.realpath(path), os.path.abspath(path)):
-        here = start
-        while True:
-            if here not in chain:
-                chain.append(here)
-            parent = os.path.dirname(here)
-            if parent == here:
-                break
-            here = parent
-    for here in chain:
-        try:
-            info = os.stat(here)
-        except OSError as err:
-            return f"{here} cannot be read ({err.strerror or err})"
-        ours = here in (os.path.realpath(path), os.path.abspath(path))
-        if info.st_uid != me and (ours or info.st_uid != 0):
-            return (f"{here} belongs to another user (uid {info.st_uid}), who could replace the programs "
-                    f"every process here loads. Fix: use a directory of your own")
-        writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if writable and (ours or not info.st_mode & stat.S_ISVTX):
-            who = "its group and others" if writable == stat.S_IWGRP | stat.S_IWOTH else \
-                "its group" if writable == stat.S_IWGRP else "others"
-            return (f"{here} can be written by {who} (mode {stat.S_IMODE(info.st_mode):04o}), who could "
-                    f"replace the programs every process here loads. Fix: chmod go-w {here}")
-    return None

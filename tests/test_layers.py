@@ -133,6 +133,7 @@ PACKAGE_LAYERS = [
     ["pjrt_host._env", "pjrt_host._jax_settings", "pjrt_host._plugin", "pjrt_host._hookspecs", "pjrt_host._library"],
     ["pjrt_host._discovery"],
     ["pjrt_host._registry", "pjrt_host._doctor"],
+    ["pjrt_host._program_files"],  # the program cache's files: a private directory, sealed entries
     ["pjrt_host._process", "pjrt_host._program_cache"],
     ["pjrt_host._runtime"],
     ["pjrt_host._collectives", "pjrt_host._launch"],

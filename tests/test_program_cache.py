@@ -412,13 +412,13 @@ def test_a_cache_directory_others_can_write_is_refused(tmp_path, layout, where, 
     """The rule of OpenSSH's StrictModes: the directory and every one above
     it belong to this user or root and only their owner writes them,
     except a sticky directory above."""
-    from pjrt_host import _program_cache
+    from pjrt_host import _program_files
 
     for rel, mode in layout.items():
         (tmp_path / rel).mkdir()
         os.chmod(tmp_path / rel, mode)
     entries = tmp_path / next(rel for rel in layout if rel.startswith("c") or rel == "p/c") / "cpu_ref"
-    problem = _program_cache._private_directory(str(entries))
+    problem = _program_files.private_directory(str(entries))
     if refused is None:
         assert problem is None
     else:
@@ -469,7 +469,7 @@ def test_damaged_and_foreign_entries_are_compiled_again_never_loaded(tmp_path):
     that is not an entry at all are each removed and their program
     compiled again -- the numbers stay CPU's, one warning says so -- and the
     process after finds them all rewritten."""
-    from pjrt_host import _program_cache
+    from pjrt_host import _program_cache, _program_files
 
     env = {"PJRT_HOST_CACHE_DIR": str(tmp_path), "DEVICE": "jax", "PJRT_HOST_CACHE_PREFETCH": "0"}
     first = run(env, AT_ONCE)
@@ -478,7 +478,7 @@ def test_damaged_and_foreign_entries_are_compiled_again_never_loaded(tmp_path):
     assert len(ours) >= 10
     (tmp_path / "elsewhere").mkdir()
     other_jaxlib = _program_cache._store(str(tmp_path / "elsewhere"), 1 << 30, "jaxlib 0.0.1 cpu_ref")
-    head = len(_program_cache.DiskStore._MAGIC) + 48
+    head = len(_program_files.DiskStore._MAGIC) + 48
     for n, name in enumerate(ours):
         file = os.path.join(where, name)
         data = open(file, "rb").read()
@@ -513,18 +513,18 @@ def test_damaged_and_foreign_entries_are_compiled_again_never_loaded(tmp_path):
     (lambda d: d[:-1] + b"!", "its checksum does not match (truncated or corrupted)"),
 ])
 def test_a_damaged_entry_is_not_returned(tmp_path, damage, reason):
-    from pjrt_host import _program_cache
+    from pjrt_host import _program_cache, _program_files
 
     store = _program_cache._store(str(tmp_path), 1 << 20, "jaxlib 1 cpu_ref")
     store.put("pjrt_host-k", b"payload" * 10)
     assert store.get("pjrt_host-k") == b"payload" * 10
     (tmp_path / "pjrt_host-k").write_bytes(damage((tmp_path / "pjrt_host-k").read_bytes()))
-    _program_cache._damaged = False
+    _program_files._damaged = False
     with pytest.warns(RuntimeWarning, match=reason.replace("(", r"\(").replace(")", r"\)")):
         assert store.get("pjrt_host-k") is None
     assert not (tmp_path / "pjrt_host-k").exists()
     other = _program_cache._store(str(tmp_path), 1 << 20, "jaxlib 2 cpu_ref")
     other.put("pjrt_host-k", b"x")
-    _program_cache._damaged = False
+    _program_files._damaged = False
     with pytest.warns(RuntimeWarning, match="written for another jaxlib version, plugin, machine or entry format"):
         assert store.get("pjrt_host-k") is None
