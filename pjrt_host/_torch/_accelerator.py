@@ -57,17 +57,6 @@ def _synchronize(device: Any = None) -> None:
     _torch_jax.synchronize(_index(device))
 
 
-def _current_stream(device: Any = None) -> torch.Stream:
-    return _torch_jax.current_stream(_index(device))
-
-
-def _set_stream(stream: torch.Stream) -> None:
-    if stream.device.type == DEVICE_NAME:
-        _torch_jax.set_stream(stream)
-        return
-    raise ValueError(f"{stream.device} doesn't match the current accelerator {DEVICE_NAME}.")
-
-
 def _with_index(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda device=None: fn(_index(device))
 
