@@ -125,7 +125,7 @@ INTERNALS: tuple[Internal, ...] = (
             "DTensor and FakeTensor, are made); its __torch_function__ is torch's disabled one so that "
             "subclass handling costs nothing per op.",
         fallback="none: no 'jax' tensor can be made.",
-        pins=("tests/test_torch_factories.py", "tests/test_torch_device.py"),
+        pins=("tests/test_torch_factories.py", "tests/test_torch_tensor_objects.py"),
     ),
     Internal(
         names=("torch._C.DispatchKey", "torch._C.DispatchKeySet", "torch._C._ExcludeDispatchKeyGuard",
@@ -149,7 +149,7 @@ INTERNALS: tuple[Internal, ...] = (
         why="an OpOverload's schema (argument names, alias and write annotations): how in-place, out= and "
             "view ops are told apart; torch has no public accessor.",
         fallback="none: every op fails to dispatch.",
-        pins=("tests/test_torch_device.py", "tests/test_torch_views.py"),
+        pins=("tests/test_torch_cpu_parity.py", "tests/test_torch_views.py"),
         probe="torch.ops.aten.add.Tensor",
     ),
     Internal(
