@@ -21,10 +21,8 @@ PACKAGE = REPO / "pjrt_host"
 ALLOWED_UPWARD = {
     # autoload runs inside `import torch` and must stay cheap: the package
     # names the device and imports its registration only when torch calls in.
-    ("pjrt_host._torch", "pjrt_host._torch._privateuse1"),
-    # Lightning has no entry point for accelerators: the device's import
-    # hook registers pjrt_host.lightning when the user imports Lightning.
-    ("pjrt_host._torch._lightning", "pjrt_host.lightning"),
+    ("pjrt_host._torch", "pjrt_host._torch._boot._privateuse1"),
+    ("pjrt_host._torch", "pjrt_host._torch._boot._builtin"),
 }
 
 
@@ -37,12 +35,13 @@ def all_modules() -> dict[str, Path]:
     return {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Intra-package modules ``name`` imports (module-level or not)."""
+def imports_of(name: str, path: Path, modules: dict[str, Path], tree: ast.Module | None = None) -> set[str]:
+    """Intra-package modules ``name`` imports (module-level or not), read
+    from ``path`` (or from ``tree``, parsed from it already)."""
     is_package = path.name == "__init__.py"
     base = name.split(".") if is_package else name.split(".")[:-1]
     found: set[str] = set()
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(path.read_text()) if tree is None else tree
     type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
                  for stmt in block.body for n in ast.walk(stmt)}
     for node in ast.walk(tree):
@@ -190,7 +189,7 @@ def test_nothing_below_routing_imports_the_dispatcher(module):
     """Only registration (which installs it) may import _dispatch."""
     targets = graph()[f"pjrt_host._torch.{module}"]
     assert "pjrt_host._torch._dispatch" not in targets
-    assert "pjrt_host._torch._privateuse1" not in targets
+    assert "pjrt_host._torch._boot._privateuse1" not in targets
 
 
 def test_jax_settings_change_in_one_module():
@@ -204,18 +203,4 @@ def test_jax_settings_change_in_one_module():
     assert offenders == [], f"process-wide jax settings changed outside pjrt_host._jax_settings: {offenders}"
 
 
-def test_torch_is_patched_from_the_inventory_module_only():
-    """Every replacement of a torch function is assigned by
-    ``_torch._patches`` (its inventory lists it); feature modules only make
-    the wrappers.  Two modules mark what they wrap of other libraries, not
-    torch (each an inventory row reached through an import hook):
-    ``_accelerate`` (accelerate / transformers) and ``lightning._register``
-    (Lightning's connectors)."""
-    others = ("pjrt_host._torch._patches", "pjrt_host._torch._accelerate", "pjrt_host.lightning._register")
-    offenders = []
-    for name, path in all_modules().items():
-        if name in others:
-            continue
-        if "_pjrt_host = True" in path.read_text():
-            offenders.append(name)
-    assert offenders == [], f"torch patched outside pjrt_host._torch._patches: {offenders}"
+

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _torch_jax
+from ._boot import _torch_jax
 from ._devices import DEVICE_NAME
 
 __all__ = ["FUNCTIONS", "wrap"]
