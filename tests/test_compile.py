@@ -585,7 +585,7 @@ def test_compiles_under_a_default_device_mode():
 
 
 def test_pins_the_dynamo_internals_read_under_a_mode():
-    """pjrt_host._torch._hiding replaces dynamo's attribute read for 'jax'
+    """pjrt_host._torch._hiding.attributes_under_modes replaces dynamo's attribute read for 'jax'
     tensors under a torch-function mode with these functions; a torch that
     renames them must fail here, not silently at a user's compile."""
     from torch._dynamo.variables import torch_function as tf

@@ -21,6 +21,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 from test_layers import all_modules, imports_of
 
@@ -279,3 +281,35 @@ def test_the_patch_checker_sees_assignments_onto_other_packages():
     assert sorted(w.split(": ", 1)[1] for w in foreign_changes(source)) == sorted([
         "torch.Tensor.foo", "cls.var_getattr", "fn._pjrt_host", "setattr(meta, '__call__', fn)",
         "dist.Backend.default_device_backend_map['jax']"])
+
+
+def test_an_import_hook_runs_a_function_or_imports_a_name_after_the_library(tmp_path, monkeypatch, caplog):
+    """``_patches._import_hooks``: a hook runs right after its module's own
+    code; a string names a module imported then (how the device reaches
+    pjrt_host.lightning without importing upward); a hook that fails is
+    logged and the library still imports."""
+    pytest.importorskip("torch")
+    from pjrt_host._torch._patches import _import_hooks
+
+    for name in ("hooked_lib", "hooked_registration", "hooked_broken"):
+        (tmp_path / f"{name}.py").write_text(f"LOADED = {name!r}\n")
+    (tmp_path / "hooked_registration.py").write_text("import hooked_lib\nhooked_lib.REGISTERED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hooks = {"hooked_lib": "hooked_registration",
+             "hooked_broken": lambda module: seen.append(module.LOADED) or 1 / 0}
+    try:
+        _import_hooks.after_import(hooks)
+        assert "hooked_lib" not in sys.modules  # nothing is imported by installing
+        import hooked_lib  # noqa: F401
+
+        assert sys.modules["hooked_lib"].REGISTERED and "hooked_registration" in sys.modules
+        with caplog.at_level("WARNING"):
+            import hooked_broken  # noqa: F401
+        assert seen == ["hooked_broken"] and sys.modules["hooked_broken"].LOADED == "hooked_broken"
+        assert "could not adapt hooked_broken" in caplog.text and "ZeroDivisionError" in caplog.text
+    finally:
+        for name in hooks:
+            _import_hooks._hooks.pop(name, None)
+        for name in ("hooked_lib", "hooked_registration", "hooked_broken"):
+            sys.modules.pop(name, None)

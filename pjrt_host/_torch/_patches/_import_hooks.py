@@ -17,7 +17,7 @@ import importlib
 import importlib.abc
 import logging
 import sys
-from typing import Any, Callable, Union
+from typing import Any, Callable
 
 from .._devices import DEVICE_NAME
 
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 #: What runs once a module has been imported: a function of the module, or
 #: the name of a module to import then.
-Hook = Union[Callable[[Any], Any], str]
+Hook = Callable[[Any], Any] | str
 
 
 def _run(hook: Hook, module: Any) -> None:
