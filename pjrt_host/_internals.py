@@ -120,7 +120,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         names=("torch._C.TensorBase", "torch.Tensor._make_wrapper_subclass",
                "torch._C._disabled_torch_function_impl"),
-        files=("pjrt_host/_torch/_tensor.py", "pjrt_host/_torch/_engine.py"),
+        files=("pjrt_host/_torch/_tensor.py",),
         why="a 'jax' tensor is a wrapper subclass holding a jax array (the way torch's own subclasses, "
             "DTensor and FakeTensor, are made); its __torch_function__ is torch's disabled one so that "
             "subclass handling costs nothing per op.",
@@ -143,7 +143,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("._schema",),
-        files=("pjrt_host/_torch/_dispatch.py", "pjrt_host/_torch/_engine.py", "pjrt_host/_torch/_cpu_fallback.py",
+        files=("pjrt_host/_torch/_dispatch.py", "pjrt_host/_torch/_signatures.py", "pjrt_host/_torch/_cpu_fallback.py",
                "pjrt_host/_torch/_view_ops.py", "pjrt_host/_torch/_c10d/_functional.py",
                "pjrt_host/_torch/_c10d/_dispatcher_ops.py", "pjrt_host/_compile/_interpreter.py"),
         why="an OpOverload's schema (argument names, alias and write annotations): how in-place, out= and "

@@ -115,6 +115,24 @@ def test_untyped_storage_of_jax_tensors():
         as_bytes.zero_()
 
 
+@pytest.mark.parametrize("how", ["eager", "out=", "compiled"])
+def test_a_read_only_snapshot_refuses_writes_and_keeps_its_values(how):
+    # A storage read as another dtype is a snapshot: a write would not reach
+    # the tensor.  It is refused before anything runs, so the snapshot (and
+    # the buffer a write would have given up) stays readable; a compiled
+    # graph that writes its input refuses as eager does, not silently.
+    x = torch.arange(4.0, device=DEV)
+    snapshot = torch.empty(0, dtype=torch.int32, device=DEV).set_(x.untyped_storage())
+    before = snapshot.cpu().clone()
+    write = {"eager": lambda t: t.add_(1),
+             "out=": lambda t: torch.add(t, 1, out=t),
+             "compiled": torch.compile(lambda t: t.add_(1), backend="jax")}[how]
+    with pytest.raises(RuntimeError, match="write the tensor itself"):
+        write(snapshot)
+    assert torch.equal(snapshot.cpu(), before)
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_storages_made_for_the_device():
     st = torch.UntypedStorage(16, device=DEV)
     assert st.device.type == DEV and st.nbytes() == 16

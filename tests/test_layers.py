@@ -206,6 +206,26 @@ def test_jax_settings_change_in_one_module():
 
 
 
+
+#: A 'jax' tensor's data: its storage, its view, a storage's array.
+_TENSOR_INTERNALS = frozenset({"_storage", "_view", "_array"})
+
+
+def test_only_the_device_and_its_door_read_a_tensors_storage():
+    """Outside ``_torch`` (the device itself) only ``_compile._door`` reads a
+    tensor's storage or view: the compile backend, ``spmd`` and the rest
+    work on the arrays and handles the door gives, so a change of the
+    storage model is a change in ``_torch`` and the door only."""
+    offenders = []
+    for name, path in all_modules().items():
+        if name.startswith("pjrt_host._torch") or name == "pjrt_host._compile._door":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in _TENSOR_INTERNALS:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} .{node.attr}")
+    assert offenders == [], f"a tensor's storage read outside pjrt_host._torch and the door: {offenders}"
+
+
 # ---------------------------------------------------------------- the device's own layers
 
 TORCH = "pjrt_host._torch"
@@ -252,6 +272,8 @@ def test_the_torch_layer_table_lists_every_module_and_nothing_else():
                         and (r := torch_row(m, rows)) is not None})
         lowest = max(below, default=-1) + 1
         where = f"at layer {lowest} or higher" + (f", below {min(above)} (its importers' lowest layer)" if above else "")
+        if above and lowest >= min(above):
+            where += f"; the rows that import it move up above {lowest} first"
         unlisted.append(f"{name}: add the row\n    {lowest:<7}``{name[len(TORCH) + 1:]}``  <its one job>\n  to the "
                         f"table in pjrt_host/_torch/__init__.py's docstring, {where}; a module imports only rows "
                         f"of lower layers")

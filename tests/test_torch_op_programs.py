@@ -143,12 +143,12 @@ def test_the_traced_scalar_trial_compares_results_as_documented():
     """An op that traces its scalars keeps doing so only where the traced
     program's results equal the per-value program's: equal values, floats
     within 1e-6 relative, NaN where both have NaN; dtype or shape differences
-    never pass (the comparison runs on the host, _engine._same)."""
+    never pass (the comparison runs on the host, _scalar_trials._same)."""
     import jax.numpy as jnp
     import ml_dtypes
     import numpy as np
 
-    from pjrt_host._torch._engine import _same
+    from pjrt_host._torch._scalar_trials import _same
 
     nan = float("nan")
     assert _same(jnp.array([1.0, nan, -0.0]), jnp.array([1.0, nan, 0.0]))

@@ -173,6 +173,9 @@ class CompiledGraph:
         if partitioned:
             place = _door.onto_mesh(arrays, owners, place, self.mesh)
         sharded = type(place) is not int
+        for slot in entry.mutated_slots:
+            if not isinstance(owners[slot], torch.Tensor):
+                _door.check_writable(owners[slot])  # eager's refusal, before anything is given up
         rng = _door.next_key_args(index) if self.random else ()
         donated: tuple[int, ...] = ()
         if DONATE and entry.mutated_slots:
@@ -230,7 +233,7 @@ class CompiledGraph:
                 with torch.no_grad():
                     owner.copy_(_door.to_torch(arr, index, owner.device, owner.dtype))
             else:
-                _door.put_storage(owner, _door.settle(arr, owner) if sharded else arr)
+                _door.put_storage(owner, arr, sharded)
         results = []
         it = iter(outs)
         last = None
@@ -298,7 +301,7 @@ class CompiledGraph:
             rng_key = None
             if random:
                 kd, counter = rng
-                rng_key = jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), counter)
+                rng_key = _door.draw_key(kd, counter)
             rows: list | None = [] if checking else None
             outs, mutations = program.run(inputs, rng_key, ctx, rows)
             new: dict[int, Any] = {}

@@ -21,46 +21,51 @@ also tested: ``_boot/`` is what runs inside ``import torch`` (no jax), and
 =====  ===============================  ==================================================
 layer  module                           job
 =====  ===============================  ==================================================
-12     ``_boot._privateuse1``           torch's side: PrivateUse1 named 'jax', ``torch.jax``,
+13     ``_boot._privateuse1``           torch's side: PrivateUse1 named 'jax', ``torch.jax``,
                                         hooks and device guard; registers kernels and patches
-11     ``_boot._autocast``              ``torch.autocast('jax')``'s op lists and kernels
-10     ``_boot._kernels``               device-key kernels (factories, ``_to_copy``,
+12     ``_boot._autocast``              ``torch.autocast('jax')``'s op lists and kernels
+11     ``_boot._kernels``               device-key kernels (factories, ``_to_copy``,
                                         ``copy_``) and the fallback; no jax
-9      ``_loader``                      loads the device on first use, installs the
+10     ``_loader``                      loads the device on first use, installs the
                                         dispatcher
-8      ``_dispatch``                    routing only: which handler runs an op
-8      ``_patches``                     every patch of torch and other libraries, listed
+9      ``_dispatch``                    routing only: which handler runs an op
+9      ``_patches``                     every patch of torch and other libraries, listed
                                         (``INVENTORY``) and installed once
-7      ``_storage_ops``                 copies, ``_to_copy``, ``item``, ``clone``, ``*_like``,
+8      ``_storage_ops``                 copies, ``_to_copy``, ``item``, ``clone``, ``*_like``,
                                         ``set_``, ``resize_``, batch-norm statistics
-7      ``_backward``                    the device inside autograd's backward: errors
+8      ``_backward``                    the device inside autograd's backward: errors
                                         raised at ``backward()``, the caller's settings
-6      ``_factories``                   ``torch.zeros(..., device='jax')`` and friends: the
-                                        storage side of the factory lowerings
-6      ``_cpu_fallback``                ``config(cpu_fallback=True)``
-6      ``_view_ops``                    view ops: new tensors over the same storage
-6      ``_torch_accelerator``           ``torch.accelerator``'s answers for 'jax' (wrappers)
-6      ``_patches._huggingface``        accelerate's / Trainer's default device 'jax' on an
+7      ``_cpu_fallback``                ``config(cpu_fallback=True)``
+7      ``_view_ops``                    view ops: new tensors over the same storage
+7      ``_torch_accelerator``           ``torch.accelerator``'s answers for 'jax' (wrappers)
+7      ``_patches._huggingface``        accelerate's / Trainer's default device 'jax' on an
                                         accelerator plugin (through an import hook)
-5      ``_engine``                      an op compiled per signature, run through
+6      ``_engine``                      an op compiled per signature, run through
                                         ``_lowerings.invoke`` with ``lowering_context``
-5      ``_boot._torch_jax``             ``torch.jax`` (device count, current device, seeds)
+6      ``_boot._torch_jax``             ``torch.jax`` (device count, current device, seeds)
+5      ``_factories``                   ``torch.zeros(..., device='jax')`` and friends: the
+                                        storage side of the factory lowerings
 5      ``_boot._autograd_kernels``      dense sparse-gradient formulas, checked composites
 5      ``_patches._c10d_registration``  the 'pjrt' backend registered with
                                         torch.distributed
-4      ``_fused``                       fused eager: ops recorded into segments, one
+5      ``_fused``                       fused eager: ops recorded into segments, one
                                         program each
+5      ``_scalar_trials``               traced scalars: whether an op's Python scalars can be
+                                        run-time values
 4      ``_meta``                        torch's meta kernels: result shapes, dtypes, errors
 4      ``_conversion``                  torch <-> device transfers (DLPack where allowed)
 4      ``_memory``                      memory figures as ``torch.cuda`` reports them; OOM
 4      ``_index_checks``                out-of-range indices raise torch CPU's error
 4      ``_value_checks``                argument values torch CPU refuses, refused here too
-4      ``_profile``                     ``pjrt_host.profile``: a jax trace with torch's names
 4      ``_c10d/``                       torch.distributed's 'pjrt' process group and its
                                         collectives (docs/distributed.md)
-4      ``_boot._streams``               ``torch.jax.Stream`` / ``Event``
+4      ``_sharded_storage``             the storage side of sharding (``spmd``'s eager half)
+4      ``_signatures``                  what a compiled op is keyed on, and why it compiled
+                                        again
+3      ``_profile``                     ``pjrt_host.profile``: a jax trace with torch's names
+3      ``_boot._streams``               ``torch.jax.Stream`` / ``Event``
 3      ``_tensor``                      ``JaxTensor``, ``Storage``, ``View``; eager read,
-                                        write, wrap; ``synchronize``
+                                        write, wrap
 3      ``_patches._lightning``          ``import lightning`` imports ``pjrt_host.lightning``
                                         (named as a string: accelerator='jax')
 2      ``_sharding``                    where a storage lives: a device or a mesh placement
@@ -72,7 +77,11 @@ layer  module                           job
 2      ``_boot._amp``                   ``torch.jax.amp``: torch.cuda.amp's aliases for 'jax'
 2      ``_patches._import_hooks``       run a hook right after a library is imported,
                                         without importing it
+2      ``_sync``                        what is queued on the devices and waiting for it (latest
+                                        results, deferred checks, open fused segments)
 1      ``_devices``                     'jax:N' <-> jax device; the device-index normaliser
+1      ``_lowering_context``            the ``LoweringContext`` every caller of a lowering runs
+                                        with (eager ops, factories, the compile backend)
 0      ``__init__``                     ``DEVICE_NAME``, :func:`autoload`, this table
 0      ``_boot``                        the folder's rule (no code)
 0      ``_boot._builtin``               torch's own accelerator, read before registering

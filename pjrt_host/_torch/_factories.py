@@ -33,7 +33,7 @@ from . import _config, _memory, _meta, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, jax_device, sharding
 from ._dtype_policy import device_dtype
-from ._engine import lowering_context
+from ._lowering_context import lowering_context
 from ._tensor import new_tensor, wrap_array
 
 __all__ = ["bucket", "factory_lowering", "run", "run_named"]
@@ -138,7 +138,7 @@ def _compile(name: str, lowering: Any, args: tuple, kwargs: dict, dtype: Any, sh
     ctx = lowering_context(_config.current(), True)  # a factory makes its tensor on one device
     if lowering.needs_rng:
         def body(key_data, counter):
-            key = jax.random.fold_in(jax.random.wrap_key_data(key_data, impl="threefry2x32"), counter)
+            key = _rng.draw_key(key_data, counter)
             return _lowerings.invoke(lowering, args, kwargs, dataclasses.replace(ctx, rng_key=key), dtype, shape)
     else:
         def body():

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from .. import _program_cache
-from ._tensor import JaxTensor, defer_check, read
+from ._sync import defer_check
+from ._tensor import JaxTensor, read
 
 __all__ = ["check", "check_structure", "checker_for", "failure", "indexes_along_dim", "sites"]
 

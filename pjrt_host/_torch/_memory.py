@@ -25,7 +25,7 @@ import jax
 import torch
 
 from .. import _runtime
-from . import _tensor
+from . import _sync, _tensor
 from ._devices import DEVICE_NAME, current_index, jax_device, torch_device
 
 __all__ = [
@@ -42,8 +42,8 @@ _limits: dict[int, int | None] = {}
 
 def device_stats(index: int) -> dict[str, int] | None:
     """The PJRT device's own statistics, or None where it reports none."""
-    if _tensor.open_segments:  # fused eager: what the queued ops make counts, as on cuda
-        _tensor.flush_segments()
+    if _sync.open_segments:  # fused eager: what the queued ops make counts, as on cuda
+        _sync.flush_segments()
     try:
         stats = jax_device(index).memory_stats()
     except Exception:  # a plugin without the PJRT memory-stats extension
@@ -52,8 +52,8 @@ def device_stats(index: int) -> dict[str, int] | None:
 
 
 def _live_bytes(index: int) -> int:
-    if _tensor.open_segments:
-        _tensor.flush_segments()
+    if _sync.open_segments:
+        _sync.flush_segments()
     device = jax_device(index)
     cap = _cached_limit(index)
     total = 0
@@ -165,8 +165,8 @@ def empty_cache(index: int | None = None) -> None:
     """Wait for queued work and drop the host's own references to device
     arrays (the last result kept per device for ``synchronize``), so memory
     that no tensor holds is released."""
-    _tensor.synchronize(index)
-    _tensor.forget_results(index)
+    _sync.synchronize(index)
+    _sync.forget_results(index)
 
 
 # ---------------------------------------------------------------- out of memory

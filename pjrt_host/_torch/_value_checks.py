@@ -30,7 +30,8 @@ import torch
 from .. import _program_cache
 from .._lowerings._util import index_of_max
 from .._jax_settings import x64_scope
-from ._tensor import JaxTensor, defer_check, read
+from ._sync import defer_check
+from ._tensor import JaxTensor, read
 
 __all__ = ["checker_for", "one_hot_classes", "sites"]
 

@@ -208,9 +208,9 @@ def synchronize(device: Any = None) -> None:
     """Wait for all work queued on the device(s) to finish."""
     if not is_initialized():
         return
-    from .. import _tensor  # imports jax: loaded by the first call, not at autoload
+    from .. import _sync  # imports jax: loaded by the first call, not at autoload
 
-    _tensor.synchronize(None if device is None else _devices.device_index(device))
+    _sync.synchronize(None if device is None else _devices.device_index(device))
 
 
 # ---------------------------------------------------------------- memory
