@@ -15,8 +15,9 @@ the import is written (function-level imports included); the modules of one
 row (a subpackage) may import each other.  The one import upward is
 :func:`autoload`'s (the package names the device; its registration is
 imported only when torch calls in).  Two folders hold rules of their own,
-also tested: ``_boot/`` is what runs inside ``import torch`` (no jax), and
-``_patches/`` is the only code that changes torch or another library.
+tested in tests/test_torch_folders.py: ``_boot/`` is what runs inside
+``import torch`` (no jax), and ``_patches/`` is the only code that changes
+torch or another library.
 
 =====  ===============================  ==================================================
 layer  module                           job
