@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="check versions and plugin libraries, and say what to do")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true",
+                   help="also check the installed files of pjrt-host and each plugin's distribution against the "
+                        "sha256 hashes in their RECORD")
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("check", help="a conformance and performance report card for one plugin",
@@ -307,7 +310,10 @@ def _cmd_check_section(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from . import _doctor
 
-    findings = _doctor.run(_registry.plugins(), capi_version=lambda lib: _run_child(["_capi_version", lib], 30))
+    records = _registry.plugins()
+    findings = _doctor.run(records, capi_version=lambda lib: _run_child(["_capi_version", lib], 30))
+    if args.verify:
+        findings += _doctor.verify(["pjrt-host", *(r.distribution for r in records if r.distribution)])
     if args.json:
         print(json.dumps(findings, indent=2))
     else:

@@ -31,8 +31,10 @@ of devices, written at exit).
 Settings: ``PJRT_HOST_PROGRAM_CACHE=0`` (off), ``PJRT_HOST_CACHE_DIR``,
 ``PJRT_HOST_CACHE_MAX_BYTES``, ``PJRT_HOST_CACHE_PREFETCH=0`` (see
 :mod:`pjrt_host._env`).  A directory that
-cannot be made, or that another user owns, leaves the cache off with a
-warning: the device works the same, only colder.
+cannot be made, or that anyone but this user could write into or replace
+(:func:`_private_directory`), leaves the cache off with a warning: the
+device works the same, only colder.  An entry file that is not whole, or
+not of this setting, is compiled again, never loaded (:class:`DiskStore`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ _directory: str | None = None
 _counts = {"programs": 0, "disk_hits": 0, "disk_writes": 0, "untraced": 0, "prefetched": 0}
 _seconds = {"compile_seconds": 0.0}
 _listening = False
+_refused = False  #: the directory was refused (warned once)
+_damaged = False  #: an entry on disk was damaged or foreign (warned once)
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -88,12 +92,15 @@ def configure(plugin_name: str, plugin_identity: str = "") -> str | None:
     path = os.path.join(root, _safe(plugin_name), f"jaxlib-{jaxlib.__version__}")
     problem = _private_directory(path)
     if problem is not None:
-        warnings.warn(f"pjrt_host: compiled programs are not kept on disk: {problem}. Set PJRT_HOST_CACHE_DIR to "
-                      "a directory of your own, or PJRT_HOST_PROGRAM_CACHE=0 to silence this.", RuntimeWarning,
-                      stacklevel=3)
+        global _refused
+        if not _refused:  # once a process
+            _refused = True
+            warnings.warn(f"pjrt_host: compiled programs are not kept on disk: {problem}, or set "
+                          "PJRT_HOST_CACHE_DIR to another directory (PJRT_HOST_PROGRAM_CACHE=0 silences this).",
+                          RuntimeWarning, stacklevel=3)
         return None
     global _disk
-    store = _store(path, _env.program_cache_max_bytes())
+    store = _store(path, _env.program_cache_max_bytes(), f"jaxlib {jaxlib.__version__} {plugin_name}")
     if not _jax_settings.use_persistent_cache(path, store):
         return None  # the user gave jax a cache directory of their own: it is used as they set it
     _directory, _disk = path, store
@@ -622,14 +629,14 @@ def _on_duration(event: str, duration: float, **_: Any) -> None:
             _seconds["compile_seconds"] += duration
 
 
-def _store(path: str, max_bytes: int) -> Any:
+def _store(path: str, max_bytes: int, scope: str = "") -> Any:
     """A ``DiskStore`` of jax's cache interface (its base class is jax's)."""
     from jax._src.compilation_cache_interface import CacheInterface
 
     global _Store
     if _Store is None:
         _Store = type("DiskStore", (DiskStore, CacheInterface), {})
-    return _Store(path, max_bytes)
+    return _Store(path, max_bytes, scope)
 
 
 _Store: Any = None
@@ -639,7 +646,13 @@ class DiskStore:
     """Programs as files named by their key in one directory.
 
     Writes are atomic (a temporary file renamed into place), so a process
-    reading while another writes sees a whole entry or none; a hit touches
+    reading while another writes sees a whole entry or none.  Each file is
+    the entry behind a header: a magic line, a digest of the store's
+    ``scope`` (format, jaxlib version, plugin, machine) and a SHA-256 of the
+    scope, the key and the entry.  A file without the magic, of another
+    scope, or whose checksum does not match (truncated, corrupted, renamed
+    from another key) is never returned: it is removed, and the program is
+    compiled again and written anew.  A hit touches
     the file's modification time, which orders eviction.  The directory's
     size is read once per process and kept up to date from this process's
     own writes; past ``max_bytes`` the least recently used entries go until
@@ -647,11 +660,17 @@ class DiskStore:
     """
 
     _TMP = ".tmp-"
+    _MAGIC = b"pjrt_host-entry-1\n"
 
-    def __init__(self, path: str, max_bytes: int) -> None:
+    def __init__(self, path: str, max_bytes: int, scope: str = "") -> None:
+        import hashlib
         import pathlib
+        import platform
+        import sys
 
         self._path = pathlib.Path(path)
+        self._scope = f"{_FORMAT} {scope} {sys.platform} {platform.machine()}".encode()
+        self._scope_digest = hashlib.sha256(self._scope).digest()[:16]
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._size = self._scan()[1]
@@ -666,6 +685,9 @@ class DiskStore:
             with open(file, "rb") as f:
                 data = f.read()
         except OSError:  # absent, or evicted by another process meanwhile
+            return None
+        data = self._open(key, data)
+        if data is None:
             return None
         try:
             os.utime(file)
@@ -688,6 +710,7 @@ class DiskStore:
         if not replace and os.path.exists(file):
             return
         tmp = os.path.join(self._path, f"{self._TMP}{os.getpid()}-{threading.get_ident()}-{key}")
+        value = self._sealed(key, value)
         try:
             with open(tmp, "wb") as f:
                 f.write(value)
@@ -705,6 +728,43 @@ class DiskStore:
             over = self._size > self.max_bytes
         if over:
             self._evict()
+
+    def _checksum(self, key: str, value: bytes) -> bytes:
+        import hashlib
+
+        h = hashlib.sha256(self._scope)
+        h.update(b"\0" + key.encode() + b"\0")
+        h.update(value)
+        return h.digest()
+
+    def _sealed(self, key: str, value: bytes) -> bytes:
+        return b"".join((self._MAGIC, self._scope_digest, self._checksum(key, value), value))
+
+    def _open(self, key: str, data: bytes) -> bytes | None:
+        """The entry in file ``data`` of ``key``; None (and the file gone)
+        when it is not a whole entry of this store's scope."""
+        head = len(self._MAGIC)
+        if not data.startswith(self._MAGIC):
+            problem = None  # an older pjrt_host's entry (removed quietly), or not pjrt_host's
+        elif len(data) < head + 48:
+            problem = "it is truncated"
+        elif data[head:head + 16] != self._scope_digest:
+            problem = "it was written for another jaxlib version, plugin, machine or entry format"
+        elif data[head + 16:head + 48] != self._checksum(key, data[head + 48:]):
+            problem = "its checksum does not match (truncated or corrupted)"
+        else:
+            return data[head + 48:]
+        file = os.path.join(self._path, key)
+        if problem is None:
+            logger.debug("pjrt_host: %s is not an entry of this cache: compiling its program again", file)
+        else:
+            global _damaged
+            if not _damaged:  # once a process: the rest go quietly
+                _damaged = True
+                warnings.warn(f"pjrt_host: the program cache entry {file} is not used: {problem}. It is removed "
+                              "and its program compiled again.", RuntimeWarning, stacklevel=3)
+        self.remove(key)
+        return None
 
     def _scan(self) -> tuple[list[tuple[float, int, str]], int]:
         entries = []
@@ -745,15 +805,52 @@ def _safe(name: str) -> str:
 
 
 def _private_directory(path: str) -> str | None:
-    """Make ``path`` (mode 0700) if needed; the reason it cannot be used, or
-    None."""
+    """Make ``path`` (mode 0700) if needed; why it cannot be trusted with
+    programs, or None.
+
+    An entry is a pickled executable that every process of this user loads
+    and runs: whoever can write into the directory, or replace it or one of
+    the directories above it, can run code in those processes.  The rule,
+    as OpenSSH's StrictModes: ``path`` and every directory above it (the
+    real ones, symbolic links followed, and those the path names) belong to
+    this user or to root, and none can be written by its group or by
+    others -- except a directory above with the sticky bit (``/tmp``),
+    where others may add names but not remove or rename this user's."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         info = os.stat(path)
     except OSError as err:
-        return f"{path} cannot be made ({err.strerror or err})"
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        return f"{path} belongs to another user"
+        return f"{path} cannot be made ({err.strerror or err}). Fix: make it a directory this user can write"
     if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
-        return f"{path} is not writable"
+        return f"{path} is not writable. Fix: give this user write access to it"
+    if not hasattr(os, "getuid"):
+        return None  # no POSIX owners and modes to check
+    import stat
+
+    me = os.getuid()
+    chain = []
+    for start in (os.path.realpath(path), os.path.abspath(path)):
+        here = start
+        while True:
+            if here not in chain:
+                chain.append(here)
+            parent = os.path.dirname(here)
+            if parent == here:
+                break
+            here = parent
+    for here in chain:
+        try:
+            info = os.stat(here)
+        except OSError as err:
+            return f"{here} cannot be read ({err.strerror or err})"
+        ours = here in (os.path.realpath(path), os.path.abspath(path))
+        if info.st_uid != me and (ours or info.st_uid != 0):
+            return (f"{here} belongs to another user (uid {info.st_uid}), who could replace the programs "
+                    f"every process here loads. Fix: use a directory of your own")
+        writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and (ours or not info.st_mode & stat.S_ISVTX):
+            who = "its group and others" if writable == stat.S_IWGRP | stat.S_IWOTH else \
+                "its group" if writable == stat.S_IWGRP else "others"
+            return (f"{here} can be written by {who} (mode {stat.S_IMODE(info.st_mode):04o}), who could "
+                    f"replace the programs every process here loads. Fix: chmod go-w {here}")
     return None

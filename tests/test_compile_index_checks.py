@@ -226,6 +226,9 @@ VALUE_OPS = {
     "aten::binary_cross_entropy": (lambda p, t: nn.functional.binary_cross_entropy(p, t), (_floats(0.5, 1.5), _floats(0, 1)),
                                    (_floats(0.5, 0.25), _floats(0, 1))),
     "aten::bernoulli": (lambda p: torch.bernoulli(p) * 0, (_floats(0.5, -0.5),), (_floats(0.5, 1.0),)),
+    "aten::searchsorted": (lambda s, v, i: torch.searchsorted(s, v, sorter=i),
+                           (_floats(3, 1, 2), _floats(1.5, 2.5), _ints(1, 2, 3)),
+                           (_floats(3, 1, 2), _floats(1.5, 2.5), _ints(1, 2, 0))),
 }
 
 

@@ -146,6 +146,39 @@ def test_memory_statistics_follow_tensors():
         torch.jax.memory_allocated(7)
 
 
+def test_memory_stats_are_numbers_and_keep_a_training_runs_peak():
+    """As torch.cuda.memory_stats: an OrderedDict of str -> int (loggers
+    such as Lightning's DeviceStatsMonitor take numbers only; a 'source'
+    string there tripped them), and the peak of a training run is still
+    there after the model is gone, until reset."""
+    import collections
+    import gc
+
+    torch.jax.empty_cache()
+    torch.jax.reset_peak_memory_stats()
+    model = torch.nn.Linear(64, 64).to("jax")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = model(torch.randn(32, 64, device="jax")).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    loss.item()
+    del model, opt, loss
+    gc.collect()
+    torch.jax.empty_cache()
+    stats = torch.jax.memory_stats()
+    assert type(stats) is collections.OrderedDict and list(stats) == sorted(stats)
+    assert all(type(k) is str and type(v) is int for k, v in stats.items()), stats
+    # weight, bias and a batch of activations were alive at once
+    assert stats["allocated_bytes.all.peak"] >= (64 * 64 + 64 + 32 * 64) * 4 > stats["allocated_bytes.all.current"]
+    assert torch.jax.max_memory_allocated() == stats["allocated_bytes.all.peak"]
+    assert torch.jax.memory_stats_source() in ("device", "host accounting of live arrays")
+    torch.jax.reset_peak_memory_stats()
+    assert torch.jax.memory_stats()["allocated_bytes.all.peak"] < stats["allocated_bytes.all.peak"]
+    assert f"({torch.jax.memory_stats_source()})" in torch.jax.memory_summary().splitlines()[0]
+
+
 # ---------------------------------------------------------------- 3. out of memory
 
 

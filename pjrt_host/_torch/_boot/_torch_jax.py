@@ -49,6 +49,7 @@ __all__ = [
     "memory_allocated",
     "memory_reserved",
     "memory_stats",
+    "memory_stats_source",
     "program_cache_stats",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",
@@ -264,11 +265,20 @@ def reset_max_memory_allocated(device: Any = None) -> None:
     reset_peak_memory_stats(device)
 
 
-def memory_stats(device: Any = None) -> dict[str, Any]:
+def memory_stats(device: Any = None) -> dict[str, int]:
     """torch.cuda.memory_stats' keys that apply (``allocated_bytes.all.current``
-    / ``.peak``, ``reserved_bytes.all.*``, ``num_ooms``), the source of the
-    figures, and the device's own statistics as ``device.<name>``."""
+    / ``.peak``, ``reserved_bytes.all.*``, ``num_ooms``) and the device's own
+    statistics as ``device.<name>``; every value an int, as torch.cuda's.
+    Where the figures come from: :func:`memory_stats_source`."""
     return _memory_module().memory_stats(_index(device))
+
+
+def memory_stats_source(device: Any = None) -> str:
+    """Where :func:`memory_stats`' figures come from: ``"device"`` (the
+    device's own statistics) or ``"host accounting of live arrays"`` (on
+    devices that report none: a peak sampled by the memory calls and at the
+    start of backward passes, a lower bound of the true one)."""
+    return _memory_module().source(_index(device))
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -280,9 +290,9 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """A short table of :func:`memory_stats`, as torch.cuda.memory_summary."""
     stats = memory_stats(device)
-    lines = [f"pjrt_host memory summary, {_devices.torch_device(_index(device))} ({stats.get('source')})"]
+    lines = [f"pjrt_host memory summary, {_devices.torch_device(_index(device))} ({memory_stats_source(device)})"]
     for key, value in stats.items():
-        if key != "source" and (not abbreviated or not key.startswith("device.")):
+        if not abbreviated or not key.startswith("device."):
             lines.append(f"  {key:<40} {value}")
     return "\n".join(lines)
 
