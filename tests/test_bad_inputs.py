@@ -3,7 +3,7 @@ text, never answered with values (NaN, inf, a zero row, a silent cast).
 
 Value-dependent refusals (a probability, a class, a singular matrix) come
 at the next synchronisation point by default, naming the op, or at the op
-itself with ``check_indices='sync'``; dtype refusals come at the call."""
+itself with ``checks='sync'``; dtype refusals come at the call."""
 
 from __future__ import annotations
 
@@ -309,7 +309,7 @@ def _outcome(fn, device):
 def test_the_device_refuses_what_cpu_refuses(case, mode):
     want = _outcome(CASES[case], "cpu")
     assert want[0] == "raised", f"CPU accepts {case}: not a bad input"
-    with pjrt_host.config(check_indices=mode):
+    with pjrt_host.config(checks=mode):
         got = _outcome(CASES[case], "jax")
     assert got[0] == "raised", f"{case}: 'jax' returned {got[1]} where CPU raised {want[1].__name__}: {want[2]}"
     assert issubclass(got[1], want[1]) or got[1].__name__ == want[1].__name__, (case, got, want)
@@ -385,7 +385,7 @@ def test_a_value_check_names_the_op_when_found_later():
 
 
 def test_checks_off_gives_the_unchecked_values():
-    with pjrt_host.config(check_indices=False):
+    with pjrt_host.config(checks=False):
         row = F.one_hot(torch.tensor([-1], device="jax"), 3).cpu()
     assert row.tolist() == [[0, 0, 0]]
 
@@ -486,7 +486,7 @@ def test_an_ops_own_refusal_comes_before_its_index_check():
     answer, not the check's own IndexError."""
     with pytest.raises(RuntimeError, match="'weight' must be 2-D"):
         F.embedding(torch.tensor([0, 1], device="jax"), torch.tensor(2.0, device="jax"))
-    with pjrt_host.config(check_indices="sync"):
+    with pjrt_host.config(checks="sync"):
         with pytest.raises(IndexError, match="index out of range in self"):
             F.embedding(torch.tensor([0, 5], device="jax"), torch.randn(3, 2, device="jax"))
 

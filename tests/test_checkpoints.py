@@ -282,7 +282,7 @@ def test_transformers_save_pretrained_and_from_pretrained(tmp_path):
 
 
 def test_registration_patches_are_exactly_the_inventory():
-    from pjrt_host._torch import _accelerator, _patches
+    from pjrt_host._torch import _patches, _torch_accelerator
 
     torch.ones(1, device=DEV)  # the backward hook comes with the first 'jax' tensor
 
@@ -297,7 +297,7 @@ def test_registration_patches_are_exactly_the_inventory():
             assert getattr(resolve(name), "_pjrt_host", False), name
     assert getattr(type(torch._C.Generator).__call__, "_pjrt_host", False)
     wrapped = {n for n in dir(torch.accelerator) if getattr(getattr(torch.accelerator, n), "_pjrt_host", False)}
-    assert wrapped == set(_accelerator.FUNCTIONS)
+    assert wrapped == set(_torch_accelerator.FUNCTIONS)
     # Nothing else of torch.Tensor / UntypedStorage / nn.Module / TransformerEncoder is ours.
     for cls, path in ((torch.Tensor, "torch.Tensor"), (torch.UntypedStorage, "torch.UntypedStorage"),
                       (torch.nn.Module, "torch.nn.Module"), (torch.nn.TransformerEncoder, "torch.nn.TransformerEncoder")):

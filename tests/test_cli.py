@@ -215,3 +215,27 @@ def test_doctor_verify_imports_neither_torch_nor_jax(site):
             "print('HEAVY', sorted(m for m in ('jax', 'jaxlib', 'torch') if m in sys.modules))")
     proc = run_python(["-c", code], site=site, env={"PJRT_HOST_PLUGINS": "cpu_ref,bare"})
     assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+
+
+INTERNAL_COMMANDS = ("_check_section", "_probe", "_capi_version")
+
+
+def test_help_lists_only_the_public_commands_and_the_internal_ones_still_run(tmp_path):
+    """The package's own child-process commands are not offered to users
+    (argparse printed them as ``==SUPPRESS==``), in ``--help`` or in the
+    error for an unknown command, yet each still runs."""
+    proc = run_python(["-m", "pjrt_host", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    for public in ("list", "info", "doctor", "check", "launch"):
+        assert f"    {public} " in proc.stdout, proc.stdout
+    for name in (*INTERNAL_COMMANDS, "SUPPRESS"):
+        assert name not in proc.stdout, proc.stdout
+    unknown = run_cli("nope")
+    assert unknown.returncode == 2 and "invalid choice: 'nope'" in unknown.stderr, unknown.stderr
+    assert "'launch'" in unknown.stderr and not any(name in unknown.stderr for name in INTERNAL_COMMANDS)
+    for name in INTERNAL_COMMANDS:
+        usage = run_cli(name, "--help")
+        assert usage.returncode == 0 and f"python -m pjrt_host {name}" in usage.stdout, usage.stderr
+    missing = tmp_path / "missing.so"
+    capi = run_cli("_capi_version", str(missing))
+    assert capi.returncode == 0 and str(missing) in json.loads(capi.stdout)["error"], capi.stdout

@@ -302,7 +302,7 @@ def _outcome(fn):
 def test_out_of_range_indices_raise_cpus_error(program, mode):
     expected = _outcome(_index_programs("cpu")[program])
     assert expected[0] != "ok"
-    with pjrt_host.config(check_indices=mode):
+    with pjrt_host.config(checks=mode):
         got = _outcome(_index_programs("jax")[program])
     assert got[0] == expected[0]
     if program != "index":  # CPU's text counts the dimension of x[:, i] oddly
@@ -314,12 +314,12 @@ def test_index_errors_by_default_at_the_next_synchronisation():
     bad = torch.arange(3, device="jax")[torch.tensor([5], device="jax")]  # queued, not yet checked
     with pytest.raises(IndexError, match=r"index 5 is out of bounds .* \(raised by aten::index.Tensor on jax:0"):
         print(bad)
-    with pjrt_host.config(check_indices="sync"), pytest.raises(IndexError, match="out of bounds"):
+    with pjrt_host.config(checks="sync"), pytest.raises(IndexError, match="out of bounds"):
         torch.arange(3, device="jax")[torch.tensor([5], device="jax")]
     torch.arange(3, device="jax")[torch.tensor([5], device="jax")]
     with pytest.raises(IndexError):
         torch.jax.synchronize()
-    with pjrt_host.config(check_indices=False):
+    with pjrt_host.config(checks=False):
         assert torch.arange(3, device="jax")[torch.tensor([5], device="jax")].tolist() == [2]  # clipped
     with pytest.raises(ValueError, match="check_indices"):
         with pjrt_host.config(check_indices="always"):

@@ -9,7 +9,7 @@ state, batch norm's statistics) are donated to that call when nothing but
 their storage holds them, so old and new values are not alive together.  The jitted function is specialised on the arguments' layout (which
 arguments share a storage, which are views); jax itself keys it on shapes,
 so each new shape compiles once and an earlier shape is reused.  With
-``pjrt_host.config(check_indices=...)`` on (the default), a forward or
+``pjrt_host.config(checks=...)`` on (the default), a forward or
 inference graph that indexes also returns its index checks' verdicts, which
 the call queues with eager's deferred checks (:mod:`._checks`).
 
@@ -80,7 +80,7 @@ class _Entry(NamedTuple):
     foreign_slots: tuple[int, ...]  # slots holding tensors of another device (copied in per call)
     core: Any  # the function fn jits: (arrays, offsets, *rng)
     donating: dict  # donated slots -> the jitted function taking them apart (built on first use)
-    checks: Any  # the check_indices mode when the function also returns its index checks' verdicts, else None
+    checks: Any  # the checks mode when the function also returns its index checks' verdicts, else None
 
 
 def _calibrate() -> int:

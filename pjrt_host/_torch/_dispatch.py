@@ -296,7 +296,7 @@ def _index_moved_to_device(handler: Handler) -> Handler:
 
 def _checked(func: Any, handler: Handler, run_check: Callable[[Any, tuple, dict], None]) -> Handler:
     """``handler`` after ``run_check(mode, args, kwargs)`` (an index or value
-    check, deferred or at the op by ``check_indices``).  Where the check
+    check, deferred or at the op by ``checks``).  Where the check
     fails, the op's own refusal of its arguments comes first (torch CPU's,
     then the meta kernel's: an ``embedding`` weight of no dimensions is
     "'weight' must be 2-D", not the check's failure to read its size)."""

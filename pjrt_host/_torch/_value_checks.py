@@ -6,7 +6,7 @@ probability draws anyway, ``one_hot`` of a negative class gives a zero row.
 Per checked op, one small compiled program computes a verdict code on the
 device; it is read at the next synchronisation point (``.item()``,
 ``.cpu()``, printing, ``torch.jax.synchronize()``), or at the op itself with
-``pjrt_host.config(check_indices='sync')``; ``check_indices=False`` turns
+``pjrt_host.config(checks='sync')``; ``checks=False`` turns
 these off with the index checks (the same switch: both are torch's
 device-side asserts).  Errors are CPU's type and text, followed by the op
 and when it was found.
@@ -516,7 +516,7 @@ def _run(op: str, spec: _Check, tensor: Any, mode: Any, *static: Any, text: str 
             if wait is None:  # at the op itself
                 raise exc(message)
             raise exc(f"{message} (raised by {op} on {device}, found at the next synchronisation point; "
-                      "pjrt_host.config(check_indices='sync'), or the debugging mode PJRT_HOST_EAGER=sync, raises "
+                      "pjrt_host.config(checks='sync'), or the debugging mode PJRT_HOST_EAGER=sync, raises "
                       "at the op itself)")
         return True
 

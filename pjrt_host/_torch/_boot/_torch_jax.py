@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from .. import _registry, _runtime
+from ... import _registry, _runtime
 from . import _amp as amp
-from . import _devices, _rng
-from ._devices import DEVICE_NAME
+from .. import _devices, _rng
+from .._devices import DEVICE_NAME
 from ._streams import Event, Stream, current_stream, set_stream, stream
 
 __all__ = [
@@ -117,7 +117,7 @@ class _DeviceProperties:
         self.type = DEVICE_NAME
         self.platform = str(dev.platform)
         self.plugin = _runtime.runtime().record.name
-        from . import _memory
+        from .. import _memory
 
         self.total_memory = int(_memory.limit(index) or 0)
 
@@ -140,7 +140,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     substitution)."""
     if not is_available():
         return False
-    from ._dtype_policy import device_dtype
+    from .._dtype_policy import device_dtype
 
     try:
         return device_dtype(torch.bfloat16) == torch.bfloat16
@@ -209,7 +209,7 @@ def synchronize(device: Any = None) -> None:
     """Wait for all work queued on the device(s) to finish."""
     if not is_initialized():
         return
-    from . import _sync  # imports jax: loaded by the first call, not at autoload
+    from .. import _sync  # imports jax: loaded by the first call, not at autoload
 
     _sync.synchronize(None if device is None else _devices.device_index(device))
 
@@ -221,7 +221,7 @@ def synchronize(device: Any = None) -> None:
 
 
 def _memory_module():
-    from . import _memory  # imports jax: loaded by the first call, not at autoload
+    from .. import _memory  # imports jax: loaded by the first call, not at autoload
 
     return _memory
 
@@ -374,7 +374,7 @@ def program_cache_stats() -> dict[str, Any]:
     disk cache gave it: ``programs``, ``compiled`` (of those, compiled
     here, not loaded), ``disk_hits``, ``disk_writes``, ``compile_seconds``
     and the cache ``directory`` (None when off; docs/torch-device.md)."""
-    from .. import _program_cache
+    from ... import _program_cache
 
     return _program_cache.stats()
 
@@ -382,6 +382,6 @@ def program_cache_stats() -> dict[str, Any]:
 def fused_eager_stats() -> dict[str, int]:
     """Fused eager's counts in this process: ``segments`` run, ``ops``
     recorded, ``programs`` made (docs/torch-device.md)."""
-    from . import _fused
+    from .. import _fused
 
     return _fused.stats()
