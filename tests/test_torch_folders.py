@@ -54,6 +54,7 @@ LIGHT_AT_BOOT = {
     "pjrt_host._library": "reading a PJRT library's headers without loading it",
     "pjrt_host._runtime": "the client, created at the first 'jax' tensor; jax only inside functions",
     "pjrt_host._program_cache": "where compiled programs are kept; jax only inside functions",
+    "pjrt_host._program_files": "the program cache's files: the standard library only",
 }
 
 HEAVY = ("jax", "jaxlib")
