@@ -320,7 +320,7 @@ def eager_dispatch_hooks() -> list[tuple[Any, str]]:
     kernels' targets.  Tests wrap them to count eager ops."""
     from .._torch import _factories, _loader
 
-    return [(_tensor, "_dispatch"), (_loader, "_dispatch_fn"), (_factories, "run_named"), (_factories, "run")]
+    return [(_tensor, "_dispatch"), (_loader, "_dispatch_fn"), (_factories, "run_factory"), (_factories, "run")]
 
 
 def out_of_memory(err: BaseException, what: str, index: int) -> Exception | None:

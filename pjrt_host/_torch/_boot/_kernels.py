@@ -97,8 +97,13 @@ def register() -> torch.library.Library:
 
 
 def _factory_kernel(name: str) -> Callable:
+    op = None
+
     def kernel(*args, **kwargs):
-        return _loader.factories().run_named(name, args, kwargs)
+        nonlocal op
+        if op is None:
+            op = aten_op(name)
+        return _loader.factories().run_factory(op, name, args, kwargs)
 
     kernel.__name__ = f"jax_{name.replace('.', '_')}"
     return never_traced(kernel)
