@@ -71,7 +71,7 @@ class _Entry:
                  sites: list | None = None, checks: Any = None) -> None:
         self.body = body
         self.sites = sites or []  # the trace's index checks (_checks.Site)
-        #: The check_indices mode when the jitted forms also return the
+        #: The checks mode (``config(checks=...)``) when the jitted forms also return the
         #: checks' verdicts (one array, see _checks.report), else None.
         self.checks = checks if self.sites else None
         self.mesh = mesh  # the mesh the body's sharding constraints name (None: none)

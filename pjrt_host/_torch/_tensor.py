@@ -15,7 +15,7 @@ tensor sharing the storage sees the new values on its next read.
 The functions here are the eager primitives every layer above uses: make a
 tensor over a storage, read a tensor's values, write them, wrap a result.
 Which function runs an ATen op is decided above (``_dispatch``), and
-installed on :class:`JaxTensor` once by ``_privateuse1``.
+installed on :class:`JaxTensor` once by ``_loader`` (:func:`install_dispatcher`).
 """
 
 from __future__ import annotations
