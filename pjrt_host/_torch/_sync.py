@@ -100,17 +100,19 @@ def forget_results(index: int | None = None) -> None:
             _last.pop(i, None)
 
 
-_barriers: dict[int, Any] = {}
+_barrier_program: Any = None
 
 
 def _barrier(index: int) -> Any:
     """A tiny computation on device ``index``: queued behind everything
-    already queued there, so waiting for it waits for them."""
-    if index not in _barriers:
-        _barriers[index] = (_program_cache.Kept("pjrt_host.barrier", lambda x: x + 1),
-                            jax.device_put(np.zeros((), np.int32), jax_device(index)))
-    fn, arg = _barriers[index]
-    return fn(arg)
+    already queued there, so waiting for it waits for them.  Its operand is
+    made for the call and dropped with it: nothing of the host's stays on
+    the device, so ``torch.jax.memory_allocated()`` counts the user's
+    tensors only."""
+    global _barrier_program
+    if _barrier_program is None:
+        _barrier_program = _program_cache.Kept("pjrt_host.barrier", lambda x: x + 1)
+    return _barrier_program(jax.device_put(np.zeros((), np.int32), jax_device(index)))
 
 
 def synchronize(index: int | None = None) -> None:
