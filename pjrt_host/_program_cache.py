@@ -5,7 +5,7 @@ Eager ops, fused segments and compiled graphs all become XLA programs
 through ``jax.jit``; jax's persistent compilation cache stores the
 executables under a key of the unoptimised program, jaxlib's version, the
 XLA flags and the devices (kind, count, topology).  This module chooses its
-directory -- one per plugin and jaxlib version under a per-user root, made
+directory -- one per plugin, jaxlib version and entry format under a per-user root, made
 private to the user -- turns it on for programs of any compile time, and
 counts what happened (``torch.jax.program_cache_stats()``).  It runs once,
 just before the plugin's client is created; nothing here imports jax at
@@ -88,7 +88,10 @@ def configure(plugin_name: str, plugin_identity: str = "") -> str | None:
     if _jax_settings.persistent_cache_dir() is not None:
         return None  # the user gave jax a cache directory of their own: it is used as they set it
     root = _env.program_cache_dir()
-    path = os.path.join(root, safe_name(plugin_name), f"jaxlib-{jaxlib.__version__}")
+    # The entry format names a directory of its own: a pjrt_host of another
+    # format (an older one in another environment) keeps its entries apart,
+    # instead of each removing the other's as foreign.
+    path = os.path.join(root, safe_name(plugin_name), f"jaxlib-{jaxlib.__version__}", DiskStore.LAYOUT)
     problem = private_directory(path)
     if problem is not None:
         global _refused

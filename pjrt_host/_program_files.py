@@ -42,6 +42,8 @@ class DiskStore:
 
     _TMP = ".tmp-"
     _MAGIC = b"pjrt_host-entry-1\n"
+    #: The directory of this entry format, under the plugin's and jaxlib's.
+    LAYOUT = "entries-1"
 
     def __init__(self, path: str, max_bytes: int, scope: str = "") -> None:
         import hashlib

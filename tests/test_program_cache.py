@@ -60,10 +60,10 @@ def test_a_second_process_loads_every_program_from_disk(tmp_path):
     # loaded ahead, on a thread, from the manifest of what the first run of
     # this script used (the results above are the same)
     assert s1["prefetched"] == 0 and 0 < s2["prefetched"] <= s2["programs"]
-    # one directory per plugin and jaxlib version, private to the user
+    # one directory per plugin, jaxlib version and entry format, private to the user
     import jaxlib
 
-    where = tmp_path / "cpu_ref" / f"jaxlib-{jaxlib.__version__}"
+    where = tmp_path / "cpu_ref" / f"jaxlib-{jaxlib.__version__}" / "entries-1"
     assert s1["directory"] == str(where)
     assert stat.S_IMODE(where.stat().st_mode) == 0o700
     assert any(where.iterdir())
