@@ -40,10 +40,11 @@ class KernelBuildError(RuntimeError):
 
 
 def compiler() -> str | None:
-    """``CXX``, else ``c++`` or ``g++`` on ``PATH``; None when there is none."""
+    """``CXX`` (a command or path), else ``c++`` or ``g++`` on ``PATH``;
+    None when there is none."""
     chosen = env.text("CXX")
     if chosen:
-        return shutil.which(chosen) or chosen
+        return shutil.which(chosen)
     return shutil.which("c++") or shutil.which("g++")
 
 
@@ -68,8 +69,9 @@ def library(source: str) -> Path:
 
     cxx = compiler()
     if cxx is None:
-        raise KernelBuildError("no C++ compiler was found to build cpu_ref's kernels (looked for $CXX, c++ and g++); "
-                               "install one (e.g. apt-get install g++) or set CXX")
+        looked = f"CXX={env.text('CXX')!r}" if env.text("CXX") else "c++ and g++ on PATH"
+        raise KernelBuildError(f"no C++ compiler was found to build cpu_ref's kernels (looked for {looked}); "
+                               "install one (e.g. apt-get install g++) or set CXX to one")
     text = (_HERE / source).read_bytes()
     key = hashlib.sha256(b"\0".join([text, jaxlib.__version__.encode(), cxx.encode(), _compiler_version(cxx),
                                      platform.machine().encode(), " ".join(_FLAGS).encode()])).hexdigest()[:24]

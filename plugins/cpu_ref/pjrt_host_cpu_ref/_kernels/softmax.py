@@ -34,4 +34,25 @@ def softmax_applies(x, dim, half_to_float=False, *, dtype=None) -> bool:
 
 def softmax(x, dim, half_to_float=False, *, dtype=None):
     """``aten::_softmax(x, dim, half_to_float)`` as one custom call."""
+    return _last_dim_softmax(x)
+
+
+# torch's autograd differentiates the op through aten::_softmax_backward_data
+# (a kernel of its own); jax differentiates traced programs itself
+# (assume_pure's backward is jax.vjp of its forward), and a custom call has
+# no derivative unless it is given one.
+@jax.custom_vjp
+def _last_dim_softmax(x):
     return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype), vmap_method="broadcast_all")(x)
+
+
+def _forward(x):
+    y = _last_dim_softmax(x)
+    return y, y
+
+
+def _backward(y, g):
+    return (y * (g - jnp.sum(g * y, axis=-1, keepdims=True)),)
+
+
+_last_dim_softmax.defvjp(_forward, _backward)
