@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Union
 
 from . import _env
+from ._hookspecs import hookimpl
 
 __all__ = ["ClientOption", "DevicePlugin", "Kernel", "KernelDeclarations"]
 
@@ -230,6 +231,33 @@ class DevicePlugin:
         return None
 
     # -- helpers for the host; not meant to be overridden -------------------
+
+    @hookimpl
+    def pjrt_host_client_created(self, name: str, plugin: Any, devices: list[Any]) -> None:
+        """Import the modules of this plugin's :attr:`kernels` (those
+        ``PJRT_HOST_PLUGIN_KERNELS`` allows) as its client comes up, so the
+        custom-call targets they register exist before the host loads
+        programs kept on disk that call them (it starts loading the last
+        run's programs right after this hook).  A module that fails is left
+        for the first op, which names it in a warning.  A subclass that
+        implements this hook too calls ``super().pjrt_host_client_created(...)``."""
+        if plugin is not self:
+            return
+        import importlib
+
+        try:
+            declared = self.declared_kernels
+        except Exception:
+            return  # the first op refuses the plugin, naming the problem
+        if declared.mode == "off":
+            return
+        for op, kernel in declared.kernels:
+            if op in declared.dropped:
+                continue
+            try:
+                importlib.import_module(kernel.fn.partition(":")[0])
+            except Exception:
+                pass  # reported, with the plugin, op and kernel, when the op is first lowered
 
     def describe(self) -> str:
         """The name shown to users: :attr:`display_name` or the class name."""

@@ -306,3 +306,20 @@ def test_strict_mode_raises_the_kernel_error(broken_kernels):
     assert "the Acme kernel has a bug" in result["error"], result
     assert result["fields"][1:] == ["aten::relu", "acme_kernels:raises"], result
     assert result["relaxed"], result
+
+
+def test_a_second_process_loads_programs_that_call_the_kernel_from_disk(tmp_path):
+    """The custom-call target is registered when the lowering context is
+    made, before a program kept on disk is loaded untraced."""
+    code = """
+        x = torch.arange(24.0).reshape(4, 6) / 7
+        got = torch.softmax(x.to("jax"), -1).cpu()
+        stats = torch.jax.program_cache_stats()
+        print(json.dumps({"ok": bool(torch.allclose(got, torch.softmax(x, -1), rtol=1.3e-6, atol=1e-6)),
+                          "untraced": stats["untraced"]}))
+    """
+    env = {"PJRT_HOST_CACHE_DIR": str(tmp_path / "programs")}
+    first, _ = _run(code, env=env)
+    second, _ = _run(code, env=env)
+    assert first["ok"] and second["ok"], (first, second)
+    assert second["untraced"] >= 1, second
