@@ -323,3 +323,55 @@ def test_a_second_process_loads_programs_that_call_the_kernel_from_disk(tmp_path
     second, _ = _run(code, env=env)
     assert first["ok"] and second["ok"], (first, second)
     assert second["untraced"] >= 1, second
+
+
+# ------------------------------------------------------------------ info and the report card
+
+
+def test_info_lists_the_kernels_without_importing_them():
+    from conftest import run_cli
+
+    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'plugins' / 'cpu_ref'}", "PJRT_HOST_PLUGIN_KERNELS": "-_softmax"}
+    proc = run_cli("info", "cpu_ref", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kernels = json.loads(proc.stdout)["kernels"]
+    assert kernels == [
+        "aten::_softmax -> pjrt_host_cpu_ref._kernels.softmax:softmax [float32; when "
+        "pjrt_host_cpu_ref._kernels.softmax:softmax_applies] (off: PJRT_HOST_PLUGIN_KERNELS)",
+        "aten::_softmax_backward_data -> pjrt_host_cpu_ref._kernels.backward:softmax_backward [when "
+        "pjrt_host_cpu_ref._kernels.backward:applies]",
+    ]
+
+
+def test_the_report_card_names_a_wrong_kernel_with_its_op_and_sample(site, tmp_path):
+    from conftest import run_cli
+
+    site.add_dist("acme-kernels", files={"acme_kernels.py": """
+        import jax.numpy as jnp
+
+        def softmax(x, dim, half_to_float=False, *, dtype=None):
+            return jnp.exp(x) / jnp.sum(jnp.exp(x), axis=dim, keepdims=True) * 1.01  # 1% off
+
+        def relu(x):
+            return jnp.maximum(x, 0)
+    """})
+    site.add_plugin("acme-pjrt", "acme", """
+        display_name = "Acme"
+        jaxlib_backend = "cpu"
+        kernels = {"aten::_softmax": "acme_kernels:softmax", "aten::relu": "acme_kernels:relu"}
+    """)
+    report = tmp_path / "acme.json"
+    env = {"PYTHONPATH": os.pathsep.join([str(site.path), str(REPO)])}
+    proc = run_cli("check", "acme", "--quick", "--only", "kernels", "--json", str(report), site=site, env=env,
+                   timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    section = next(s for s in json.loads(report.read_text())["sections"] if s["name"] == "kernels")
+    checks = {c["name"]: c for c in section["checks"]}
+    values = checks["aten::_softmax -> acme_kernels:softmax: values"]
+    assert values["status"] == "fail", values
+    assert values["detail"].startswith("AssertionError: plugin Acme (acme_pjrt.Plugin)'s kernel acme_kernels:softmax "
+                                       "for aten::_softmax differs from the host's lowering: Tensor-likes are not "
+                                       "close"), values
+    assert "(sample: (float32[" in values["detail"], values
+    assert checks["aten::relu -> acme_kernels:relu: values"]["status"] == "pass", checks
+    assert {f["name"] for f in section["figures"]} >= {"aten::relu kernel time"}, section["figures"]

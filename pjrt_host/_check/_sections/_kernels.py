@@ -78,8 +78,12 @@ def kernels(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
                     got = _lowerings.invoke(lowering, jargs, jkwargs, ctx, dtypes)
                     want = _lowerings.invoke(lowering, jargs, jkwargs, reference_ctx, dtypes)
                     _assert_close(torch, got, want)
-                except Exception as err:
+                except _kernels.KernelError as err:
                     raise AssertionError(f"{first_line(str(err))[:400]} (sample: {_describe(args, kwargs)})") from err
+                except Exception as err:
+                    text = " ".join(str(err).split())[:400]
+                    raise AssertionError(f"plugin {declared.plugin}'s kernel {kernel.fn} for {op_name} differs from "
+                                         f"the host's lowering: {text} (sample: {_describe(args, kwargs)})") from err
                 applied.append((jargs, jkwargs, dtypes))
             if not applied:
                 raise Skip(f"no recorded call of {op_name} meets the kernel's condition "
