@@ -58,7 +58,7 @@ def cache_directory() -> Path:
     return Path(base) / "pjrt_host" / "cpu_ref_kernels"
 
 
-_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-w")
+_FLAGS = ("-O3", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 
 
 def library(source: str) -> Path:
