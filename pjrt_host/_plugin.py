@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Union
 
 from . import _env
-from ._hookspecs import hookimpl
 
 __all__ = ["ClientOption", "DevicePlugin", "Kernel", "KernelDeclarations"]
 
@@ -232,7 +231,8 @@ class DevicePlugin:
 
     # -- helpers for the host; not meant to be overridden -------------------
 
-    @hookimpl
+    # a hook implementation: pjrt_host._hookspecs marks it (importing pluggy
+    # here would add it to `python -m pjrt_host list`, which never needs it)
     def pjrt_host_client_created(self, name: str, plugin: Any, devices: list[Any]) -> None:
         """Import the modules of this plugin's :attr:`kernels` (those
         ``PJRT_HOST_PLUGIN_KERNELS`` allows) as its client comes up, so the
