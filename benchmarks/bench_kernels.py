@@ -44,7 +44,6 @@ def _best(fn, *args, repeats: int) -> float:
 
 
 def kernels_against_lowerings(repeats: int) -> None:
-    import dataclasses
 
     import jax
     import numpy as np
@@ -55,7 +54,7 @@ def kernels_against_lowerings(repeats: int) -> None:
 
     device = pjrt_host.devices()[0]
     plugin = _registry.selected_record().plugin
-    declared = dataclasses.replace(plugin.declared_kernels, mode="on", dropped=())
+    declared = plugin.declared_kernels._replace(mode="on", dropped=())
     options = {"conv_as_matmul_max_positions": plugin.conv_as_matmul_max_positions}
     with_kernels = _lowerings.LoweringContext(**options, declared_kernels=declared, kernel_setting=("strict", ()))
     reference = _lowerings.LoweringContext(**options)

@@ -18,16 +18,14 @@ torch or jax, and neither should a plugin's module at import time.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, NamedTuple, Union
 
 from . import _env
 
 __all__ = ["ClientOption", "DevicePlugin", "Kernel", "KernelDeclarations"]
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Kernel:
+class Kernel(NamedTuple):
     """One vendor kernel: on the plugin's device, an ATen op is this function.
 
     Declared by strings, so that declaring it imports nothing (``python -m
@@ -51,27 +49,24 @@ class Kernel:
     #: the kernel gets them, arrays abstract while traced) that says whether
     #: the kernel applies (e.g. "softmax over the last dimension"); None: it
     #: always applies once ``dtypes`` and ``ranks`` match.
-    when: str | None = None
-
-    def __post_init__(self) -> None:
-        # a list given for a tuple would make the record unhashable
-        object.__setattr__(self, "dtypes", tuple(self.dtypes))
-        object.__setattr__(self, "ranks", tuple(self.ranks))
+    when: Union[str, None] = None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class KernelDeclarations:
+# NamedTuples, not dataclasses: the contract module is imported by
+# `python -m pjrt_host list`: a frozen dataclass costs ~2 ms to make, a
+# NamedTuple ~0.3 ms.
+class KernelDeclarations(NamedTuple):
     """A plugin's kernels as the host reads them (:attr:`DevicePlugin.declared_kernels`):
     strings only, so its ``repr`` can key programs kept on disk."""
 
     #: The plugin, as messages name it: display name and class.
     plugin: str
     #: ``(normalised ATen op name, Kernel)``, in declaration order.
-    kernels: tuple[tuple[str, Kernel], ...]
+    kernels: "tuple[tuple[str, Kernel], ...]"
     #: ``PJRT_HOST_PLUGIN_KERNELS``: "on", "off" or "strict".
     mode: str = "on"
     #: Op names ``PJRT_HOST_PLUGIN_KERNELS`` drops (``-aten::_softmax``).
-    dropped: tuple[str, ...] = ()
+    dropped: "tuple[str, ...]" = ()
 
 
 #: The value types a PJRT client create option may take (they become
@@ -289,8 +284,12 @@ def _declared(plugin: Any) -> Mapping[str, Any]:
 
 
 def _normalised_kernels(plugin: Any) -> tuple[tuple[str, Kernel], ...]:
-    return tuple((_env.normalise_op_name(op), Kernel(spec) if isinstance(spec, str) else spec)
-                 for op, spec in _declared(plugin).items())
+    def normalised(spec: Any) -> Kernel:
+        if isinstance(spec, str):
+            return Kernel(spec)
+        return spec._replace(dtypes=tuple(spec.dtypes), ranks=tuple(spec.ranks))  # lists are unhashable
+
+    return tuple((_env.normalise_op_name(op), normalised(spec)) for op, spec in _declared(plugin).items())
 
 
 def kernel_problems(plugin: Any) -> list[str]:

@@ -20,7 +20,6 @@ reference lowering's on the largest input, both compiled, measured here.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -48,7 +47,7 @@ def kernels(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
 
     device = pjrt_host.devices()[0]
     # every declared kernel, whatever PJRT_HOST_PLUGIN_KERNELS says, in strict mode
-    declared = dataclasses.replace(declared, mode="on", dropped=())
+    declared = declared._replace(mode="on", dropped=())
     options = {n: getattr(record.plugin, n, 0) for n in ("dense_gather_factor", "conv_as_matmul_max_positions")}
     reference_ctx = _lowerings.LoweringContext(**options)
     for op_name, kernel in declared.kernels:
@@ -59,8 +58,8 @@ def kernels(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
                 raise AssertionError(f"the host has no lowering named {op_name}: a kernel replaces a lowering of "
                                      "the table (python -c 'from pjrt_host import _lowerings; "
                                      "print(_lowerings.registered_names())')")
-            ctx = _lowerings.LoweringContext(**options, declared_kernels=dataclasses.replace(
-                declared, kernels=((op_name, kernel),)), kernel_setting=("strict", ()))
+            ctx = _lowerings.LoweringContext(**options, declared_kernels=declared._replace(
+                kernels=((op_name, kernel),)), kernel_setting=("strict", ()))
             info["detail"] = f"condition: {', '.join(kernel.dtypes) or 'any dtype'}" + (
                 f", ranks {kernel.ranks}" if kernel.ranks else "") + (f", when {kernel.when}" if kernel.when else "")
         if lowering is None or not ctx.kernels:
