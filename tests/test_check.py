@@ -88,7 +88,7 @@ def test_cpu_ref_quick_passes_every_section(tmp_path):
     assert code == 0, out
     assert doc["schema"] == "pjrt_host.check/1"
     assert doc["summary"] == {"status": "pass", "exit_code": 0, "reason": None, "sections": {
-        "contract": "pass", "dtypes": "pass", "ops": "pass", "compile": "pass", "memory": "pass",
+        "contract": "pass", "dtypes": "pass", "ops": "pass", "compile": "pass", "kernels": "pass", "memory": "pass",
         "collectives": "pass", "performance": "pass"}}
     by_name = {s["name"]: s for s in doc["sections"]}
     # every section ran real checks, and nothing failed
