@@ -105,8 +105,12 @@ def test_cpu_ref_quick_passes_every_section(tmp_path):
     assert {"host -> device", "device -> host", "eager op (a + b, 16 floats)",
             "matmul float32 1024x1024", "matmul bfloat16 1024x1024"} <= figures
     assert all(f["value"] and f["value"] > 0 for f in by_name["performance"]["figures"])
+    kernels = {c["name"]: c["status"] for c in by_name["kernels"]["checks"]}
+    assert kernels["aten::_softmax -> pjrt_host_cpu_ref._kernels.softmax:softmax: values"] == "pass", kernels
+    assert {f["name"] for f in by_name["kernels"]["figures"]} == {"aten::_softmax kernel time",
+                                                                 "aten::_softmax_backward_data kernel time"}
     # the human table: a progress line per section and the verdict
-    assert "[3/7] Ops" in out and "cases, 0 failed" in out
+    assert "[3/8] Ops" in out and "cases, 0 failed" in out
     assert out.rstrip().splitlines()[-1].startswith("PASS: every conformance section passed")
     assert md.startswith("# pjrt_host report card: `cpu_ref`") and "| collectives | **pass** |" in md
 
