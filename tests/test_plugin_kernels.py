@@ -148,6 +148,12 @@ def test_cpu_ref_kernels_run_in_every_caller_and_match_torch_cpu():
         with pjrt_host.config(plugin_kernels="-aten::_softmax"):
             out["dropped"] = close(torch.softmax(x.to("jax") * 7, -1), torch.softmax(x * 7, -1))
         out["after_dropped"] = traced()
+        # a fused segment recorded with kernels off and run outside the scope
+        # keeps its scope's setting (the context is made per configuration)
+        with pjrt_host.config(eager="fused", plugin_kernels=False):
+            late = torch.softmax(x.to("jax") * 11, -1)
+        out["late"] = close(late, torch.softmax(x * 11, -1))
+        out["after_late"] = traced()
         out["fallbacks"] = sum(v["fallbacks"] for v in plugin_kernel_stats().values())
         print(json.dumps(out))
     """)
@@ -162,6 +168,7 @@ def test_cpu_ref_kernels_run_in_every_caller_and_match_torch_cpu():
         assert result[after][soft] > result[before][soft], (before, after, result)
     assert result["after_off"] == result["after_pure"], result
     assert result["after_dropped"] == result["after_off"], result
+    assert result["late"] and result["after_late"] == result["after_dropped"], result
     assert result["fallbacks"] == 0, result
 
 
