@@ -63,7 +63,7 @@ class ActiveKernel:
     when: Callable[..., bool] | None = dataclasses.field(repr=False, compare=False)
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # a kernel module may lower ops as it is imported
 _resolved: dict[tuple, tuple[ActiveKernel, ...]] = {}
 _imported: dict[str, Any] = {}  # "module:function" -> the function, or the exception its import raised
 _warned: set[tuple[str, str, str]] = set()
@@ -226,8 +226,9 @@ def _count(kernel: ActiveKernel, what: str) -> None:
 
 def stats() -> dict[str, dict[str, int]]:
     """Per kernel (``"aten::_softmax pkg.module:function"``): ``traced``, the
-    times it was traced into a program (each compiled program, eager op,
-    fused segment or graph, that runs it), and ``fallbacks``, the times it
-    failed and the reference lowering was traced instead."""
+    times it was traced in place of the host's lowering (once per program
+    that runs it -- an eager op's, a fused segment's, a graph's -- plus the
+    trial traces fused eager makes as it records an op), and ``fallbacks``,
+    the times it failed and the host's lowering was traced instead."""
     with _lock:
         return {name: dict(entry) for name, entry in _counts.items()}
