@@ -1,4 +1,4 @@
-"""Cost of pjrt_host.config(check_indices=...) on indexing ops, eager and compiled.
+"""Cost of pjrt_host.config(checks=...) on indexing ops, eager and compiled.
 
     python benchmarks/bench_index_checks.py [--calls N] [--pairs P] [--only eager|compiled]
 
@@ -107,7 +107,7 @@ def compiled_cases(calls: int, pairs: int) -> None:
                 nn.functional.cross_entropy(out.flatten(0, 1), tokens.flatten()).backward()
 
         for value in (False, True):  # compile both programs before timing
-            with pjrt_host.config(check_indices=value):
+            with pjrt_host.config(checks=value):
                 step()
                 torch.jax.synchronize()
         # Pairs of (off, on) measurements, the order alternating: the noise of
@@ -117,7 +117,7 @@ def compiled_cases(calls: int, pairs: int) -> None:
         host: dict = {False: [], True: []}
         for r in range(pairs):
             for value in ((False, True) if r % 2 == 0 else (True, False)):
-                with pjrt_host.config(check_indices=value):
+                with pjrt_host.config(checks=value):
                     wall, cpu = per_call_with_host(step, n)
                 times[value].append(wall)
                 host[value].append(cpu)
@@ -167,7 +167,7 @@ def main() -> None:
         times = {m: float("inf") for m in modes}
         for _ in range(7):  # modes interleaved, best of 7: a shared machine's noise hits all alike
             for mode, value in modes.items():
-                with pjrt_host.config(check_indices=value):
+                with pjrt_host.config(checks=value):
                     times[mode] = min(times[mode], per_call(fn, n))
         print(f"{name:32s}" + "".join(f"{t:12.1f}" for t in times.values())
               + f"{times['deferred'] / times['off']:14.2f}{times['sync'] / times['off']:10.2f}")

@@ -36,6 +36,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+class _Commands(dict):
+    """The subcommands: every one runs, but an unknown command's error lists
+    only the public ones (argparse iterates over these to list them)."""
+
+    def __iter__(self) -> Any:
+        return (name for name in dict.__iter__(self) if not name.startswith("_"))
+
+
+def _internal(sub: Any, name: str) -> argparse.ArgumentParser:
+    """A subcommand the package runs in its own child processes, not one for
+    users: argparse lists a subparser in ``--help`` only when it is given
+    ``help=`` (``argparse.SUPPRESS`` would be printed as it is)."""
+    return sub.add_parser(name)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pjrt_host", description="PJRT device plugins for PyTorch.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -55,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="check versions and plugin libraries, and say what to do")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true",
+                   help="also check the installed files of pjrt-host and each plugin's distribution against the "
+                        "sha256 hashes in their RECORD")
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("check", help="a conformance and performance report card for one plugin",
@@ -71,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="only OpInfo cases whose id (e.g. 'linalg.det-float32') matches")
     p.set_defaults(func=_cmd_check)
 
-    p = sub.add_parser("_check_section", help=argparse.SUPPRESS)
+    p = _internal(sub, "_check_section")
     p.add_argument("section")
     p.add_argument("name")
     p.add_argument("result_file")
@@ -85,13 +103,14 @@ def _parser() -> argparse.ArgumentParser:
     _launch.add_launch_arguments(p)
     p.set_defaults(func=_launch.run_launch_command)
 
-    p = sub.add_parser("_probe", help=argparse.SUPPRESS)
+    p = _internal(sub, "_probe")
     p.add_argument("name")
     p.set_defaults(func=_cmd_probe_child)
 
-    p = sub.add_parser("_capi_version", help=argparse.SUPPRESS)
+    p = _internal(sub, "_capi_version")
     p.add_argument("library")
     p.set_defaults(func=_cmd_capi_version_child)
+    sub.choices = _Commands(sub.choices)
     return parser
 
 
@@ -315,7 +334,10 @@ def _cmd_check_section(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from . import _doctor
 
-    findings = _doctor.run(_registry.plugins(), capi_version=lambda lib: _run_child(["_capi_version", lib], 30))
+    records = _registry.plugins()
+    findings = _doctor.run(records, capi_version=lambda lib: _run_child(["_capi_version", lib], 30))
+    if args.verify:
+        findings += _doctor.verify(["pjrt-host", *(r.distribution for r in records if r.distribution)])
     if args.json:
         print(json.dumps(findings, indent=2))
     else:

@@ -11,7 +11,7 @@ import importlib_metadata
 
 from ._discovery import SOURCE_JAX, PluginRecord
 
-__all__ = ["read_capi_version", "run"]
+__all__ = ["read_capi_version", "run", "verify"]
 
 Finding = dict[str, Any]
 
@@ -144,3 +144,98 @@ def _installed(name: str) -> str | None:
 
 def _f(level: str, what: str, fix: str | None = None) -> Finding:
     return {"level": level, "what": what, "fix": fix}
+
+
+# -- doctor --verify ------------------------------------------------------------
+
+
+def verify(distributions: list[str]) -> list[Finding]:
+    """Each distribution's installed files against the hashes pip wrote in
+    its ``RECORD``: a file that differs or is missing is an error naming it
+    (exit code 1); what could not be checked -- files listed without a hash,
+    an editable install whose sources RECORD does not list -- is said.
+    Reads files only: imports neither torch nor jax."""
+    findings: list[Finding] = []
+    for name in dict.fromkeys(distributions):
+        try:
+            dist = importlib_metadata.distribution(name)
+        except importlib_metadata.PackageNotFoundError:
+            findings.append(_f("warning", f"{name} is not installed as a distribution: its files cannot be verified"))
+            continue
+        findings.extend(_verify_one(name, dist))
+    return findings
+
+
+def _verify_one(name: str, dist: Any) -> list[Finding]:
+    label = f"{name} {dist.version}"
+    fix = f"pip install --force-reinstall --no-deps '{name}=={dist.version}'"
+    # RECORD read here, not through dist.files: that leaves out the files
+    # that are missing (importlib_metadata's skip_missing_files)
+    record = dist.read_text("RECORD")
+    if record is None:
+        return [_f("warning", f"{label}: has no RECORD: none of its files can be verified", fix)]
+    import csv
+
+    findings: list[Finding] = []
+    checked = unhashed = 0
+    for row in csv.reader(record.splitlines()):
+        if not row:
+            continue
+        mode, _, value = (row[1] if len(row) > 1 else "").partition("=")
+        if not value:
+            unhashed += 1  # RECORD itself, compiled bytecode, files made at install
+            continue
+        path = dist.locate_file(row[0])
+        digest = _digest(str(path), mode)
+        if digest is None:
+            findings.append(_f("error", f"{label}: {path} is missing (RECORD lists it)", fix))
+        elif digest == "unknown":
+            unhashed += 1
+        elif digest != value:
+            findings.append(_f("error", f"{label}: {path} differs from the sha256 in its RECORD "
+                                        "(changed after it was installed)", fix))
+        else:
+            checked += 1
+    bad = len(findings)
+    text = f"{label}: {checked} of {checked + bad} files listed with a hash match their RECORD"
+    if unhashed:
+        text += f" ({unhashed} listed without one, not checked)"
+    if _editable(dist):  # nothing to fix: said so that no one takes the sources as checked
+        findings.append(_f("ok", text + "; an editable install: its sources live in its project directory, "
+                                        "which RECORD does not list, so they were not checked"))
+    elif checked + bad == 0:
+        findings.append(_f("warning", text + ": nothing could be verified", fix))
+    else:
+        findings.append(_f("ok", text) if not bad else _f("error", text, fix))
+    return findings
+
+
+def _digest(path: str, mode: str) -> str | None:
+    """The urlsafe base64 digest RECORD uses; None: no such file;
+    ``"unknown"``: a hash this Python does not have."""
+    import base64
+    import hashlib
+
+    try:
+        h = hashlib.new(mode)
+    except ValueError:
+        return "unknown"
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        return None
+    return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+
+
+def _editable(dist: Any) -> bool:
+    import json
+
+    try:
+        data = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        return False
+    return bool(data.get("dir_info", {}).get("editable"))

@@ -58,7 +58,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         names=("torch.optim.optimizer._foreach_supported_types", "torch.utils._foreach_utils",
                "torch.utils._foreach_utils._foreach_supported_types"),
-        files=("pjrt_host/_torch/_patches.py",),
+        files=("pjrt_host/_torch/_patches/__init__.py",),
         why="torch.optim and clip_grad_norm_ take their foreach path (one op over all parameters) only for "
             "tensor types on these lists; DTensor adds itself the same way (torch/distributed/tensor).",
         fallback="the 'foreach' patch warns and is off: optimizers take their per-parameter step on 'jax' "
@@ -90,7 +90,7 @@ INTERNALS: tuple[Internal, ...] = (
         names=("torch._C._acc.PrivateUse1Hooks", "torch._C._acc.DeviceGuard",
                "torch._C._acc.register_python_privateuseone_hook",
                "torch._C._acc.register_python_privateuseone_device_guard", "torch._C._autograd.DeviceType"),
-        files=("pjrt_host/_torch/_privateuse1.py",),
+        files=("pjrt_host/_torch/_boot/_privateuse1.py",),
         why="the accelerator hooks and device guard torch's C++ side asks a PrivateUse1 device (is_available, "
             "the current device for autograd's streams); torch offers them to Python only here.",
         fallback="none: registration fails and there is no 'jax' device; torch's openreg test backend shows "
@@ -100,7 +100,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("torch._register_device_module",),
-        files=("pjrt_host/_torch/_privateuse1.py",),
+        files=("pjrt_host/_torch/_boot/_privateuse1.py",),
         why="makes `torch.jax` (the device module torch.cuda is for CUDA); what rename_privateuse1_backend "
             "documents as the next step.",
         fallback="none: `torch.jax` is missing and registration fails.",
@@ -109,8 +109,8 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         names=("torch._C._get_privateuse1_backend_name", "torch._C._get_accelerator",
                "torch._C._accelerator_getAccelerator"),
-        files=("pjrt_host/_torch/_privateuse1.py", "pjrt_host/_torch/_builtin.py",
-               "pjrt_host/_torch/_accelerator.py", "pjrt_host/_torch/_storage_bridge.py"),
+        files=("pjrt_host/_torch/_boot/_privateuse1.py", "pjrt_host/_torch/_boot/_builtin.py",
+               "pjrt_host/_torch/_torch_accelerator.py", "pjrt_host/_torch/_storage_bridge.py"),
         why="who owns PrivateUse1 already (another backend: leave it) and which accelerator torch would "
             "use, read without initialising any device.",
         fallback="none: registration raises AttributeError at the first 'jax' tensor.",
@@ -120,17 +120,17 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         names=("torch._C.TensorBase", "torch.Tensor._make_wrapper_subclass",
                "torch._C._disabled_torch_function_impl"),
-        files=("pjrt_host/_torch/_tensor.py", "pjrt_host/_torch/_engine.py"),
+        files=("pjrt_host/_torch/_tensor.py",),
         why="a 'jax' tensor is a wrapper subclass holding a jax array (the way torch's own subclasses, "
             "DTensor and FakeTensor, are made); its __torch_function__ is torch's disabled one so that "
             "subclass handling costs nothing per op.",
         fallback="none: no 'jax' tensor can be made.",
-        pins=("tests/test_torch_factories.py", "tests/test_torch_device.py"),
+        pins=("tests/test_torch_factories.py", "tests/test_torch_tensor_objects.py"),
     ),
     Internal(
         names=("torch._C.DispatchKey", "torch._C.DispatchKeySet", "torch._C._ExcludeDispatchKeyGuard",
                "torch._C._dispatch_has_kernel_for_dispatch_key", "._op_dk"),
-        files=("pjrt_host/_torch/_dispatch.py", "pjrt_host/_torch/_autocast.py"),
+        files=("pjrt_host/_torch/_dispatch.py", "pjrt_host/_torch/_boot/_autocast.py"),
         why="kernels registered per dispatch key, torch's own kernels of a key for a composite op "
             "(`OpOverload._op_dk`, what `OpOverload.decompose` uses), re-dispatch below the device's key, "
             "and whether an in-place op has an ADInplaceOrView kernel (the foreach ops have none: the "
@@ -143,18 +143,18 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("._schema",),
-        files=("pjrt_host/_torch/_dispatch.py", "pjrt_host/_torch/_engine.py", "pjrt_host/_torch/_cpu_fallback.py",
+        files=("pjrt_host/_torch/_dispatch.py", "pjrt_host/_torch/_signatures.py", "pjrt_host/_torch/_cpu_fallback.py",
                "pjrt_host/_torch/_view_ops.py", "pjrt_host/_torch/_c10d/_functional.py",
                "pjrt_host/_torch/_c10d/_dispatcher_ops.py", "pjrt_host/_compile/_interpreter.py"),
         why="an OpOverload's schema (argument names, alias and write annotations): how in-place, out= and "
             "view ops are told apart; torch has no public accessor.",
         fallback="none: every op fails to dispatch.",
-        pins=("tests/test_torch_device.py", "tests/test_torch_views.py"),
+        pins=("tests/test_torch_cpu_parity.py", "tests/test_torch_views.py"),
         probe="torch.ops.aten.add.Tensor",
     ),
     Internal(
         names=("torch._ops.OpOverload", "torch._ops.OpOverloadPacket", "torch._ops.HigherOrderOperator"),
-        files=("pjrt_host/_compile/_backend.py", "pjrt_host/_compile/_interpreter.py",
+        files=("pjrt_host/_compile/_dynamo_backend.py", "pjrt_host/_compile/_interpreter.py",
                "pjrt_host/_torch/_modules.py"),
         why="isinstance checks on graph node targets (torch exports these classes only from torch._ops).",
         fallback="none: graphs cannot be interpreted.",
@@ -226,7 +226,7 @@ INTERNALS: tuple[Internal, ...] = (
     # -- modules, autograd, generators --------------------------------------------------------
     Internal(
         names=("torch.nn.Module._apply", "._parameters"),
-        files=("pjrt_host/_torch/_patches.py", "pjrt_host/_torch/_modules.py"),
+        files=("pjrt_host/_torch/_patches/__init__.py", "pjrt_host/_torch/_modules.py"),
         why="module.to('jax') keeps parameter objects and tied weights (replaces `_apply`, listed in "
             "PATCHES; reads a module's own `_parameters`).",
         fallback="none: the patch fails to install.",
@@ -235,7 +235,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("torch.autograd._engine_run_backward", "torch._C._current_graph_task_id"),
-        files=("pjrt_host/_torch/_patches.py", "pjrt_host/_torch/_backward.py", "pjrt_host/_torch/_meta.py"),
+        files=("pjrt_host/_torch/_patches/__init__.py", "pjrt_host/_torch/_backward.py", "pjrt_host/_torch/_meta.py"),
         why="a device error inside backward raises at backward(), not abort() (the replacement is in "
             "PATCHES); whether the current thread is inside a backward.",
         fallback="none: the patch fails to install.",
@@ -243,7 +243,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("torch._C.Generator",),
-        files=("pjrt_host/_torch/_patches.py", "pjrt_host/_torch/_generators.py"),
+        files=("pjrt_host/_torch/_patches/__init__.py", "pjrt_host/_torch/_generators.py"),
         why="torch.Generator(device='jax'): torch.Generator is this C++ class, whose metaclass is patched "
             "(PATCHES).",
         fallback="none: the patch fails to install.",
@@ -272,7 +272,7 @@ INTERNALS: tuple[Internal, ...] = (
     # -- torch.compile --------------------------------------------------------------------------
     Internal(
         names=("torch._dynamo.backends", "torch._decomp.core_aten_decompositions"),
-        files=("pjrt_host/_compile/_backend.py",),
+        files=("pjrt_host/_compile/_dynamo_backend.py",),
         why="the backend is built on dynamo's `aot_autograd` helper (torch.compile backends have no "
             "public one) and decomposes with torch's core ATen table.",
         fallback="none: torch.compile(backend='jax') fails.",
@@ -299,10 +299,11 @@ INTERNALS: tuple[Internal, ...] = (
                "torch._C._dynamo.eval_frame._FrameExecStrategy", "torch._dynamo.symbolic_convert",
                "torch._dynamo.variables", "torch._dynamo.variables.torch_function._is_attr_overridden",
                "torch._guards.CompileContext"),
-        files=("pjrt_host/_torch/_hiding.py",),
+        files=("pjrt_host/_torch/_hiding.py", "pjrt_host/_torch/_patches/__init__.py"),
         why="dynamo sees a 'jax' tensor as a plain tensor: code marked SKIP for dynamo, 'this thread is "
             "compiling' from the CompileContext, and attribute reads under a torch-function mode "
-            "(docs/compile.md, 'Private torch behaviours').",
+            "(docs/compile.md, 'Private torch behaviours'; the replaced "
+            "TensorWithTFOverrideVariable.var_getattr is the 'dynamo_attributes' row of _patches.INVENTORY).",
         fallback="none: compiled graphs break at every 'jax' tensor or fail under a default-device mode.",
         pins=("tests/test_compile.py::test_pins_the_dynamo_internals_read_under_a_mode",
               "tests/test_compile.py::test_compiles_under_a_default_device_mode",

@@ -31,8 +31,10 @@ of devices, written at exit).
 Settings: ``PJRT_HOST_PROGRAM_CACHE=0`` (off), ``PJRT_HOST_CACHE_DIR``,
 ``PJRT_HOST_CACHE_MAX_BYTES``, ``PJRT_HOST_CACHE_PREFETCH=0`` (see
 :mod:`pjrt_host._env`).  A directory that
-cannot be made, or that another user owns, leaves the cache off with a
-warning: the device works the same, only colder.
+cannot be made, or that anyone but this user could write into or replace
+(``_program_files.private_directory``), leaves the cache off with a warning: the
+device works the same, only colder.  An entry file that is not whole, or
+not of this setting, is compiled again, never loaded (``_program_files.DiskStore``).
 """
 
 from __future__ import annotations
@@ -40,12 +42,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import threading
 import warnings
 from typing import Any
 
 from . import _env, _jax_settings
+from ._program_files import DiskStore, private_directory, safe_name
 
 __all__ = ["DiskStore", "Kept", "Spelt", "compiled", "configure", "directory", "learnt", "prefetch", "remember", "remembered",
            "stats",
@@ -58,6 +60,7 @@ _directory: str | None = None
 _counts = {"programs": 0, "disk_hits": 0, "disk_writes": 0, "untraced": 0, "prefetched": 0}
 _seconds = {"compile_seconds": 0.0}
 _listening = False
+_refused = False  #: the directory was refused (warned once)
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -85,15 +88,18 @@ def configure(plugin_name: str, plugin_identity: str = "") -> str | None:
     if _jax_settings.persistent_cache_dir() is not None:
         return None  # the user gave jax a cache directory of their own: it is used as they set it
     root = _env.program_cache_dir()
-    path = os.path.join(root, _safe(plugin_name), f"jaxlib-{jaxlib.__version__}")
-    problem = _private_directory(path)
+    path = os.path.join(root, safe_name(plugin_name), f"jaxlib-{jaxlib.__version__}")
+    problem = private_directory(path)
     if problem is not None:
-        warnings.warn(f"pjrt_host: compiled programs are not kept on disk: {problem}. Set PJRT_HOST_CACHE_DIR to "
-                      "a directory of your own, or PJRT_HOST_PROGRAM_CACHE=0 to silence this.", RuntimeWarning,
-                      stacklevel=3)
+        global _refused
+        if not _refused:  # once a process
+            _refused = True
+            warnings.warn(f"pjrt_host: compiled programs are not kept on disk: {problem}, or set "
+                          "PJRT_HOST_CACHE_DIR to another directory (PJRT_HOST_PROGRAM_CACHE=0 silences this).",
+                          RuntimeWarning, stacklevel=3)
         return None
     global _disk
-    store = _store(path, _env.program_cache_max_bytes())
+    store = _store(path, _env.program_cache_max_bytes(), f"jaxlib {jaxlib.__version__} {plugin_name}")
     if not _jax_settings.use_persistent_cache(path, store):
         return None  # the user gave jax a cache directory of their own: it is used as they set it
     _directory, _disk = path, store
@@ -373,7 +379,7 @@ def _key(name: str, signature: Any, device: Any) -> str | None:
     for part in (_setting_text(), repr(context), *where, name, text):
         h.update(part.encode())
         h.update(b"\0")
-    return f"pjrt_host-{_safe(name)}-{h.hexdigest()[:48]}"
+    return f"pjrt_host-{safe_name(name)}-{h.hexdigest()[:48]}"
 
 
 def _setting_text() -> str:
@@ -622,138 +628,41 @@ def _on_duration(event: str, duration: float, **_: Any) -> None:
             _seconds["compile_seconds"] += duration
 
 
-def _store(path: str, max_bytes: int) -> Any:
-    """A ``DiskStore`` of jax's cache interface (its base class is jax's)."""
+def _store(path: str, max_bytes: int, scope: str = "") -> Any:
+    """The program cache's store: ``_program_files.DiskStore`` as jax's
+    cache interface (its base class is jax's), noting which entry each
+    thread's compile read or wrote (:func:`compiled` keeps it a second way)."""
     from jax._src.compilation_cache_interface import CacheInterface
 
     global _Store
     if _Store is None:
-        _Store = type("DiskStore", (DiskStore, CacheInterface), {})
-    return _Store(path, max_bytes)
+        _Store = type("DiskStore", (_Entries, CacheInterface), {})
+    return _Store(path, max_bytes, f"{_FORMAT} {scope}")
 
 
 _Store: Any = None
 
 
-class DiskStore:
-    """Programs as files named by their key in one directory.
-
-    Writes are atomic (a temporary file renamed into place), so a process
-    reading while another writes sees a whole entry or none; a hit touches
-    the file's modification time, which orders eviction.  The directory's
-    size is read once per process and kept up to date from this process's
-    own writes; past ``max_bytes`` the least recently used entries go until
-    it is under 3/4 of it (another process's writes are seen at that scan).
-    """
-
-    _TMP = ".tmp-"
-
-    def __init__(self, path: str, max_bytes: int) -> None:
-        import pathlib
-
-        self._path = pathlib.Path(path)
-        self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-        self._size = self._scan()[1]
+class _Entries(DiskStore):
+    """The store, with what :func:`compiled` needs to know of jax's entries:
+    the key a thread's compile read or wrote, and jax's keys met in this
+    process (a fresh compile of the device's own is not answered from
+    jax's entry: it is compiled, to be kept untraced)."""
 
     def get(self, key: str) -> bytes | None:
         if _of_jax(key):
             if getattr(_local, "fresh", False) and key not in _jax_met:
                 return None  # compiled instead, to be kept (:func:`compiled`)
             _jax_met.add(key)
-        file = os.path.join(self._path, key)
-        try:
-            with open(file, "rb") as f:
-                data = f.read()
-        except OSError:  # absent, or evicted by another process meanwhile
-            return None
-        try:
-            os.utime(file)
-        except OSError:
-            pass
-        _local.read = key
+        data = super().get(key)
+        if data is not None:
+            _local.read = key
         return data
-
-    def remove(self, key: str) -> None:
-        try:
-            os.unlink(os.path.join(self._path, key))
-        except OSError:
-            pass
 
     def put(self, key: str, value: bytes, replace: bool = False) -> None:
         _local.written = key
         if _of_jax(key):
             _jax_met.add(key)
-        file = os.path.join(self._path, key)
-        if not replace and os.path.exists(file):
-            return
-        tmp = os.path.join(self._path, f"{self._TMP}{os.getpid()}-{threading.get_ident()}-{key}")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(value)
-            os.replace(tmp, file)
-        except OSError as err:  # a full disk loses an entry, never the program
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            warnings.warn(f"pjrt_host: a compiled program could not be written to {self._path}: {err}",
-                          RuntimeWarning, stacklevel=2)
-            return
-        with self._lock:
-            self._size += len(value)
-            over = self._size > self.max_bytes
-        if over:
-            self._evict()
-
-    def _scan(self) -> tuple[list[tuple[float, int, str]], int]:
-        entries = []
-        total = 0
-        try:
-            names = os.listdir(self._path)
-        except OSError:
-            return [], 0
-        for name in names:
-            try:
-                info = os.stat(os.path.join(self._path, name))
-            except OSError:
-                continue
-            if name.startswith(self._TMP):
-                continue
-            entries.append((info.st_mtime, info.st_size, name))
-            total += info.st_size
-        return entries, total
-
-    def _evict(self) -> None:
-        with self._lock:
-            entries, total = self._scan()
-            entries.sort()
-            target = self.max_bytes * 3 // 4
-            for _, size, name in entries:
-                if total <= target:
-                    break
-                try:
-                    os.unlink(os.path.join(self._path, name))
-                except OSError:
-                    continue
-                total -= size
-            self._size = total
+        super().put(key, value, replace)
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "plugin"
-
-
-def _private_directory(path: str) -> str | None:
-    """Make ``path`` (mode 0700) if needed; the reason it cannot be used, or
-    None."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.stat(path)
-    except OSError as err:
-        return f"{path} cannot be made ({err.strerror or err})"
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        return f"{path} belongs to another user"
-    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
-        return f"{path} is not writable"
-    return None

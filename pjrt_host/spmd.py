@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import math
-import sys
 import threading
 from typing import Any, Iterable, Sequence
 
@@ -40,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ._jax_settings import x64_api as _x64_api
 from . import _runtime
 from ._torch import _hiding
-from ._torch import _devices, _loader, _sharding, _tensor
+from ._torch import _devices, _loader, _sharded_storage, _sharding, _tensor
 from ._torch._tensor import JaxTensor
 
 __all__ = [
@@ -264,112 +263,19 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh | None, partition_spec: Iterable[A
     if _hiding.dynamo_compiling() or _traced(t):
         return torch.ops.pjrt_host.sharding_constraint(t, mesh._key, _sharding.spec_key(spec))
     t = _jax_tensor(t, "mark_sharding")
-    if t._view is not None and not _own_whole_storage(t):
-        spec = _storage_spec_of_reordering(t, spec)
-        if spec is None:
-            raise ShardingError(
-                f"pjrt_host.spmd.mark_sharding: the tensor of shape {tuple(t.shape)} is a view of a tensor of shape "
-                f"{t._storage.shape}; shard that tensor, or shard a copy (t.clone())")
-    storage = t._storage
+    held = _sharded_storage.storage_spec(t, spec)
+    if held is None:
+        raise ShardingError(
+            f"pjrt_host.spmd.mark_sharding: the tensor of shape {tuple(t.shape)} is a view of a tensor of shape "
+            f"{_sharded_storage.storage_shape(t)}; shard that tensor, or shard a copy (t.clone())")
     place = mesh._placement
-    if storage.device_index != place.index:
+    if t.device.index != place.index:
         raise ShardingError(
             f"pjrt_host.spmd.mark_sharding: the tensor of shape {tuple(t.shape)} is on {t.device}, but tensors "
             f"sharded over {mesh} report 'jax:{place.index}' (the lowest-numbered of its devices in this process); move it "
             f"there first (t.to('jax:{place.index}'), model.to('jax:{place.index}'))")
-    arr = _sharding.device_put(storage.get(), NamedSharding(mesh.jax_mesh, PartitionSpec(*spec)))
-    storage.array = arr
-    storage.place = place
-    storage.version += 1
-    _tensor.note_result(storage.device_index, arr)
-    if t.requires_grad and t.is_leaf and not getattr(t, "_pjrt_host_grad_follows", False):
-        t.register_post_accumulate_grad_hook(_grad_follows_parameter)
-        t._pjrt_host_grad_follows = True
+    _sharded_storage.shard(t, NamedSharding(mesh.jax_mesh, PartitionSpec(*held)), place)
     return t
-
-
-class _Holder:
-    slot: Any = None
-
-
-def _own_whole_storage(t: JaxTensor) -> bool:
-    """A contiguous reshape of its whole storage (``arange(128).reshape(8,
-    16)``, ``x.view(8, 16)``) that no other tensor shares: its storage takes
-    its shape, so it can be sharded as any tensor.  False for a view that
-    covers part of its storage, reorders it, or shares it (the base still
-    in use): sharding the storage would change the others."""
-    view = t._view
-    storage = t._storage
-    if view.kind != "reshape" or view.elem is not None or t.storage_offset() != 0 or t.numel() != storage.numel:
-        return False
-    return _reshape_storage(t, storage, tuple(t.shape))
-
-
-def _reshape_storage(t: JaxTensor, storage: Any, shape: tuple[int, ...]) -> bool:
-    """Give t's storage the row-major ``shape`` (its values' order kept),
-    when only t and its autograd base use the storage; t and the base then
-    read it through new views.  False where others may.  (The caller holds
-    ``storage`` in a local too: the reference count below counts on it.)"""
-    if storage.torch_storage is not None:
-        return False
-    # References: t's attribute (and its autograd base's, when the base is
-    # the storage's other tensor), the caller's local and this frame's
-    # argument, getrefcount's argument; counted inline beside an object held
-    # the same way (Python versions count differently).
-    base = t._base if isinstance(t._base, JaxTensor) and t._base._storage is storage else None
-    probe = _Holder()
-    probe.slot = marker = object()
-    other = marker  # noqa: F841 -- the caller's local, counted alike
-    if sys.getrefcount(storage) > sys.getrefcount(marker) + (base is not None):
-        return False
-    storage.array = storage.get().reshape(shape)
-    storage.shape = shape
-    storage.spec = _tensor.TensorSpec((storage.jax_dtype, shape, None))
-    storage.version += 1
-    t._view = _tensor.view_for(storage, tuple(t.shape), tuple(t.stride()), t.storage_offset())
-    if base is not None:  # the base reads the same storage through a reshape now
-        base._view = _tensor.view_for(storage, tuple(base.shape), tuple(base.stride()), base.storage_offset())
-    return True
-
-
-def _storage_spec_of_reordering(t: JaxTensor, spec: tuple) -> tuple | None:
-    """For a view that reorders the dims of its whole storage (``w.t()``,
-    ``x.permute(...)``): the storage's partition spec that splits the view
-    as ``spec`` asks; its base, sharing the storage, is split the same way.
-    None for any other view."""
-    view = t._view
-    if view.kind != "perm" or view.elem is not None:
-        return None
-    sorted_size, inverse = view.static[3]
-    storage = t._storage
-    if tuple(sorted_size) != tuple(storage.shape) and not _reshape_storage(t, storage, tuple(sorted_size)):
-        return None
-    spec = tuple(spec) + (None,) * (t.dim() - len(spec))
-    held = [None] * t.dim()
-    for d, axis in enumerate(spec):
-        held[inverse[d]] = axis
-    return tuple(held)
-
-
-def _grad_follows_parameter(p: torch.Tensor) -> None:
-    """A sharded leaf's gradient, once accumulated, is sharded like it:
-    what XLA propagates to a gradient may be replicated (an embedding's,
-    a bias's), and an optimizer's state made from it (SGD's momentum
-    ``clone(grad)``) would then be whole on every device."""
-    g = p.grad
-    if not isinstance(g, JaxTensor) or g.shape != p.shape or p._view is not None:
-        return
-    target = p._storage
-    if type(target.place) is int and type(g._storage.place) is int:
-        return
-    if g._view is None:
-        g._storage.array = _sharding.settle(g._storage.get(), target.get())
-        g._storage.place = target.place
-    elif g.is_contiguous() and g.storage_offset() == 0:
-        # A view (e.g. a slice of a fused gradient): the gradient gets its own storage.
-        arr = _sharding.settle(_tensor.read(g), target.get())
-        g._storage = _tensor.Storage(arr, tuple(g.shape), arr.dtype, target.device_index, target.place)
-        g._view = None
 
 
 @_x64_api
@@ -388,12 +294,7 @@ def with_sharding_constraint(t: torch.Tensor, mesh: Mesh | None, partition_spec:
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     """Gather ``t``'s storage onto its torch device (``t.device``): it is an
     unsharded tensor again.  Returns ``t``."""
-    t = _jax_tensor(t, "clear_sharding")
-    storage = t._storage
-    if type(storage.place) is not int:
-        storage.array = _sharding.device_put(storage.get(), _devices.sharding(storage.device_index))
-        storage.place = storage.device_index
-        storage.version += 1
+    _sharded_storage.unshard(_jax_tensor(t, "clear_sharding"))
     return t
 
 
@@ -410,12 +311,11 @@ def jax_array(t: torch.Tensor) -> jax.Array:
 def get_sharding(t: torch.Tensor) -> NamedSharding | None:
     """The ``NamedSharding`` of a sharded tensor; None for a tensor on one device."""
     t = _jax_tensor(t, "get_sharding")
-    if type(t._storage.place) is int:
+    place = _sharded_storage.placement(t)
+    if type(place) is int:
         return None
-    arr = t._storage.get() if t._view is None else _tensor.read(t)
-    s = arr.sharding
+    s = _tensor.read(t).sharding
     if not isinstance(s, NamedSharding):
-        place = t._storage.place
         s = NamedSharding(place.mesh, PartitionSpec())  # a layout jax gave without a spec
     return s
 

@@ -3,7 +3,7 @@ text, never answered with values (NaN, inf, a zero row, a silent cast).
 
 Value-dependent refusals (a probability, a class, a singular matrix) come
 at the next synchronisation point by default, naming the op, or at the op
-itself with ``check_indices='sync'``; dtype refusals come at the call."""
+itself with ``checks='sync'``; dtype refusals come at the call."""
 
 from __future__ import annotations
 
@@ -55,6 +55,8 @@ CASES = {
         torch.arange(6.0, device=d), "sum", lengths=torch.tensor([2, 3], device=d)),
     "segment_reduce negative length": lambda d: torch.segment_reduce(
         torch.arange(6.0, device=d), "sum", lengths=torch.tensor([3, -1, 4], device=d)),
+    "segment_reduce decreasing offsets": lambda d: torch.segment_reduce(
+        torch.arange(6.0, device=d), "sum", offsets=torch.tensor([0, 4, 2, 6], device=d)),
     "embedding_bag offsets not from 0": lambda d: F.embedding_bag(
         torch.tensor([1, 2, 4, 5], device=d), torch.ones(10, 3, device=d), torch.tensor([1, 3], device=d)),
     "embedding_bag offsets past the indices": lambda d: F.embedding_bag(
@@ -62,6 +64,18 @@ CASES = {
     "embedding_bag decreasing offsets": lambda d: F.embedding_bag(
         torch.tensor([1, 2, 4, 5], device=d), torch.ones(10, 3, device=d), torch.tensor([0, 3, 1], device=d)),
     "poisson of a negative rate": lambda d: torch.poisson(torch.tensor([1.0, -1.0], device=d)),
+    # a sorter index outside the sequence: a clipped read gave a position
+    "searchsorted sorter past the sequence": lambda d: torch.searchsorted(
+        torch.tensor([3.0, 1.0, 2.0], device=d), torch.tensor([1.5, 2.5], device=d),
+        sorter=torch.tensor([1, 2, 3], device=d)),
+    "searchsorted negative sorter": lambda d: torch.searchsorted(
+        torch.tensor([3.0, 1.0, 2.0], device=d), torch.tensor(2.5, device=d), sorter=torch.tensor([1, 2, -1], device=d)),
+    # a range that is not finite, or upside down: the counts were of whatever bins that made
+    "histc of an infinite range": lambda d: torch.histc(torch.tensor([0.5, 1.5], device=d), bins=4, min=0, max=INF),
+    "histogram of an infinite range": lambda d: torch.histogram(torch.tensor([0.5, 1.5], device=d), bins=4,
+                                                                range=(0.0, INF)),
+    "histogram of a range upside down": lambda d: torch.histogram(torch.tensor([0.5, 1.5], device=d), bins=4,
+                                                                  range=(3.0, 1.0)),
     "multinomial of more draws than categories": lambda d: torch.multinomial(torch.tensor([0.5, 0.5], device=d), 3),
     "arange beyond int64": lambda d: torch.arange(0, 1e20, device=d),
     # integer division by zero: CPU's kernels refuse it, jax gives -1, 0 or the dividend
@@ -192,6 +206,19 @@ GOOD = {
     "ctc_loss with CPU length tensors": lambda d: _ctc(d, [6, 4], [3, 1], torch.tensor, "sum"),
     "segment_reduce lengths with an empty segment": lambda d: torch.segment_reduce(
         torch.arange(6.0, device=d), "sum", lengths=torch.tensor([2, 0, 4], device=d)),
+    "segment_reduce offsets not from 0 and short of the data": lambda d: torch.segment_reduce(
+        torch.arange(6.0, device=d), "sum", offsets=torch.tensor([1, 3, 5], device=d)),
+    "embedding_bag of every row, 2-d": lambda d: F.embedding_bag(
+        torch.tensor([[0, 9], [3, 3]], device=d), torch.arange(30.0, device=d).view(10, 3)),
+    "searchsorted with a sorter": lambda d: torch.searchsorted(
+        torch.tensor([3.0, 1.0, 2.0], device=d), torch.tensor([1.5, 2.5, 9.0], device=d), right=True,
+        sorter=torch.tensor([1, 2, 0], device=d)),
+    "histc of the input's own range": lambda d: torch.histc(torch.tensor([0.5, 1.5, 3.0], device=d), bins=4),
+    "histc of a given range over infinite values": lambda d: torch.histc(
+        torch.tensor([0.5, INF, NAN], device=d), bins=4, min=0, max=2),
+    "histogram of the input's own range": lambda d: torch.histogram(
+        torch.tensor([0.5, 1.5, 3.0], device=d), bins=3)[0],
+    "lstsq of a finite A": lambda d: torch.linalg.lstsq(torch.eye(3, 2, device=d), torch.ones(3, 1, device=d)).solution,
     "embedding_bag with an empty bag": lambda d: F.embedding_bag(
         torch.tensor([1, 2, 4, 5], device=d), torch.arange(30.0, device=d).view(10, 3), torch.tensor([0, 2, 2], device=d)),
     # targets equal to ignore_index lie outside the classes and are skipped
@@ -282,13 +309,62 @@ def _outcome(fn, device):
 def test_the_device_refuses_what_cpu_refuses(case, mode):
     want = _outcome(CASES[case], "cpu")
     assert want[0] == "raised", f"CPU accepts {case}: not a bad input"
-    with pjrt_host.config(check_indices=mode):
+    with pjrt_host.config(checks=mode):
         got = _outcome(CASES[case], "jax")
     assert got[0] == "raised", f"{case}: 'jax' returned {got[1]} where CPU raised {want[1].__name__}: {want[2]}"
     assert issubclass(got[1], want[1]) or got[1].__name__ == want[1].__name__, (case, got, want)
     # LAPACK's own error code (where its iteration stopped) is CPU's alone
     text = want[2].split("\n")[0].split(" (error code:")[0]
     assert got[2].startswith(text), f"{case}: {got[2]!r} is not CPU's {text!r}"
+
+
+# Where CPU raises with values the device's check cannot carry in its
+# verdict (the input's own least and greatest values; MKL's argument
+# number): the same exception type, a message that starts alike.
+CASES_IN_OTHER_WORDS = {
+    "histc of an input holding inf": (lambda d: torch.histc(torch.tensor([0.5, INF], device=d), bins=4),
+                                      "torch.histc: range of [min, max] of the input is not finite"),
+    "histc of an input holding NaN": (lambda d: torch.histc(torch.tensor([0.5, NAN], device=d), bins=4, min=1, max=1),
+                                      "torch.histc: range of [min, max] of the input is not finite"),
+    "histogram of an input holding inf": (
+        lambda d: torch.histogram(torch.tensor([0.5, -INF], device=d), bins=4),
+        "torch.histogramdd: dimension 0's range [min, max] of the input is not finite"),
+    # CPU names the index's position too, or (its path for 1-d indices with
+    # offsets) says "Expected i < index_size"
+    "embedding_bag of an index past the table": (
+        lambda d: F.embedding_bag(torch.tensor([[1, 12]], device=d), torch.ones(10, 3, device=d)),
+        "Index of input takes value 12 which is not in the valid range [0, 10)"),
+    "embedding_bag of a negative index with offsets": (
+        lambda d: F.embedding_bag(torch.tensor([1, -2, 4], device=d), torch.ones(10, 3, device=d),
+                                  torch.tensor([0, 2], device=d)),
+        "Index of input takes value -2 which is not in the valid range [0, 10)"),
+    "embedding_bag of an index past the table with offsets": (
+        lambda d: F.embedding_bag(torch.tensor([1, 2, 12], device=d), torch.ones(10, 3, device=d),
+                                  torch.tensor([0, 2], device=d)),
+        "Index of input takes value 12 which is not in the valid range [0, 10)"),
+    "lstsq of a NaN in A": (lambda d: torch.linalg.lstsq(torch.tensor([[1.0, NAN], [3.0, 4.0], [5.0, 6.0]], device=d),
+                                                         torch.ones(3, 1, device=d)).solution,
+                            "torch.linalg.lstsq: A has illegal value: it holds NaN"),
+    "lstsq of a NaN in B": (lambda d: torch.linalg.lstsq(torch.eye(3, 2, device=d),
+                                                         torch.full((3, 1), NAN, device=d)).solution,
+                            "torch.linalg.lstsq: B has illegal value: it holds NaN"),
+}
+
+
+@pytest.mark.parametrize("mode", [True, "sync"])
+@pytest.mark.parametrize("case", sorted(CASES_IN_OTHER_WORDS))
+def test_the_device_refuses_what_cpu_refuses_in_its_own_words(case, mode):
+    fn, text = CASES_IN_OTHER_WORDS[case]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = _outcome(fn, "cpu")
+    if want[0] != "raised":  # lstsq: MKL refuses NaN as an illegal argument; other LAPACKs solve
+        pytest.skip(f"this build's CPU kernel accepts {case}")
+    with pjrt_host.config(check_indices=mode):
+        got = _outcome(fn, "jax")
+    assert got[0] == "raised" and got[1] is want[1], (case, got, want)
+    assert got[2].startswith(text), got[2]
+    assert ("found at the next synchronisation point" in got[2]) == (mode is True)
 
 
 @pytest.mark.parametrize("case", sorted(GOOD))
@@ -309,7 +385,7 @@ def test_a_value_check_names_the_op_when_found_later():
 
 
 def test_checks_off_gives_the_unchecked_values():
-    with pjrt_host.config(check_indices=False):
+    with pjrt_host.config(checks=False):
         row = F.one_hot(torch.tensor([-1], device="jax"), 3).cpu()
     assert row.tolist() == [[0, 0, 0]]
 
@@ -410,7 +486,7 @@ def test_an_ops_own_refusal_comes_before_its_index_check():
     answer, not the check's own IndexError."""
     with pytest.raises(RuntimeError, match="'weight' must be 2-D"):
         F.embedding(torch.tensor([0, 1], device="jax"), torch.tensor(2.0, device="jax"))
-    with pjrt_host.config(check_indices="sync"):
+    with pjrt_host.config(checks="sync"):
         with pytest.raises(IndexError, match="index out of range in self"):
             F.embedding(torch.tensor([0, 5], device="jax"), torch.randn(3, 2, device="jax"))
 

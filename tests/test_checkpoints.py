@@ -115,6 +115,24 @@ def test_untyped_storage_of_jax_tensors():
         as_bytes.zero_()
 
 
+@pytest.mark.parametrize("how", ["eager", "out=", "compiled"])
+def test_a_read_only_snapshot_refuses_writes_and_keeps_its_values(how):
+    # A storage read as another dtype is a snapshot: a write would not reach
+    # the tensor.  It is refused before anything runs, so the snapshot (and
+    # the buffer a write would have given up) stays readable; a compiled
+    # graph that writes its input refuses as eager does, not silently.
+    x = torch.arange(4.0, device=DEV)
+    snapshot = torch.empty(0, dtype=torch.int32, device=DEV).set_(x.untyped_storage())
+    before = snapshot.cpu().clone()
+    write = {"eager": lambda t: t.add_(1),
+             "out=": lambda t: torch.add(t, 1, out=t),
+             "compiled": torch.compile(lambda t: t.add_(1), backend="jax")}[how]
+    with pytest.raises(RuntimeError, match="write the tensor itself"):
+        write(snapshot)
+    assert torch.equal(snapshot.cpu(), before)
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_storages_made_for_the_device():
     st = torch.UntypedStorage(16, device=DEV)
     assert st.device.type == DEV and st.nbytes() == 16
@@ -264,7 +282,7 @@ def test_transformers_save_pretrained_and_from_pretrained(tmp_path):
 
 
 def test_registration_patches_are_exactly_the_inventory():
-    from pjrt_host._torch import _accelerator, _patches
+    from pjrt_host._torch import _patches, _torch_accelerator
 
     torch.ones(1, device=DEV)  # the backward hook comes with the first 'jax' tensor
 
@@ -279,7 +297,7 @@ def test_registration_patches_are_exactly_the_inventory():
             assert getattr(resolve(name), "_pjrt_host", False), name
     assert getattr(type(torch._C.Generator).__call__, "_pjrt_host", False)
     wrapped = {n for n in dir(torch.accelerator) if getattr(getattr(torch.accelerator, n), "_pjrt_host", False)}
-    assert wrapped == set(_accelerator.FUNCTIONS)
+    assert wrapped == set(_torch_accelerator.FUNCTIONS)
     # Nothing else of torch.Tensor / UntypedStorage / nn.Module / TransformerEncoder is ours.
     for cls, path in ((torch.Tensor, "torch.Tensor"), (torch.UntypedStorage, "torch.UntypedStorage"),
                       (torch.nn.Module, "torch.nn.Module"), (torch.nn.TransformerEncoder, "torch.nn.TransformerEncoder")):

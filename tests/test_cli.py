@@ -133,3 +133,109 @@ def test_doctor_reads_the_c_api_version_of_a_library(site, libs):
 def test_main_module_without_command_prints_help():
     proc = run_cli()
     assert proc.returncode == 2 and "list" in proc.stdout
+
+
+def _tiny_wheel(where) -> str:
+    """A wheel of a small plugin distribution, built here (a zip with a
+    RECORD of sha256 hashes, as any build backend writes)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = "tiny_pjrt-1.0.dist-info"
+    files = {
+        "tiny_pjrt/__init__.py": "from pjrt_host import DevicePlugin\n\nclass Plugin(DevicePlugin):\n    pass\n",
+        "tiny_pjrt/table.txt": "numbers the plugin reads\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: tiny-pjrt\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/entry_points.txt": "[torch_xla.plugins]\ntiny = tiny_pjrt:Plugin\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
+    wheel = where / "tiny_pjrt-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return str(wheel)
+
+
+def test_doctor_verify_names_a_changed_or_missing_file_of_a_pip_installed_plugin(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import Site
+
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                           "--target", str(target), _tiny_wheel(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    site = Site(target)
+    env = {"PJRT_HOST_PLUGINS": "cpu_ref,tiny"}
+    clean = run_cli("doctor", "--verify", site=site, env=env)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    # pip's RECORD lists the two files, the metadata and what pip adds
+    # (INSTALLER ...), each with its hash; bytecode pip compiled without one
+    import re
+
+    listed = re.search(r"\[ok\] tiny-pjrt 1.0: (\d+) of \1 files listed with a hash match their RECORD", clean.stdout)
+    assert listed and int(listed.group(1)) >= 6, clean.stdout
+    listed = int(listed.group(1))
+    # this repository's own (editable) install: said what was and was not checked
+    assert "pjrt-host " in clean.stdout and "RECORD" in clean.stdout
+
+    (target / "tiny_pjrt" / "table.txt").write_text("numbers someone changed\n")
+    (target / "tiny_pjrt-1.0.dist-info" / "entry_points.txt").unlink()
+    (target / "tiny_pjrt-1.0.dist-info" / "entry_points.txt").write_text("[torch_xla.plugins]\ntiny = tiny_pjrt:Plugin\n\n")
+    (target / "tiny_pjrt-1.0.dist-info" / "INSTALLER").unlink()
+    tampered = run_cli("doctor", "--verify", site=site, env=env)
+    assert tampered.returncode == 1, tampered.stdout + tampered.stderr
+    out = tampered.stdout
+    assert (f"[error] tiny-pjrt 1.0: {target / 'tiny_pjrt' / 'table.txt'} differs from the sha256 in its RECORD "
+            "(changed after it was installed)") in out, out
+    assert f"{target / 'tiny_pjrt-1.0.dist-info' / 'entry_points.txt'} differs" in out
+    assert f"[error] tiny-pjrt 1.0: {target / 'tiny_pjrt-1.0.dist-info' / 'INSTALLER'} is missing (RECORD lists it)" in out
+    assert "fix: pip install --force-reinstall --no-deps 'tiny-pjrt==1.0'" in out
+    assert f"[error] tiny-pjrt 1.0: {listed - 3} of {listed} files listed with a hash match their RECORD" in out
+    assert "__init__.py differs" not in out
+
+
+def test_doctor_verify_without_hashes_says_nothing_was_verified(site):
+    site.add_plugin("bare-pjrt", "bare", "")  # a RECORD with no hashes
+    proc = run_cli("doctor", "--verify", site=site, env={"PJRT_HOST_PLUGINS": "bare"})
+    assert "[warning] bare-pjrt 1.0: 0 of 0 files listed with a hash match their RECORD (4 listed without one, " \
+           "not checked): nothing could be verified" in proc.stdout, proc.stdout
+
+
+def test_doctor_verify_imports_neither_torch_nor_jax(site):
+    site.add_plugin("bare-pjrt", "bare", "")
+    code = ("import sys\nfrom pjrt_host._cli import main\nmain(['doctor', '--verify'])\n"
+            "print('HEAVY', sorted(m for m in ('jax', 'jaxlib', 'torch') if m in sys.modules))")
+    proc = run_python(["-c", code], site=site, env={"PJRT_HOST_PLUGINS": "cpu_ref,bare"})
+    assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+
+
+INTERNAL_COMMANDS = ("_check_section", "_probe", "_capi_version")
+
+
+def test_help_lists_only_the_public_commands_and_the_internal_ones_still_run(tmp_path):
+    """The package's own child-process commands are not offered to users
+    (argparse printed them as ``==SUPPRESS==``), in ``--help`` or in the
+    error for an unknown command, yet each still runs."""
+    proc = run_python(["-m", "pjrt_host", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    for public in ("list", "info", "doctor", "check", "launch"):
+        assert f"    {public} " in proc.stdout, proc.stdout
+    for name in (*INTERNAL_COMMANDS, "SUPPRESS"):
+        assert name not in proc.stdout, proc.stdout
+    unknown = run_cli("nope")
+    assert unknown.returncode == 2 and "invalid choice: 'nope'" in unknown.stderr, unknown.stderr
+    assert "'launch'" in unknown.stderr and not any(name in unknown.stderr for name in INTERNAL_COMMANDS)
+    for name in INTERNAL_COMMANDS:
+        usage = run_cli(name, "--help")
+        assert usage.returncode == 0 and f"python -m pjrt_host {name}" in usage.stdout, usage.stderr
+    missing = tmp_path / "missing.so"
+    capi = run_cli("_capi_version", str(missing))
+    assert capi.returncode == 0 and str(missing) in json.loads(capi.stdout)["error"], capi.stdout

@@ -31,7 +31,7 @@ pytest.importorskip("jax")
 import torch._dynamo  # noqa: E402
 
 import pjrt_host  # noqa: E402,F401
-from pjrt_host._compile import _backend, _door, _graph_runtime  # noqa: E402
+from pjrt_host._compile import _door, _dynamo_backend, _graph_runtime  # noqa: E402
 
 from conftest import run_python  # noqa: E402
 from test_torch_training import TinyTransformer, batches, token_batches  # noqa: E402
@@ -86,7 +86,7 @@ def counting_backend(inner="jax"):
     def compiler(gm, example_inputs):
         graphs.append(gm)
         if inner == "jax":
-            return _backend.backend(gm, example_inputs)
+            return _dynamo_backend.backend(gm, example_inputs)
         return torch._dynamo.lookup_backend(inner)(gm, example_inputs)
 
     return compiler, graphs
@@ -109,7 +109,7 @@ def test_backend_is_registered_and_loads_lazily():
     code = (
         "import sys, torch\n"
         "assert 'jax' not in sys.modules, 'import torch imported jax'\n"
-        "assert 'pjrt_host._compile._backend' not in sys.modules\n"
+        "assert 'pjrt_host._compile._dynamo_backend' not in sys.modules\n"
         "import torch._dynamo\n"
         "assert 'jax' in torch._dynamo.list_backends(), torch._dynamo.list_backends()\n"
         "f = torch.compile(lambda x: (x * 2).sin(), backend='jax', fullgraph=True)\n"
@@ -117,7 +117,7 @@ def test_backend_is_registered_and_loads_lazily():
         "y = f(x)\n"
         "assert type(y) is torch.Tensor and y.device.type == 'cpu'\n"
         "torch.testing.assert_close(y, (x * 2).sin())\n"
-        "assert 'pjrt_host._compile._backend' in sys.modules\n"
+        "assert 'pjrt_host._compile._dynamo_backend' in sys.modules\n"
         "print('ok')\n")
     proc = run_python(["-c", code], env={"JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -585,7 +585,7 @@ def test_compiles_under_a_default_device_mode():
 
 
 def test_pins_the_dynamo_internals_read_under_a_mode():
-    """pjrt_host._torch._hiding replaces dynamo's attribute read for 'jax'
+    """pjrt_host._torch._hiding.attributes_under_modes replaces dynamo's attribute read for 'jax'
     tensors under a torch-function mode with these functions; a torch that
     renames them must fail here, not silently at a user's compile."""
     from torch._dynamo.variables import torch_function as tf

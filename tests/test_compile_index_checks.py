@@ -1,6 +1,6 @@
 """Out-of-range indices in compiled programs (torch.compile(backend='jax'),
 assume_pure, call_torch) raise the error eager mode raises, at the next
-synchronisation point (pjrt_host.config(check_indices=...)): an XLA gather
+synchronisation point (pjrt_host.config(checks=...)): an XLA gather
 or scatter would clip or drop them.  So do the argument values eager
 refuses (an integer division by zero, a probability outside [0, 1])."""
 
@@ -53,7 +53,7 @@ OPS = {
 
 
 def eager_error(fn, *args):
-    with pjrt_host.config(check_indices="sync"), pytest.raises(Exception) as caught:
+    with pjrt_host.config(checks="sync"), pytest.raises(Exception) as caught:
         fn(*args)
     return caught.value
 
@@ -71,7 +71,7 @@ def test_compiled_op_raises_eagers_error_at_the_next_synchronisation(op):
     text = str(caught.value)
     assert text.startswith(str(expected)), text
     assert op.split(" ")[0] in text and "torch.compile(backend='jax')" in text
-    assert "next synchronisation point" in text and "check_indices" in text
+    assert "next synchronisation point" in text and "checks" in text
     assert __file__ in text  # the line of user code that called the op
 
 
@@ -122,14 +122,14 @@ def test_negatives_out_of_range_and_where_torch_refuses_them():
 def test_sync_raises_at_the_call():
     x = torch.arange(10.0, device="jax")
     f = torch.compile(lambda x, i: x[i] * 2, backend="jax")
-    with pjrt_host.config(check_indices="sync"), pytest.raises(IndexError, match="found at the call"):
+    with pjrt_host.config(checks="sync"), pytest.raises(IndexError, match="found at the call"):
         f(x, torch.tensor([12], device="jax"))
 
 
 def test_off_compiles_without_the_check():
     x = torch.arange(10.0, device="jax")
     f = torch.compile(lambda x, i: x[i] * 2, backend="jax")
-    with pjrt_host.config(check_indices=False):
+    with pjrt_host.config(checks=False):
         out = f(x, torch.tensor([3, 12], device="jax"))
         torch.jax.synchronize()
     assert out.cpu().tolist()[0] == 6.0  # the second value is what the lowering makes of 12: unchecked
@@ -162,7 +162,7 @@ def test_training_step_with_valid_tokens_matches_unchecked():
         return loss.item(), model[0].weight.grad.cpu()
 
     loss_on, grad_on = step()
-    with pjrt_host.config(check_indices=False):
+    with pjrt_host.config(checks=False):
         loss_off, grad_off = step()
     assert loss_on == loss_off and torch.equal(grad_on, grad_off)
     with pytest.raises(IndexError, match="index out of range in self.*aten::embedding.*forward graph"):
@@ -189,9 +189,9 @@ def test_assume_pure_checks_its_indices():
     with pytest.raises(IndexError, match=r"index 12 is out of bounds.*aten::index.*assume_pure"):
         torch.jax.synchronize()
     assert f(x, torch.tensor([-1, 0], device="jax")).cpu().tolist() == [18.0, 0.0]
-    with pjrt_host.config(check_indices=False):
+    with pjrt_host.config(checks=False):
         f(x, torch.tensor([12], device="jax")).cpu()  # unchecked: no error
-    with pjrt_host.config(check_indices="sync"), pytest.raises(IndexError, match="found at the call"):
+    with pjrt_host.config(checks="sync"), pytest.raises(IndexError, match="found at the call"):
         f(x, torch.tensor([12], device="jax"))
 
 
@@ -226,6 +226,9 @@ VALUE_OPS = {
     "aten::binary_cross_entropy": (lambda p, t: nn.functional.binary_cross_entropy(p, t), (_floats(0.5, 1.5), _floats(0, 1)),
                                    (_floats(0.5, 0.25), _floats(0, 1))),
     "aten::bernoulli": (lambda p: torch.bernoulli(p) * 0, (_floats(0.5, -0.5),), (_floats(0.5, 1.0),)),
+    "aten::searchsorted": (lambda s, v, i: torch.searchsorted(s, v, sorter=i),
+                           (_floats(3, 1, 2), _floats(1.5, 2.5), _ints(1, 2, 3)),
+                           (_floats(3, 1, 2), _floats(1.5, 2.5), _ints(1, 2, 0))),
 }
 
 
@@ -242,7 +245,7 @@ def test_compiled_op_refuses_the_values_eager_refuses(op):
     assert op in text and "torch.compile(backend='jax')" in text and f"called from {__file__}:" in text
     # the same program with values CPU accepts gives CPU's result
     assert compiled(*good).cpu().tolist() == fn(*(a.cpu() for a in good)).tolist()
-    with pjrt_host.config(check_indices="sync"), pytest.raises(type(expected), match="found at the call"):
+    with pjrt_host.config(checks="sync"), pytest.raises(type(expected), match="found at the call"):
         compiled(*bad)
 
 
@@ -268,7 +271,7 @@ def test_value_checks_under_checkify_and_off():
     err, out = checked(a, jax.numpy.array([2, 7]))
     assert err.get() is None and out.tolist() == [2, 1]
     compiled = torch.compile(fn, backend="jax")
-    with pjrt_host.config(check_indices=False):
+    with pjrt_host.config(checks=False):
         compiled(_ints(5, 7), _ints(2, 0)).cpu()  # unchecked: jax's value, no error
     torch.jax.synchronize()
 

@@ -29,7 +29,7 @@ def _public(cls) -> list[str]:
 
 
 def all_calls() -> list[str]:
-    from pjrt_host._torch import _torch_jax
+    from pjrt_host._torch._boot import _torch_jax
 
     calls = [f"tensor:{n}:{a}" for n in _public(torch.Tensor) for a in TENSOR_ARGS]
     calls += [f"storage:{n}:{a}" for n in _public(torch.UntypedStorage) for a in STORAGE_ARGS]

@@ -84,8 +84,8 @@ def test_an_index_error_raises_at_the_op_in_sync_mode():
         with pytest.raises(RuntimeError, match="probability tensor contains") as info:
             torch.multinomial(torch.tensor([-1.0, 1.0], device="jax"), 1)
         assert _line_raised_from(info.value).startswith("torch.multinomial(")
-        # check_indices=False still turns the checks off
-        with pjrt_host.config(check_indices=False):
+        # checks=False still turns the checks off
+        with pjrt_host.config(checks=False):
             x[bad].cpu()
 
 

@@ -9,6 +9,7 @@ reason.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,8 @@ PACKAGE = REPO / "pjrt_host"
 ALLOWED_UPWARD = {
     # autoload runs inside `import torch` and must stay cheap: the package
     # names the device and imports its registration only when torch calls in.
-    ("pjrt_host._torch", "pjrt_host._torch._privateuse1"),
-    # Lightning has no entry point for accelerators: the device's import
-    # hook registers pjrt_host.lightning when the user imports Lightning.
-    ("pjrt_host._torch._lightning", "pjrt_host.lightning"),
+    ("pjrt_host._torch", "pjrt_host._torch._boot._privateuse1"),
+    ("pjrt_host._torch", "pjrt_host._torch._boot._builtin"),
 }
 
 
@@ -37,12 +36,13 @@ def all_modules() -> dict[str, Path]:
     return {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Intra-package modules ``name`` imports (module-level or not)."""
+def imports_of(name: str, path: Path, modules: dict[str, Path], tree: ast.Module | None = None) -> set[str]:
+    """Intra-package modules ``name`` imports (module-level or not), read
+    from ``path`` (or from ``tree``, parsed from it already)."""
     is_package = path.name == "__init__.py"
     base = name.split(".") if is_package else name.split(".")[:-1]
     found: set[str] = set()
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(path.read_text()) if tree is None else tree
     type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
                  for stmt in block.body for n in ast.walk(stmt)}
     for node in ast.walk(tree):
@@ -133,6 +133,7 @@ PACKAGE_LAYERS = [
     ["pjrt_host._env", "pjrt_host._jax_settings", "pjrt_host._plugin", "pjrt_host._hookspecs", "pjrt_host._library"],
     ["pjrt_host._discovery"],
     ["pjrt_host._registry", "pjrt_host._doctor"],
+    ["pjrt_host._program_files"],  # the program cache's files: a private directory, sealed entries
     ["pjrt_host._process", "pjrt_host._program_cache"],
     ["pjrt_host._runtime"],
     ["pjrt_host._collectives", "pjrt_host._launch"],
@@ -190,7 +191,7 @@ def test_nothing_below_routing_imports_the_dispatcher(module):
     """Only registration (which installs it) may import _dispatch."""
     targets = graph()[f"pjrt_host._torch.{module}"]
     assert "pjrt_host._torch._dispatch" not in targets
-    assert "pjrt_host._torch._privateuse1" not in targets
+    assert "pjrt_host._torch._boot._privateuse1" not in targets
 
 
 def test_jax_settings_change_in_one_module():
@@ -204,18 +205,108 @@ def test_jax_settings_change_in_one_module():
     assert offenders == [], f"process-wide jax settings changed outside pjrt_host._jax_settings: {offenders}"
 
 
-def test_torch_is_patched_from_the_inventory_module_only():
-    """Every replacement of a torch function is assigned by
-    ``_torch._patches`` (its inventory lists it); feature modules only make
-    the wrappers.  Two modules mark what they wrap of other libraries, not
-    torch (each an inventory row reached through an import hook):
-    ``_accelerate`` (accelerate / transformers) and ``lightning._register``
-    (Lightning's connectors)."""
-    others = ("pjrt_host._torch._patches", "pjrt_host._torch._accelerate", "pjrt_host.lightning._register")
+
+
+
+#: A 'jax' tensor's data: its storage, its view, a storage's array.
+_TENSOR_INTERNALS = frozenset({"_storage", "_view", "_array"})
+
+
+def test_only_the_device_and_its_door_read_a_tensors_storage():
+    """Outside ``_torch`` (the device itself) only ``_compile._door`` reads a
+    tensor's storage or view: the compile backend, ``spmd`` and the rest
+    work on the arrays and handles the door gives, so a change of the
+    storage model is a change in ``_torch`` and the door only."""
     offenders = []
     for name, path in all_modules().items():
-        if name in others:
+        if name.startswith("pjrt_host._torch") or name == "pjrt_host._compile._door":
             continue
-        if "_pjrt_host = True" in path.read_text():
-            offenders.append(name)
-    assert offenders == [], f"torch patched outside pjrt_host._torch._patches: {offenders}"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in _TENSOR_INTERNALS:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} .{node.attr}")
+    assert offenders == [], f"a tensor's storage read outside pjrt_host._torch and the door: {offenders}"
+
+
+# ---------------------------------------------------------------- the device's own layers
+
+TORCH = "pjrt_host._torch"
+TABLE_FILE = PACKAGE / "_torch" / "__init__.py"
+_ROW = re.compile(r"^(\d+)\s+``([\w./]+)``\s+\S")
+
+
+def torch_layer_table(text: str | None = None) -> dict[str, int]:
+    """The layer table of ``_torch/__init__.py``'s docstring: row -> layer.
+    A row is a module's name below ``_torch`` (``__init__`` for the package
+    itself), or a subpackage ending in ``/`` (all its modules, one row)."""
+    doc = ast.get_docstring(ast.parse(TABLE_FILE.read_text() if text is None else text)) or ""
+    rows: dict[str, int] = {}
+    for line in doc.splitlines():
+        match = _ROW.match(line)
+        if match:
+            assert match.group(2) not in rows, f"{match.group(2)} is in the layer table twice"
+            rows[match.group(2)] = int(match.group(1))
+    return rows
+
+
+def torch_row(module: str, rows: dict[str, int]) -> str | None:
+    """The table row holding ``module`` (a name under pjrt_host._torch), or None."""
+    rest = module[len(TORCH) + 1:] if module != TORCH else "__init__"
+    for row in rows:
+        if row.endswith("/") and (rest == row[:-1] or rest.startswith(row[:-1] + ".")):
+            return row
+    return rest if rest in rows else None
+
+
+def _is_torch(module: str) -> bool:
+    return module == TORCH or module.startswith(TORCH + ".")
+
+
+def test_the_torch_layer_table_lists_every_module_and_nothing_else():
+    rows = torch_layer_table()
+    edges = graph()
+    unlisted = []
+    for name in sorted(m for m in all_modules() if _is_torch(m)):
+        if torch_row(name, rows) is not None:
+            continue
+        below = sorted({rows[r] for t in edges[name] if _is_torch(t) and (r := torch_row(t, rows)) is not None})
+        above = sorted({rows[r] for m, ts in edges.items() if name in ts and _is_torch(m)
+                        and (r := torch_row(m, rows)) is not None})
+        lowest = max(below, default=-1) + 1
+        where = f"at layer {lowest} or higher" + (f", below {min(above)} (its importers' lowest layer)" if above else "")
+        if above and lowest >= min(above):
+            where += f"; the rows that import it move up above {lowest} first"
+        unlisted.append(f"{name}: add the row\n    {lowest:<7}``{name[len(TORCH) + 1:]}``  <its one job>\n  to the "
+                        f"table in pjrt_host/_torch/__init__.py's docstring, {where}; a module imports only rows "
+                        f"of lower layers")
+    assert unlisted == [], "modules missing from the layer table:\n" + "\n".join(unlisted)
+    gone = sorted(row for row in rows if not any(torch_row(m, rows) == row for m in all_modules() if _is_torch(m)))
+    assert gone == [], f"rows of the layer table (pjrt_host/_torch/__init__.py) that name no module: {gone}"
+
+
+def test_every_import_in_the_device_goes_down_its_layer_table():
+    """A module imports only rows of lower layers (function-level imports
+    included); modules of one row (a subpackage) may import each other."""
+    rows = torch_layer_table()
+    wrong = []
+    for name, targets in graph().items():
+        if not _is_torch(name) or torch_row(name, rows) is None:
+            continue  # an unlisted module fails the test above
+        here = torch_row(name, rows)
+        for target in sorted(targets):
+            there = torch_row(target, rows) if _is_torch(target) else None
+            if there is None or there == here:
+                continue
+            if rows[there] >= rows[here]:
+                wrong.append(f"{name} (layer {rows[here]}) imports {target} (layer {rows[there]})")
+    assert wrong == [], ("imports that do not go down the layer table of pjrt_host/_torch/__init__.py (move the "
+                         "importer up, the imported module down, or the import's code to where it belongs):\n"
+                         + "\n".join(wrong))
+
+
+def test_the_layer_table_checker_itself():
+    text = '"""\n=====\n3      ``_a``    a job\n                 more of it\n1      ``_sub/``  a subpackage\n"""\n'
+    rows = torch_layer_table(text)
+    assert rows == {"_a": 3, "_sub/": 1}
+    assert torch_row(f"{TORCH}._sub._x", rows) == "_sub/" and torch_row(f"{TORCH}._sub", rows) == "_sub/"
+    assert torch_row(f"{TORCH}._a", rows) == "_a" and torch_row(f"{TORCH}._b", rows) is None
+    assert torch_row(TORCH, {"__init__": 0}) == "__init__"

@@ -295,23 +295,64 @@ def test_a_cache_directory_the_user_gave_jax_is_kept(tmp_path):
     assert not (tmp_path / "ours").exists()
 
 
-def test_processes_compiling_at_once_share_the_directory(tmp_path):
-    """Three processes start together on an empty cache (as the ranks of a
-    job do): all finish with the same numbers, and a fourth finds
-    everything on disk."""
+# Eager ops and a training step on DEVICE, after every process of the test
+# has started (the go file), so that all compile the same programs at once.
+AT_ONCE = r"""
+import json, os, sys, time, torch
+device = os.environ["DEVICE"]
+go = os.environ.get("GO_FILE")
+while go and not os.path.exists(go):
+    time.sleep(0.01)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(4, 8).to(device)
+eager = [(x * 2 + 1).exp().sum().item(), x.softmax(-1).cumsum(0).tolist(), (x @ x.t()).diag().tolist()]
+for _ in range(2):
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+stats = torch.jax.program_cache_stats() if device != "cpu" else None
+print(json.dumps({"eager": eager, "loss": loss.item(), "weights": [p.detach().cpu().tolist() for p in model.parameters()],
+                  "stats": stats}))
+"""
+
+
+def test_eight_processes_filling_one_directory_at_once_compute_what_cpu_does(tmp_path):
+    """Eight processes start together on an empty cache (as the ranks of a
+    job do), each writing the same entries at the same moments: every one
+    gets CPU's numbers, the directory holds no partial file afterwards, and
+    a ninth finds every program on disk."""
+    import numpy as np
+
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "PYTEST_"))}
     env.pop("JAX_PLATFORMS", None)
-    env["PJRT_HOST_CACHE_DIR"] = str(tmp_path)
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL) for _ in range(3)]
+    env.update(PJRT_HOST_CACHE_DIR=str(tmp_path / "cache"), DEVICE="jax", GO_FILE=str(tmp_path / "go"))
+    procs = [subprocess.Popen([sys.executable, "-c", AT_ONCE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL) for _ in range(8)]
+    (tmp_path / "go").write_text("")
     outs = []
     for p in procs:
-        stdout, stderr = p.communicate(timeout=300)
+        stdout, stderr = p.communicate(timeout=600)
         assert p.returncode == 0, stderr[-3000:]
+        assert "not used" not in stderr and "not kept on disk" not in stderr, stderr[-3000:]
         outs.append(json.loads(stdout.strip().splitlines()[-1]))
-    assert len({(o["loss"], o["weight"]) for o in outs}) == 1
-    last = run({"PJRT_HOST_CACHE_DIR": str(tmp_path)})
-    assert last["stats"]["compiled"] == 0 and (last["loss"], last["weight"]) == (outs[0]["loss"], outs[0]["weight"])
+    cpu = run({"DEVICE": "cpu"}, AT_ONCE)
+    for out in outs:
+        for key in ("eager", "loss", "weights"):
+            assert np.allclose(_flat(out[key]), _flat(cpu[key]), rtol=1e-5, atol=1e-6), key
+    leftovers = [f.name for f in (tmp_path / "cache").rglob("*") if f.name.startswith(".tmp-")]
+    assert not leftovers
+    ninth = run({"PJRT_HOST_CACHE_DIR": str(tmp_path / "cache"), "DEVICE": "jax"}, AT_ONCE)
+    assert ninth["stats"]["compiled"] == 0 and ninth["stats"]["untraced"] == ninth["stats"]["programs"] > 0
+    assert _flat(ninth["weights"]) == _flat(outs[0]["weights"])
+
+
+def _flat(value) -> list:
+    if isinstance(value, list):
+        return [x for v in value for x in _flat(v)]
+    return [value]
 
 
 def test_the_size_bound_evicts_the_least_recently_used(tmp_path):
@@ -352,3 +393,138 @@ def test_jax_internals_the_cache_relies_on():
 
     # jax reads the store through _get_cache, and makes its own only while _cache is None
     assert "_cache" in inspect.getsource(compilation_cache._get_cache)
+
+
+@pytest.mark.parametrize("layout, where, refused", [
+    ({"c": 0o700}, None, None),
+    ({"c": 0o755}, None, None),  # readable by others, written only by its owner
+    ({"c": 0o777}, "c", "can be written by its group and others (mode 0777)"),
+    ({"c": 0o775}, "c", "can be written by its group (mode 0775)"),
+    ({"c": 0o757}, "c", "can be written by others (mode 0757)"),
+    # sticky, as /tmp: others may add names (another user's cpu_ref is then
+    # refused as theirs) but cannot move or replace ours
+    ({"c": 0o1777}, None, None),
+    ({"p": 0o1777, "p/c": 0o700}, None, None),
+    ({"p": 0o777, "p/c": 0o700}, "p", "can be written by its group and others (mode 0777)"),  # c can be replaced
+    ({"c": 0o700, "c/cpu_ref": 0o1777}, "c/cpu_ref", "can be written by its group and others (mode 1777)"),
+])
+def test_a_cache_directory_others_can_write_is_refused(tmp_path, layout, where, refused):
+    """The rule of OpenSSH's StrictModes: the directory and every one above
+    it belong to this user or root and only their owner writes them,
+    except a sticky directory above."""
+    from pjrt_host import _program_files
+
+    for rel, mode in layout.items():
+        (tmp_path / rel).mkdir()
+        os.chmod(tmp_path / rel, mode)
+    entries = tmp_path / next(rel for rel in layout if rel.startswith("c") or rel == "p/c") / "cpu_ref"
+    problem = _program_files.private_directory(str(entries))
+    if refused is None:
+        assert problem is None
+    else:
+        where = tmp_path / where
+        assert problem.startswith(f"{where} {refused}, who could replace the programs every process here loads"), problem
+        assert problem.endswith(f"Fix: chmod go-w {where}")
+
+
+@pytest.mark.skipif(not hasattr(os, "chown") or os.geteuid() != 0, reason="making another user's directory needs root")
+@pytest.mark.parametrize("owned", ["p/c", "p"])
+def test_a_cache_directory_of_another_user_is_refused(tmp_path, owned):
+    """Another user's directory, or one above it that is neither ours nor
+    root's, is refused; the process runs on, colder, with one warning that
+    names the directory, the reason and the fixes."""
+    (tmp_path / "p" / "c").mkdir(parents=True)
+    os.chown(tmp_path / owned, 65534, 65534)
+    out = run({"PJRT_HOST_CACHE_DIR": str(tmp_path / "p" / "c"), "DEVICE": "jax"}, AT_ONCE)
+    assert out["stats"]["directory"] is None and out["stats"]["disk_writes"] == 0 and out["stats"]["compiled"] > 0
+    assert out["stderr"].count("compiled programs are not kept on disk") == 1, out["stderr"]
+    assert (f"compiled programs are not kept on disk: {tmp_path / owned} belongs to another user (uid 65534), "
+            "who could replace the programs every process here loads. Fix: use a directory of your own, "
+            "or set PJRT_HOST_CACHE_DIR to another directory") in out["stderr"]
+    assert not any((tmp_path / "p" / "c").rglob("pjrt_host-*"))  # nothing read or written there
+    cpu = run({"DEVICE": "cpu"}, AT_ONCE)
+    assert np_close(out["weights"], cpu["weights"])
+
+
+def test_a_world_writable_cache_directory_warns_once_and_the_device_works(tmp_path):
+    os.chmod(tmp_path, 0o777)
+    out = run({"PJRT_HOST_CACHE_DIR": str(tmp_path), "DEVICE": "jax"}, AT_ONCE)
+    assert out["stats"]["directory"] is None and out["stats"]["compiled"] > 0
+    assert out["stderr"].count("compiled programs are not kept on disk") == 1, out["stderr"]
+    assert f"Fix: chmod go-w {tmp_path}, or set PJRT_HOST_CACHE_DIR to another directory" in out["stderr"]
+    assert not (tmp_path / "cpu_ref").exists() or not any((tmp_path / "cpu_ref").rglob("pjrt_host-*"))
+
+
+def np_close(a, b) -> bool:
+    import numpy as np
+
+    return bool(np.allclose(_flat(a), _flat(b), rtol=1e-5, atol=1e-6))
+
+
+def test_damaged_and_foreign_entries_are_compiled_again_never_loaded(tmp_path):
+    """Each entry file carries a checksum of its key and contents and the
+    setting it was written for: a truncated file, a flipped byte behind a
+    valid-looking header, a whole entry written for another jaxlib version
+    (a copy from another cache), one renamed from another key, and a file
+    that is not an entry at all are each removed and their program
+    compiled again -- the numbers stay CPU's, one warning says so -- and the
+    process after finds them all rewritten."""
+    from pjrt_host import _program_cache, _program_files
+
+    env = {"PJRT_HOST_CACHE_DIR": str(tmp_path), "DEVICE": "jax", "PJRT_HOST_CACHE_PREFETCH": "0"}
+    first = run(env, AT_ONCE)
+    where = first["stats"]["directory"]
+    ours = sorted(f for f in os.listdir(where) if f.startswith("pjrt_host-"))
+    assert len(ours) >= 10
+    (tmp_path / "elsewhere").mkdir()
+    other_jaxlib = _program_cache._store(str(tmp_path / "elsewhere"), 1 << 30, "jaxlib 0.0.1 cpu_ref")
+    head = len(_program_files.DiskStore._MAGIC) + 48
+    for n, name in enumerate(ours):
+        file = os.path.join(where, name)
+        data = open(file, "rb").read()
+        kind = n % 5
+        if kind == 0:  # truncated (a disk that filled up, a copy cut short)
+            data = data[:len(data) // 2]
+        elif kind == 1:  # a valid-looking header over changed contents
+            data = data[:-1] + bytes([data[-1] ^ 0xFF])
+        elif kind == 2:  # a whole entry, sealed for another jaxlib
+            other_jaxlib.put(name, data[head:])
+            data = (tmp_path / "elsewhere" / name).read_bytes()
+        elif kind == 3:  # another key's entry under this name
+            data = open(os.path.join(where, ours[n - 1]), "rb").read()
+        else:  # not an entry (no header): a raw pickle planted there
+            data = data[head:]
+        with open(file, "wb") as f:
+            f.write(data)
+    second = run(env, AT_ONCE)
+    for key in ("eager", "loss", "weights"):
+        assert _flat(second[key]) == _flat(first[key]), key
+    assert second["stats"]["untraced"] == 0 and second["stats"]["compiled"] > 0
+    assert second["stderr"].count("is not used:") == 1, second["stderr"]
+    assert "pjrt_host: the program cache entry " + where in second["stderr"]
+    assert "It is removed and its program compiled again." in second["stderr"]
+    third = run(env, AT_ONCE)
+    assert third["stats"]["compiled"] == 0 and "is not used" not in third["stderr"]
+    assert _flat(third["weights"]) == _flat(first["weights"])
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda d: d[:30], "it is truncated"),
+    (lambda d: d[:-1] + b"!", "its checksum does not match (truncated or corrupted)"),
+])
+def test_a_damaged_entry_is_not_returned(tmp_path, damage, reason):
+    from pjrt_host import _program_cache, _program_files
+
+    store = _program_cache._store(str(tmp_path), 1 << 20, "jaxlib 1 cpu_ref")
+    store.put("pjrt_host-k", b"payload" * 10)
+    assert store.get("pjrt_host-k") == b"payload" * 10
+    (tmp_path / "pjrt_host-k").write_bytes(damage((tmp_path / "pjrt_host-k").read_bytes()))
+    _program_files._damaged = False
+    with pytest.warns(RuntimeWarning, match=reason.replace("(", r"\(").replace(")", r"\)")):
+        assert store.get("pjrt_host-k") is None
+    assert not (tmp_path / "pjrt_host-k").exists()
+    other = _program_cache._store(str(tmp_path), 1 << 20, "jaxlib 2 cpu_ref")
+    other.put("pjrt_host-k", b"x")
+    _program_files._damaged = False
+    with pytest.warns(RuntimeWarning, match="written for another jaxlib version, plugin, machine or entry format"):
+        assert store.get("pjrt_host-k") is None

@@ -58,6 +58,33 @@ def test_update_scale_as_torch(found, tracker, expected):
     assert (scale.item(), growth.item()) == expected
 
 
+@pytest.mark.parametrize("scale_shape", [(), (1,)])
+@pytest.mark.parametrize("tracker_shape", [(), (1,)])
+@pytest.mark.parametrize("found", [0.0, 1.0, float("nan")])
+def test_update_scale_of_one_element_tensors_of_any_shape_as_cpu(scale_shape, tracker_shape, found):
+    """CPU takes any one-element scale and growth tracker (a 0-d scale with
+    a (1,) tracker raised "output with shape [] doesn't match the broadcast
+    shape [1]" here), updates both in place and returns the scale; a NaN
+    found_inf backs off, as CPU's `if (*found_inf)` (it grew here)."""
+    results = {}
+    for dev in ("cpu", "jax"):
+        scale = torch.full(scale_shape, 4.0, device=dev)
+        growth = torch.full(tracker_shape, 1, dtype=torch.int32, device=dev)
+        out = torch._amp_update_scale_(scale, growth, torch.tensor([found], device=dev), 2.0, 0.5, 2)
+        results[dev] = (out.shape, scale.shape, growth.shape, scale.cpu().tolist(), growth.cpu().tolist())
+    assert results["jax"] == results["cpu"]
+
+
+@pytest.mark.parametrize("which", ["current_scale", "growth_tracker", "found_inf"])
+def test_update_scale_refuses_more_than_one_element_as_cpu(which):
+    for dev in ("cpu", "jax"):
+        args = {"current_scale": torch.ones((), device=dev), "growth_tracker": torch.zeros((), dtype=torch.int32, device=dev),
+                "found_inf": torch.zeros(1, device=dev)}
+        args[which] = args[which].expand(2).clone() if args[which].dim() else args[which].repeat(2)
+        with pytest.raises(RuntimeError, match=f"^{which} must be a 1-element tensor\\."):
+            torch._amp_update_scale_(*args.values(), 2.0, 0.5, 2)
+
+
 def test_autocast_runs_torchs_float32_list_in_float32():
     """torch.autocast('jax') follows torch's accelerator (cuda) policy: the
     matmul family in the autocast dtype; softmax, norms, losses, exp/log and

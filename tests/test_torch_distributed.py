@@ -130,6 +130,43 @@ def test_one_process_group_and_wrong_backend_error():
         dist.destroy_process_group()
 
 
+def test_a_group_bound_to_the_device_with_device_id(monkeypatch):
+    """init_process_group(..., device_id=torch.device('jax', 0)), as
+    Lightning calls it on torch >= 2.3 (env:// rendezvous, one rank), works:
+    torch asks the group for that device's backend (it raised "No backend
+    type associated with device type jax"), and new groups are made, not
+    split from it.  (torch binds the device on the C++ group that the
+    Python one replaces, so ``bound_device_id`` stays None, as for any
+    group created by a Python backend.)"""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    dist.init_process_group("pjrt", rank=0, world_size=1, device_id=torch.device("jax", 0))
+    try:
+        group = dist.group.WORLD
+        assert group._get_backend(torch.device("jax", 0)) is group
+        assert group._get_backend(torch.device("cpu")).supports_splitting in (True, False)  # gloo's own
+        x = torch.arange(4.0, device="jax")
+        dist.all_reduce(x)
+        dist.barrier()
+        sub = dist.new_group([0])
+        y = torch.ones(2, device="jax")
+        dist.all_reduce(y, group=sub)
+        assert x.tolist() == [0.0, 1.0, 2.0, 3.0] and y.tolist() == [1.0, 1.0]
+        with pytest.raises(RuntimeError, match="No backend type associated with device type meta: the 'pjrt' "
+                                               "process group runs collectives of 'jax' and 'cpu' tensors"):
+            group._get_backend(torch.device("meta"))
+    finally:
+        dist.destroy_process_group()
+
+
 def test_ranks_calling_different_shapes_raise_on_every_rank(tmp_path):
     """Launched, a collective whose shapes differ across ranks ends a
     process inside XLA:CPU's transport (SIGABRT); the ranks agree on each

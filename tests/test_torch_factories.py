@@ -76,7 +76,7 @@ def test_one_table_says_which_ops_are_factories():
     under its own name; ``empty_permuted`` alone reaches the device's
     fallback (computed on the CPU for its strides, then moved)."""
     from pjrt_host import _lowerings
-    from pjrt_host._torch import _kernels
+    from pjrt_host._torch._boot import _kernels
 
     _lowerings.load_all()
     tables = {name: record for name, record in _lowerings._TABLE.items() if record.factory}

@@ -146,6 +146,39 @@ def test_memory_statistics_follow_tensors():
         torch.jax.memory_allocated(7)
 
 
+def test_memory_stats_are_numbers_and_keep_a_training_runs_peak():
+    """As torch.cuda.memory_stats: an OrderedDict of str -> int (loggers
+    such as Lightning's DeviceStatsMonitor take numbers only; a 'source'
+    string there tripped them), and the peak of a training run is still
+    there after the model is gone, until reset."""
+    import collections
+    import gc
+
+    torch.jax.empty_cache()
+    torch.jax.reset_peak_memory_stats()
+    model = torch.nn.Linear(64, 64).to("jax")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = model(torch.randn(32, 64, device="jax")).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    loss.item()
+    del model, opt, loss
+    gc.collect()
+    torch.jax.empty_cache()
+    stats = torch.jax.memory_stats()
+    assert type(stats) is collections.OrderedDict and list(stats) == sorted(stats)
+    assert all(type(k) is str and type(v) is int for k, v in stats.items()), stats
+    # weight, bias and a batch of activations were alive at once
+    assert stats["allocated_bytes.all.peak"] >= (64 * 64 + 64 + 32 * 64) * 4 > stats["allocated_bytes.all.current"]
+    assert torch.jax.max_memory_allocated() == stats["allocated_bytes.all.peak"]
+    assert torch.jax.memory_stats_source() in ("device", "host accounting of live arrays")
+    torch.jax.reset_peak_memory_stats()
+    assert torch.jax.memory_stats()["allocated_bytes.all.peak"] < stats["allocated_bytes.all.peak"]
+    assert f"({torch.jax.memory_stats_source()})" in torch.jax.memory_summary().splitlines()[0]
+
+
 # ---------------------------------------------------------------- 3. out of memory
 
 
@@ -269,7 +302,7 @@ def _outcome(fn):
 def test_out_of_range_indices_raise_cpus_error(program, mode):
     expected = _outcome(_index_programs("cpu")[program])
     assert expected[0] != "ok"
-    with pjrt_host.config(check_indices=mode):
+    with pjrt_host.config(checks=mode):
         got = _outcome(_index_programs("jax")[program])
     assert got[0] == expected[0]
     if program != "index":  # CPU's text counts the dimension of x[:, i] oddly
@@ -281,12 +314,12 @@ def test_index_errors_by_default_at_the_next_synchronisation():
     bad = torch.arange(3, device="jax")[torch.tensor([5], device="jax")]  # queued, not yet checked
     with pytest.raises(IndexError, match=r"index 5 is out of bounds .* \(raised by aten::index.Tensor on jax:0"):
         print(bad)
-    with pjrt_host.config(check_indices="sync"), pytest.raises(IndexError, match="out of bounds"):
+    with pjrt_host.config(checks="sync"), pytest.raises(IndexError, match="out of bounds"):
         torch.arange(3, device="jax")[torch.tensor([5], device="jax")]
     torch.arange(3, device="jax")[torch.tensor([5], device="jax")]
     with pytest.raises(IndexError):
         torch.jax.synchronize()
-    with pjrt_host.config(check_indices=False):
+    with pjrt_host.config(checks=False):
         assert torch.arange(3, device="jax")[torch.tensor([5], device="jax")].tolist() == [2]  # clipped
     with pytest.raises(ValueError, match="check_indices"):
         with pjrt_host.config(check_indices="always"):

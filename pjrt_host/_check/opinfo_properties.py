@@ -288,7 +288,7 @@ def _ties(position: int) -> Check:
 TIES: dict[str, Check] = {
     "sort-bool": _ties(0), "argsort-bool": _ties(0), "mode": _ties(0),
     # 16-bit samples hold many equal values, and torch CPU's default sort is
-    # not stable (stable=True is: tests/test_torch_device.py checks it).
+    # not stable (stable=True is: tests/test_torch_cpu_parity.py checks it).
     **{f"{op}-{d}": _ties(0) for op in ("sort", "argsort") for d in ("bfloat16", "float16")},
     **{f"topk-{d}": _ties(1) for d in ("bfloat16", "float16")},
     "kthvalue-int64": _ties(1), "topk-int64": _ties(1),

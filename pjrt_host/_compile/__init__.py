@@ -16,7 +16,7 @@ __all__ = ["backend"]
 
 
 def backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-    """The ``jax`` torch.compile backend (see :mod:`._backend`)."""
-    from . import _backend
+    """The ``jax`` torch.compile backend (see :mod:`._dynamo_backend`)."""
+    from . import _dynamo_backend
 
-    return _backend.backend(gm, example_inputs, **kwargs)
+    return _dynamo_backend.backend(gm, example_inputs, **kwargs)

@@ -130,4 +130,4 @@ def _key(rng: Any, arrays: list, what: str) -> Any:
             f"a key from the device's generator would be fixed at trace time and every call would draw the same "
             f"numbers. Pass a key: rng=jax.random.key(seed) (a fresh one per step), or put the module in eval mode.")
     kd, counter = _door.next_key_args(_door.current_index())
-    return jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), counter)
+    return _door.draw_key(kd, counter)

@@ -91,7 +91,7 @@ def _jitted(handle: int, what: str) -> Callable:
 
 def _eager(fn: Callable, args: list, cotangents: list) -> list:
     """Run the op on real 'jax' tensors (a graph run op by op)."""
-    index = args[0]._storage.device_index if args else _door.current_index()
+    index = _door.device_index(args[0]) if args else _door.current_index()
     arrays = [_door.read(a) for a in args]
     if cotangents:
         outs = fn(arrays, [_door.read(c) for c in cotangents])

@@ -1,4 +1,4 @@
-"""Index and value checks inside compiled programs (``pjrt_host.config(check_indices=...)``).
+"""Index and value checks inside compiled programs (``pjrt_host.config(checks=...)``).
 
 An XLA gather or scatter cannot fail: it clips or drops an out-of-range
 index.  Eager mode checks each indexing op's indices on the device and reads
@@ -11,8 +11,8 @@ eager checks, read from the graph's fake tensors) it computes one row
 the rows as one extra output.  The caller queues that output with eager's
 deferred checks, so the error is torch's, names the op (and the line of the
 user's code the graph recorded) and surfaces at the next ``.item()``,
-``.cpu()``, print or ``torch.jax.synchronize()``; with ``check_indices='sync'``
-it is read, and raised, right after the call; ``check_indices=False``
+``.cpu()``, print or ``torch.jax.synchronize()``; with ``checks='sync'``
+it is read, and raised, right after the call; ``checks=False``
 compiles programs without the rows.
 
 Value checks are eager's too (``_torch._value_checks``: an integer division
@@ -173,9 +173,9 @@ def _raise_first(values: Any, sites: list[Site], where: str, when: str) -> None:
             raise site.failure(row, f"{where}, called from {site.source}" if site.source else where, when)
 
 
-_DEFERRED = ("found at the next synchronisation point; pjrt_host.config(check_indices='sync') raises at the "
-             "call itself, check_indices=False compiles without the check")
-_SYNC = "found at the call (pjrt_host.config(check_indices='sync')); check_indices=True defers it to the next " \
+_DEFERRED = ("found at the next synchronisation point; pjrt_host.config(checks='sync') raises at the "
+             "call itself, checks=False compiles without the check")
+_SYNC = "found at the call (pjrt_host.config(checks='sync')); checks=True defers it to the next " \
         "synchronisation point"
 
 

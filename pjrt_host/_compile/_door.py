@@ -3,7 +3,9 @@ place: taking a tensor's storage array and view, putting new values back,
 wrapping results, the device's random state, configuration and transfers.
 
 The rest of the backend works on jax arrays and these few functions only, so
-a change of the device's internals is a change here.
+a change of the device's internals is a change here: only this module
+imports ``_torch`` and reads a tensor's storage or view
+(``tests/test_layers.py`` checks both).
 """
 
 from __future__ import annotations
@@ -14,18 +16,18 @@ import torch
 
 from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _engine, _index_checks, _rng,
-                      _sharding, _tensor, _strided, _value_checks)
+from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _index_checks, _lowering_context,
+                      _rng, _sharding, _strided, _sync, _tensor, _value_checks)
 from .._torch._hiding import dynamo_compiling, our_trace
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
 __all__ = [
-    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "check_results_fit", "config", "constraint_sharding",
-    "current_index", "custom_op_kernel", "defer_check", "device_dtype", "device_index", "dynamo_compiling",
-    "eager_dispatch_hooks", "has_index_check", "has_value_check", "host_values", "index_failure", "index_of_array",
-    "index_sites", "jax_device", "lowering_context", "next_key_args", "note_result", "our_trace", "out_of_memory",
-    "put_storage", "read", "storage_of", "to_device_array", "to_torch", "torch_device", "torch_dtype", "value_sites",
-    "wrap", "write",
+    "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "argument", "check_results_fit", "check_writable", "config",
+    "constraint_sharding", "current_index", "custom_op_kernel", "defer_check", "device_dtype", "device_index",
+    "draw_key", "dynamo_compiling", "eager_dispatch_hooks", "has_index_check", "has_value_check", "host_values",
+    "index_failure", "index_of_array", "index_sites", "jax_device", "lowering_context", "next_key_args",
+    "note_result", "our_trace", "out_of_memory", "put_storage", "read", "storage", "storage_of", "to_device_array",
+    "to_torch", "torch_device", "torch_dtype", "value_sites", "wrap", "write",
 ]
 
 
@@ -92,13 +94,6 @@ def onto_mesh(arrays: list, owners: list, place: Any, required: Any = None) -> A
     return place if found is None else found
 
 
-def settle(array: Any, st: Any) -> Any:
-    """A storage's new array laid out as its previous one (an input written
-    by a graph keeps its placement and sharding)."""
-    previous = st.array
-    return array if previous is None else _sharding.settle(array, previous)
-
-
 def graph_placement(gm: torch.fx.GraphModule) -> Any:
     """The mesh a graph's sharding constraints name (None: it has none)."""
     for node in gm.graph.nodes:
@@ -121,9 +116,22 @@ def storage_of(t: JaxTensor) -> tuple[Any, Any, tuple | None, Any]:
     return st, arr, vw.static, vw.run_offset
 
 
-def storage_key(st: Any) -> tuple:
-    """What a compiled function is specialised on for a storage: shape and dtype."""
-    return (st.shape, st.jax_dtype)
+def storage(t: JaxTensor) -> Any:
+    """The storage of a 'jax' tensor, as a handle to pass back here
+    (``onto_mesh``, ``put_storage``); never read into outside this module."""
+    return t._storage
+
+
+def argument(t: JaxTensor) -> tuple[int, Any, Any, TensorSpec | None]:
+    """What a traced call takes of a 'jax' tensor argument: ``(device index,
+    its values as a jax array, its storage's place, its key)``: for a tensor
+    that is its whole storage the storage's own array (no copy) and spec,
+    for a view its values read through the view and None."""
+    st = t._storage
+    if t._view is None:
+        arr = st.array
+        return st.device_index, (arr if arr is not None else st.get()), st.place, st.spec
+    return st.device_index, _tensor.read(t), st.place, None
 
 
 def view_read(array: Any, static: tuple | None, offset: Any) -> Any:
@@ -136,10 +144,17 @@ def view_write(array: Any, static: tuple | None, offset: Any, value: Any) -> Any
     return _strided.write(array, static, offset, value)
 
 
-def put_storage(st: Any, array: Any) -> None:
-    """A storage's new values, written by a compiled call (one write)."""
-    st.array = array
-    st.version += 1
+def check_writable(st: Any) -> None:
+    """Raise eager's refusal if a compiled call must not write storage ``st``
+    (a read-only snapshot): asked before the call runs, as eager asks."""
+    st.check_writable()
+
+
+def put_storage(st: Any, array: Any, settle: bool = False) -> None:
+    """A storage's new values, written by a compiled call (one write:
+    ``Storage.commit``; ``settle``: laid out as its previous values, for a
+    value computed on a mesh)."""
+    st.commit(array, settle)
 
 
 def device_index(t: JaxTensor) -> int:
@@ -154,18 +169,18 @@ def wrap(array: Any, index: int, dtype: torch.dtype, place: Any = None) -> JaxTe
     """A new 'jax' tensor owning ``array`` (on device ``index``, or on
     ``place``'s mesh)."""
     shape = tuple(array.shape)
-    return _tensor.make(_tensor.Storage(array, shape, array.dtype, index, place), shape, dtype)
+    return _tensor.result_tensor(array, shape, dtype, index, place)
 
 
 def note_result(index: int, array: Any) -> None:
     """``torch.jax.synchronize()`` waits for ``array``."""
-    _tensor.note_result(index, array)
+    _sync.note_result(index, array)
 
 
 def last_result(index: int) -> Any:
     """The array ``torch.jax.synchronize()`` would wait for on ``index``
     (None: none, or nobody holds it any more)."""
-    return _tensor.last_result(index)
+    return _sync.last_result(index)
 
 
 def has_index_check(name: str) -> bool:
@@ -198,7 +213,7 @@ def index_failure(error: Any, value: int, dim: int, size: int, op: str, where: s
 def defer_check(verdict: Any) -> None:
     """Queue ``verdict(wait)`` with eager's deferred checks (run at the next
     synchronisation point: ``.item()``, ``.cpu()``, ``torch.jax.synchronize()``)."""
-    _tensor.defer_check(verdict)
+    _sync.defer_check(verdict)
 
 
 def jax_device(index: int) -> Any:
@@ -244,13 +259,18 @@ def config() -> Any:
 def lowering_context(cfg: Any, one_device: bool = False) -> LoweringContext:
     """The context eager ops run lowerings with under ``cfg`` (no key);
     ``one_device``: the program runs on one device, not over a mesh."""
-    return _engine.lowering_context(cfg, one_device)
+    return _lowering_context.lowering_context(cfg, one_device)
 
 
 def next_key_args(index: int) -> tuple[Any, int]:
     """(key data uint32[2], counter) of the next draw from device ``index``'s
     generator; advances it."""
     return _rng.next_key_args(index)
+
+
+def draw_key(key_data: Any, counter: Any) -> Any:
+    """Traceable: the jax key of one draw from ``next_key_args``' pair."""
+    return _rng.draw_key(key_data, counter)
 
 
 def to_device_array(t: torch.Tensor, index: int) -> Any:
@@ -300,7 +320,7 @@ def eager_dispatch_hooks() -> list[tuple[Any, str]]:
     kernels' targets.  Tests wrap them to count eager ops."""
     from .._torch import _factories, _loader
 
-    return [(_tensor, "_dispatch"), (_loader, "_dispatch_fn"), (_factories, "run_named"), (_factories, "run")]
+    return [(_tensor, "_dispatch"), (_loader, "_dispatch_fn"), (_factories, "run_factory"), (_factories, "run")]
 
 
 def out_of_memory(err: BaseException, what: str, index: int) -> Exception | None:

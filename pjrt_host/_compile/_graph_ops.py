@@ -3,10 +3,10 @@ symbolic sizes, checks with nothing to compute, this package's own ops
 (``call_jax``, ``sharding_constraint``).
 
 Factories, random factories, copies and casts are lowerings like every
-other op (``_lowerings.ops_factories``), shared with eager.  A handler here
-gets the node's arguments with tensors replaced by jax values, and ``out``:
-the (shape, jax dtype) torch's fake tensor gives for the node's result, and
-``key``: a jax PRNG key (random handlers only).
+other op (``_lowerings.ops_factories``), shared with eager; nothing here
+draws random numbers.  A handler here gets ``out`` (the (shape, jax dtype)
+torch's fake tensor gives for the node's result), then the node's arguments
+with tensors replaced by jax values.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ __all__ = ["GraphOp", "HANDLERS", "NO_OP", "OPAQUE", "SYMBOLIC"]
 
 class GraphOp(NamedTuple):
     fn: Callable[..., Any]
-    random: bool = False
 
 
 class Out(NamedTuple):
@@ -34,10 +33,10 @@ class Out(NamedTuple):
 HANDLERS: dict[str, GraphOp] = {}
 
 
-def _reg(*names: str, random: bool = False) -> Callable[[Callable], Callable]:
+def _reg(*names: str) -> Callable[[Callable], Callable]:
     def deco(fn: Callable) -> Callable:
         for name in names:
-            HANDLERS[name] = GraphOp(fn, random)
+            HANDLERS[name] = GraphOp(fn)
         return fn
 
     return deco
@@ -86,14 +85,14 @@ NO_OP = frozenset({
 
 
 @_reg("pjrt_host::sharding_constraint")
-def _sharding_constraint(out: Out, key: Any, x: Any, mesh: str, spec: str) -> Any:
+def _sharding_constraint(out: Out, x: Any, mesh: str, spec: str) -> Any:
     # pjrt_host.spmd.mark_sharding / with_sharding_constraint inside a compiled function.
     return jax.lax.with_sharding_constraint(x, _door.constraint_sharding(mesh, spec))
 
 
 # ------------------------------------------------------------ this package's own ops
 
-#: Ops whose arguments are passed as they are (no ``out``, no key): a JAX
+#: Ops whose arguments are passed as they are (no ``out``): a JAX
 #: function called from torch (:mod:`._call_jax_ops`), by its handle.
 OPAQUE: dict[str, Callable[..., Any]] = {
     "pjrt_host::call_jax": lambda args, handle: _handles.get(handle).flat(list(args)),

@@ -9,7 +9,7 @@ state, batch norm's statistics) are donated to that call when nothing but
 their storage holds them, so old and new values are not alive together.  The jitted function is specialised on the arguments' layout (which
 arguments share a storage, which are views); jax itself keys it on shapes,
 so each new shape compiles once and an earlier shape is reused.  With
-``pjrt_host.config(check_indices=...)`` on (the default), a forward or
+``pjrt_host.config(checks=...)`` on (the default), a forward or
 inference graph that indexes also returns its index checks' verdicts, which
 the call queues with eager's deferred checks (:mod:`._checks`).
 
@@ -80,7 +80,7 @@ class _Entry(NamedTuple):
     foreign_slots: tuple[int, ...]  # slots holding tensors of another device (copied in per call)
     core: Any  # the function fn jits: (arrays, offsets, *rng)
     donating: dict  # donated slots -> the jitted function taking them apart (built on first use)
-    checks: Any  # the check_indices mode when the function also returns its index checks' verdicts, else None
+    checks: Any  # the checks mode when the function also returns its index checks' verdicts, else None
 
 
 def _calibrate() -> int:
@@ -173,6 +173,9 @@ class CompiledGraph:
         if partitioned:
             place = _door.onto_mesh(arrays, owners, place, self.mesh)
         sharded = type(place) is not int
+        for slot in entry.mutated_slots:
+            if not isinstance(owners[slot], torch.Tensor):
+                _door.check_writable(owners[slot])  # eager's refusal, before anything is given up
         rng = _door.next_key_args(index) if self.random else ()
         donated: tuple[int, ...] = ()
         if DONATE and entry.mutated_slots:
@@ -230,7 +233,7 @@ class CompiledGraph:
                 with torch.no_grad():
                     owner.copy_(_door.to_torch(arr, index, owner.device, owner.dtype))
             else:
-                _door.put_storage(owner, _door.settle(arr, owner) if sharded else arr)
+                _door.put_storage(owner, arr, sharded)
         results = []
         it = iter(outs)
         last = None
@@ -298,7 +301,7 @@ class CompiledGraph:
             rng_key = None
             if random:
                 kd, counter = rng
-                rng_key = jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), counter)
+                rng_key = _door.draw_key(kd, counter)
             rows: list | None = [] if checking else None
             outs, mutations = program.run(inputs, rng_key, ctx, rows)
             new: dict[int, Any] = {}

@@ -170,8 +170,7 @@ class Program:
                 return _Step("symbolic", node, sym)
             graph_op = _graph_ops.HANDLERS.get(short)
             if graph_op is not None:
-                return _Step("graph", node, graph_op, self._next_random(graph_op.random),
-                             checks=self._checks(node, name))
+                return _Step("graph", node, graph_op, checks=self._checks(node, name))
             lowering = _lowerings.lookup(target)
             if short == "aten::copy_" and lowering is not None:
                 # The one write a functional graph keeps: copy_ into an input
@@ -289,9 +288,8 @@ class Program:
                     args, kwargs = value(node.args), value(node.kwargs)
                     if checks is not None and step.checks:
                         self._check(step.checks, env, bindings, checks)
-                    k = None if step.random < 0 else jax.random.fold_in(key, step.random)
                     with jax.default_matmul_precision(ctx.matmul_precision):
-                        result = step.fn.fn(self._out(node, bindings), k, *args, **kwargs)
+                        result = step.fn.fn(self._out(node, bindings), *args, **kwargs)
                     env[node] = result
                     if step.index >= 0:
                         mutations.append((step.index, result))

@@ -71,7 +71,7 @@ class _Entry:
                  sites: list | None = None, checks: Any = None) -> None:
         self.body = body
         self.sites = sites or []  # the trace's index checks (_checks.Site)
-        #: The check_indices mode when the jitted forms also return the
+        #: The checks mode (``config(checks=...)``) when the jitted forms also return the
         #: checks' verdicts (one array, see _checks.report), else None.
         self.checks = checks if self.sites else None
         self.mesh = mesh  # the mesh the body's sharding constraints name (None: none)
@@ -93,7 +93,7 @@ class _Entry:
         if rng is None:
             return None
         kd, counter = rng
-        return jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), counter)
+        return _door.draw_key(kd, counter)
 
     def plain(self) -> Any:
         """jit: (arrays, rng) -> (outputs, new values of the written
@@ -221,7 +221,7 @@ def run(entry: _Entry, read: Arguments) -> Any:
     tensors, arrays = read.tensors, read.arrays
     place = entry.mesh if entry.mesh is not None else read.sharded
     if place is not None:
-        place = _door.onto_mesh(arrays, [t._storage for t in tensors], place)
+        place = _door.onto_mesh(arrays, [_door.storage(t) for t in tensors], place)
     rng = _door.next_key_args(entry.index) if entry.needs_rng else None
     if entry.diff:
         box: list = []
@@ -235,7 +235,7 @@ def run(entry: _Entry, read: Arguments) -> Any:
         _door.write(t, value)
         torch.autograd.graph.increment_version(t)
     if outs:  # torch.jax.synchronize() waits for it (a result is its storage's own array)
-        _door.note_result(entry.index, outs[-1]._storage.array)
+        _door.note_result(entry.index, _door.read(outs[-1]))
     if flags is not None:
         _checks.report(flags, entry.sites, entry.checks,
                        f"in pjrt_host.assume_pure({entry.name}) on {_door.DEVICE_NAME}:{entry.index}")
@@ -509,22 +509,20 @@ def read_arguments(leaves: list, treedef: Any, what: str, grad: bool) -> Argumen
     JaxTensor = _door.JaxTensor
     for pos, leaf in enumerate(leaves):
         if type(leaf) is JaxTensor:
-            st = leaf._storage
-            i = st.device_index
+            i, arr, place, spec = _door.argument(leaf)
             if index is None:
                 index = i
             elif i != index:
                 raise RuntimeError(f"{what}: the tensor arguments are on two devices, {_door.DEVICE_NAME}:{index} "
                                    f"and {_door.DEVICE_NAME}:{i}; move them to one device")
             tensors.append(leaf)
-            arr = st.array
-            arrays.append(arr if arr is not None and leaf._view is None else _door.read(leaf))
-            if sharded is None and type(st.place) is not int:
-                sharded = st.place
+            arrays.append(arr)
+            if sharded is None and type(place) is not int:
+                sharded = place
             # A whole storage is keyed by its spec (dtype and shape, made
             # once per storage); torch's own attributes cost ~0.15 us each
             # on a tensor subclass.
-            parts.append((_TENSOR, st.spec if leaf._view is None else (leaf.dtype, leaf.shape),
+            parts.append((_TENSOR, spec if spec is not None else (leaf.dtype, leaf.shape),
                           grad and leaf.requires_grad))
         elif isinstance(leaf, torch.Tensor):
             if leaf.device.type == _door.DEVICE_NAME:

@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 
 from .._lowerings import LoweringContext
 from . import _checks, _door
-from ._backend import decompositions
+from ._dynamo_backend import decompositions
 from ._interpreter import Program
 
 __all__ = ["NotTraceable", "Traced", "call_with_leaves", "fake_tensors", "trace"]

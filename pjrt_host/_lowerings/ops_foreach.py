@@ -135,15 +135,22 @@ def amp_foreach_non_finite_check_and_unscale(tensors, found_inf, inv_scale):
 @lowering("aten::_amp_update_scale.default")
 def amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
     """torch's _amp_update_scale: back off and reset on inf/NaN; grow (if the
-    grown scale stays finite) after ``growth_interval`` clean steps."""
-    found = found_inf.reshape(()) > 0
-    successful = growth_tracker + 1
+    grown scale stays finite) after ``growth_interval`` clean steps.  Each
+    input is one element of any shape (a 0-d scale with a ``(1,)`` tracker,
+    as CPU accepts); each result keeps its input's shape."""
+    for name, t in (("current_scale", scale), ("growth_tracker", growth_tracker), ("found_inf", found_inf)):
+        if t.size != 1:  # CPU's kernel's check and words
+            raise RuntimeError(f"{name} must be a 1-element tensor.")
+    found = found_inf.reshape(()) != 0  # CPU's `if (*found_inf)`: NaN backs off too
+    current, tracker = scale.reshape(()), growth_tracker.reshape(())
+    successful = tracker + 1
     grow = successful >= growth_interval
-    grown = scale * growth_factor
-    grown = jnp.where(jnp.isfinite(grown), grown, scale)
-    new_scale = jnp.where(found, scale * backoff_factor, jnp.where(grow, grown, scale))
-    new_tracker = jnp.where(found | grow, jnp.zeros_like(growth_tracker), successful)
-    return new_scale.astype(scale.dtype), new_tracker.astype(growth_tracker.dtype)
+    grown = current * growth_factor
+    grown = jnp.where(jnp.isfinite(grown), grown, current)
+    new_scale = jnp.where(found, current * backoff_factor, jnp.where(grow, grown, current))
+    new_tracker = jnp.where(found | grow, jnp.zeros_like(tracker), successful)
+    return (new_scale.astype(scale.dtype).reshape(scale.shape),
+            new_tracker.astype(growth_tracker.dtype).reshape(growth_tracker.shape))
 
 
 @lowering("aten::_foreach_copy.default")

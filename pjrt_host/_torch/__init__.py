@@ -7,49 +7,94 @@ a handful of dispatcher kernels; it imports neither jax nor any plugin.  jax
 is imported, and the plugin's client created, when the first 'jax' tensor is
 made.
 
-Modules import strictly downward (tests/test_layers.py checks it); where a
-rule lives:
+The layers of this package: the one table of them (docs/architecture.md
+points here; tests/test_layers.py parses it).  Every module of ``_torch``
+is a row; ``_c10d/`` is one row for its whole subpackage.  The rule: a
+module imports only modules of rows at lower layers than its own, wherever
+the import is written (function-level imports included); the modules of one
+row (a subpackage) may import each other.  The one import upward is
+:func:`autoload`'s (the package names the device; its registration is
+imported only when torch calls in).  Two folders hold rules of their own,
+tested in tests/test_torch_folders.py: ``_boot/`` is what runs inside
+``import torch`` (no jax), and ``_patches/`` is the only code that changes
+torch or another library.
 
-=====  ===================  ====================================================
-layer  module               job
-=====  ===================  ====================================================
-5      ``_privateuse1``    torch's side: PrivateUse1 name, ``torch.jax``, hooks
-                            and device guard; registers kernels and patches
-5      ``_kernels``         device-key kernels (factories, ``_to_copy``,
-                            ``copy_``) and the fallback
-5      ``_autocast``        ``torch.autocast('jax')``'s op lists and kernels
-5      ``_autograd_kernels`` dense sparse-gradient formulas, checked composites
-5      ``_patches``         every replacement of a torch function, listed once
-                            and installed only from here
-5      ``_loader``          loads the device on first use, installs the
-                            dispatcher
-5      ``_torch_jax``   ``torch.jax`` (device count, current device, seeds)
-5      ``_amp``             ``torch.jax.amp``: torch.cuda.amp's aliases for 'jax'
-5      ``_accelerate``      accelerate's / Trainer's default device on an
-                            accelerator plugin (an import hook)
-5      ``_lightning``       ``import lightning`` registers accelerator='jax'
-                            (imports :mod:`pjrt_host.lightning`; an import hook)
-4      ``_dispatch``        routing only: which handler runs an op
-3      ``_storage_ops``     copies, ``_to_copy``, ``item``, ``clone``, ``*_like``,
-                            ``set_``, ``resize_``, batch-norm statistics
-3      ``_factories``       ``torch.zeros(..., device='jax')`` and friends: the
-                            storage side of the factory lowerings
-3      ``_cpu_fallback``    ``config(cpu_fallback=True)``
-3      ``_view_ops``        view ops: new tensors over the same storage
-2      ``_engine``          an op compiled per signature, run through
-                            ``_lowerings.invoke`` with :func:`lowering_context`
-2      ``_meta``            torch's meta kernels: result shapes, dtypes, errors
-2      ``_conversion``      torch <-> device transfers (DLPack where allowed)
-1      ``_tensor``          ``JaxTensor``, ``Storage``, ``View``; eager read,
-                            write, wrap; ``synchronize``
-0      ``_devices``         'jax:N' <-> jax device; the device-index normaliser
-0      ``_dtype_policy``    the plugin's dtype substitutions
-0      ``_strided``           traceable read / write of a strided view
-0      ``_config``          ``pjrt_host.config(...)``, a per-thread stack
-0      ``_rng``             per-device seed and counter
-0      ``_printing``        ``repr`` of a tensor
-0      ``_sdpa``            the attention backends sdpa_kernel allows
-=====  ===================  ====================================================
+=====  ===============================  ==================================================
+layer  module                           job
+=====  ===============================  ==================================================
+13     ``_boot._privateuse1``           torch's side: PrivateUse1 named 'jax', ``torch.jax``,
+                                        hooks and device guard; registers kernels and patches
+12     ``_boot._autocast``              ``torch.autocast('jax')``'s op lists and kernels
+11     ``_boot._kernels``               device-key kernels (factories, ``_to_copy``,
+                                        ``copy_``) and the fallback; no jax
+10     ``_loader``                      loads the device on first use, installs the
+                                        dispatcher
+9      ``_dispatch``                    routing only: which handler runs an op
+9      ``_patches``                     every patch of torch and other libraries, listed
+                                        (``INVENTORY``) and installed once
+8      ``_storage_ops``                 copies, ``_to_copy``, ``item``, ``clone``, ``*_like``,
+                                        ``set_``, ``resize_``, batch-norm statistics
+8      ``_backward``                    the device inside autograd's backward: errors
+                                        raised at ``backward()``, the caller's settings
+7      ``_cpu_fallback``                ``config(cpu_fallback=True)``
+7      ``_view_ops``                    view ops: new tensors over the same storage
+7      ``_torch_accelerator``           ``torch.accelerator``'s answers for 'jax' (wrappers)
+7      ``_patches._huggingface``        accelerate's / Trainer's default device 'jax' on an
+                                        accelerator plugin (through an import hook)
+6      ``_engine``                      an op compiled per signature, run through
+                                        ``_lowerings.invoke`` with ``lowering_context``
+6      ``_boot._torch_jax``             ``torch.jax`` (device count, current device, seeds)
+5      ``_factories``                   ``torch.zeros(..., device='jax')`` and friends: the
+                                        storage side of the factory lowerings
+5      ``_boot._autograd_kernels``      dense sparse-gradient formulas, checked composites
+5      ``_patches._c10d_registration``  the 'pjrt' backend registered with
+                                        torch.distributed
+5      ``_fused``                       fused eager: ops recorded into segments, one
+                                        program each
+5      ``_scalar_trials``               traced scalars: whether an op's Python scalars can be
+                                        run-time values
+4      ``_meta``                        torch's meta kernels: result shapes, dtypes, errors
+4      ``_conversion``                  torch <-> device transfers (DLPack where allowed)
+4      ``_memory``                      memory figures as ``torch.cuda`` reports them; OOM
+4      ``_index_checks``                out-of-range indices raise torch CPU's error
+4      ``_value_checks``                argument values torch CPU refuses, refused here too
+4      ``_c10d/``                       torch.distributed's 'pjrt' process group and its
+                                        collectives (docs/distributed.md)
+4      ``_sharded_storage``             the storage side of sharding (``spmd``'s eager half)
+4      ``_signatures``                  what a compiled op is keyed on, and why it compiled
+                                        again
+3      ``_profile``                     ``pjrt_host.profile``: a jax trace with torch's names
+3      ``_boot._streams``               ``torch.jax.Stream`` / ``Event``
+3      ``_tensor``                      ``JaxTensor``, ``Storage``, ``View``; eager read,
+                                        write, wrap
+3      ``_patches._lightning``          ``import lightning`` imports ``pjrt_host.lightning``
+                                        (named as a string: accelerator='jax')
+2      ``_sharding``                    where a storage lives: a device or a mesh placement
+2      ``_sdpa``                        the attention backends sdpa_kernel allows
+2      ``_storage_bridge``              torch ``UntypedStorage`` objects on 'jax' (wrappers)
+2      ``_modules``                     ``nn.Module._apply`` keeping parameters and ties
+                                        (wrappers)
+2      ``_generators``                  ``torch.Generator(device='jax')`` (wrapper)
+2      ``_boot._amp``                   ``torch.jax.amp``: torch.cuda.amp's aliases for 'jax'
+2      ``_patches._import_hooks``       run a hook right after a library is imported,
+                                        without importing it
+2      ``_sync``                        what is queued on the devices and waiting for it (latest
+                                        results, deferred checks, open fused segments)
+1      ``_devices``                     'jax:N' <-> jax device; the device-index normaliser
+1      ``_lowering_context``            the ``LoweringContext`` every caller of a lowering runs
+                                        with (eager ops, factories, the compile backend)
+0      ``__init__``                     ``DEVICE_NAME``, :func:`autoload`, this table
+0      ``_boot``                        the folder's rule (no code)
+0      ``_boot._builtin``               torch's own accelerator, read before registering
+0      ``_dtype_policy``                the plugin's dtype substitutions
+0      ``_strided``                     traceable read / write of a strided view
+0      ``_config``                      ``pjrt_host.config(...)``, a per-thread stack
+0      ``_rng``                         per-device seed and counter
+0      ``_printing``                    ``repr`` of a tensor
+0      ``_hiding``                      keeping dynamo out of the device's code; 'jax'
+                                        tensors as plain tensors while compiling
+0      ``_sequences``                   rnn packing as torch ops around CPU's own checks
+=====  ===============================  ==================================================
 
 The math itself is :mod:`pjrt_host._lowerings` (no torch-device imports).
 """
@@ -86,7 +131,7 @@ def autoload() -> None:
     import os
 
     if not explicit and not os.environ.get("PJRT_DEVICE"):
-        from ._builtin import torch_own_accelerator
+        from ._boot._builtin import torch_own_accelerator
 
         own = torch_own_accelerator()
         if own is not None:
@@ -98,7 +143,7 @@ def autoload() -> None:
                 "accelerator, which breaks %s autograd in the process)", own, own)
             return
     try:
-        from . import _privateuse1
+        from ._boot import _privateuse1
 
         _privateuse1.register()
     except Exception as err:  # pragma: no cover - depends on the torch build

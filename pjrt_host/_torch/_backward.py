@@ -101,11 +101,13 @@ def wrap_engine_run_backward(run: Any) -> Any:
     """torch's engine entry point raising a pending device error at
     backward() (``_patches`` installs it: one Python frame per backward
     call; nothing changes when no device error is pending)."""
-    from . import _config
+    from . import _config, _memory
 
     @functools.wraps(run)
     def _engine_run_backward(*args: Any, **kwargs: Any) -> Any:
         _take()  # nothing stale from an earlier call
+        if args:
+            _memory.note_backward(args[0])  # the forward's activations are all alive now: a peak
         try:
             with _config.lent_to_other_threads():
                 result = run(*args, **kwargs)

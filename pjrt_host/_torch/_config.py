@@ -34,19 +34,23 @@ class Config:
     #: Compile each op (jax.jit, cached per op and static arguments).  Off
     #: runs the lowerings op by op in jax eager mode, for debugging.
     jit: bool = True
-    #: Out-of-range indices of indexing, gather/scatter, index_* and embedding
-    #: ops raise torch CPU's IndexError / RuntimeError instead of giving the
-    #: clipped / wrapped values of an XLA gather.  True: found on the device,
-    #: raised at the next synchronisation point (.item(), .cpu(), print,
-    #: torch.jax.synchronize()), never stalling the queue; "sync": raised at
-    #: the op (waits for the device per checked op); False: unchecked.
-    check_indices: bool | str = True
+    #: The checks torch CPU makes on values only the device holds, as torch
+    #: CPU raises them: out-of-range indices of indexing, gather/scatter,
+    #: index_* and embedding ops (IndexError / RuntimeError instead of the
+    #: clipped / wrapped values of an XLA gather) and bad values (invalid
+    #: probabilities, class indices, ``_assert_async``).  True: found on the
+    #: device, raised at the next synchronisation point (.item(), .cpu(),
+    #: print, torch.jax.synchronize()), never stalling the queue; "sync":
+    #: raised at the op (waits for the device per checked op); False:
+    #: unchecked.  ``config(check_indices=...)``, its first name (it always
+    #: switched the value checks too), is accepted as an alias.
+    checks: bool | str = True
     #: How eager ops run: "op" compiles and runs each op as it comes; "fused"
     #: records them and runs each segment of ops as one program when a value
     #: is needed (``_fused``); "sync" runs op by op and makes every op a
     #: synchronisation point (debugging, as CUDA_LAUNCH_BLOCKING=1): the op's
     #: work is waited for, and its index and value checks raise at the op
-    #: (check_indices=True acts as "sync"; False still turns them off).
+    #: (checks=True acts as "sync"; False still turns them off).
     #: Default: ``PJRT_HOST_EAGER``, else "op".
     eager: str = dataclasses.field(default_factory=lambda: _eager_default())
     #: The selected plugin's vendor kernels (``DevicePlugin.kernels``) run
@@ -60,13 +64,18 @@ class Config:
 
     @property
     def check_mode(self) -> bool | str:
-        """The index / value check mode in force: ``check_indices``, made
-        "sync" (at the op) by ``eager="sync"``.  Every reader of the checks
-        asks this, so the debugging mode reaches eager ops, compiled graphs
-        and ``assume_pure`` alike."""
-        if self.eager == "sync" and self.check_indices is True:
+        """The index / value check mode in force: ``checks``, made "sync"
+        (at the op) by ``eager="sync"``.  Every reader of the checks asks
+        this, so the debugging mode reaches eager ops, compiled graphs and
+        ``assume_pure`` alike."""
+        if self.eager == "sync" and self.checks is True:
             return "sync"
-        return self.check_indices
+        return self.checks
+
+    @property
+    def check_indices(self) -> bool | str:
+        """``checks`` under its first name (kept for code that reads it)."""
+        return self.checks
 
 
 def _eager_default() -> str:
@@ -102,8 +111,11 @@ def _lowerings_read_plugin_kernels() -> None:
 
 _reader_installed = False
 
-_VALID = {"matmul_precision": ("highest", "high", "default"), "check_indices": (True, False, "sync"),
+_VALID = {"matmul_precision": ("highest", "high", "default"), "checks": (True, False, "sync"),
           "eager": ("op", "fused", "sync")}
+
+#: Settings' earlier names -> their names now (``config`` accepts both).
+ALIASES = {"check_indices": "checks"}
 
 DEFAULTS = Config()
 
@@ -168,17 +180,24 @@ def config(**changes: Any) -> Iterator[Config]:
         with pjrt_host.config(matmul_precision="high"):
             y = model(x)
 
-    Unknown names and values raise ValueError listing the valid ones."""
+    Unknown names and values raise ValueError listing the valid ones;
+    ``check_indices`` is ``checks`` under its first name."""
     fields = {f.name for f in dataclasses.fields(Config)}
     for name, value in changes.items():
-        if name not in fields:
+        if ALIASES.get(name, name) not in fields:
             raise ValueError(f"pjrt_host.config: unknown setting {name!r}; settings are: {', '.join(sorted(fields))}")
-        valid = _VALID.get(name)
+        valid = _VALID.get(ALIASES.get(name, name))
         if valid is not None and value not in valid:
             raise ValueError(f"pjrt_host.config: {name}={value!r} is not one of {', '.join(map(repr, valid))}")
     if "plugin_kernels" in changes:
         _plugin_kernel_setting(changes["plugin_kernels"])  # a bad value raises here, not at the first op
         _lowerings_read_plugin_kernels()
+    for old, new in ALIASES.items():
+        if old in changes:
+            if new in changes:
+                raise ValueError(f"pjrt_host.config: {old}= is {new}= under its first name; give one of them")
+            changes = {**changes, new: changes[old]}
+            del changes[old]
     stack = _stack()
     new = _intern(dataclasses.replace(stack[-1], **changes))
     stack.append(new)

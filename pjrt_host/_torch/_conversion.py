@@ -25,7 +25,8 @@ import torch
 from .. import _runtime
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from ._devices import jax_device
-from ._tensor import JaxTensor, read, run_deferred_checks
+from ._sync import run_deferred_checks
+from ._tensor import JaxTensor, read
 
 __all__ = ["host_array", "to_jax_array", "to_torch", "zero_copy_devices"]
 

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _lowerings
-from . import (_backward, _config, _index_checks, _memory, _meta, _profile, _sdpa, _sequences, _storage_ops, _tensor,
+from . import (_backward, _sync, _config, _index_checks, _memory, _meta, _profile, _sdpa, _sequences, _storage_ops, _tensor,
                _value_checks)
 from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
@@ -296,7 +296,7 @@ def _index_moved_to_device(handler: Handler) -> Handler:
 
 def _checked(func: Any, handler: Handler, run_check: Callable[[Any, tuple, dict], None]) -> Handler:
     """``handler`` after ``run_check(mode, args, kwargs)`` (an index or value
-    check, deferred or at the op by ``check_indices``).  Where the check
+    check, deferred or at the op by ``checks``).  Where the check
     fails, the op's own refusal of its arguments comes first (torch CPU's,
     then the meta kernel's: an ``embedding`` weight of no dimensions is
     "'weight' must be 2-D", not the check's failure to read its size)."""
@@ -304,19 +304,19 @@ def _checked(func: Any, handler: Handler, run_check: Callable[[Any, tuple, dict]
         mode = _config.current().check_mode
         if not mode:
             return handler(args, kwargs)
-        before = len(_tensor._deferred)
+        before = len(_sync._deferred)
         try:
             run_check(mode, args, kwargs)
         except Exception:
-            _tensor.withdraw_checks(_tensor._deferred[before:])
+            _sync.withdraw_checks(_sync._deferred[before:])
             _meta.check_cpu_kernel(func, args, kwargs)
             _meta.run_meta(func, args, kwargs)
             raise
-        queued = _tensor._deferred[before:]
+        queued = _sync._deferred[before:]
         try:
             return handler(args, kwargs)
         except Exception:
-            _tensor.withdraw_checks(queued)  # the op's own error stands; its checks would repeat it later
+            _sync.withdraw_checks(queued)  # the op's own error stands; its checks would repeat it later
             raise
 
     return checked

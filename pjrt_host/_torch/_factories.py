@@ -33,10 +33,10 @@ from . import _config, _memory, _meta, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, jax_device, sharding
 from ._dtype_policy import device_dtype
-from ._engine import lowering_context
+from ._lowering_context import lowering_context
 from ._tensor import new_tensor, wrap_array
 
-__all__ = ["bucket", "factory_lowering", "run", "run_named"]
+__all__ = ["bucket", "factory_lowering", "run", "run_factory"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +52,6 @@ def _target_index(kwargs: dict) -> int:
     return device_index(device)
 
 
-def _aten(name: str) -> Any:
-    packet, _, overload = name.partition(".")
-    return getattr(getattr(torch.ops.aten, packet), overload or "default")
-
-
 def _freeze(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return tuple(_freeze(x) for x in v)
@@ -65,10 +60,11 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-def run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
-    """The device kernel of the factory overload ``name`` ("arange.start")."""
+def run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The device kernel of the factory overload ``op``, named ``name``
+    ("arange.start")."""
     try:
-        return _run_named(name, args, kwargs)
+        return _run_factory(op, name, args, kwargs)
     except (MemoryError, RuntimeError) as err:
         oom = _memory.as_out_of_memory(err, f"aten::{name}", (), kwargs)
         if oom is None:
@@ -76,16 +72,16 @@ def run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         raise oom from err
 
 
-def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
+def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
     index = _target_index(kwargs)
     meta_kwargs = dict(kwargs, device="meta")
     meta_kwargs.pop("pin_memory", None)
     if "generator" in meta_kwargs:
         meta_kwargs["generator"] = None  # the meta kernel needs no random state
     try:
-        meta = _aten(name)(*args, **meta_kwargs)
+        meta = op(*args, **meta_kwargs)
     except Exception as err:
-        _meta.check_cpu_factory(_aten(name), args, kwargs)  # CPU's own refusal first, where its kernel refuses
+        _meta.check_cpu_factory(op, args, kwargs)  # CPU's own refusal first, where its kernel refuses
         known = _meta.kernel_error(err)
         if known is not None:
             raise known from None
@@ -97,7 +93,6 @@ def _run_named(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         # fails here, as it would on cuda, not at some later op.
         _memory.check_fits(math.prod(shape) * meta.element_size(), index, f"aten::{name}")
         return new_tensor(shape, dtype, index)
-    op = _aten(name)
     lowering = factory_lowering(op)
     if lowering is None or any(isinstance(a, torch.Tensor) for a in args):
         return _on_cpu(op, args, kwargs, index)
@@ -138,7 +133,7 @@ def _compile(name: str, lowering: Any, args: tuple, kwargs: dict, dtype: Any, sh
     ctx = lowering_context(_config.current(), True)  # a factory makes its tensor on one device
     if lowering.needs_rng:
         def body(key_data, counter):
-            key = jax.random.fold_in(jax.random.wrap_key_data(key_data, impl="threefry2x32"), counter)
+            key = _rng.draw_key(key_data, counter)
             return _lowerings.invoke(lowering, args, kwargs, dataclasses.replace(ctx, rng_key=key), dtype, shape)
     else:
         def body():
@@ -195,7 +190,7 @@ def run(op: Any, args: tuple, kwargs: dict) -> Any:
     """The device-key fallback: any factory without a kernel of its own."""
     name = op.name().split("::", 1)[1] if hasattr(op, "name") else str(op)
     if name in ("empty.memory_format", "empty_strided"):
-        return run_named(name, args, kwargs)
+        return run_factory(op, name, args, kwargs)
     index = _target_index(kwargs)
     logger.debug("factory %s computed on torch CPU and moved to the device", name)
     try:

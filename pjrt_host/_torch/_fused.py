@@ -37,8 +37,10 @@ import jax
 from .. import _program_cache
 from .._jax_settings import x64_scope
 from .._lowerings._dtypes import jax_dtype
-from ._tensor import DONATE, JaxTensor, Pending, Storage, _make_wrapper, note_result, open_segments
-from ._devices import jax_device, torch_device
+from ._devices import jax_device
+from ._signatures import Traceable, difference
+from ._sync import note_result, open_segments
+from ._tensor import DONATE, Pending, result_tensor
 
 __all__ = ["LIMIT", "Segment", "record", "resolve", "stats"]
 
@@ -51,9 +53,6 @@ _validated: set = set()  # traceable op functions known to trace with pending (a
 _refused: set = set()  # those that do not (they need concrete values), or trace to other shapes than planned
 _counts = {"segments": 0, "ops": 0, "programs": 0}
 _recompiles = logging.getLogger("pjrt_host.recompiles")
-#: How two keys of one op differ, in a user's terms: ``_engine._difference``,
-#: set by the engine (which imports this module) for :func:`_why_new`.
-key_difference: Any = None
 
 
 class Segment:
@@ -62,9 +61,9 @@ class Segment:
     __slots__ = ("ops", "externals", "ext_ids", "results", "lock", "done", "device", "error", "__weakref__")
 
     def __init__(self, device: int) -> None:
-        # (traceable fn, argument refs, one result): with the externals'
-        # signatures, the program's key
-        self.ops: list[tuple[Any, tuple[int, ...], bool]] = []
+        # (the op's Traceable, argument refs, one result): with the
+        # externals' signatures, the program's key
+        self.ops: list[tuple[Traceable, tuple[int, ...], bool]] = []
         self.externals: list[Any] = []  # arrays and run-time scalars the ops read
         self.ext_ids: dict[int, int] = {}
         self.results: list[tuple[Any, Pending]] = []  # (weakref to the Storage, its Pending)
@@ -137,7 +136,7 @@ def _why_new(key: tuple) -> str:
     which results are still held.  Only for the ``pjrt_host.recompiles``
     log at INFO: it looks at every program made."""
     ops, inputs, live, donated = key
-    names = [_op_name(op) for op in ops]
+    names = [op[0].name for op in ops]
     same_length = [k for k in reversed(_programs) if len(k[0]) == len(ops)]  # of equals, the latest
     if not same_length:
         return f"no earlier segment has {len(ops)} ops (this one: {names[0]} ... {names[-1]})"
@@ -146,11 +145,10 @@ def _why_new(key: tuple) -> str:
     for i, (old, new) in enumerate(zip(closest[0], ops)):
         if old == new:
             continue
-        old_key, new_key = getattr(old[0], "pjrt_host_key", None), getattr(new[0], "pjrt_host_key", None)
-        if old[0] is not new[0] and old_key is not None and new_key is not None and old_key[0] == new_key[0]:
-            changes.append(f"op {i} ({names[i]}): {key_difference(old_key[1], new_key[1])}")
+        if old[0] is not new[0] and old[0].name == new[0].name:
+            changes.append(f"op {i} ({names[i]}): {difference(old[0].key, new[0].key)}")
         elif old[0] is not new[0]:
-            changes.append(f"op {i} is {names[i]} where the closest earlier segment has {_op_name(old)}")
+            changes.append(f"op {i} is {names[i]} where the closest earlier segment has {old[0].name}")
         else:
             changes.append(f"op {i} ({names[i]}) reads other values (the ops are wired otherwise)")
         if len(changes) == 3:
@@ -165,11 +163,6 @@ def _why_new(key: tuple) -> str:
     return "; ".join(changes) or "the same segment (its earlier program was dropped)"
 
 
-def _op_name(op: tuple) -> str:
-    named = getattr(op[0], "pjrt_host_key", None)
-    return named[0] if named is not None else getattr(op[0], "__name__", "an op")
-
-
 def _input_text(signature: Any) -> str:
     if isinstance(signature, tuple):
         shape, dtype = signature
@@ -181,14 +174,14 @@ def _kept(jitted: Any, key: tuple, ext: list, device: int) -> Any:
     """What runs a new segment program: ``jitted`` compiled through the
     program cache, so that a later process loads it from disk without
     tracing, when every op in it has a signature there (the engine gives
-    its ops one, ``pjrt_host_signature``, while the cache is on); else
+    its ops one, ``Traceable.signature``, while the cache is on); else
     ``jitted`` itself."""
     if _program_cache.directory() is None:
         return jitted
     ops_key, _, live, donated = key
     ops = []
-    for fn, refs, _ in ops_key:
-        signature = getattr(fn, "pjrt_host_signature", None)
+    for op, refs, _ in ops_key:
+        signature = op.signature
         if signature is None:
             return jitted
         ops.append((signature, refs))
@@ -217,8 +210,8 @@ def _only_here(ext: list) -> tuple[int, ...]:
 def _program(ops: list, live: tuple[int, ...]) -> Any:
     def segment(*ext: Any) -> tuple:
         values: list[Any] = []  # one per result slot (an op with several results has several)
-        for fn, refs, single in ops:
-            out = fn(*[values[~r] if r < 0 else ext[r] for r in refs])
+        for op, refs, single in ops:
+            out = op.fn(*[values[~r] if r < 0 else ext[r] for r in refs])
             if single:
                 values.append(out)
             else:
@@ -228,14 +221,14 @@ def _program(ops: list, live: tuple[int, ...]) -> Any:
     return segment
 
 
-def _fusable(fn: Any, dyn: list, plan: Any) -> bool:
-    """Whether ``fn`` traces with pending (abstract) inputs to the shapes
+def _fusable(op: Traceable, dyn: list, plan: Any) -> bool:
+    """Whether ``op`` traces with pending (abstract) inputs to the shapes
     torch planned; remembered on disk by the op's signature, so a warm
     process does not trace its ops to find out."""
-    signature = getattr(fn, "pjrt_host_signature", None)
+    signature = op.signature
     if signature is not None:
         signature = (signature, tuple(_signature(v) for v in dyn), plan is None)
-    return _program_cache.learnt("fusable", signature, lambda: _traces_as_planned(fn, dyn, plan))
+    return _program_cache.learnt("fusable", signature, lambda: _traces_as_planned(op.fn, dyn, plan))
 
 
 def _traces_as_planned(fn: Any, dyn: list, plan: Any) -> bool:
@@ -271,25 +264,25 @@ def _abstract(v: Any) -> Any:
     return jax.ShapeDtypeStruct(v.shape, v.dtype) if type(v) is Pending else v
 
 
-def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | None = None,
+def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: list | None = None,
            returns_one: bool = True) -> Any:
-    """Record ``fn(*dyn)`` (an op's traceable function and its arguments) and
+    """Record ``op.fn(*dyn)`` (an op's traceable function and its arguments) and
     return its results as 'jax' tensors (``plan``: their specs and
     container) whose arrays are pending; with ``into`` (the storages an
     in-place or out= op writes) the results become those storages' new
     arrays instead (``returns_one``: ``fn`` returns one array, not a
     tuple), and True is returned.  None when the op cannot be fused
     (the caller runs it itself)."""
-    if fn not in _validated:
-        if fn in _refused:
+    if op not in _validated:
+        if op in _refused:
             return None
         if len(_validated) + len(_refused) > 8192:  # op functions of signatures long gone: bound the memory
             _validated.clear()
             _refused.clear()
-        if not _fusable(fn, dyn, plan):
-            _refused.add(fn)
+        if not _fusable(op, dyn, plan):
+            _refused.add(op)
             return None
-        _validated.add(fn)
+        _validated.add(op)
     seg = _segment(index)
     with seg.lock:
         if seg.done:  # another thread ran it meanwhile
@@ -309,30 +302,24 @@ def record(fn: Any, dyn: list, plan: Any, index: int, place: Any, into: list | N
             refs.append(i)
         refs_t = tuple(refs)
         single = plan.container == "single" if into is None else returns_one
-        seg.ops.append((fn, refs_t, single))
+        seg.ops.append((op, refs_t, single))
         _counts["ops"] += 1
         if into is not None:
             result: Any = True
             for storage in into:
                 pending = Pending(seg, len(seg.results), storage.shape, storage.jax_dtype)
-                storage._array = pending
-                storage.version += 1
+                storage.commit(pending)
                 seg.results.append((weakref.ref(storage), pending))
         else:
-            device = torch_device(index)
             tensors = []
             for spec in plan.outputs:
-                shape = spec.shape
-                pending = Pending(seg, len(seg.results), shape, jax_dtype(spec.dtype))
-                t = _make_wrapper(JaxTensor, shape, dtype=spec.dtype, device=device)
-                storage = Storage(pending, shape, pending.dtype, index, place)
-                t._storage = storage
-                t._view = None
-                seg.results.append((weakref.ref(storage), pending))
+                pending = Pending(seg, len(seg.results), spec.shape, jax_dtype(spec.dtype))
+                t = result_tensor(pending, spec.shape, spec.dtype, index, place)
+                seg.results.append((weakref.ref(t._storage), pending))
                 tensors.append(t)
             result = tensors[0] if single else (tuple(tensors) if plan.container == "tuple" else tensors)
         n = len(seg.ops)
-        period = _repeats(id(fn), n)
+        period = _repeats(id(op), n)
         full = n >= LIMIT or (period and (not _small_body(period) or (n % period == 0 and n >= REPEAT_SEGMENT)))
     if full:
         seg.flush()

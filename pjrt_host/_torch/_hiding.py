@@ -145,8 +145,8 @@ class DispatchDescriptor:
         if obj is None and torch.compiler.is_compiling() and compiling_in_this_thread() \
                 and not getattr(_local, "creating", 0):
             _check_backend(owner)
-            if not _attributes_under_modes_installed:
-                _install_attributes_under_modes(owner)
+            if not _first_compile_seen:
+                _first_compile(owner)
             return _PLAIN
         try:
             return self._bound[owner]
@@ -158,13 +158,27 @@ class DispatchDescriptor:
 never_traced(DispatchDescriptor.__get__)
 
 
-_attributes_under_modes_installed = False
+#: Called once, with the tensor class, the first time a thread compiles with
+#: a 'jax' tensor (torch._dynamo is loaded by then): set at ``import torch``
+#: by ``_patches`` (its ``dynamo_attributes`` row), which replaces dynamo's
+#: method with :func:`attributes_under_modes`'s wrapper then.
+at_first_compile: Callable[[type], None] | None = None
+_first_compile_seen = False
 
 
-def _install_attributes_under_modes(owner: type) -> None:
-    """Let dynamo read a 'jax' tensor's attributes while a torch-function
-    mode is active -- ``with torch.device('jax'):`` around a compiled call,
-    or the mode ``torch.set_default_device`` leaves on the stack (even after
+def _first_compile(owner: type) -> None:
+    global _first_compile_seen
+    _first_compile_seen = True
+    if at_first_compile is not None:
+        at_first_compile(owner)
+
+
+def attributes_under_modes(owner: type) -> Callable[[Callable], Callable]:
+    """The maker of dynamo's ``TensorWithTFOverrideVariable.var_getattr``
+    for 'jax' tensors (class ``owner``): lets dynamo read a 'jax' tensor's
+    attributes while a torch-function mode is active -- ``with
+    torch.device('jax'):`` around a compiled call, or the mode
+    ``torch.set_default_device`` leaves on the stack (even after
     ``set_default_device('cpu')``).
 
     Dynamo wraps a 'jax' tensor as a ``TensorWithTFOverrideVariable`` (its
@@ -177,36 +191,30 @@ def _install_attributes_under_modes(owner: type) -> None:
     function call (modes, then subclasses that have a ``__torch_function__``),
     and a Python property (``is_jax``) is traced as on a plain tensor.  It
     applies only to 'jax' tensors, and only to attributes dynamo would
-    otherwise refuse.  tests/test_compile.py pins the dynamo internals used
-    here (a torch upgrade that moves them fails there, loudly)."""
-    global _attributes_under_modes_installed
-    _attributes_under_modes_installed = True
-    try:
-        import inspect
+    otherwise refuse.  ``_patches`` installs it; tests/test_compile.py pins
+    the dynamo internals used here (a torch upgrade that moves them fails
+    there, loudly)."""
+    import inspect
 
-        from torch._dynamo.variables import torch_function as tf
-        from torch._dynamo.variables.tensor import TensorVariable
+    from torch._dynamo.variables import torch_function as tf
+    from torch._dynamo.variables.tensor import TensorVariable
 
-        cls = tf.TensorWithTFOverrideVariable
-        original = cls.var_getattr
-    except Exception as err:  # pragma: no cover - depends on the torch build
-        logger.warning("pjrt_host: torch %s's dynamo has no TensorWithTFOverrideVariable.var_getattr (%s); "
-                       "compiling under torch.device('jax') or set_default_device may fail", torch.__version__, err)
-        return
+    def make(original: Callable) -> Callable:
+        def var_getattr(self: Any, tx: Any, name: str) -> Any:
+            if issubclass(self.class_type, owner) and hasattr(torch.Tensor, name) \
+                    and not tf._is_attr_overridden(tx, self, name) \
+                    and not inspect.ismethoddescriptor(getattr(torch.Tensor, name)) \
+                    and tf.can_dispatch_torch_function(tx, [self], {}):
+                if isinstance(inspect.getattr_static(torch.Tensor, name), property):
+                    return TensorVariable.var_getattr(self, tx, name)
+                getter = tf.VariableTracker.build(tx, getattr(torch.Tensor, name).__get__)
+                return tf.dispatch_torch_function(tx, getter, [self], {})
+            return original(self, tx, name)
 
-    def var_getattr(self: Any, tx: Any, name: str) -> Any:
-        if issubclass(self.class_type, owner) and hasattr(torch.Tensor, name) \
-                and not tf._is_attr_overridden(tx, self, name) \
-                and not inspect.ismethoddescriptor(getattr(torch.Tensor, name)) \
-                and tf.can_dispatch_torch_function(tx, [self], {}):
-            if isinstance(inspect.getattr_static(torch.Tensor, name), property):
-                return TensorVariable.var_getattr(self, tx, name)
-            getter = tf.VariableTracker.build(tx, getattr(torch.Tensor, name).__get__)
-            return tf.dispatch_torch_function(tx, getter, [self], {})
-        return original(self, tx, name)
+        var_getattr.__wrapped__ = original  # type: ignore[attr-defined]
+        return var_getattr
 
-    var_getattr.__wrapped__ = original  # type: ignore[attr-defined]
-    cls.var_getattr = var_getattr
+    return make
 
 
 #: Backends that run real ops on the graph's devices while compiling, which

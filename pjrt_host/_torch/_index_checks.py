@@ -1,5 +1,5 @@
 """Out-of-range indices raise torch CPU's error
-(``pjrt_host.config(check_indices=...)``).
+(``pjrt_host.config(checks=...)``).
 
 The lowerings index with clipping or wrapping (an XLA gather cannot fail),
 so without a check ``torch.arange(3, device='jax')[torch.tensor([5],
@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from .. import _program_cache
-from ._tensor import JaxTensor, defer_check, read
+from ._sync import defer_check
+from ._tensor import JaxTensor, read
 
 __all__ = ["check", "check_structure", "checker_for", "failure", "indexes_along_dim", "sites"]
 
@@ -138,7 +139,7 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
         lo, hi = np.asarray(bounds).tolist()
         if lo < low or hi >= size:
             raise failure(error, _first_bad(values, low, size, ignore), dim, size, op, f"on {device}",
-                          "found at the next synchronisation point; pjrt_host.config(check_indices='sync'), or "
+                          "found at the next synchronisation point; pjrt_host.config(checks='sync'), or "
                           "the debugging mode PJRT_HOST_EAGER=sync, raises at the op itself")
         return True
 

@@ -25,12 +25,12 @@ import jax
 import torch
 
 from .. import _runtime
-from . import _tensor
+from . import _sync, _tensor
 from ._devices import DEVICE_NAME, current_index, jax_device, torch_device
 
 __all__ = [
     "allocated", "as_out_of_memory", "check_fits", "device_stats", "empty_cache", "mem_get_info", "memory_stats",
-    "peak_allocated", "reset_peak", "limit",
+    "note_backward", "peak_allocated", "reset_peak", "limit", "source",
 ]
 
 _lock = threading.Lock()
@@ -42,8 +42,8 @@ _limits: dict[int, int | None] = {}
 
 def device_stats(index: int) -> dict[str, int] | None:
     """The PJRT device's own statistics, or None where it reports none."""
-    if _tensor.open_segments:  # fused eager: what the queued ops make counts, as on cuda
-        _tensor.flush_segments()
+    if _sync.open_segments:  # fused eager: what the queued ops make counts, as on cuda
+        _sync.flush_segments()
     try:
         stats = jax_device(index).memory_stats()
     except Exception:  # a plugin without the PJRT memory-stats extension
@@ -51,9 +51,9 @@ def device_stats(index: int) -> dict[str, int] | None:
     return dict(stats) if stats else None
 
 
-def _live_bytes(index: int) -> int:
-    if _tensor.open_segments:
-        _tensor.flush_segments()
+def _live_bytes(index: int, flush: bool = True) -> int:
+    if flush and _sync.open_segments:
+        _sync.flush_segments()
     device = jax_device(index)
     cap = _cached_limit(index)
     total = 0
@@ -102,7 +102,9 @@ def peak_allocated(index: int) -> int:
 
 
 def reset_peak(index: int) -> None:
+    global _backwards
     stats = device_stats(index)
+    _backwards = 0  # the next backward is sampled (note_backward)
     with _lock:
         _peak[index] = 0
         _device_peak_at_reset[index] = stats.get("peak_bytes_in_use", 0) if stats else 0
@@ -140,9 +142,48 @@ def mem_get_info(index: int) -> tuple[int, int]:
     return free, total
 
 
-def memory_stats(index: int) -> dict[str, Any]:
+_backwards = 0  #: backward calls seen by note_backward
+_reports: dict[int, bool] = {}  #: device index -> whether the device reports its own peak
+
+
+def note_backward(tensors: Any) -> None:
+    """Sample the allocated bytes as a backward over ``tensors`` starts,
+    where the device reports no peak of its own: every activation the
+    forward saved is still alive then, the usual high-water mark of a
+    training step, so ``max_memory_allocated`` after a training run counts
+    it (before, only the memory calls themselves sampled: a peak read after
+    the model was freed was 4 bytes).  Counting live arrays costs about
+    4 microseconds an array, so it runs at the 1st, 2nd, 4th, 8th ... and
+    then every 64th backward (counted from the last :func:`reset_peak`);
+    queued fused segments are not run for it."""
+    global _backwards
+    _backwards += 1
+    n = _backwards
+    if n & (n - 1) and n % 64:
+        return
+    for t in tensors if isinstance(tensors, (tuple, list)) else (tensors,):
+        if isinstance(t, torch.Tensor) and t.device.type == DEVICE_NAME:
+            index = t.device.index or 0
+            break
+    else:
+        return
+    if index not in _reports:
+        try:
+            stats = jax_device(index).memory_stats()
+        except Exception:
+            stats = None
+        _reports[index] = bool(stats) and "peak_bytes_in_use" in stats
+    if not _reports[index]:
+        _sample(index, _live_bytes(index, flush=False))
+
+
+def memory_stats(index: int) -> dict[str, int]:
     """torch.cuda.memory_stats' keys that mean something here, plus the
-    device's own statistics as ``device.<name>``."""
+    device's own numeric statistics as ``device.<name>``: every value an
+    int, as torch.cuda's (loggers take numbers only), in an OrderedDict
+    sorted by key.  Where the figures come from: :func:`source`."""
+    import collections
+
     current = allocated(index)
     peak = peak_allocated(index)
     stats = device_stats(index) or {}
@@ -154,19 +195,27 @@ def memory_stats(index: int) -> dict[str, Any]:
         "reserved_bytes.all.peak": max(int(stats.get("peak_bytes_reserved", 0)), peak),
         "num_ooms": _ooms.get(index, 0),
         "num_alloc_retries": 0,
-        "source": "device" if "bytes_in_use" in stats else "host accounting of live arrays",
     }
     for k, v in sorted(stats.items()):
-        out[f"device.{k}"] = v
-    return dict(sorted(out.items()))
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"device.{k}"] = int(v)
+    return collections.OrderedDict(sorted(out.items()))
+
+
+def source(index: int) -> str:
+    """Where :func:`memory_stats`' figures come from: ``"device"`` (the
+    PJRT device's own statistics) or ``"host accounting of live arrays"``
+    (sampled: see the module's docstring)."""
+    stats = device_stats(index) or {}
+    return "device" if "bytes_in_use" in stats else "host accounting of live arrays"
 
 
 def empty_cache(index: int | None = None) -> None:
     """Wait for queued work and drop the host's own references to device
     arrays (the last result kept per device for ``synchronize``), so memory
     that no tensor holds is released."""
-    _tensor.synchronize(index)
-    _tensor.forget_results(index)
+    _sync.synchronize(index)
+    _sync.forget_results(index)
 
 
 # ---------------------------------------------------------------- out of memory

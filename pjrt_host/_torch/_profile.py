@@ -81,9 +81,9 @@ def profile(logdir: str | os.PathLike, *, create_perfetto_link: bool = False) ->
             try:
                 yield logdir
             finally:
-                from . import _tensor
+                from . import _sync
 
-                _tensor.synchronize()
+                _sync.synchronize()
     finally:
         pre.remove()
         post.remove()

@@ -1,7 +1,7 @@
 """Per-device random state: a seed and a counter.
 
 Each random op draws its key as ``fold_in(key(seed), counter)`` inside its
-compiled function and advances the counter by one, so a random op costs no
+compiled function (:func:`draw_key`) and advances the counter by one, so a random op costs no
 extra device work and ``torch.manual_seed(s)`` makes every later draw
 reproducible.  Nothing here imports jax until a key is needed.
 """
@@ -12,7 +12,7 @@ import struct
 import threading
 from typing import Any
 
-__all__ = ["DEFAULT_SEED", "State", "state", "seed_all", "seed_one", "next_key_args"]
+__all__ = ["DEFAULT_SEED", "State", "draw_key", "next_key_args", "seed_all", "seed_one", "state"]
 
 #: torch's default seed for its accelerator generators.
 DEFAULT_SEED = 67280421310721
@@ -101,3 +101,14 @@ def next_key_args(index: int, generator: Any = None) -> tuple[Any, int]:
         counter = st.counter
         st.counter = counter + 1
     return st.key_data(), counter
+
+
+def draw_key(key_data: Any, counter: Any) -> Any:
+    """Traceable: the jax key of one draw, from the (key data, counter) pair
+    :func:`next_key_args` gave.  Every program that draws builds its key
+    here: eager ops, factories, compiled graphs and ``assume_pure``."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.random.fold_in(jax.random.wrap_key_data(jnp.asarray(key_data, jnp.uint32), impl="threefry2x32"),
+                              counter)

@@ -30,7 +30,8 @@ from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import check_out_overlap, meta_view_of
 from . import _meta, _sharding, _storage_bridge
-from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, run_deferred_checks, view_for, wrap_array,
+from ._sync import run_deferred_checks
+from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, view_for, wrap_array,
                       write)
 from ._view_ops import run_inplace_view
 

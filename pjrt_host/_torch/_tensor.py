@@ -15,7 +15,7 @@ tensor sharing the storage sees the new values on its next read.
 The functions here are the eager primitives every layer above uses: make a
 tensor over a storage, read a tensor's values, write them, wrap a result.
 Which function runs an ATen op is decided above (``_dispatch``), and
-installed on :class:`JaxTensor` once by ``_privateuse1``.
+installed on :class:`JaxTensor` once by ``_loader`` (:func:`install_dispatcher`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ from __future__ import annotations
 import math
 import os
 import sys
-import weakref
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -36,11 +34,11 @@ from .._lowerings._dtypes import jax_dtype, torch_dtype
 from . import _printing, _sharding, _strided
 from ._devices import jax_device, torch_device
 from ._dtype_policy import device_dtype
+from ._sync import note_result, wait_queued
 
 __all__ = [
-    "JaxTensor", "Storage", "TensorSpec", "View", "contiguous_strides", "defer_check", "install_dispatcher", "make", "new_tensor",
-    "forget_results", "note_result", "read", "run_deferred_checks", "finish_op", "synchronize", "view_for", "withdraw_checks",
-    "wrap_array", "write",
+    "DONATE", "JaxTensor", "Pending", "Storage", "TensorSpec", "View", "contiguous_strides", "finish_op",
+    "install_dispatcher", "make", "new_tensor", "read", "result_tensor", "view_for", "wrap_array", "write",
 ]
 
 
@@ -67,7 +65,7 @@ class Storage:
     itself for one device, a ``MeshPlacement`` for an array sharded over a
     mesh (``device_index`` is then the torch device the tensor reports)."""
 
-    __slots__ = ("_array", "shape", "jax_dtype", "device_index", "place", "version", "spec", "torch_storage",
+    __slots__ = ("_array", "shape", "jax_dtype", "device_index", "place", "spec", "torch_storage",
                  "read_only", "__weakref__")
 
     @property
@@ -96,7 +94,6 @@ class Storage:
         self.jax_dtype = dtype
         self.device_index = device_index
         self.place = device_index if place is None else place
-        self.version = 0  #: counts writes
         self.spec = TensorSpec((dtype, shape, None))
         self.torch_storage: Any = None  #: the torch UntypedStorage naming it (_storage_bridge), made on first use
         #: Why a write is refused (a byte-level snapshot of another Storage, see _storage_ops.set_), else None.
@@ -122,6 +119,30 @@ class Storage:
     def sharded(self) -> bool:
         return type(self.place) is not int
 
+    def check_writable(self) -> None:
+        """Raise why this storage refuses writes (a byte-level snapshot of
+        another storage), if it does."""
+        if self.read_only is not None:
+            raise RuntimeError(self.read_only)
+
+    def commit(self, array: Any, settle: bool = False) -> None:
+        """Make ``array`` this storage's values: the one way a write lands
+        (eager ops, writes through views, fused eager's pending results,
+        compiled graphs' input mutations).  Refused for a read-only storage;
+        laid out as the previous array when the storage is sharded or
+        ``settle`` (the value was computed on a mesh); the latest result
+        :func:`synchronize` waits for.  (torch counts the write in the
+        tensors' ``_version`` itself.)"""
+        if self.read_only is not None:
+            raise RuntimeError(self.read_only)
+        if settle or type(self.place) is not int:
+            previous = self._array
+            if previous is not None and type(previous) is not Pending:
+                array = _sharding.settle(array, previous)
+        self._array = array
+        if type(array) is not Pending:
+            note_result(self.device_index, array)
+
 
 class Pending:
     """A result fused eager recorded and has not computed yet: the
@@ -135,16 +156,6 @@ class Pending:
         self.index = index
         self.shape = shape
         self.dtype = dtype
-
-
-#: Segments fused eager has open, in any thread: synchronisation runs them.
-open_segments: weakref.WeakSet = weakref.WeakSet()
-
-
-def flush_segments() -> None:
-    """Run every open fused-eager segment (all threads)."""
-    for seg in list(open_segments):
-        seg.flush()
 
 
 class View:
@@ -381,7 +392,8 @@ class JaxTensor(torch.Tensor):
 
 def install_dispatcher(dispatch: Callable[[Any, tuple, dict], Any]) -> None:
     """Make ``dispatch(func, args, kwargs)`` run every ATen op on 'jax'
-    tensors.  Called once, by ``_privateuse1``, before the first tensor.
+    tensors.  Called once, by ``_loader`` when the device loads, before the
+    first tensor.
 
     ``__torch_dispatch__`` becomes the descriptor of
     :mod:`pjrt_host._torch._hiding`: dynamo, while it compiles in a
@@ -508,14 +520,22 @@ def make(storage: Storage, size: tuple[int, ...], dtype: torch.dtype, stride: tu
     return t
 
 
+def result_tensor(array: Any, shape: tuple[int, ...], dtype: torch.dtype, index: int, place: Any = None) -> JaxTensor:
+    """A new tensor owning ``array``, an op's result of ``shape`` and torch
+    ``dtype`` (a jax array, or fused eager's :class:`Pending`), on device
+    ``index`` (on ``place``'s mesh, when sharded, with ``index`` its torch
+    device).  The caller notes a computed result for :func:`synchronize`."""
+    return make(Storage(array, shape, array.dtype, index, place), shape, dtype)
+
+
 def wrap_array(array: Any, index: int, dtype: torch.dtype | None = None, place: Any = None) -> JaxTensor:
     """A new tensor owning ``array`` (already on device ``index``, or on
-    ``place``'s mesh with ``index`` its torch device)."""
+    ``place``'s mesh with ``index`` its torch device), noted as the
+    device's latest result."""
     if dtype is None:
         dtype = torch_dtype(array.dtype)
-    shape = tuple(array.shape)
-    _last[index] = _weak(array)
-    return make(Storage(array, shape, array.dtype, index, place), shape, dtype)
+    note_result(index, array)
+    return result_tensor(array, tuple(array.shape), dtype, index, place)
 
 
 def new_tensor(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> JaxTensor:
@@ -552,8 +572,7 @@ def write(t: JaxTensor, value: Any) -> None:
     array broadcastable to t's shape, cast here to the storage's dtype."""
     storage = t._storage
     view = t._view
-    if storage.read_only is not None:
-        raise RuntimeError(storage.read_only)
+    storage.check_writable()
     dtype = storage.jax_dtype if view is None or view.elem is None else view.elem
     if value.dtype != dtype:
         value = value.astype(dtype)
@@ -563,16 +582,15 @@ def write(t: JaxTensor, value: Any) -> None:
     if view is None:
         if tuple(value.shape) != storage.shape:
             value = jnp.broadcast_to(value, storage.shape)
-        storage.array = value
+        storage.commit(value)
     else:
         arr = storage.get()
         # Nothing else holds the array (the attribute, ``arr``, getrefcount's
         # argument): donated, so XLA writes the view's elements in place.
         sole = DONATE and sys.getrefcount(arr) <= 3 and value is not arr
-        storage.array = _view_writer(view.static, sole)(arr, view.run_offset, value)
+        new = _view_writer(view.static, sole)(arr, view.run_offset, value)
         del arr
-    storage.version += 1
-    _last[storage.device_index] = _weak(storage.array)
+        storage.commit(new)
 
 
 #: Writes give up the array they overwrite when nothing else holds it (eager
@@ -606,108 +624,7 @@ def _write_sharded(storage: Storage, view: View | None, value: Any) -> None:
         new = value
     else:
         new = _view_writer(view.static)(previous, view.run_offset, value)
-    storage.array = _sharding.settle(new, previous)
-    storage.version += 1
-    _last[storage.device_index] = _weak(storage.array)
-
-
-# ---------------------------------------------------------------- synchronize
-
-# device index -> weak reference to the last array produced there.  Weak: a
-# tensor's memory is released when its last reference goes (``del x``), as
-# on cuda; a result nobody holds any more is nothing to wait for.
-_last: dict[int, Any] = {}
-_weak = weakref.ref
-
-
-def note_result(index: int, array: Any) -> None:
-    """Record ``array`` as the latest result on device ``index``, for
-    :func:`synchronize` (a device runs its computations in order)."""
-    _last[index] = _weak(array)
-
-
-def last_result(index: int) -> Any:
-    """The last array produced on device ``index`` that is still alive
-    (None: none, or nobody holds it any more)."""
-    ref = _last.get(index)
-    return None if ref is None else ref()
-
-
-# Checks whose verdict is computed on the device and read at the next
-# synchronisation point (index checks: see _index_checks), so they do not
-# stall the queue.  Each is a callable that raises if its check failed.
-_deferred: list[Callable[[bool], bool]] = []
-_DEFERRED_LIMIT = 64
-
-
-def defer_check(check: Callable[[bool], bool]) -> None:
-    """Queue ``check(wait)``: it returns False while its values are not
-    ready (only with ``wait`` False) and raises if they show an error."""
-    _deferred.append(check)
-    if len(_deferred) > _DEFERRED_LIMIT:
-        run_deferred_checks(wait=False)
-
-
-def withdraw_checks(queued: list) -> None:
-    """Drop the deferred checks in ``queued`` (those of an op that raised
-    its own error: theirs would surface again at the next synchronisation)."""
-    for check in queued:
-        try:
-            _deferred.remove(check)
-        except ValueError:  # already run
-            pass
-
-
-def run_deferred_checks(wait: bool = True) -> None:
-    """Run queued checks (all of them, waiting, with ``wait``; else those
-    whose values are ready).  The first failure raises; the rest are dropped
-    (as torch drops work queued after a device-side assert)."""
-    if not _deferred:
-        return
-    pending = list(_deferred)
-    _deferred.clear()
-    for i, check in enumerate(pending):
-        if not check(wait):
-            _deferred.extend(pending[i:])
-            return
-
-
-def forget_results(index: int | None = None) -> None:
-    """Drop the last result kept for :func:`synchronize` (all devices with
-    None), so no array stays alive only because of it."""
-    for i in list(_last):
-        if index is None or i == index:
-            _last.pop(i, None)
-
-
-_barriers: dict[int, Any] = {}
-
-
-def _barrier(index: int) -> Any:
-    """A tiny computation on device ``index``: queued behind everything
-    already queued there, so waiting for it waits for them."""
-    if index not in _barriers:
-        _barriers[index] = (_program_cache.Kept("pjrt_host.barrier", lambda x: x + 1),
-                            jax.device_put(np.zeros((), np.int32), jax_device(index)))
-    fn, arg = _barriers[index]
-    return fn(arg)
-
-
-def synchronize(index: int | None = None) -> None:
-    """Block until the computations queued so far on the device (all devices
-    with None) have finished, as torch.cuda.synchronize: also those whose
-    results were already dropped (a timing loop that discards its outputs)."""
-    if open_segments:
-        flush_segments()
-    for i, ref in list(_last.items()):
-        if index is None or i == index:
-            arr = ref()
-            # the latest result is gone (or was given to a later program that
-            # failed, donated): its computation maybe not
-            if arr is None or arr.is_deleted():
-                arr = _barrier(i)
-            arr.block_until_ready()
-    run_deferred_checks()
+    storage.commit(new)  # laid out as ``previous``: the storage is sharded
 
 
 def finish_op(result: Any) -> None:
@@ -720,8 +637,4 @@ def finish_op(result: Any) -> None:
             arr = t._storage.array
             if arr is not None:
                 arr.block_until_ready()
-    for ref in list(_last.values()):
-        arr = ref()
-        if arr is not None and not arr.is_deleted():  # a donated array's program was waited for above
-            arr.block_until_ready()
-    run_deferred_checks()
+    wait_queued()

@@ -6,7 +6,7 @@ probability draws anyway, ``one_hot`` of a negative class gives a zero row.
 Per checked op, one small compiled program computes a verdict code on the
 device; it is read at the next synchronisation point (``.item()``,
 ``.cpu()``, printing, ``torch.jax.synchronize()``), or at the op itself with
-``pjrt_host.config(check_indices='sync')``; ``check_indices=False`` turns
+``pjrt_host.config(checks='sync')``; ``checks=False`` turns
 these off with the index checks (the same switch: both are torch's
 device-side asserts).  Errors are CPU's type and text, followed by the op
 and when it was found.
@@ -30,7 +30,8 @@ import torch
 from .. import _program_cache
 from .._lowerings._util import index_of_max
 from .._jax_settings import x64_scope
-from ._tensor import JaxTensor, defer_check, read
+from ._sync import defer_check
+from ._tensor import JaxTensor, read
 
 __all__ = ["checker_for", "one_hot_classes", "sites"]
 
@@ -335,13 +336,23 @@ _SEGMENT_LENGTHS = _Check(_segment_lengths, {
                       "data.size(lengths.dim()-1) when !unsafe.")})
 
 
+_SEGMENT_OFFSETS = _Check(lambda o: jnp.where(jnp.any(o[..., 1:] < o[..., :-1]), 1, 0), {1: (
+    RuntimeError, "Expected segment_length >= 0 to be true, but got false.  (Could this error message be improved?  "
+                  "If so, please report an enhancement request to PyTorch.)")})
+
+
 def _segment_reduce(mode: Any, args: tuple, kwargs: dict) -> None:
     """``segment_reduce(data, reduce, lengths=...)``: lengths that are
-    negative or do not cover the data gave a result."""
-    data, lengths = _arg(args, kwargs, 0, "data"), kwargs.get("lengths")
+    negative or do not cover the data gave a result; ``offsets=...`` that
+    decrease (a negative segment length, which CPU refuses even when
+    ``unsafe``) gave one too."""
+    data, lengths, offsets = _arg(args, kwargs, 0, "data"), kwargs.get("lengths"), kwargs.get("offsets")
     if isinstance(lengths, torch.Tensor) and isinstance(data, torch.Tensor) and not kwargs.get("unsafe", False) \
             and lengths.dim() >= 1 and data.dim() >= lengths.dim():
         _run("aten::segment_reduce", _SEGMENT_LENGTHS, lengths, mode, int(data.shape[lengths.dim() - 1]))
+    if lengths is None and isinstance(offsets, torch.Tensor) and offsets.dim() >= 1 and offsets.shape[-1] > 1 \
+            and not offsets.dtype.is_floating_point:
+        _run("aten::segment_reduce", _SEGMENT_OFFSETS, offsets, mode)
 
 
 _BAG_FIRST = _Check(lambda o: o[0], {1: (RuntimeError, "offsets[0] has to be 0, i.e., the first sequence in the "
@@ -358,11 +369,26 @@ def _bag_end(n: int) -> _Check:
         RuntimeError, f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {{}}")})
 
 
+@functools.lru_cache(maxsize=256)  # one per table size: bounded
+def _bag_rows(n: int) -> _Check:
+    """The check that every index is a row of a table of ``n``: the code
+    is the first one outside (never 0, a row of every table)."""
+    return _Check(lambda i: _first_bad((i < 0) | (i >= n), i).astype(jnp.int64).clip(-2**31, 2**31 - 1), {1: (
+        RuntimeError, f"Index of input takes value {{}} which is not in the valid range [0, {n})")})
+
+
 def _embedding_bag(mode: Any, args: tuple, kwargs: dict) -> None:
     """``_embedding_bag(weight, indices, offsets, ...)`` with 1-d indices:
-    offsets that do not start at 0, decrease, or pass the indices' end
-    made bags of whatever the lowering read."""
-    indices, offsets = _arg(args, kwargs, 1, "indices"), _arg(args, kwargs, 2, "offsets")
+    an index that is not a row of the table gave a row of whatever the
+    lowering read (CPU says "Index 1 of input takes value 12 which is not
+    in the valid range [0, 10)", or on its path for 1-d indices with
+    offsets "Expected i < index_size"; the verdict carries the value, not
+    the position); offsets that do not start at 0, decrease, or pass the
+    indices' end made bags of whatever the lowering read."""
+    weight, indices, offsets = (_arg(args, kwargs, i, n) for i, n in enumerate(("weight", "indices", "offsets")))
+    if isinstance(weight, torch.Tensor) and isinstance(indices, torch.Tensor) and weight.dim() == 2 \
+            and not indices.dtype.is_floating_point and indices.dtype != torch.bool:
+        _run("aten::_embedding_bag", _bag_rows(int(weight.shape[0])), indices, mode)
     if not (isinstance(indices, torch.Tensor) and isinstance(offsets, torch.Tensor)) or indices.dim() != 1 \
             or offsets.dim() != 1 or offsets.numel() == 0 or offsets.dtype.is_floating_point:
         return
@@ -371,6 +397,95 @@ def _embedding_bag(mode: Any, args: tuple, kwargs: dict) -> None:
     _run("aten::_embedding_bag", _bag_end(n), offsets, mode)
     if offsets.numel() > 1:
         _run("aten::_embedding_bag", _BAG_ORDER, offsets, mode)
+
+
+@functools.lru_cache(maxsize=256)  # one per sequence length: bounded, as shapes vary
+def _sorter_within(n: int) -> _Check:
+    """The check that every sorter index lies in ``[0, n)``."""
+    return _Check(lambda s: jnp.where(jnp.any((s < 0) | (s >= n)), 1, 0),
+                  {1: (RuntimeError, "torch.searchsorted(): sorter index out of range")})
+
+
+def _searchsorted(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``searchsorted(sorted_sequence, values, sorter=...)``: a sorter index
+    outside the sequence read a clipped element and gave a position."""
+    sequence, sorter = _arg(args, kwargs, 0, "sorted_sequence"), kwargs.get("sorter")
+    if isinstance(sequence, torch.Tensor) and isinstance(sorter, torch.Tensor) and sequence.dim() >= 1 \
+            and not sorter.dtype.is_floating_point:
+        _run("aten::searchsorted", _sorter_within(int(sequence.shape[-1])), sorter, mode)
+
+
+def _number(v: float) -> str:
+    """A float as torch's C++ messages print it (``0``, ``0.5``, ``inf``)."""
+    return f"{v:g}"
+
+
+def _finite_values(a: Any) -> Any:
+    return jnp.where(jnp.all(jnp.isfinite(a)), 0, 1)
+
+
+# With no range of their own, histc and histogram take the input's least and
+# greatest values as theirs; CPU then names them (which a verdict code cannot
+# carry: the text says where they come from instead).
+_HISTC_DATA = _Check(_finite_values, {1: (RuntimeError, "torch.histc: range of [min, max] of the input is not "
+                                                        "finite (it holds inf or NaN)")})
+_HISTOGRAM_DATA = _Check(_finite_values, {1: (RuntimeError, "torch.histogramdd: dimension 0's range [min, max] of "
+                                                            "the input is not finite (it holds inf or NaN)")})
+
+
+def _histc(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``histc(input, bins, min, max)``: a range that is not finite, given
+    or taken from the input (``min == max``), gave counts where CPU
+    raises.  (torch's meta kernel refuses ``min > max`` itself.)"""
+    x = _arg(args, kwargs, 0, "self")
+    low, high = _arg(args, kwargs, 2, "min"), _arg(args, kwargs, 3, "max")
+    low, high = 0.0 if low is None else float(low), 0.0 if high is None else float(high)
+    if not _floating(x) or x.dtype.is_complex:
+        return
+    if low != high:
+        if not (np.isfinite(low) and np.isfinite(high)):
+            _refuse("aten::histc", RuntimeError(f"torch.histc: range of [{_number(low)}, {_number(high)}] is not "
+                                                "finite"))
+    else:
+        _run("aten::histc", _HISTC_DATA, x, mode)
+
+
+def _histogram(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``histogram(input, bins: int, range=None, ...)``: a range whose
+    least end passes its greatest, or that is not finite (given, or the
+    input's own), gave counts where CPU raises."""
+    x, bins = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "bins")
+    if isinstance(bins, torch.Tensor) or not _floating(x) or x.dtype.is_complex:
+        return  # bin edges given as a tensor: CPU reads no range
+    bounds = _arg(args, kwargs, 2, "range")
+    if bounds is None:
+        _run("aten::histogram", _HISTOGRAM_DATA, x, mode)
+        return
+    low, high = (float(v) for v in bounds)
+    if low > high:
+        _refuse("aten::histogram", RuntimeError(f"torch.histogramdd: min should not exceed max, but got min "
+                                                f"{_number(low)} max {_number(high)} for dimension 0"))
+    elif not (np.isfinite(low) and np.isfinite(high)):
+        _refuse("aten::histogram", RuntimeError(f"torch.histogramdd: dimension 0's range [{_number(low)}, "
+                                                f"{_number(high)}] is not finite"))
+
+
+_LSTSQ_A = _Check(_any_nan, {1: (RuntimeError, "torch.linalg.lstsq: A has illegal value: it holds NaN, which "
+                                               "CPU's LAPACK refuses (\"Argument 4 has illegal value\")")})
+_LSTSQ_B = _Check(_any_nan, {1: (RuntimeError, "torch.linalg.lstsq: B has illegal value: it holds NaN, which "
+                                               "CPU's LAPACK refuses (\"Argument 6 has illegal value\")")})
+
+
+def _lstsq(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``linalg_lstsq(A, B)``: CPU's LAPACK (MKL's ?gelsy, the default
+    driver: A is its argument 4, B its 6) refuses a NaN in either as an
+    illegal argument, a RuntimeError; the device solved and gave NaN.  (An
+    inf is not refused on CPU: it solves to zeros there, NaN here.)"""
+    a, b = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "b")
+    if _floating(a):
+        _run("aten::linalg_lstsq", _LSTSQ_A, a, mode)
+    if _floating(b):
+        _run("aten::linalg_lstsq", _LSTSQ_B, b, mode)
 
 
 def _bincount(mode: Any, args: tuple, kwargs: dict) -> None:
@@ -401,7 +516,7 @@ def _run(op: str, spec: _Check, tensor: Any, mode: Any, *static: Any, text: str 
             if wait is None:  # at the op itself
                 raise exc(message)
             raise exc(f"{message} (raised by {op} on {device}, found at the next synchronisation point; "
-                      "pjrt_host.config(check_indices='sync'), or the debugging mode PJRT_HOST_EAGER=sync, raises "
+                      "pjrt_host.config(checks='sync'), or the debugging mode PJRT_HOST_EAGER=sync, raises "
                       "at the op itself)")
         return True
 
@@ -472,6 +587,11 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "_embedding_bag_forward_only": _embedding_bag,
     "repeat_interleave": _repeat_interleave,
     "masked_scatter": _masked_scatter,
+    "searchsorted": _searchsorted,
+    "histc": _histc,
+    "histogram.bin_ct": _histogram,
+    "histogram.bin_ct_out": _histogram,
+    "linalg_lstsq": _lstsq,
     **{op: _integer_division(op) for op in ("floor_divide", "remainder", "fmod")},
     # div only with a rounding mode (true division is never refused, and is hot)
     **{f"div.{overload}": _integer_division("div") for overload in ("Tensor_mode", "Scalar_mode", "out_mode")},

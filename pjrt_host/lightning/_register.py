@@ -84,9 +84,9 @@ def _wrap(connector: type, classes: Any, public: str, strategies: dict, ddp_base
     def _choose_auto_accelerator(*args: Any) -> str:
         name = choose_auto(*args)
         if name == "cpu":
-            from .._torch import _accelerate
+            from .._torch._patches import _huggingface
 
-            if _accelerate.chosen_device() is not None:
+            if _huggingface.chosen_device() is not None:
                 logger.info("pjrt_host: Lightning knows no device of this machine and would use 'cpu'; "
                             "accelerator='auto' is '%s' instead (the selected plugin is an accelerator). "
                             "accelerator='cpu' keeps the CPU", classes.JaxAccelerator.name())

@@ -21,7 +21,7 @@ def memory(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
             assert key in stats, f"torch.jax.memory_stats() lacks {key!r}"
         free, total = mod.mem_get_info()
         assert 0 < free <= total, f"torch.jax.mem_get_info() is ({free}, {total})"
-        info["detail"] = f"source: {stats.get('source')}; free {free / 2**30:.1f} of {total / 2**30:.1f} GiB"
+        info["detail"] = f"source: {mod.memory_stats_source()}; free {free / 2**30:.1f} of {total / 2**30:.1f} GiB"
 
     with rec.check("statistics move with allocations") as info:
         gc.collect()

@@ -7,9 +7,10 @@ the engine SPMD uses: each rank's tensor is one shard of a global jax array
 over a mesh of the group's devices; collectives on CPU tensors go to a gloo
 process group built beside it.
 
-One job per module:
+Its registration with torch.distributed is a patch of the device
+(``_patches._c10d_registration``, a row of ``_patches.INVENTORY``).  One job
+per module:
 
-- ``_backend``: the backend's name registered with torch.distributed;
 - ``_group``: :class:`ProcessGroupJax`, c10d's process-group methods;
 - ``_p2p``: send / recv of 'jax' tensors, queued and run in pairs;
 - ``_mesh``: the group's devices as a jax mesh, its compiled collectives,
@@ -24,9 +25,8 @@ One job per module:
 
 from __future__ import annotations
 
-from ._backend import register
 from ._dispatcher_ops import run_op
 from ._functional import run_functional
 from ._group import BACKEND_NAME, ProcessGroupJax
 
-__all__ = ["BACKEND_NAME", "ProcessGroupJax", "register", "run_functional", "run_op"]
+__all__ = ["BACKEND_NAME", "ProcessGroupJax", "run_functional", "run_op"]

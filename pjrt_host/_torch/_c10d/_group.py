@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..._jax_settings import x64_if_loaded as _x64_if_loaded
+from .._devices import DEVICE_NAME
 from . import _mesh, _tensors
 from ._mesh import GroupMesh
 from ._p2p import PointToPoint
@@ -144,6 +145,27 @@ class ProcessGroupJax(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"ProcessGroupJax(rank={self._rank}, size={self._size}, global ranks={self._global_ranks})"
+
+    #: torch splits new groups from a bound device's backend only where it
+    #: says so; this group makes each new group itself.
+    supports_splitting = False
+
+    def _get_backend(self, device: Any) -> Any:
+        """The backend of ``device``'s collectives: this group for 'jax'
+        tensors, its gloo group for CPU ones.  torch asks it of a group
+        made with ``init_process_group(..., device_id=torch.device('jax',
+        0))`` (as Lightning passes on torch >= 2.3: to connect that device
+        eagerly, and to split new groups from it); the C++ base knows no
+        backend of a group written in Python, and raised "No backend type
+        associated with device type jax"."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self._cpu
+        if device.type == DEVICE_NAME:
+            return self
+        raise RuntimeError(f"No backend type associated with device type {device.type}: the 'pjrt' process group "
+                           f"runs collectives of '{DEVICE_NAME}' and 'cpu' tensors; pass "
+                           f"device_id=torch.device('{DEVICE_NAME}', index)")
 
     # ------------------------------------------------------------ collectives
 

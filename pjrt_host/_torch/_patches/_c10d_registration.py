@@ -7,7 +7,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .._devices import DEVICE_NAME
-from ._group import BACKEND_NAME, ProcessGroupJax
+from .._c10d._group import BACKEND_NAME, ProcessGroupJax
 
 __all__ = ["register"]
 

@@ -36,7 +36,7 @@ def _one_hot_checked(self, num_classes=-1):
     """one_hot's own composite kernel, after CPU's checks of the classes:
     torch leaves them to a device assert on accelerators, and the form it
     takes for them (``arange == x``) gives a zero row for a bad class."""
-    from . import _config, _value_checks
+    from .. import _config, _value_checks
 
     if self.dtype != torch.int64:
         raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
@@ -53,7 +53,7 @@ def _sdpa_checked(*args, **kwargs):
     formulation on this device), after the check that sdpa_kernel allows
     the math backend: torch asks no backend choice of a PrivateUse1 device
     without a C++ stub (``_sdpa``)."""
-    from . import _sdpa
+    from .. import _sdpa
 
     _sdpa.check_backends()
     return torch.ops.aten.scaled_dot_product_attention.default.decompose(*args, **kwargs)

@@ -1,16 +1,22 @@
-"""Every change pjrt_host makes to torch's own objects, listed once and
-installed from here.
+"""Every change pjrt_host makes to torch's own objects and to other
+libraries, listed once and made only from this folder.
 
 Besides the registrations torch offers (device name, device module, hooks,
-kernels), a few features need a function of torch replaced.  Each is a row
-of :data:`INVENTORY`: its key in ``PJRT_HOST_SKIP_PATCHES``, when it is
-installed, the feature it serves, what it replaces and why.  The wrappers
-themselves live with their feature (``_storage_bridge``, ``_modules``,
-``_generators``, ``_accelerator``, ``_backward``); only :func:`_replace`
-here assigns them to torch.  Each replacement carries ``_pjrt_host = True``
-and defers to torch's original for everything but 'jax';
+kernels), a few features need a function of torch replaced, or a library
+told about the device.  Each is a row of :data:`INVENTORY`: its key in
+``PJRT_HOST_SKIP_PATCHES``, when it is installed, the feature it serves,
+what it replaces and why.  The wrappers of torch's functions live with their
+feature (``_storage_bridge``, ``_modules``, ``_generators``,
+``_torch_accelerator``, ``_backward``, ``_hiding``); :func:`_replace` here
+assigns them.  What changes another library is in this folder whole: the
+'pjrt' backend's registration with torch.distributed
+(``_c10d_registration``), accelerate's and transformers' default device
+(``_huggingface``) and Lightning's registration (``_lightning``), both
+through import hooks (``_import_hooks``).  Each replacement carries
+``_pjrt_host = True`` and defers to the original for everything but 'jax';
 tests/test_checkpoints.py checks that what is marked is exactly
-:data:`PATCHES`.
+:data:`PATCHES`, and tests/test_layers.py that no module outside this
+folder assigns onto torch or another library.
 
 Each serves one feature and leans on torch internals a torch release may
 change: one that fails costs its feature (named in the warning), never the
@@ -24,7 +30,8 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from . import _accelerate, _accelerator, _backward, _generators, _lightning, _modules, _storage_bridge
+from .. import _backward, _generators, _hiding, _modules, _storage_bridge, _torch_accelerator
+from . import _huggingface, _lightning
 
 __all__ = ["INVENTORY", "PATCHES", "Patch", "install", "skipped_patches"]
 
@@ -38,8 +45,10 @@ class Patch(NamedTuple):
     key: str
     #: 'import': at registration, inside ``import torch`` (what a program
     #: reaches before it has a 'jax' tensor: ``torch.load``, ``module.to``,
-    #: ``torch.Generator``, ``init_process_group``); 'device': when the device
-    #: loads, at the first 'jax' tensor (what only matters once one exists).
+    #: ``torch.Generator``, ``init_process_group``; a target imported later
+    #: -- a library, dynamo -- is replaced by a hook armed then); 'device':
+    #: when the device loads, at the first 'jax' tensor (what only matters
+    #: once one exists).
     phase: str
     #: The feature it serves (named when it is off or fails).
     feature: str
@@ -79,9 +88,9 @@ def _install_accelerator() -> None:
     import torch.accelerator as accelerator
 
     memory = getattr(accelerator, "memory", None)
-    for name in _accelerator.FUNCTIONS:
+    for name in _torch_accelerator.FUNCTIONS:
         original = getattr(accelerator, name, None)
-        new = _replace(accelerator, name, original, _accelerator.wrap(name))
+        new = _replace(accelerator, name, original, _torch_accelerator.wrap(name))
         if new is not None and memory is not None and getattr(memory, name, None) is original:
             setattr(memory, name, new)
 
@@ -112,7 +121,7 @@ def _install_foreach() -> None:
     import torch.optim.optimizer as optimizer
     import torch.utils._foreach_utils as foreach_utils
 
-    from ._tensor import JaxTensor
+    from .._tensor import JaxTensor
 
     for supported in (optimizer._foreach_supported_types, foreach_utils._foreach_supported_types):
         if JaxTensor not in supported:
@@ -120,9 +129,27 @@ def _install_foreach() -> None:
 
 
 def _install_c10d() -> None:
-    from . import _c10d
+    from . import _c10d_registration  # imports torch.distributed: only when this row is installed
 
-    _c10d.register()
+    _c10d_registration.register()
+
+
+def _install_dynamo_attributes() -> None:
+    # torch._dynamo is imported by the first compile, never here: the
+    # replacement is made then, with the tensor class being compiled.
+    _hiding.at_first_compile = _replace_dynamo_attributes
+
+
+def _replace_dynamo_attributes(owner: type) -> None:
+    try:
+        from torch._dynamo.variables import torch_function as tf
+
+        cls = tf.TensorWithTFOverrideVariable
+        _replace(cls, "var_getattr", cls.var_getattr, _hiding.attributes_under_modes(owner))
+    except Exception as err:  # pragma: no cover - depends on the torch build
+        logger.warning("pjrt_host: torch %s's dynamo has no TensorWithTFOverrideVariable.var_getattr (%s: %s); "
+                       "compiling under torch.device('jax') or set_default_device may fail",
+                       torch.__version__, type(err).__name__, err)
 
 
 _STORAGE = "torch's constructor would dereference a null allocator (no C++ allocator can be registered from Python)"
@@ -141,7 +168,7 @@ INVENTORY: tuple[Patch, ...] = (
           _install_storage),
     Patch("accelerator", "import", "torch.accelerator memory figures and synchronize",
           tuple((f"torch.accelerator.{name}", "answered by torch.jax: torch asks a C++ allocator / device guard")
-                for name in _accelerator.FUNCTIONS),
+                for name in _torch_accelerator.FUNCTIONS),
           _install_accelerator),
     Patch("module_to", "import", "module.to('jax') keeping parameter objects and tied weights",
           (("torch.nn.Module._apply", "module.to('jax') keeps parameter objects and tied weights"),
@@ -153,9 +180,15 @@ INVENTORY: tuple[Patch, ...] = (
           _install_generator),
     Patch("c10d", "import", "the 'pjrt' torch.distributed backend", (), _install_c10d),
     Patch("accelerate", "import", "accelerate's and Trainer's default device 'jax' on an accelerator plugin (an "
-                                  "import hook: neither is imported)", (), _accelerate.install),
+                                  "import hook: neither is imported)", (), _huggingface.install),
     Patch("lightning", "import", "Trainer(accelerator='jax') and Fabric(accelerator='jax') (an import hook: "
                                  "Lightning is not imported)", (), _lightning.install),
+    Patch("dynamo_attributes", "import", "a 'jax' tensor's attributes read by torch.compile under torch.device('jax') "
+                                         "or set_default_device",
+          (("torch._dynamo.variables.torch_function.TensorWithTFOverrideVariable.var_getattr (at the first compile)",
+            "dynamo calls a tensor subclass's own __torch_function__ for an attribute under a mode, and 'jax' "
+            "tensors have torch's disabled one (_hiding.attributes_under_modes)"),),
+          _install_dynamo_attributes),
     Patch("foreach", "device", "torch.optim's and clip_grad_norm_'s default foreach step on 'jax' (one program per "
                                "optimizer op over all parameters, not one per parameter shape)", (), _install_foreach),
     Patch("backward", "device", "device errors inside backward() raised at backward()",
@@ -172,8 +205,8 @@ def skipped_patches() -> set[str]:
     """The patch keys ``PJRT_HOST_SKIP_PATCHES`` names (comma-separated, or
     ``all``); an unknown key is an EnvironmentSettingError naming the known
     ones."""
-    from .. import _env
-    from .._errors import EnvironmentSettingError
+    from ... import _env
+    from ..._errors import EnvironmentSettingError
 
     keys = _env.skipped_patch_keys()
     known = {patch.key for patch in INVENTORY}

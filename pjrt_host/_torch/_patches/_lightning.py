@@ -8,36 +8,23 @@ own import is already under way when this hook is installed; its
 ``lightning.pytorch`` is imported later, after torch, with every class the
 registration needs (``lightning.fabric`` included).  Lightning is never
 imported here, so ``import torch`` costs nothing more, and nothing happens
-where Lightning is not installed.  ``PJRT_HOST_SKIP_PATCHES=lightning``
-turns it off (then ``import pjrt_host.lightning`` registers by hand).
+where Lightning is not installed.  The registration is named as a string
+(:mod:`._import_hooks` imports it): the device does not import the package
+above it.  ``PJRT_HOST_SKIP_PATCHES=lightning`` turns it off (then
+``import pjrt_host.lightning`` registers by hand).
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any
-
-from . import _accelerate
+from . import _import_hooks
 
 __all__ = ["HOOKS", "install"]
 
-logger = logging.getLogger(__name__)
-
-
-def _register(module: Any) -> None:
-    try:
-        import pjrt_host.lightning  # noqa: F401  (registers on import)
-    except Exception as err:  # Lightning must import whatever happens here
-        logger.warning("pjrt_host: accelerator='jax' could not be registered with this Lightning (%s: %s); "
-                       "Lightning works without it. `import pjrt_host.lightning` shows the whole error",
-                       type(err).__name__, err)
-
-
-#: module -> what runs once it has been imported.
-HOOKS = {"lightning.pytorch": _register}
+#: module -> the module imported once it has been imported (it registers on import).
+HOOKS: dict[str, _import_hooks.Hook] = {"lightning.pytorch": "pjrt_host.lightning"}
 
 
 def install() -> None:
     """Register when ``lightning.pytorch`` is (or has been) imported.
     Idempotent; imports nothing."""
-    _accelerate.after_import(HOOKS)
+    _import_hooks.after_import(HOOKS)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _loader
+from .. import _loader
 
 __all__ = ["DEVICE_OPS", "FACTORY_OPS", "aten_op", "never_traced", "register"]
 
@@ -64,7 +64,7 @@ DEVICE_OPS = ("_to_copy", "copy_")
 def never_traced(fn: Callable) -> Callable:
     # C++ -> Python entry points: dynamo must never trace them, also when a
     # compiled function's graph break runs an op eagerly.
-    from . import _hiding
+    from .. import _hiding
 
     return _hiding.never_traced(fn)
 
@@ -77,7 +77,7 @@ def aten_op(name: str) -> Any:
 def register() -> torch.library.Library:
     """Register the fallback and the kernels of :data:`FACTORY_OPS` and
     :data:`DEVICE_OPS`; returns the ``aten`` library other kernels join."""
-    from .. import _jax_settings
+    from ... import _jax_settings
 
     scoped = _jax_settings.x64_scope
     fallback = torch.library.Library("_", "IMPL")
@@ -97,8 +97,13 @@ def register() -> torch.library.Library:
 
 
 def _factory_kernel(name: str) -> Callable:
+    op = None
+
     def kernel(*args, **kwargs):
-        return _loader.factories().run_named(name, args, kwargs)
+        nonlocal op
+        if op is None:
+            op = aten_op(name)
+        return _loader.factories().run_factory(op, name, args, kwargs)
 
     kernel.__name__ = f"jax_{name.replace('.', '_')}"
     return never_traced(kernel)

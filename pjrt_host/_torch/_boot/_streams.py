@@ -30,17 +30,17 @@ from typing import Any
 
 import torch
 
-from . import _devices
-from ._devices import DEVICE_NAME
+from .. import _devices
+from .._devices import DEVICE_NAME
 
 __all__ = ["Event", "Stream", "current_stream", "set_stream", "stream"]
 
 
 def _pending(index: int) -> Any:
     """The device's last queued result still alive (None: nothing to wait for)."""
-    from . import _tensor  # imports jax: only once the device is in use
+    from .. import _sync  # imports jax: only once the device is in use
 
-    return _tensor.last_result(index)
+    return _sync.last_result(index)
 
 
 def _is_ready(array: Any) -> bool:
@@ -99,12 +99,12 @@ class Stream(torch.Stream):
 
     def synchronize(self) -> None:
         """Wait for all work issued to the device so far."""
-        from .. import _runtime
+        from ... import _runtime
 
         if _runtime.is_initialized():  # else nothing was ever issued
-            from . import _tensor
+            from .. import _sync
 
-            _tensor.synchronize(self.device_index)
+            _sync.synchronize(self.device_index)
 
     def query(self) -> bool:
         """Whether all work issued to the device so far has finished."""

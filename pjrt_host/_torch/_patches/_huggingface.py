@@ -22,15 +22,14 @@ asking accelerate for the CPU gets 'jax', and ``use_cpu=True`` puts the
 model on the CPU and accelerate's state on 'jax', whose first op fails).
 
 Neither library is imported here (``import torch`` must stay cheap): an
-import hook waits for ``accelerate.state`` and ``transformers.training_args``
-and wraps what they define when each has run.
+import hook (:mod:`._import_hooks`) waits for ``accelerate.state`` and
+``transformers.training_args`` and wraps what they define when each has run.
 ``PJRT_HOST_SKIP_PATCHES=accelerate`` turns both off.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import logging
 import sys
 import threading
@@ -38,11 +37,12 @@ from typing import Any
 
 import torch
 
-from .. import _registry, _runtime
-from . import _torch_jax
-from ._devices import DEVICE_NAME
+from ... import _registry, _runtime
+from .._boot import _torch_jax
+from .._devices import DEVICE_NAME
+from . import _import_hooks
 
-__all__ = ["PATCHERS", "after_import", "chosen_device", "install", "is_patched"]
+__all__ = ["PATCHERS", "chosen_device", "install", "is_patched"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,68 +155,7 @@ def is_patched() -> dict[str, bool]:
     return found
 
 
-class _Loader(importlib.abc.Loader):
-    """The module's own loader, then its patcher."""
-
-    def __init__(self, loader: Any, patch: Any) -> None:
-        self._loader = loader
-        self._patch = patch
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        try:
-            self._patch(module)
-        except Exception as err:  # the library must import whatever happens here
-            logger.warning("pjrt_host: could not adapt %s to the '%s' device (%s: %s); it works as it would "
-                           "without pjrt_host (docs/integrations.md: how to name the device yourself)",
-                           module.__name__, DEVICE_NAME, type(err).__name__, err)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_code, is_package, ...
-        return getattr(self._loader, name)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a module of :func:`after_import` it asks the
-    other finders and hands back their spec with its loader wrapped."""
-
-    _pjrt_host = True
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        patch = _hooks.get(fullname)
-        if patch is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or getattr(finder, "_pjrt_host", False) or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, patch)
-                return spec
-        return None
-
-
-#: module -> what runs once it has been imported (every :func:`after_import`).
-_hooks: dict[str, Any] = {}
-
-
-def after_import(patchers: dict[str, Any]) -> None:
-    """Run ``patchers[name](module)`` on each module already imported, and on
-    the others right after they are imported (the module's own loader runs
-    first; a patcher that raises is logged and the module stays as it was).
-    Patchers are idempotent; this imports nothing."""
-    for name, patch in patchers.items():
-        _hooks[name] = patch
-        if name in sys.modules:
-            patch(sys.modules[name])
-    if not any(getattr(f, "_pjrt_host", False) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-
-
 def install() -> None:
     """Wrap what :data:`PATCHERS` names in modules already imported, and in
     the others when they are.  Idempotent; imports nothing."""
-    after_import(PATCHERS)
+    _import_hooks.after_import(PATCHERS)

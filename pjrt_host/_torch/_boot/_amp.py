@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ._devices import DEVICE_NAME
+from .._devices import DEVICE_NAME
 
 __all__ = ["GradScaler", "amp_definitely_not_available", "autocast", "custom_bwd", "custom_fwd"]
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from .. import _registry, _runtime
+from ... import _registry, _runtime
 from . import _amp as amp
-from . import _devices, _rng
-from ._devices import DEVICE_NAME
+from .. import _devices, _rng
+from .._devices import DEVICE_NAME
 from ._streams import Event, Stream, current_stream, set_stream, stream
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "memory_allocated",
     "memory_reserved",
     "memory_stats",
+    "memory_stats_source",
     "program_cache_stats",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",
@@ -116,7 +117,7 @@ class _DeviceProperties:
         self.type = DEVICE_NAME
         self.platform = str(dev.platform)
         self.plugin = _runtime.runtime().record.name
-        from . import _memory
+        from .. import _memory
 
         self.total_memory = int(_memory.limit(index) or 0)
 
@@ -139,7 +140,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     substitution)."""
     if not is_available():
         return False
-    from ._dtype_policy import device_dtype
+    from .._dtype_policy import device_dtype
 
     try:
         return device_dtype(torch.bfloat16) == torch.bfloat16
@@ -208,9 +209,9 @@ def synchronize(device: Any = None) -> None:
     """Wait for all work queued on the device(s) to finish."""
     if not is_initialized():
         return
-    from . import _tensor  # imports jax: loaded by the first call, not at autoload
+    from .. import _sync  # imports jax: loaded by the first call, not at autoload
 
-    _tensor.synchronize(None if device is None else _devices.device_index(device))
+    _sync.synchronize(None if device is None else _devices.device_index(device))
 
 
 # ---------------------------------------------------------------- memory
@@ -220,7 +221,7 @@ def synchronize(device: Any = None) -> None:
 
 
 def _memory_module():
-    from . import _memory  # imports jax: loaded by the first call, not at autoload
+    from .. import _memory  # imports jax: loaded by the first call, not at autoload
 
     return _memory
 
@@ -264,11 +265,20 @@ def reset_max_memory_allocated(device: Any = None) -> None:
     reset_peak_memory_stats(device)
 
 
-def memory_stats(device: Any = None) -> dict[str, Any]:
+def memory_stats(device: Any = None) -> dict[str, int]:
     """torch.cuda.memory_stats' keys that apply (``allocated_bytes.all.current``
-    / ``.peak``, ``reserved_bytes.all.*``, ``num_ooms``), the source of the
-    figures, and the device's own statistics as ``device.<name>``."""
+    / ``.peak``, ``reserved_bytes.all.*``, ``num_ooms``) and the device's own
+    statistics as ``device.<name>``; every value an int, as torch.cuda's.
+    Where the figures come from: :func:`memory_stats_source`."""
     return _memory_module().memory_stats(_index(device))
+
+
+def memory_stats_source(device: Any = None) -> str:
+    """Where :func:`memory_stats`' figures come from: ``"device"`` (the
+    device's own statistics) or ``"host accounting of live arrays"`` (on
+    devices that report none: a peak sampled by the memory calls and at the
+    start of backward passes, a lower bound of the true one)."""
+    return _memory_module().source(_index(device))
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -280,9 +290,9 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """A short table of :func:`memory_stats`, as torch.cuda.memory_summary."""
     stats = memory_stats(device)
-    lines = [f"pjrt_host memory summary, {_devices.torch_device(_index(device))} ({stats.get('source')})"]
+    lines = [f"pjrt_host memory summary, {_devices.torch_device(_index(device))} ({memory_stats_source(device)})"]
     for key, value in stats.items():
-        if key != "source" and (not abbreviated or not key.startswith("device.")):
+        if not abbreviated or not key.startswith("device."):
             lines.append(f"  {key:<40} {value}")
     return "\n".join(lines)
 
@@ -364,7 +374,7 @@ def program_cache_stats() -> dict[str, Any]:
     disk cache gave it: ``programs``, ``compiled`` (of those, compiled
     here, not loaded), ``disk_hits``, ``disk_writes``, ``compile_seconds``
     and the cache ``directory`` (None when off; docs/torch-device.md)."""
-    from .. import _program_cache
+    from ... import _program_cache
 
     return _program_cache.stats()
 
@@ -372,6 +382,6 @@ def program_cache_stats() -> dict[str, Any]:
 def fused_eager_stats() -> dict[str, int]:
     """Fused eager's counts in this process: ``segments`` run, ``ops``
     recorded, ``programs`` made (docs/torch-device.md)."""
-    from . import _fused
+    from .. import _fused
 
     return _fused.stats()

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from ._devices import DEVICE_NAME
+from .._devices import DEVICE_NAME
 from ._kernels import aten_op, never_traced
 
 __all__ = ["AUTOCAST_FP32_OPS", "AUTOCAST_OPS", "register"]

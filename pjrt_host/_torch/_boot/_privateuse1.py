@@ -16,8 +16,9 @@ import threading
 
 import torch
 
-from . import _autocast, _autograd_kernels, _torch_jax, _kernels, _patches
-from ._devices import DEVICE_NAME
+from . import _autocast, _autograd_kernels, _torch_jax, _kernels
+from .. import _patches
+from .._devices import DEVICE_NAME
 
 __all__ = ["is_registered", "register"]
 

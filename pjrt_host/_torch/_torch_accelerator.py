@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _torch_jax
+from ._boot import _torch_jax
 from ._devices import DEVICE_NAME
 
 __all__ = ["FUNCTIONS", "wrap"]
@@ -55,17 +55,6 @@ def _reset_accumulated(device: Any = None) -> None:
 
 def _synchronize(device: Any = None) -> None:
     _torch_jax.synchronize(_index(device))
-
-
-def _current_stream(device: Any = None) -> torch.Stream:
-    return _torch_jax.current_stream(_index(device))
-
-
-def _set_stream(stream: torch.Stream) -> None:
-    if stream.device.type == DEVICE_NAME:
-        _torch_jax.set_stream(stream)
-        return
-    raise ValueError(f"{stream.device} doesn't match the current accelerator {DEVICE_NAME}.")
 
 
 def _with_index(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -1,0 +1,270 @@
+"""What a compiled op is keyed on, and why it compiled again.
+
+An op's call becomes a hashable *key* (:func:`encode`: a ``TensorSpec`` per
+'jax' tensor, ``(type, value)`` per Python scalar compiled in as a constant,
+the markers below for the rest) and the *dynamic* values its program takes
+at run time; :func:`decode` turns those values back into the lowering's
+arguments inside the traced function.  :func:`difference` says what sets two
+keys of one op apart, in a user's terms: the ``pjrt_host.recompiles`` log
+(:func:`note_miss` for op-by-op programs, ``_fused`` for segments) is made
+of it.
+
+:class:`Traceable` is what the engine hands fused eager for an op it may
+record: the traced function with the op's name, key and disk signature.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .._lowerings._dtypes import jax_dtype
+from . import _strided
+from ._devices import device_mismatch, torch_device
+from ._tensor import JaxTensor, TensorSpec
+
+__all__ = [
+    "GENERATOR", "DynamicScalar", "ForeignFirst", "HostScalar", "SequenceArg", "Traceable", "decode", "describe",
+    "difference", "encode", "encode_dynamic", "first_jax_device", "has_dynamic", "note_miss", "recompiles",
+    "scalar_slots",
+]
+
+# ---------------------------------------------------------------- encoding
+#
+# Each argument becomes a key entry; the values the compiled function takes
+# at run time are appended to ``dyn`` in order.  'jax' tensors are keyed by
+# their TensorSpec (precomputed on the storage / view); a Python scalar
+# compiled in as a constant by a plain ``(type, value)`` tuple (1, 1.0 and
+# True are distinct keys; a Python tuple argument is a SequenceArg, so a plain
+# tuple can mean nothing else); everything else by one of these markers.
+
+
+class DynamicScalar(NamedTuple):
+    """A Python scalar passed at run time (ops whose scalars change every
+    call, such as an optimizer's step size)."""
+
+    type: type
+
+
+class HostScalar(NamedTuple):
+    """A 0-dim CPU tensor (torch lets it meet device tensors), passed as a value."""
+
+    dtype: torch.dtype
+
+
+class SequenceArg(tuple):
+    """A list / tuple argument (TensorList, int[]): its items' keys."""
+
+    __slots__ = ()
+
+
+class _Generator:
+    """A torch.Generator argument (random lowerings take the draw's key instead)."""
+
+    def __repr__(self) -> str:  # a stable text: programs on disk are keyed by it
+        return "GENERATOR"
+
+
+GENERATOR = _Generator()
+
+
+class ForeignFirst(Exception):
+    """A non-'jax' tensor came before any 'jax' tensor: the caller names both."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+
+def encode(v: Any, dyn: list, devs: list) -> Any:
+    if isinstance(v, JaxTensor):
+        storage = v._storage
+        devs.append(storage.place)
+        arr = storage._array  # a fused-eager result may be Pending: the caller resolves or records it
+        dyn.append(arr if arr is not None else storage.get())
+        view = v._view
+        if view is None:
+            return storage.spec
+        dyn.append(view.run_offset)
+        return view.spec
+    t = type(v)
+    if t is float or t is int or t is bool or t is complex:
+        return (t, v)
+    if t is list or t is tuple:
+        return SequenceArg([encode(x, dyn, devs) for x in v])
+    if isinstance(v, torch.Tensor):
+        if v.dim() == 0 and v.device.type == "cpu":
+            dyn.append(np.asarray(v.item(), dtype=jax_dtype(v.dtype)))
+            return HostScalar(v.dtype)
+        if devs:
+            raise device_mismatch(torch_device(devs[0]), v.device)
+        raise ForeignFirst(v.device)
+    if isinstance(v, torch.Generator):
+        return GENERATOR
+    return v
+
+
+def encode_dynamic(v: Any, dyn: list, devs: list) -> Any:
+    t = type(v)
+    if t is float or t is int:
+        dyn.append(v)
+        return DynamicScalar(t)
+    if t is list or t is tuple:  # a Scalar[] (a foreach op's per-tensor step sizes)
+        return SequenceArg([encode_dynamic(x, dyn, devs) for x in v])
+    return encode(v, dyn, devs)
+
+
+def decode(x: Any, it: Any, inputs: list) -> Any:
+    t = type(x)
+    if t is TensorSpec:
+        arr = next(it)
+        offset = next(it) if x.view is not None else 0
+        inputs.append((arr, offset))
+        return _strided.read(arr, x.view, offset)
+    if t is tuple:
+        return x[1]
+    if t is SequenceArg:
+        return [decode(y, it, inputs) for y in x]
+    if t is DynamicScalar or t is HostScalar:
+        inputs.append((None, 0))
+        return next(it)
+    if x is GENERATOR:
+        return None
+    return x
+
+
+# Tensor positions too: torch passes a Python number there as it is (x / 2.0);
+# and lists of numbers (torch.optim's foreach steps pass the bias corrections
+# of every parameter as a Scalar[] that changes every step).
+_SCALAR_TYPES = ("Scalar", "Scalar?", "float", "float?", "Tensor", "Tensor?", "List[number]", "List[float]")
+
+
+def scalar_slots(func: Any) -> frozenset:
+    """Positions and names of the arguments that may hold a Python number."""
+    slots: set = set()
+    try:
+        for i, a in enumerate(func._schema.arguments):
+            if str(a.type) in _SCALAR_TYPES or str(a.type).startswith("number"):
+                slots.add(a.name)
+                if not a.kwarg_only:
+                    slots.add(i)
+    except Exception:
+        pass
+    return frozenset(slots)
+
+
+def has_dynamic(key: Any) -> bool:
+    if type(key) is DynamicScalar:
+        return True
+    if isinstance(key, tuple) and type(key) is not TensorSpec:
+        return any(has_dynamic(k) for k in key)
+    return False
+
+
+def first_jax_device(values: Any) -> Any:
+    for v in values:
+        if isinstance(v, JaxTensor):
+            return v.device
+        if isinstance(v, (list, tuple)):
+            found = first_jax_device(v)
+            if found is not None:
+                return found
+    return None
+
+
+# ---------------------------------------------------------------- diagnostics
+
+#: Why an op compiles again: ``logging.getLogger("pjrt_host.recompiles")``
+#: at INFO logs every new signature of an op that had compiled before, with
+#: what changed; a WARNING (once per op) says when an op keeps compiling new
+#: signatures after it had run warm -- a shape that changes every step.
+recompiles = logging.getLogger("pjrt_host.recompiles")
+#: An op "runs warm" once it has reused its programs this many times; this
+#: many new signatures after that warn.
+_WARM_HITS = 64
+_LATE_MISSES_WARN = 8
+
+
+def note_miss(op: Any, key: tuple) -> None:
+    prev, op.last_key = op.last_key, key
+    if prev is None:
+        return
+    if op.hits >= _WARM_HITS:
+        if not op.late_misses:
+            op.warm_hits = op.hits  # -1 once warned
+        op.late_misses += 1
+        # Often, against the reuses since: a shape changing every step, not
+        # a few more models or layers among thousands of reuses.
+        if op.late_misses >= _LATE_MISSES_WARN and op.late_misses * 32 >= op.hits - op.warm_hits \
+                and op.warm_hits >= 0:
+            op.warm_hits = -1  # warned: once per op
+            recompiles.warning(
+                "pjrt_host: %s keeps compiling new programs after running warm (%d new signatures after %d reuses; "
+                "the last: %s). Each new shape compiles once: pad or bucket the sizes that change (sequence "
+                "lengths to a multiple of 64, drop_last=True for the last batch). logging.getLogger("
+                "'pjrt_host.recompiles').setLevel('INFO') logs every recompilation.",
+                op.name, op.late_misses, op.hits, difference(prev, key))
+    if recompiles.isEnabledFor(logging.INFO):
+        recompiles.info("%s compiles a new program: %s", op.name, difference(prev, key))
+
+
+def difference(prev: tuple, key: tuple) -> str:
+    """What differs between two keys of one op, in a user's terms."""
+    changes = []
+    (pa, pk, pt, pc, pp), (a, k, t, c, p) = prev, key
+    for where, old, new in [(f"argument {i}", x, y) for i, (x, y) in enumerate(zip(pa, a))] + \
+            [(f"argument {n!r}", x, y) for (n, x), (_, y) in zip(pk, k)]:
+        if old == new:
+            continue
+        if type(old) is SequenceArg and type(new) is SequenceArg and len(old) == len(new):
+            # A list (of tensors, of step sizes): which items changed, not the whole list twice.
+            items = [i for i, (x, y) in enumerate(zip(old, new)) if x != y]
+            first = items[0]
+            changes.append(f"{where}, {len(items)} of its {len(new)} items (item {first}: "
+                           f"{describe(old[first])} -> {describe(new[first])})")
+        else:
+            changes.append(f"{where} {describe(old)} -> {describe(new)}")
+    if len(pa) != len(a) or [n for n, _ in pk] != [n for n, _ in k]:
+        changes.append("other arguments")
+    if pt != t:
+        changes.append("the out= tensors")
+    if pc != c:
+        changes.append("pjrt_host.config settings")
+    if pp != p:
+        changes.append(f"the device ({pp} -> {p})")
+    return "; ".join(changes) or "the same arguments (the earlier program was evicted)"
+
+
+def describe(part: Any) -> str:
+    if type(part) is DynamicScalar:
+        return f"a traced {part.type.__name__}"
+    if isinstance(part, TensorSpec):
+        view = part.view
+        if view is None:
+            return f"{jnp.dtype(part[0]).name}{list(part[1])}"
+        # View.static: (kind, size, ...)
+        return f"{jnp.dtype(part[0]).name}{list(view[1])} ({view[0]} view of {list(part[1])})"
+    if isinstance(part, tuple) and len(part) == 2 and isinstance(part[0], type):
+        return repr(part[1])
+    if type(part) is SequenceArg:
+        return f"a list of {len(part)}" if len(part) > 4 else f"[{', '.join(describe(x) for x in part)}]"
+    return repr(part)
+
+
+class Traceable:
+    """An op's traceable function, as fused eager records it: ``fn(*dyn)``
+    gives the op's result arrays; ``name`` and ``key`` are the op's and its
+    engine key (the recompile log compares them), ``signature`` what the
+    program cache keys it by on disk (None while the cache is off).
+    Hashed by identity, as the function it carries: one per engine entry."""
+
+    __slots__ = ("fn", "name", "key", "signature")
+
+    def __init__(self, fn: Any, name: str, key: tuple, signature: Any) -> None:
+        self.fn, self.name, self.key, self.signature = fn, name, key, signature
+
+    def __repr__(self) -> str:
+        return f"Traceable({self.name})"
