@@ -15,6 +15,7 @@ __all__ = [
     "ClientOption",
     "DevicePlugin",
     "EnvironmentSettingError",
+    "Kernel",
     "PjrtHostError",
     "PluginLoadError",
     "PluginNotFoundError",
@@ -31,6 +32,7 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "interop",
+    "plugin_kernel_stats",
     "plugin_manager",
     "plugins",
     "profile",
@@ -49,6 +51,7 @@ _LAZY = {
     "ClientOption": ("._plugin", "ClientOption"),
     "DevicePlugin": ("._plugin", "DevicePlugin"),
     "EnvironmentSettingError": ("._errors", "EnvironmentSettingError"),
+    "Kernel": ("._plugin", "Kernel"),
     "PjrtHostError": ("._errors", "PjrtHostError"),
     "PluginLoadError": ("._errors", "PluginLoadError"),
     "PluginNotFoundError": ("._errors", "PluginNotFoundError"),
@@ -65,6 +68,7 @@ _LAZY = {
     "hookimpl": ("._hookspecs", "hookimpl"),
     "hookspec": ("._hookspecs", "hookspec"),
     "interop": (".interop", None),  # the submodule itself
+    "plugin_kernel_stats": ("._lowerings._kernels", "stats"),  # imports jax
     "plugin_manager": ("._registry", "plugin_manager"),
     "plugins": ("._registry", "plugins"),
     "profile": ("._torch._profile", "profile"),
@@ -121,7 +125,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._errors import (ClientCreationError, EnvironmentSettingError, PjrtHostError, PluginLoadError,
                           PluginNotFoundError, SelectionError)
     from ._hookspecs import hookimpl, hookspec
-    from ._plugin import ClientOption, DevicePlugin
+    from ._lowerings._kernels import stats as plugin_kernel_stats
+    from ._plugin import ClientOption, DevicePlugin, Kernel
     from ._registry import plugin_manager, plugins, register_plugin, select
     from ._registry import selected_record as selected
     from . import distributed

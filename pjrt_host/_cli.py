@@ -16,7 +16,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from . import _env, _launch, _registry
+from . import _env, _launch, _plugin, _registry
 from ._errors import EnvironmentSettingError
 from ._discovery import PluginRecord
 
@@ -259,6 +259,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         return 0
     for info in infos:
         for key, value in info.items():
+            if key == "kernels" and isinstance(value, list):  # one kernel a line
+                value = ("\n" + " " * 28).join(value) or "-"
             print(f"{key:>26}: {value if value not in (None, '') else '-'}")
         print()
     return 0
@@ -276,6 +278,7 @@ def _plugin_members(record: PluginRecord) -> dict[str, Any]:
         "unsupported_dtypes": dict(plugin.unsupported_dtypes),
         "zero_copy_torch_devices": list(plugin.zero_copy_torch_devices),
         "is_host_cpu": bool(plugin.is_host_cpu),
+        "kernels": _kernels_text(plugin),
     }
     for method in ("physical_chip_count", "requires_xla_coordinator", "host_index", "client_create_options"):
         try:
@@ -284,6 +287,27 @@ def _plugin_members(record: PluginRecord) -> dict[str, Any]:
         except Exception as err:
             members[method] = f"raised {type(err).__name__}: {err}"
     return members
+
+
+def _kernels_text(plugin: Any) -> list[str] | str:
+    """The plugin's vendor kernels, one line each (``aten::_softmax ->
+    module:function [float32; when module:predicate]``), from the
+    declaration alone: nothing is imported."""
+    problems = _plugin.kernel_problems(plugin)
+    if problems:
+        return "cannot be read: " + "; ".join(problems)
+    declared = plugin.declared_kernels if isinstance(plugin, _plugin.DevicePlugin) else None
+    if declared is None:
+        return []
+    lines = []
+    for op, kernel in declared.kernels:
+        conditions = [", ".join(kernel.dtypes)] if kernel.dtypes else []
+        conditions += [f"ranks {', '.join(map(str, kernel.ranks))}"] if kernel.ranks else []
+        conditions += [f"when {kernel.when}"] if kernel.when else []
+        off = declared.mode == "off" or op in declared.dropped
+        lines.append(f"{op} -> {kernel.fn}" + (f" [{'; '.join(conditions)}]" if conditions else "")
+                     + (" (off: PJRT_HOST_PLUGIN_KERNELS)" if off else ""))
+    return lines
 
 
 # -- check --------------------------------------------------------------------

@@ -29,7 +29,10 @@ __all__ = [
     "flag",
     "heartbeat_timeout",
     "integer",
+    "normalise_op_name",
+    "parse_plugin_kernels",
     "plugin_allow_list",
+    "plugin_kernels",
     "probe_timeout",
     "program_cache_dir",
     "program_cache_enabled",
@@ -67,6 +70,56 @@ def plugin_allow_list() -> frozenset[str] | None:
     if value is None:
         return None
     return frozenset(part.strip().lower() for part in value.split(",") if part.strip())
+
+
+def plugin_kernels() -> tuple[str, frozenset[str]]:
+    """``PJRT_HOST_PLUGIN_KERNELS``: the selected plugin's vendor kernels
+    (``DevicePlugin.kernels``) run instead of the host's lowerings (``1``,
+    the default), none do (``0``), or a kernel that fails falls back to the
+    reference lowering with an error instead of a warning (``strict``);
+    ``-aten::_softmax`` (comma-separated, with ``strict`` or alone) drops one
+    kernel.  Returns (mode: "on" / "off" / "strict", dropped op names)."""
+    return parse_plugin_kernels(text("PJRT_HOST_PLUGIN_KERNELS"), "PJRT_HOST_PLUGIN_KERNELS")
+
+
+def parse_plugin_kernels(value: object, name: str) -> tuple[str, frozenset[str]]:
+    """The plugin-kernel setting ``value`` (None, a bool, or the text of
+    :func:`plugin_kernels`), as (mode, dropped op names); ``name`` is where
+    it came from, for the error a bad value raises.  Shared with
+    ``pjrt_host.config(plugin_kernels=...)``."""
+    if value is None or value is True:
+        return "on", frozenset()
+    if value is False:
+        return "off", frozenset()
+    if not isinstance(value, str):
+        raise EnvironmentSettingError(f"{name}={value!r}: expected True, False, 'strict' or '-aten::OP' entries")
+    mode, dropped = "on", set()
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        if item.startswith("-") and len(item) > 1:
+            dropped.add(normalise_op_name(item[1:]))
+        elif item.lower() == "strict":
+            mode = "strict"
+        elif item.lower() in _TRUE and len(value.split(",")) == 1:
+            mode = "on"
+        elif item.lower() in _FALSE and len(value.split(",")) == 1:
+            mode = "off"
+        else:
+            raise EnvironmentSettingError(
+                f"{name}={value!r}: {item!r} is not understood; expected 1 (the plugin's kernels run, the "
+                "default), 0 (none run), 'strict' (a failing kernel is an error, not a fallback) and/or "
+                "'-aten::OP' entries dropping one kernel, comma-separated")
+    return mode, frozenset(dropped)
+
+
+def normalise_op_name(name: str) -> str:
+    """An op name as the lowering table writes it: ``_softmax`` and
+    ``aten::_softmax.default`` are ``aten::_softmax``."""
+    name = name.strip()
+    if "::" not in name:
+        name = "aten::" + name.removeprefix("aten.")
+    return name.removesuffix(".default")
 
 
 def probe_timeout() -> float:

@@ -39,3 +39,12 @@ def pjrt_host_before_client_create(name: str, plugin: Any, options: dict[str, An
 def pjrt_host_client_created(name: str, plugin: Any, devices: list[Any]) -> None:
     """The client of ``name`` exists; ``devices`` are its addressable jax
     devices."""
+
+
+# DevicePlugin's own hook implementation (it imports its vendor kernels'
+# modules as the client comes up), marked here rather than where it is
+# defined: the contract module stays free of pluggy, which listing plugins
+# does not import.
+from ._plugin import DevicePlugin  # noqa: E402
+
+hookimpl(DevicePlugin.pjrt_host_client_created)

@@ -321,11 +321,21 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         names=("torch.utils._pytree.tree_flatten", "torch.utils._pytree.tree_leaves", "torch.utils._pytree.tree_map",
                "torch.utils._pytree.tree_unflatten"),
-        files=("pjrt_host/_compile/_trace.py", "pjrt_host/_torch/_backward.py", "pjrt_host/_check/_opinfo.py"),
+        files=("pjrt_host/_compile/_trace.py", "pjrt_host/_torch/_backward.py", "pjrt_host/_check/_opinfo.py",
+               "pjrt_host/_check/_sections/_kernels.py"),
         why="flattening arguments and results the way torch's own tracing (AOT export, dynamo) flattens "
             "them, torch's containers included; this torch has no public pytree module.",
         fallback="none: those modules fail to import; a public `torch.utils.pytree`, where a torch has it, "
                  "is the replacement.",
+    ),
+    Internal(
+        names=("torch.utils._python_dispatch.TorchDispatchMode",),
+        files=("pjrt_host/_check/_sections/_kernels.py",),
+        why="the report card's kernels section records the ATen calls of an op (its arguments as the "
+            "lowering gets them) while torch CPU runs OpInfo samples; a dispatch mode is the only way torch "
+            "shows the calls below the Python API.",
+        fallback="none: the kernels section fails with the import error; the other sections run.",
+        pins=("tests/test_check.py::test_cpu_ref_quick_passes_every_section",),
     ),
     Internal(
         names=("torch.nn.utils.stateless._reparametrize_module",),

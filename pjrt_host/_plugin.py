@@ -19,9 +19,55 @@ torch or jax, and neither should a plugin's module at import time.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, NamedTuple, Union
 
-__all__ = ["ClientOption", "DevicePlugin"]
+from . import _env
+
+__all__ = ["ClientOption", "DevicePlugin", "Kernel", "KernelDeclarations"]
+
+class Kernel(NamedTuple):
+    """One vendor kernel: on the plugin's device, an ATen op is this function.
+
+    Declared by strings, so that declaring it imports nothing (``python -m
+    pjrt_host list`` reads every plugin's class); the host imports ``fn``
+    only once the plugin's client exists and an op is first lowered.
+    """
+
+    #: ``"module:function"``: a JAX-traceable function with the signature of
+    #: the op's reference lowering (jax arrays for tensors, the op's other
+    #: arguments unchanged), returning what the lowering returns, the same
+    #: shapes and the dtypes torch gives.  It may call ``jax.ffi.ffi_call``
+    #: into a custom-call target its module registers for the platform
+    #: (``jax.ffi.register_ffi_target``) when imported, Pallas, or plain jax.
+    fn: str
+    #: torch dtype names (``"float32"``) the op's first tensor argument must
+    #: have for the kernel to run; empty: any dtype.
+    dtypes: tuple[str, ...] = ()
+    #: Numbers of dimensions that first tensor argument must have; empty: any.
+    ranks: tuple[int, ...] = ()
+    #: ``"module:function"``: a predicate called with the op's arguments (as
+    #: the kernel gets them, arrays abstract while traced) that says whether
+    #: the kernel applies (e.g. "softmax over the last dimension"); None: it
+    #: always applies once ``dtypes`` and ``ranks`` match.
+    when: Union[str, None] = None
+
+
+# NamedTuples, not dataclasses: the contract module is imported by
+# `python -m pjrt_host list`: a frozen dataclass costs ~2 ms to make, a
+# NamedTuple ~0.3 ms.
+class KernelDeclarations(NamedTuple):
+    """A plugin's kernels as the host reads them (:attr:`DevicePlugin.declared_kernels`):
+    strings only, so its ``repr`` can key programs kept on disk."""
+
+    #: The plugin, as messages name it: display name and class.
+    plugin: str
+    #: ``(normalised ATen op name, Kernel)``, in declaration order.
+    kernels: "tuple[tuple[str, Kernel], ...]"
+    #: ``PJRT_HOST_PLUGIN_KERNELS``: "on", "off" or "strict".
+    mode: str = "on"
+    #: Op names ``PJRT_HOST_PLUGIN_KERNELS`` drops (``-aten::_softmax``).
+    dropped: "tuple[str, ...]" = ()
+
 
 #: The value types a PJRT client create option may take (they become
 #: ``PJRT_NamedValue`` entries on the C API side).
@@ -83,6 +129,19 @@ class DevicePlugin:
     #: moving a CPU program onto a stand-in for the same CPU gains nothing.
     #: Default False: a plugin is an accelerator.
     is_host_cpu: ClassVar[bool] = False
+
+    #: Vendor kernels: ATen op name -> :class:`Kernel` (or its ``fn`` string
+    #: alone), e.g. ``{"aten::_softmax": Kernel("acme._kernels:softmax",
+    #: dtypes=("float32",))}``.  On this device the host runs a matching
+    #: kernel instead of its own lowering of the op, in eager ops, fused
+    #: segments, ``torch.compile(backend='jax')`` graphs and ``assume_pure``
+    #: alike; autograd's backward ops are ops too (declare a kernel for
+    #: ``aten::_softmax_backward_data``, or the reference backward runs).  A
+    #: kernel that cannot be imported, raises while traced or returns another
+    #: shape or dtype than the reference lowering falls back to the reference
+    #: with one warning (``PJRT_HOST_PLUGIN_KERNELS=strict``: an error).
+    #: Default: none.  docs/writing-a-plugin.md, "Vendor kernels".
+    kernels: ClassVar[Mapping[str, Union[str, Kernel]]] = {}
 
     def library_path(self) -> str | None:
         """Absolute path of the PJRT C API shared library (``GetPjrtApi``).
@@ -167,21 +226,118 @@ class DevicePlugin:
 
     # -- helpers for the host; not meant to be overridden -------------------
 
+    # a hook implementation: pjrt_host._hookspecs marks it (importing pluggy
+    # here would add it to `python -m pjrt_host list`, which never needs it)
+    def pjrt_host_client_created(self, name: str, plugin: Any, devices: list[Any]) -> None:
+        """Import the modules of this plugin's :attr:`kernels` (those
+        ``PJRT_HOST_PLUGIN_KERNELS`` allows) as its client comes up, so the
+        custom-call targets they register exist before the host loads
+        programs kept on disk that call them (it starts loading the last
+        run's programs right after this hook).  A module that fails is left
+        for the first op, which names it in a warning.  A subclass that
+        implements this hook too calls ``super().pjrt_host_client_created(...)``."""
+        if plugin is not self:
+            return
+        import importlib
+
+        try:
+            declared = self.declared_kernels
+        except Exception:
+            return  # the first op refuses the plugin, naming the problem
+        if declared.mode == "off":
+            return
+        for op, kernel in declared.kernels:
+            if op in declared.dropped:
+                continue
+            try:
+                importlib.import_module(kernel.fn.partition(":")[0])
+            except Exception:
+                pass  # reported, with the plugin, op and kernel, when the op is first lowered
+
     def describe(self) -> str:
         """The name shown to users: :attr:`display_name` or the class name."""
         return self.display_name or type(self).__name__
 
+    @property
+    def declared_kernels(self) -> KernelDeclarations:
+        """:attr:`kernels` normalised (op names as the lowering table writes
+        them, bare strings as :class:`Kernel`), with the process's
+        ``PJRT_HOST_PLUGIN_KERNELS`` setting.  Imports nothing.  Raises
+        ``ValueError`` naming the plugin for a declaration that is not a
+        :class:`Kernel` or a ``"module:function"`` string."""
+        problems = kernel_problems(self)
+        if problems:
+            raise ValueError(f"pjrt_host: plugin {self.describe()} ({_class_name(self)}) declares kernels the host "
+                             f"cannot read: {'; '.join(problems)}")
+        mode, dropped = _env.plugin_kernels()
+        return KernelDeclarations(f"{self.describe()} ({_class_name(self)})", _normalised_kernels(self), mode,
+                                  tuple(sorted(dropped)))
+
+
+def _class_name(plugin: Any) -> str:
+    return f"{type(plugin).__module__}.{type(plugin).__qualname__}"
+
+
+def _declared(plugin: Any) -> Mapping[str, Any]:
+    kernels = getattr(plugin, "kernels", {})
+    return kernels() if callable(kernels) else kernels
+
+
+def _normalised_kernels(plugin: Any) -> tuple[tuple[str, Kernel], ...]:
+    def normalised(spec: Any) -> Kernel:
+        if isinstance(spec, str):
+            return Kernel(spec)
+        return spec._replace(dtypes=tuple(spec.dtypes), ranks=tuple(spec.ranks))  # lists are unhashable
+
+    return tuple((_env.normalise_op_name(op), normalised(spec)) for op, spec in _declared(plugin).items())
+
+
+def kernel_problems(plugin: Any) -> list[str]:
+    """What is wrong with ``plugin``'s :attr:`DevicePlugin.kernels` (one
+    sentence each), read without importing anything."""
+    try:
+        declared = _declared(plugin)
+        items = list(declared.items())
+    except Exception as err:
+        return [f"kernels cannot be read ({type(err).__name__}: {err}); expected a mapping of ATen op name to "
+                "Kernel or 'module:function'"]
+    problems = []
+    for op, spec in items:
+        if not isinstance(op, str) or not op.strip():
+            problems.append(f"kernel key {op!r} is not an ATen op name such as 'aten::_softmax'")
+            continue
+        if isinstance(spec, str):
+            spec = Kernel(spec)
+        if not isinstance(spec, Kernel):
+            problems.append(f"the kernel for {op} is {spec!r}, expected pjrt_host.Kernel(...) or 'module:function'")
+            continue
+        for what, text in (("fn", spec.fn), ("when", spec.when)):
+            if text is None and what == "when":
+                continue
+            if not isinstance(text, str) or text.count(":") != 1 or not all(text.split(":")):
+                problems.append(f"the kernel for {op} has {what}={text!r}, expected 'module:function'")
+        if not all(isinstance(d, str) for d in spec.dtypes):
+            problems.append(f"the kernel for {op} has dtypes={spec.dtypes!r}, expected torch dtype names "
+                            "such as 'float32'")
+        if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in spec.ranks):
+            problems.append(f"the kernel for {op} has ranks={spec.ranks!r}, expected numbers of dimensions")
+    return problems
+
 
 #: The DevicePlugin members that tune lowerings: each an int >= 0 (0: off).
-LOWERING_OPTIONS = ("dense_gather_factor", "conv_as_matmul_max_positions")
+INT_LOWERING_OPTIONS = ("dense_gather_factor", "conv_as_matmul_max_positions")
+
+#: What the device passes every lowering (``LoweringContext`` fields of these
+#: names): the int options and the plugin's :attr:`DevicePlugin.declared_kernels`.
+LOWERING_OPTIONS = (*INT_LOWERING_OPTIONS, "declared_kernels")
 
 
 def lowering_option_problems(plugin: Any) -> list[str]:
-    """What is wrong with ``plugin``'s :data:`LOWERING_OPTIONS` (one sentence
-    each; empty when nothing is).  Shared by the runtime, which refuses such
+    """What is wrong with ``plugin``'s :data:`LOWERING_OPTIONS` (one
+    sentence each; empty when nothing is).  Shared by the runtime, which refuses such
     a plugin at its first op, and ``python -m pjrt_host check``."""
-    problems = []
-    for attr in LOWERING_OPTIONS:
+    problems = kernel_problems(plugin)
+    for attr in INT_LOWERING_OPTIONS:
         value = getattr(plugin, attr, 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             problems.append(f"{attr} is {value!r}, expected an int >= 0 (0 turns it off)")

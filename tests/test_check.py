@@ -88,7 +88,7 @@ def test_cpu_ref_quick_passes_every_section(tmp_path):
     assert code == 0, out
     assert doc["schema"] == "pjrt_host.check/1"
     assert doc["summary"] == {"status": "pass", "exit_code": 0, "reason": None, "sections": {
-        "contract": "pass", "dtypes": "pass", "ops": "pass", "compile": "pass", "memory": "pass",
+        "contract": "pass", "dtypes": "pass", "ops": "pass", "compile": "pass", "kernels": "pass", "memory": "pass",
         "collectives": "pass", "performance": "pass"}}
     by_name = {s["name"]: s for s in doc["sections"]}
     # every section ran real checks, and nothing failed
@@ -105,8 +105,12 @@ def test_cpu_ref_quick_passes_every_section(tmp_path):
     assert {"host -> device", "device -> host", "eager op (a + b, 16 floats)",
             "matmul float32 1024x1024", "matmul bfloat16 1024x1024"} <= figures
     assert all(f["value"] and f["value"] > 0 for f in by_name["performance"]["figures"])
+    kernels = {c["name"]: c["status"] for c in by_name["kernels"]["checks"]}
+    assert kernels["aten::_softmax -> pjrt_host_cpu_ref._kernels.softmax:softmax: values"] == "pass", kernels
+    assert {f["name"] for f in by_name["kernels"]["figures"]} == {"aten::_softmax kernel time",
+                                                                 "aten::_softmax_backward_data kernel time"}
     # the human table: a progress line per section and the verdict
-    assert "[3/7] Ops" in out and "cases, 0 failed" in out
+    assert "[3/8] Ops" in out and "cases, 0 failed" in out
     assert out.rstrip().splitlines()[-1].startswith("PASS: every conformance section passed")
     assert md.startswith("# pjrt_host report card: `cpu_ref`") and "| collectives | **pass** |" in md
 
@@ -162,7 +166,7 @@ def test_a_library_that_is_not_pjrt_makes_the_plugin_unusable(tmp_path, site, li
     assert doc["summary"]["status"] == "unusable"
     sections = _sections(doc)
     assert sections.pop("contract") == "fail"
-    assert set(sections.values()) == {"skip"} and len(sections) == 6
+    assert set(sections.values()) == {"skip"} and len(sections) == 7  # every other section
     reason = doc["summary"]["reason"]
     assert libs[lib] in reason and "reinstall notpjrt-plugin" in reason
     assert "UNUSABLE: plugin 'notpjrt' cannot be used" in out

@@ -51,3 +51,16 @@ def test_example_library_override_is_checked(installed, libs):
     data = list_json(installed, env={"ACME_PJRT_LIBRARY": libs["no_symbol"]})
     (row,) = data["by_name"]["acme"]
     assert row["status"] == "bad library" and "does not export GetPjrtApi" in row["reason"]
+
+
+def test_example_kernel_runs_in_place_of_the_lowering(installed):
+    code = (
+        "import torch, pjrt_host\n"
+        "x = torch.linspace(-30, 30, 101)\n"
+        "got = torch.nn.functional.silu(x.to('jax')).cpu()\n"
+        "print(torch.allclose(got, torch.nn.functional.silu(x), rtol=1.3e-6, atol=1e-5),\n"
+        "      {k: v['traced'] for k, v in pjrt_host.plugin_kernel_stats().items()})\n"
+    )
+    proc = run_python(["-c", code], site=installed, env={"PJRT_DEVICE": "ACME"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "True {'aten::silu acme_pjrt_plugin.kernels:silu': 1}", proc.stdout

@@ -44,6 +44,7 @@ SECTIONS: tuple[tuple[str, str, bool, tuple[int, int]], ...] = (
     ("dtypes", "Dtypes: each torch dtype round-trips bit-exactly, or is declared", True, (300, 600)),
     ("ops", "Ops: torch's OpInfo database against torch CPU", True, (1800, 14400)),
     ("compile", "Compile and interop: torch.compile, assume_pure, call_jax, DLPack", True, (900, 1800)),
+    ("kernels", "Vendor kernels: each against the reference lowering (values, autograd, time)", True, (600, 1200)),
     ("memory", "Memory: statistics, out-of-memory, recovery", True, (300, 600)),
     ("collectives", "Collectives: local devices and 2 processes", True, (600, 1200)),
     ("performance", "Performance probes (figures, not pass/fail)", False, (900, 1800)),

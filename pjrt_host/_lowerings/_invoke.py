@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from . import _kernels
+
 if TYPE_CHECKING:
     from . import Lowering
 
@@ -60,6 +62,28 @@ class LoweringContext:
     #: either way; XLA:CPU compiles the flat draw 2-5x faster, and a
     #: partitioner would have to replicate it.
     one_device: bool = False
+    #: The plugin's vendor kernels (``DevicePlugin.declared_kernels``, a
+    #: ``KernelDeclarations``); None or empty: the table's lowerings only.
+    declared_kernels: Any = None
+    #: The scoped ``pjrt_host.config(plugin_kernels=...)`` setting as
+    #: ``(mode, dropped op names)``.  None: the setting in force where the
+    #: context is made (:func:`_kernels.current_setting`) -- the device makes
+    #: one context per configuration, under that configuration, so the
+    #: context keeps its configuration's setting when its programs are traced
+    #: later (a fused segment runs when a value is read, perhaps outside the
+    #: ``with`` block its ops were recorded in).
+    kernel_setting: Any = None
+    #: The kernels that run under this context: ``declared_kernels`` allowed
+    #: by the settings, imported (their custom-call targets registered), in
+    #: declaration order.  Made with the context, never passed.
+    kernels: tuple = dataclasses.field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        if not self.declared_kernels or not self.declared_kernels.kernels:
+            return
+        if self.kernel_setting is None:
+            object.__setattr__(self, "kernel_setting", _kernels.current_setting())
+        object.__setattr__(self, "kernels", _kernels.resolve(self.declared_kernels, self.kernel_setting))
 
 
 _DEFAULT = LoweringContext()
@@ -104,6 +128,25 @@ def invoke(lowering: Lowering, args: Sequence[Any], kwargs: Mapping[str, Any], c
         args = (ctx.rng_key, *args)
         if "generator" in kwargs:
             kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+    if ctx.kernels and not lowering.data_dependent:
+        kernel = _kernels.matching(ctx.kernels, lowering.names, args, kwargs)
+        if kernel is not None:
+            # the kernel takes the call's own dtypes (no opmath widening):
+            # a vendor's bfloat16 kernel is written for bfloat16
+            token = _current.set(ctx)
+            try:
+                with jax.default_matmul_precision(ctx.matmul_precision):
+                    return _kernels.run(kernel, args, kwargs,
+                                        lambda: _reference(lowering, args, kwargs, ctx, result_dtypes))
+            finally:
+                _current.reset(token)
+    return _reference(lowering, args, kwargs, ctx, result_dtypes)
+
+
+def _reference(lowering: Lowering, args: Sequence[Any], kwargs: Mapping[str, Any], ctx: LoweringContext,
+               result_dtypes: Any) -> Any:
+    """The table's lowering on the prepared arguments, opmath and the
+    caller's result dtypes applied."""
     narrow = None
     if lowering.opmath:
         args, kwargs, narrow = _opmath(args, kwargs)

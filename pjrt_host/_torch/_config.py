@@ -53,6 +53,14 @@ class Config:
     #: (checks=True acts as "sync"; False still turns them off).
     #: Default: ``PJRT_HOST_EAGER``, else "op".
     eager: str = dataclasses.field(default_factory=lambda: _eager_default())
+    #: The selected plugin's vendor kernels (``DevicePlugin.kernels``) run
+    #: instead of the host's lowerings of their ops: True (the default, as
+    #: ``PJRT_HOST_PLUGIN_KERNELS`` allows), False (none: the reference
+    #: lowerings), "strict" (a kernel that fails is an error instead of a
+    #: warning and the reference lowering), or "-aten::OP" entries,
+    #: comma-separated, dropping those kernels (with "strict" or alone).
+    #: Narrows ``PJRT_HOST_PLUGIN_KERNELS``, never widens it.
+    plugin_kernels: bool | str = True
 
     @property
     def check_mode(self) -> bool | str:
@@ -75,6 +83,33 @@ def _eager_default() -> str:
 
     return eager_mode()
 
+
+def _plugin_kernel_setting(value: Any) -> tuple[str, tuple[str, ...]]:
+    """``plugin_kernels`` as the lowerings read it: (mode, dropped op names,
+    sorted so that its ``repr`` keys programs on disk)."""
+    from .._env import parse_plugin_kernels
+
+    try:
+        mode, dropped = parse_plugin_kernels(value, "pjrt_host.config: plugin_kernels")
+    except ValueError as err:
+        raise ValueError(str(err)) from None
+    return mode, tuple(sorted(dropped))
+
+
+def _lowerings_read_plugin_kernels() -> None:
+    """Let the lowerings read this thread's ``plugin_kernels`` (once a scope
+    sets it; before, every scope has the default and nothing need be read).
+    The lowering table imports nothing of the device, so the device hands
+    it the reader."""
+    global _reader_installed
+    if not _reader_installed:
+        from .._lowerings import _kernels
+
+        _kernels.use_setting(lambda: _plugin_kernel_setting(current().plugin_kernels))
+        _reader_installed = True
+
+
+_reader_installed = False
 
 _VALID = {"matmul_precision": ("highest", "high", "default"), "checks": (True, False, "sync"),
           "eager": ("op", "fused", "sync")}
@@ -154,6 +189,9 @@ def config(**changes: Any) -> Iterator[Config]:
         valid = _VALID.get(ALIASES.get(name, name))
         if valid is not None and value not in valid:
             raise ValueError(f"pjrt_host.config: {name}={value!r} is not one of {', '.join(map(repr, valid))}")
+    if "plugin_kernels" in changes:
+        _plugin_kernel_setting(changes["plugin_kernels"])  # a bad value raises here, not at the first op
+        _lowerings_read_plugin_kernels()
     for old, new in ALIASES.items():
         if old in changes:
             if new in changes:

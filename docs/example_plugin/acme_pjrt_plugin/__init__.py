@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pjrt_host import DevicePlugin, env
+from pjrt_host import DevicePlugin, Kernel, env
 
 __all__ = ["AcmePlugin"]
 
@@ -37,6 +37,9 @@ class AcmePlugin(DevicePlugin):
     display_name = "Acme accelerator"
     priority = 200  # chosen over cpu_ref (0) when PJRT_DEVICE is unset
     unsupported_dtypes = {"float64": "float32"}  # Acme has no fp64 units
+    # Vendor kernels, by strings: "on Acme, aten::silu is this function"
+    # (imported only once the client exists; docs/writing-a-plugin.md).
+    kernels = {"aten::silu": Kernel("acme_pjrt_plugin.kernels:silu", dtypes=("float32",))}
 
     def library_path(self) -> str | None:
         override = _library_override()

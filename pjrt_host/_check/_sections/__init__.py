@@ -2,7 +2,7 @@
 in its own child process by ``_check/__init__.py`` (which holds their
 titles and time limits and imports neither torch nor jax).
 
-One module per section (``_contract``, ``_dtypes``, ``_ops``, ``_compile``,
+One module per section (``_contract``, ``_dtypes``, ``_ops``, ``_compile``, ``_kernels``,
 ``_memory``, ``_collectives``, ``_performance``), over what they share:
 ``_recorder`` (a section's checks and figures, written to its result file
 after each), ``_support`` (the plugin under test, comparison with torch
@@ -18,6 +18,7 @@ from ._collectives import collectives
 from ._compile import compile_interop
 from ._contract import contract
 from ._dtypes import dtypes
+from ._kernels import kernels
 from ._memory import memory
 from ._ops import ops
 from ._performance import performance
@@ -31,6 +32,7 @@ SECTIONS: dict[str, Callable[..., None]] = {
     "dtypes": dtypes,
     "ops": ops,
     "compile": compile_interop,
+    "kernels": kernels,
     "memory": memory,
     "collectives": collectives,
     "performance": performance,

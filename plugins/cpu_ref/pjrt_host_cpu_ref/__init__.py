@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from pjrt_host import DevicePlugin, env
+from pjrt_host import DevicePlugin, Kernel, env
 
 __all__ = ["CpuRefPlugin"]
 
@@ -44,6 +44,16 @@ class CpuRefPlugin(DevicePlugin):
     # forward against 0.4 ms as patches x kernel); up to 8x8 output positions
     # the matmul form is as fast or faster (benchmarks/bench_lowering.py).
     conv_as_matmul_max_positions = 64
+    # Vendor kernels, by strings: nothing is imported (or compiled) until the
+    # client exists and an op is lowered (pjrt_host_cpu_ref/_kernels).
+    kernels = {
+        # C++ through XLA's FFI, compiled on first use
+        "aten::_softmax": Kernel("pjrt_host_cpu_ref._kernels.softmax:softmax", dtypes=("float32",),
+                                 when="pjrt_host_cpu_ref._kernels.softmax:softmax_applies"),
+        # plain jax
+        "aten::_softmax_backward_data": Kernel("pjrt_host_cpu_ref._kernels.backward:softmax_backward",
+                                               when="pjrt_host_cpu_ref._kernels.backward:applies"),
+    }
 
     def __init__(self) -> None:
         self._multiprocess = False  # set by configure_multiprocess()
