@@ -73,13 +73,15 @@ def directory() -> str | None:
     return _directory
 
 
-def configure(plugin_name: str, plugin_identity: str = "") -> str | None:
+def configure(plugin_name: str, plugin_identity: str = "", sources: tuple[str, ...] = ()) -> str | None:
     """Turn the cache on for the selected plugin (before its client
     exists), and start counting compilations.  ``plugin_identity`` (its
-    distribution, version and class) keys the programs :func:`compiled`
+    distribution, version and class) and the source of the modules
+    ``sources`` names (its vendor kernels) key the programs :func:`compiled`
     keeps.  Returns the directory, or None when the cache stays off."""
-    global _directory, _plugin
+    global _directory, _plugin, _sources
     _plugin = f"{plugin_name} {plugin_identity}"
+    _sources = sources
     _listen()
     if not _env.program_cache_enabled():
         return None
@@ -131,6 +133,7 @@ _FORMAT = "pjrt_host-program-1"
 _disk: Any = None
 _setting: str | None = None
 _plugin = ""
+_sources: tuple[str, ...] = ()  #: the plugin's modules whose source keys the programs too (its kernels)
 _unserializable = False  #: the plugin cannot serialize executables: stop trying
 
 
@@ -389,7 +392,8 @@ def _setting_text() -> str:
     """What every program of this process depends on beyond its own key:
     pjrt_host's source (a changed lowering is a new program), the versions
     of torch, jax and jaxlib, the selected plugin (its distribution,
-    version and class) and the XLA flags; computed once (about 10 ms)."""
+    version and class, its vendor kernels' source) and the XLA flags;
+    computed once (about 10 ms)."""
     global _setting
     if _setting is None:
         import hashlib
@@ -404,10 +408,28 @@ def _setting_text() -> str:
         for file in sorted(root.rglob("*.py")):
             h.update(str(file.relative_to(root)).encode())
             h.update(file.read_bytes())
+        for module in _sources:
+            h.update(module.encode() + b"\0" + _module_source(module))
         flags = sorted((k, v) for k, v in os.environ.items() if k.startswith(("XLA_", "LIBTPU_", "TPU_")))
         _setting = "|".join([h.hexdigest(), torch.__version__, jax.__version__, jaxlib.__version__, _plugin,
                              repr(flags)])
     return _setting
+
+
+def _module_source(name: str) -> bytes:
+    """The bytes of module ``name``'s file (found, not imported: its
+    packages are the plugin's, imported already); empty when not found."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        if origin and os.path.isfile(origin):
+            with open(origin, "rb") as f:
+                return f.read()
+    except (ImportError, ValueError, OSError):
+        pass
+    return b""
 
 
 _kernels = None  #: whether jaxlib's lazily bound kernels are bound in this process

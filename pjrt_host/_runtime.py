@@ -151,7 +151,8 @@ def _create(record: PluginRecord) -> Runtime:
 
     _skip_jax_plugin_discovery(xla_bridge)
     # before the first program compiles
-    _program_cache.configure(record.name, f"{record.distribution} {record.version} {record.target}")
+    _program_cache.configure(record.name, f"{record.distribution} {record.version} {record.target}",
+                             _kernel_modules(plugin))
     if record.library is None:
         backend = plugin.jaxlib_backend
     else:
@@ -171,6 +172,22 @@ def _create(record: PluginRecord) -> Runtime:
     pm.hook.pjrt_host_client_created(name=record.name, plugin=plugin, devices=list(devs))
     _program_cache.prefetch(list(devs))  # what the last run of this script loaded, on a thread
     return Runtime(record, backend, client_obj, list(devs))
+
+
+def _kernel_modules(plugin: Any) -> tuple[str, ...]:
+    """The modules of the plugin's vendor kernels (and their conditions):
+    their source keys the programs kept on disk, as pjrt_host's own does, so
+    a kernel changed without a new plugin version is traced anew."""
+    try:
+        declared = plugin.declared_kernels
+    except Exception:
+        return ()  # the first op refuses the plugin, naming the problem
+    names = set()
+    for _, kernel in declared.kernels:
+        for target in (kernel.fn, kernel.when):
+            if target:
+                names.add(target.partition(":")[0])
+    return tuple(sorted(names))
 
 
 def _skip_jax_plugin_discovery(xla_bridge: Any) -> None:

@@ -331,6 +331,42 @@ def test_a_second_process_loads_programs_that_call_the_kernel_from_disk(tmp_path
     assert second["untraced"] >= 1, second
 
 
+_SCALED_PLUGIN = """
+from pjrt_host import DevicePlugin
+
+class Scaled(DevicePlugin):
+    display_name = "Scaled test device"
+    jaxlib_backend = "cpu"
+    kernels = {"aten::tanh": "scaled_kernels:tanh"}
+
+pjrt_host.register_plugin("scaled", Scaled)
+pjrt_host.select("scaled")
+"""
+
+
+def test_a_kernel_changed_without_a_new_plugin_version_is_traced_anew(tmp_path):
+    """Programs kept on disk are keyed by the kernels' source as by
+    pjrt_host's own: a vendor who edits a kernel and keeps the version gets
+    the new kernel's numbers in the next process, not the old program."""
+    code = """
+        x = torch.linspace(-2, 2, 12)
+        got = torch.tanh(x.to("jax")).cpu()
+        print(json.dumps({"ratio": float((got / torch.tanh(x)).mean()),
+                          "untraced": torch.jax.program_cache_stats()["untraced"]}))
+    """
+    env = {"PJRT_DEVICE": "scaled", "PJRT_HOST_CACHE_DIR": str(tmp_path / "programs")}
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "scaled_kernels.py").write_text("import jax.numpy as jnp\n\ndef tanh(x):\n    return jnp.tanh(x)\n")
+    first, _ = _run(code, env=env, tmp_path=kernels, setup=_SCALED_PLUGIN)
+    again, _ = _run(code, env=env, tmp_path=kernels, setup=_SCALED_PLUGIN)
+    (kernels / "scaled_kernels.py").write_text("import jax.numpy as jnp\n\ndef tanh(x):\n    return 2 * jnp.tanh(x)\n")
+    changed, _ = _run(code, env=env, tmp_path=kernels, setup=_SCALED_PLUGIN)
+    assert abs(first["ratio"] - 1) < 1e-5 and abs(again["ratio"] - 1) < 1e-5, (first, again)
+    assert again["untraced"] >= 1, again  # the same kernel: loaded from disk
+    assert abs(changed["ratio"] - 2) < 1e-5, changed  # the edited kernel ran, not the kept program
+
+
 # ------------------------------------------------------------------ info and the report card
 
 
