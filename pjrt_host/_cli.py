@@ -76,10 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("check", help="a conformance and performance report card for one plugin",
-                       description="Run conformance sections (contract, dtypes, ops, compile, memory, collectives) "
-                                   "and performance probes against a plugin, each in its own process. Exit 0 when "
-                                   "every conformance section passes, 1 when one fails, 2 when the plugin cannot be "
-                                   "used. See docs/writing-a-plugin.md.")
+                       description="Run conformance sections (contract, dtypes, ops, compile, kernels, memory, "
+                                   "collectives) and performance probes against a plugin, each in its own process. "
+                                   "Exit 0 when every conformance section passes, 1 when one fails, 2 when the "
+                                   "plugin cannot be used. See docs/writing-a-plugin.md.")
     p.add_argument("name", nargs="?", default=None, help="the plugin (default: the one PJRT_DEVICE or priority selects)")
     p.add_argument("--quick", action="store_true", help="one OpInfo sample per case, smaller probes (minutes)")
     p.add_argument("--json", dest="json_path", metavar="PATH", help="write the JSON document here")
