@@ -44,8 +44,8 @@ from ._dtype_policy import device_dtype
 from ._lowering_context import lowering_context
 from ._signatures import (ForeignFirst, Traceable, decode, encode, encode_dynamic, first_jax_device, has_dynamic,
                           note_miss, scalar_slots)
-from ._sync import open_segments
-from ._tensor import DONATE, JaxTensor, wrap_array
+from ._sync import note_result, open_segments
+from ._tensor import DONATE, JaxTensor, result_tensor, wrap_array
 
 __all__ = ["CompiledOp", "missing_lowering", "op_name"]
 
@@ -177,7 +177,7 @@ class CompiledOp:
             if self.dynamic and has_dynamic(key):  # may run again with static scalars, drawing the same
                 rewind = _scalar_trials.same_draw_again(self, args, given)
             dyn.extend(_rng.next_key_args(index, generator))
-        written = self._written(args, out_targets)
+        written = self._written(args, out_targets) if self.inplace is not None or out_targets else ()
         if cfg.eager == "fused":
             if entry.fusable is not None and not self.in_trial and type(place) is int:
                 fused = self._record(entry, dyn, args, out_targets, index, place)
@@ -197,16 +197,19 @@ class CompiledOp:
             return resized
         if result is _AGAIN:
             return self(args, given)
-        if written:
-            settle = place is not index
-            for storage, arr in zip(written, (result,) if self.inplace is not None else result):
-                storage.commit(arr, settle)
-            return args[self.inplace] if self.inplace is not None else \
-                out_targets[0] if len(out_targets) == 1 else tuple(out_targets)
+        if self.inplace is not None:
+            written[0].commit(result, place is not index)
+            return args[self.inplace]
+        if out_targets:
+            for storage, arr in zip(written, result):
+                storage.commit(arr, place is not index)
+            return out_targets[0] if len(out_targets) == 1 else tuple(out_targets)
         plan = entry.plan
         outputs = plan.outputs
         if outputs is not None and plan.container == "single" and outputs[0].kind == "tensor":
-            return wrap_array(result, index, outputs[0].dtype, place)  # the hot path: one tensor result
+            # The hot path: one tensor result.
+            note_result(index, result)
+            return result_tensor(result, outputs[0].shape, outputs[0].dtype, index, place)
         return _wrap_results(result, plan, index, place)
 
     def _key(self, args: tuple, kwargs: dict, out_targets: list) -> tuple[tuple, list]:
@@ -252,14 +255,10 @@ class CompiledOp:
     def _written(self, args: tuple, out_targets: list) -> list:
         """The storages the call writes (an in-place op's target, the out=
         tensors'), refused before anything runs when one is read-only."""
-        if self.inplace is not None:
-            written = [args[self.inplace]._storage]
-        elif out_targets:
-            written = [t._storage for t in out_targets]
-        else:
-            return []
+        written = [args[self.inplace]._storage] if self.inplace is not None else [t._storage for t in out_targets]
         for storage in written:
-            storage.check_writable()
+            if storage.read_only is not None:
+                storage.check_writable()
         return written
 
     def _run(self, entry: _Entry, key: tuple, dyn: list, written: list, args: tuple, kwargs: dict,

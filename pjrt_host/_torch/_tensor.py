@@ -524,8 +524,15 @@ def result_tensor(array: Any, shape: tuple[int, ...], dtype: torch.dtype, index:
     """A new tensor owning ``array``, an op's result of ``shape`` and torch
     ``dtype`` (a jax array, or fused eager's :class:`Pending`), on device
     ``index`` (on ``place``'s mesh, when sharded, with ``index`` its torch
-    device).  The caller notes a computed result for :func:`synchronize`."""
-    return make(Storage(array, shape, array.dtype, index, place), shape, dtype)
+    device).  The caller notes a computed result for :func:`synchronize`.
+    The engine's hot path: one wrapper and one Storage, no view."""
+    try:
+        t = _make_wrapper(JaxTensor, shape, dtype=dtype, device=torch_device(index))
+    except TypeError:  # this thread is compiling with dynamo: make() knows the way
+        return make(Storage(array, shape, array.dtype, index, place), shape, dtype)
+    t._storage = Storage(array, shape, array.dtype, index, place)
+    t._view = None
+    return t
 
 
 def wrap_array(array: Any, index: int, dtype: torch.dtype | None = None, place: Any = None) -> JaxTensor:

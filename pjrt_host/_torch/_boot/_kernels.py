@@ -97,26 +97,24 @@ def register() -> torch.library.Library:
 
 
 def _factory_kernel(name: str) -> Callable:
-    op = None
-
-    def kernel(*args, **kwargs):
-        nonlocal op
-        if op is None:
-            op = aten_op(name)
-        return _loader.factories().run_factory(op, name, args, kwargs)
-
-    kernel.__name__ = f"jax_{name.replace('.', '_')}"
-    return never_traced(kernel)
+    return _kernel(name, lambda op, args, kwargs: _loader.factories().run_factory(op, name, args, kwargs))
 
 
 def _device_kernel(name: str) -> Callable:
+    return _kernel(name, lambda op, args, kwargs: _loader.device()(op, args, kwargs))
+
+
+def _kernel(name: str, run: Callable) -> Callable:
+    """The kernel of overload ``name``: ``run(op, args, kwargs)``, the op
+    looked up from its name at the first call (registering imports nothing
+    more)."""
     op = None
 
     def kernel(*args, **kwargs):
         nonlocal op
         if op is None:
             op = aten_op(name)
-        return _loader.device()(op, args, kwargs)
+        return run(op, args, kwargs)
 
     kernel.__name__ = f"jax_{name.replace('.', '_')}"
     return never_traced(kernel)
