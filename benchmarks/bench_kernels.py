@@ -27,20 +27,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _best(fn, *args, repeats: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_compile import best_per_call  # noqa: E402  (interleaved rounds, best of each)
 
 
 def kernels_against_lowerings(repeats: int) -> None:
@@ -69,11 +57,13 @@ def kernels_against_lowerings(repeats: int) -> None:
         for name, lowering, args in (("aten::_softmax", softmax, lambda a, b: (a, -1, False)),
                                      ("aten::_softmax_backward_data", backward,
                                       lambda a, b: (b, jax.nn.softmax(a, -1), -1, torch.float32))):
-            times = []
-            for ctx in (with_kernels, reference):
+            runs = {}
+            for label, ctx in (("kernel", with_kernels), ("lowering", reference)):
                 run = jax.jit(lambda a, b, ctx=ctx, lowering=lowering, args=args:
                               _lowerings.invoke(lowering, args(a, b), {}, ctx, jax.numpy.float32))
-                times.append(_best(run, x, g, repeats=repeats))
+                runs[label] = lambda run=run: jax.block_until_ready(run(x, g))
+            best = best_per_call(runs, repeats, rounds=5)
+            times = [best["kernel"], best["lowering"]]
             print(f"{name:<30} {str(shape):>14} {times[0] * 1e3:>10.3f} {times[1] * 1e3:>12.3f} "
                   f"{times[0] / times[1]:>7.2f}")
     # the op as users call it: eager forward + backward, kernels on and off
@@ -85,17 +75,14 @@ def kernels_against_lowerings(repeats: int) -> None:
         (torch.softmax(xj, -1) * weight).sum().backward()
         xj.grad.cpu()
 
-    times = []
-    for setting in (True, False):
-        with pjrt_host.config(plugin_kernels=setting):
-            step()
-            best = float("inf")
-            for _ in range(5):
-                start = time.perf_counter()
-                for _ in range(max(1, repeats // 3)):
-                    step()
-                best = min(best, (time.perf_counter() - start) / max(1, repeats // 3))
-            times.append(best)
+    def with_kernels_set(setting: bool):
+        def run() -> None:
+            with pjrt_host.config(plugin_kernels=setting):
+                step()
+        return run
+
+    best = best_per_call({"on": with_kernels_set(True), "off": with_kernels_set(False)}, max(1, repeats // 3), 5)
+    times = [best["on"], best["off"]]
     print(f"{'eager softmax fwd+bwd':<30} {'(512, 1024)':>14} {times[0] * 1e3:>10.3f} {times[1] * 1e3:>12.3f} "
           f"{times[0] / times[1]:>7.2f}")
     print("traced:", {k: v["traced"] for k, v in pjrt_host.plugin_kernel_stats().items()})
