@@ -25,6 +25,7 @@ __all__ = [
     "coordinator_port",
     "coordinator_timeout",
     "donate_buffers",
+    "dynamic_shapes",
     "eager_mode",
     "flag",
     "heartbeat_timeout",
@@ -143,6 +144,25 @@ def eager_mode() -> str:
                                       "comes), 'fused' (ops recorded and run in segments) or 'sync' (each op "
                                       "waited for, its checks raised at the op)")
     return value
+
+
+def dynamic_shapes() -> bool | str:
+    """``PJRT_HOST_DYNAMIC_SHAPES``: ``1`` (a dimension that takes a third
+    size at the same place becomes dynamic: padded to a bucket, one program per
+    bucket), ``0`` (every new shape compiles its own programs) or ``all``
+    (every dimension of every input of an op that knows padding is dynamic,
+    padded to odd buckets: the test mode that shows padding leaking);
+    docs/dynamic-shapes.md.  Default: 0."""
+    value = (text("PJRT_HOST_DYNAMIC_SHAPES") or "0").lower()
+    if value == "all":
+        return "all"
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise EnvironmentSettingError(f"PJRT_HOST_DYNAMIC_SHAPES={value!r}: expected 1 (dimensions that change become "
+                                  "dynamic, padded to buckets), 0 (off) or 'all' (every dimension dynamic, "
+                                  "padded to odd buckets: a test mode)")
 
 
 def jax_x64_mode() -> str:

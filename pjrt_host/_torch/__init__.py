@@ -49,6 +49,8 @@ layer  module                           job
 5      ``_boot._autograd_kernels``      dense sparse-gradient formulas, checked composites
 5      ``_patches._c10d_registration``  the 'pjrt' backend registered with
                                         torch.distributed
+5      ``_dynamic_dims``                which ops run on padded inputs and when a dimension
+                                        becomes dynamic; padded reads of views
 5      ``_fused``                       fused eager: ops recorded into segments, one
                                         program each
 5      ``_scalar_trials``               traced scalars: whether an op's Python scalars can be
@@ -78,6 +80,8 @@ layer  module                           job
 2      ``_boot._amp``                   ``torch.jax.amp``: torch.cuda.amp's aliases for 'jax'
 2      ``_patches._import_hooks``       run a hook right after a library is imported,
                                         without importing it
+2      ``_padding``                     padded storages: buckets, fills, pad / cut programs,
+                                        the dynamic-shape statistics
 2      ``_sync``                        what is queued on the devices and waiting for it (latest
                                         results, deferred checks, open fused segments)
 1      ``_devices``                     'jax:N' <-> jax device; the device-index normaliser

@@ -61,6 +61,14 @@ class Config:
     #: comma-separated, dropping those kernels (with "strict" or alone).
     #: Narrows ``PJRT_HOST_PLUGIN_KERNELS``, never widens it.
     plugin_kernels: bool | str = True
+    #: Dynamic dimensions (docs/dynamic-shapes.md): True, a dimension that
+    #: takes a third size at the same place becomes dynamic: its storage
+    #: is padded to a bucket and the ops that know padding compile once per
+    #: bucket, not once per size; False, every shape compiles its own
+    #: programs; "all", every dimension is dynamic, padded to odd buckets (a
+    #: test mode).  Op-by-op and sync eager; fused eager cuts padded inputs.
+    #: Default: ``PJRT_HOST_DYNAMIC_SHAPES``, else False.
+    dynamic_shapes: bool | str = dataclasses.field(default_factory=lambda: _dynamic_default())
 
     @property
     def check_mode(self) -> bool | str:
@@ -82,6 +90,12 @@ def _eager_default() -> str:
     from .._env import eager_mode
 
     return eager_mode()
+
+
+def _dynamic_default() -> bool | str:
+    from .._env import dynamic_shapes
+
+    return dynamic_shapes()
 
 
 def _plugin_kernel_setting(value: Any) -> tuple[str, tuple[str, ...]]:
@@ -112,7 +126,7 @@ def _lowerings_read_plugin_kernels() -> None:
 _reader_installed = False
 
 _VALID = {"matmul_precision": ("highest", "high", "default"), "checks": (True, False, "sync"),
-          "eager": ("op", "fused", "sync")}
+          "eager": ("op", "fused", "sync"), "dynamic_shapes": (True, False, "all")}
 
 #: Settings' earlier names -> their names now (``config`` accepts both).
 ALIASES = {"check_indices": "checks"}

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .. import _runtime
+from . import _padding
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from ._devices import jax_device
 from ._sync import run_deferred_checks
@@ -136,6 +137,15 @@ def _host_tensor(host: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def to_torch(t: JaxTensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A torch tensor on ``device`` (not 'jax') with the values of ``t``."""
+    storage = t._storage
+    if storage.padded is not None and t._view is None and device.type == "cpu" and type(storage.place) is int:
+        # cut on the host, where it costs no program per size
+        run_deferred_checks()
+        out = _host_tensor(_padding.host_cut(np.asarray(storage._array), storage.padded, storage.shape),
+                           torch_dtype(storage._array.dtype))
+        if out.dtype != t.dtype:
+            out = out.to(t.dtype)
+        return out if dtype is None else out.to(dtype)
     arr = read(t)
     run_deferred_checks()  # a synchronisation point: errors found on the device surface here
     if device.type in zero_copy_devices():

@@ -346,6 +346,10 @@ def _handler_for(func: Any) -> Handler:
     lowering = _eager_lowering(func)
     if not mutable:
         if lowering is not None:
+            if op_name(func) in _MEANS:
+                return _summed_when_padded(CompiledOp(func, lowering).__call__)
+            if op_name(func) in _COPYING_VIEWS:
+                return _viewed_when_padded(func, CompiledOp(func, lowering).__call__)
             return CompiledOp(func, lowering).__call__
     else:
         first = schema.arguments[0]
@@ -387,6 +391,43 @@ def _handler_for(func: Any) -> Handler:
     if factory is not None:
         return functools.partial(_factory_into_out, factory, mutable[0].name)
     return lambda args, kwargs: _last_resort(func, args, kwargs)
+
+
+#: Reshapes that return a new tensor (matmul's ``_unsafe_view`` of its mm):
+#: of a padded tensor that is its whole storage, a view of it instead, as
+#: torch CPU makes them (a copy would cut the padding: _dynamic_dims).
+_COPYING_VIEWS = frozenset({"aten::_unsafe_view"})
+
+
+def _viewed_when_padded(func: Any, handler: Handler) -> Handler:
+    def handle(args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else None
+        if type(x) is _tensor.JaxTensor and x._storage.padded is not None and x._view is None:
+            return run_view(func, args, kwargs)
+        return handler(args, kwargs)
+    return handle
+
+
+#: A mean of a padded tensor: its sum (which knows padding) over the count of
+#: logical elements, a run-time scalar (the count changes with every size).
+_MEANS = frozenset({"aten::mean.dim"})
+
+
+def _summed_when_padded(handler: Handler) -> Handler:
+    def handle(args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else None
+        if type(x) is _tensor.JaxTensor and x._storage.padded is not None and x.dtype.is_floating_point:
+            dims = args[1] if len(args) > 1 else kwargs.get("dim")
+            keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+            dtype = args[3] if len(args) > 3 else kwargs.get("dtype")
+            reduced = range(x.dim()) if not dims else [d % max(x.dim(), 1) for d in dims]
+            count = 1
+            for d in set(reduced):
+                count *= x.shape[d]
+            total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=dtype)
+            return torch.ops.aten.div.Tensor(total, float(count))
+        return handler(args, kwargs)
+    return handle
 
 
 _TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})

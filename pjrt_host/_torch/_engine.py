@@ -38,12 +38,12 @@ import torch
 from .. import _lowerings, _program_cache
 from .._lowerings import Lowering, LoweringContext, op_name
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from . import _config, _fused, _meta, _rng, _scalar_trials, _sharding, _strided
+from . import _config, _dynamic_dims, _fused, _meta, _padding, _rng, _scalar_trials, _sharding, _strided
 from ._devices import device_mismatch, jax_device, torch_device
 from ._dtype_policy import device_dtype
 from ._lowering_context import lowering_context
-from ._signatures import (ForeignFirst, Traceable, decode, encode, encode_dynamic, first_jax_device, has_dynamic,
-                          note_miss, scalar_slots)
+from ._signatures import (ForeignFirst, Traceable, decode, encode, encode_dynamic, encode_padded, first_jax_device,
+                          has_dynamic, note_miss, scalar_slots)
 from ._sync import note_result, open_segments
 from ._tensor import DONATE, JaxTensor, result_tensor, wrap_array
 
@@ -64,6 +64,10 @@ _lock = threading.Lock()
 #: What :meth:`CompiledOp._run` returns when the call must be made again (its
 #: scalars turned static).
 _AGAIN = object()
+#: What :meth:`CompiledOp._padded` returns when the call runs exact (its
+#: padded inputs cut to their logical sizes).
+_EXACT = object()
+_FELL_BACK = object()  #: the same, after it tried: its inputs are not padded again
 
 
 class _Entry(NamedTuple):
@@ -115,7 +119,7 @@ class CompiledOp:
 
     __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "scalar_slots",
                  "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses", "warm_hits",
-                 "dtype_from_out", "checked_scalars")
+                 "dtype_from_out", "checked_scalars", "rule", "seen_shapes", "logical")
 
     def __init__(self, func: Any, lowering: Lowering, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
@@ -142,9 +146,25 @@ class CompiledOp:
         self.simple = not out_names and not lowering.needs_rng
         self.dtype_from_out = bool(out_names) and self.name.split(".")[0] in _DTYPE_FROM_OUT
         self.checked_scalars: set = set()  # scalar values of a traced random op already checked
+        # Dynamic dimensions (_dynamic_dims): how the op reads padded inputs
+        # (None: it cuts them), its inputs' first shapes, its padded calls'
+        # logical result shapes.
+        self.rule = _dynamic_dims.rule_for(func, self.name, lowering, inplace, out_names)
+        self.seen_shapes: dict = {}
+        self.logical: dict = {}
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         given = kwargs
+        fell_back = False
+        if _padding.live:
+            if self.rule is None:
+                _dynamic_dims.unpad_all(args, kwargs, self.name)  # named in the statistics
+            else:
+                result = self._padded(args, kwargs)
+                if result is _FELL_BACK:
+                    fell_back = True
+                elif result is not _EXACT:
+                    return result
         out_targets: list[JaxTensor] = []
         generator = None
         if not self.simple or self.dynamic:
@@ -160,6 +180,9 @@ class CompiledOp:
             if self.dynamic and self.lowering.needs_rng:
                 _scalar_trials.check_scalars(self, args, kwargs)
         else:
+            if (self.rule is not None and cfg.dynamic_shapes and cfg.eager != "fused" and type(place) is int
+                    and not self.in_trial and not fell_back and _dynamic_dims.on_miss(self, args, kwargs, cfg.dynamic_shapes)):
+                return self(args, given)  # inputs padded: their dims are dynamic from now on
             self.misses += 1
             if not self.in_trial:
                 note_miss(self, key)
@@ -211,6 +234,96 @@ class CompiledOp:
             note_result(index, result)
             return result_tensor(result, outputs[0].shape, outputs[0].dtype, index, place)
         return _wrap_results(result, plan, index, place)
+
+    def _padded(self, args: tuple, kwargs: dict) -> Any:
+        """The call run on its padded inputs, through the program of their
+        buckets (``_dynamic_dims``), or :data:`_EXACT`: it runs exact, its
+        padded inputs cut (dynamic shapes off, fused eager, inputs that do
+        not line up, anything the padded run cannot describe)."""
+        cfg = _config.current()
+        if not cfg.dynamic_shapes or cfg.eager == "fused":
+            return _EXACT  # encode() cuts what is padded
+        if not _dynamic_dims.padded_inputs(args, kwargs):
+            return _EXACT
+        rule = self.rule
+        prepared = _dynamic_dims.prepare(rule, args, kwargs)
+        if prepared is None:
+            return self._exact(args, kwargs, "inputs that do not line up")
+        reads, dims, args, kwargs = prepared
+        dyn: list[Any] = []
+        devs: list[Any] = []
+        slots = self.scalar_slots if self.dynamic else ()
+        fill_of = _dynamic_dims.fill_of
+        try:
+            key_args = tuple([encode_dynamic(v, dyn, devs) if i in slots and id(v) not in reads
+                              else encode_padded(v, dyn, devs, fill_of(rule, i, args, kwargs), reads)
+                              for i, v in enumerate(args)])
+            key_kwargs = tuple([(k, encode_dynamic(v, dyn, devs) if k in slots and id(v) not in reads
+                                 else encode_padded(v, dyn, devs, fill_of(rule, k, args, kwargs), reads))
+                                for k, v in kwargs.items()]) if kwargs else ()
+        except ForeignFirst:
+            return self._exact(args, kwargs, "a tensor on another device")
+        place = devs[0] if devs else None
+        if type(place) is not int or any(d != place for d in devs):
+            return self._exact(args, kwargs, "a mesh or several devices")
+        key = (key_args, key_kwargs, (), cfg, place)
+        entry = self.cache.get(key)
+        if entry is None:
+            # (the trial of traced scalars is the exact route's: here an
+            # undecided op's scalars are static)
+            self.misses += 1
+            note_miss(self, key)
+            try:
+                entry = self._build(key, args, kwargs, [], cfg, kwargs)
+            except Exception:
+                return self._exact(args, kwargs, "its program could not be built")  # the exact call raises torch's error, if there is one
+        else:
+            self.hits += 1
+        shapes = _dynamic_dims.logical_shapes(self, key, args, kwargs)
+        plan = entry.plan
+        if shapes is None or plan.outputs is None or any(o.kind not in ("tensor", "none") for o in plan.outputs):
+            return self._exact(args, kwargs, "results torch cannot describe")
+        try:
+            result = entry.fn(*dyn)
+        except Exception:
+            if _padding.debug:
+                import traceback
+                traceback.print_exc()
+            return self._exact(args, kwargs, "its program failed")
+        single = plan.container == "single"
+        results = (result,) if single else result
+        made = []
+        for spec, arr, shape in zip(plan.outputs, results, shapes):
+            if spec.kind == "none":
+                made.append(None)
+                continue
+            padded = _dynamic_dims.result_padding(dims, tuple(arr.shape), shape)
+            if padded is False:
+                return self._exact(args, kwargs, "a result whose padding is unknown")
+            made.append((arr, shape, spec.dtype, padded))
+        for t in (*args, *kwargs.values()):
+            read = reads.get(id(t)) if type(t) is JaxTensor else None
+            if read is not None:
+                _padding.note_padded_call(read.psize, tuple(t.shape))
+                break
+        wrapped = []
+        for m in made:
+            if m is None:
+                wrapped.append(None)
+                continue
+            arr, shape, dtype, padded = m
+            note_result(place, arr)
+            wrapped.append(result_tensor(arr, shape, dtype, place, None, padded))
+        if single:
+            return wrapped[0]
+        return tuple(wrapped) if plan.container == "tuple" else wrapped
+
+    def _exact(self, args: tuple, kwargs: dict, why: str) -> Any:
+        """The padded route gives up (``why``, counted): the call's padded
+        inputs are cut, and it runs exact."""
+        _padding.note_fallback(self.name, why)
+        _dynamic_dims.unpad_all(args, kwargs, self.name)
+        return _FELL_BACK
 
     def _key(self, args: tuple, kwargs: dict, out_targets: list) -> tuple[tuple, list]:
         """The call's key ``(args, kwargs, out= targets, configuration,

@@ -23,13 +23,14 @@ import numpy as np
 import torch
 
 from .._lowerings._dtypes import jax_dtype
-from . import _strided
+from . import _padding, _strided
+from ._padding import PaddedSpec
 from ._devices import device_mismatch, torch_device
 from ._tensor import JaxTensor, TensorSpec
 
 __all__ = [
     "GENERATOR", "DynamicScalar", "ForeignFirst", "HostScalar", "SequenceArg", "Traceable", "decode", "describe",
-    "difference", "encode", "encode_dynamic", "first_jax_device", "has_dynamic", "note_miss", "recompiles",
+    "difference", "encode", "encode_dynamic", "encode_padded", "first_jax_device", "has_dynamic", "note_miss", "recompiles",
     "scalar_slots",
 ]
 
@@ -84,6 +85,8 @@ def encode(v: Any, dyn: list, devs: list) -> Any:
         storage = v._storage
         devs.append(storage.place)
         arr = storage._array  # a fused-eager result may be Pending: the caller resolves or records it
+        if storage.padded is not None:  # an op without a padded rule reads the logical values
+            arr = storage.unpad("an op without a padded rule")
         dyn.append(arr if arr is not None else storage.get())
         view = v._view
         if view is None:
@@ -117,6 +120,26 @@ def encode_dynamic(v: Any, dyn: list, devs: list) -> Any:
     return encode(v, dyn, devs)
 
 
+def encode_padded(v: Any, dyn: list, devs: list, fill: Any, reads: dict) -> Any:
+    """:func:`encode` for an op with a padded rule: a tensor in ``reads``
+    (``id`` -> its ``_dynamic_dims.PaddedRead``) becomes a ``PaddedSpec``
+    (its storage array, view offset and logical sizes passed at run time),
+    its padding given ``fill`` before the lowering reads it."""
+    if type(v) is list or type(v) is tuple:
+        return SequenceArg([encode_padded(x, dyn, devs, fill, reads) for x in v])
+    read = reads.get(id(v)) if type(v) is JaxTensor else None
+    if read is None:
+        return encode(v, dyn, devs)
+    storage = v._storage
+    devs.append(storage.place)
+    dyn.append(storage._array)
+    if read.view is not None:
+        dyn.append(read.offset)
+    for sizes in read.sizes:
+        dyn.extend(sizes)
+    return PaddedSpec(storage.jax_dtype, read.physical, read.view, read.masks, fill)
+
+
 def decode(x: Any, it: Any, inputs: list) -> Any:
     t = type(x)
     if t is TensorSpec:
@@ -124,6 +147,13 @@ def decode(x: Any, it: Any, inputs: list) -> Any:
         offset = next(it) if x.view is not None else 0
         inputs.append((arr, offset))
         return _strided.read(arr, x.view, offset)
+    if t is PaddedSpec:
+        arr = next(it)
+        offset = next(it) if x.view is not None else 0
+        inputs.append((arr, offset))
+        arr = _strided.read(arr, x.view, offset)
+        sizes = [next(it) for terms in x.masks for _ in terms]
+        return _padding.fill(arr, x.masks, sizes, x.fill)
     if t is tuple:
         return x[1]
     if t is SequenceArg:
@@ -239,6 +269,9 @@ def difference(prev: tuple, key: tuple) -> str:
 
 
 def describe(part: Any) -> str:
+    if type(part) is PaddedSpec:
+        dims = [d for d, terms in enumerate(part.masks) if terms]
+        return f"{jnp.dtype(part.dtype).name}{list(part.physical)} (padded to buckets along dims {dims})"
     if type(part) is DynamicScalar:
         return f"a traced {part.type.__name__}"
     if isinstance(part, TensorSpec):

@@ -29,7 +29,7 @@ from ._devices import DEVICE_NAME, device_index, jax_device
 from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import check_out_overlap, meta_view_of
-from . import _meta, _sharding, _storage_bridge
+from . import _dynamic_dims, _meta, _sharding, _storage_bridge
 from ._sync import run_deferred_checks
 from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, view_for, wrap_array,
                       write)
@@ -178,6 +178,18 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
     storage = self._storage
     view = self._view
     stride = strides_for(self, kwargs.get("memory_format", torch.preserve_format))
+    if storage.padded is not None and view is not None and view.kind == "perm" and view.elem is None \
+            and stride == tuple(self.stride()):
+        # the array (and its padding) shared, as below
+        copy = Storage(storage._array, storage.shape, storage.jax_dtype, storage.device_index, storage.place,
+                       storage.padded)
+        return make(copy, tuple(self.shape), self.dtype, stride, 0, view_for(copy, view.size, stride, 0))
+    if storage.padded is not None and stride is None:
+        found = _dynamic_dims.padded_values(self)  # a padded copy, when the view is a physical one
+        if found is not None:
+            arr, padded = found
+            return make(Storage(arr, tuple(self.shape), storage.jax_dtype, storage.device_index, storage.place,
+                                padded), tuple(self.shape), self.dtype)
     if view is None and stride is None:
         return make(Storage(storage.array, storage.shape, storage.jax_dtype, storage.device_index, storage.place),
                     tuple(self.shape), self.dtype)

@@ -31,14 +31,14 @@ import torch
 
 from .. import _env, _program_cache
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from . import _printing, _sharding, _strided
+from . import _padding, _printing, _sharding, _strided
 from ._devices import jax_device, torch_device
 from ._dtype_policy import device_dtype
 from ._sync import note_result, wait_queued
 
 __all__ = [
     "DONATE", "JaxTensor", "Pending", "Storage", "TensorSpec", "View", "contiguous_strides", "finish_op",
-    "install_dispatcher", "make", "new_tensor", "read", "result_tensor", "view_for", "wrap_array", "write",
+    "install_dispatcher", "make", "new_tensor", "read", "read_through", "result_tensor", "view_for", "wrap_array", "write",
 ]
 
 
@@ -66,30 +66,48 @@ class Storage:
     mesh (``device_index`` is then the torch device the tensor reports)."""
 
     __slots__ = ("_array", "shape", "jax_dtype", "device_index", "place", "spec", "torch_storage",
-                 "read_only", "__weakref__")
+                 "read_only", "padded", "__weakref__")
 
     @property
     def array(self) -> Any:
-        """The jax array (None before the first write).  Under fused eager a
-        result may still be :class:`Pending` in its segment: reading it runs
-        the segment (``_fused``)."""
+        """The jax array (None before the first write), of ``shape``.  Under
+        fused eager a result may still be :class:`Pending` in its segment:
+        reading it runs the segment (``_fused``).  A padded array is cut to
+        ``shape`` first, for good (``_padding``)."""
         a = self._array
         if type(a) is Pending:
             a.segment.flush()
             a = self._array
+        if self.padded is not None:
+            a = self.unpad("a read without padding")
         return a
 
     @array.setter
     def array(self, value: Any) -> None:
+        self.padded = None
         self._array = value
+
+    def unpad(self, who: str) -> Any:
+        """Cut a padded array to the logical ``shape`` (``who``: the op or
+        path that cannot read padding, counted in the statistics); the
+        storage keeps the cut array.  Returns the array."""
+        if self.padded is not None:
+            self._array = _padding.cut(self._array, self.padded, self.shape)
+            self.padded = None
+            _padding.note_cut(who)
+        return self._array
 
     @property
     def pending(self) -> bool:
         """Whether the array is a result fused eager has not computed yet."""
         return type(self._array) is Pending
 
-    def __init__(self, array: Any, shape: tuple[int, ...], dtype: Any, device_index: int, place: Any = None) -> None:
+    def __init__(self, array: Any, shape: tuple[int, ...], dtype: Any, device_index: int, place: Any = None,
+                 padded: tuple | None = None) -> None:
         self._array = array
+        #: None, or per dim its components ``(physical, logical, dynamic)``:
+        #: ``array`` is padded beyond ``shape`` (``_padding``)
+        self.padded = padded
         self.shape = shape
         self.jax_dtype = dtype
         self.device_index = device_index
@@ -135,6 +153,7 @@ class Storage:
         tensors' ``_version`` itself.)"""
         if self.read_only is not None:
             raise RuntimeError(self.read_only)
+        self.padded = None
         if settle or type(self.place) is not int:
             previous = self._array
             if previous is not None and type(previous) is not Pending:
@@ -520,7 +539,8 @@ def make(storage: Storage, size: tuple[int, ...], dtype: torch.dtype, stride: tu
     return t
 
 
-def result_tensor(array: Any, shape: tuple[int, ...], dtype: torch.dtype, index: int, place: Any = None) -> JaxTensor:
+def result_tensor(array: Any, shape: tuple[int, ...], dtype: torch.dtype, index: int, place: Any = None,
+                  padded: tuple | None = None) -> JaxTensor:
     """A new tensor owning ``array``, an op's result of ``shape`` and torch
     ``dtype`` (a jax array, or fused eager's :class:`Pending`), on device
     ``index`` (on ``place``'s mesh, when sharded, with ``index`` its torch
@@ -529,8 +549,8 @@ def result_tensor(array: Any, shape: tuple[int, ...], dtype: torch.dtype, index:
     try:
         t = _make_wrapper(JaxTensor, shape, dtype=dtype, device=torch_device(index))
     except TypeError:  # this thread is compiling with dynamo: make() knows the way
-        return make(Storage(array, shape, array.dtype, index, place), shape, dtype)
-    t._storage = Storage(array, shape, array.dtype, index, place)
+        return make(Storage(array, shape, array.dtype, index, place, padded), shape, dtype)
+    t._storage = Storage(array, shape, array.dtype, index, place, padded)
     t._view = None
     return t
 
@@ -566,12 +586,17 @@ def read(t: JaxTensor) -> Any:
     arr = t._storage.get()
     if view is None:
         return arr
-    fn = _read_cache.get(view.static)
+    return read_through(arr, view.static, view.run_offset)
+
+
+def read_through(arr: Any, static: tuple, offset: Any) -> Any:
+    """The values of the view ``static`` at ``offset`` of storage array
+    ``arr`` (one cached jitted function per view layout)."""
+    fn = _read_cache.get(static)
     if fn is None:
-        static = view.static
         fn = _read_cache[static] = _program_cache.Kept("pjrt_host.read",
                                                        lambda a, off: _strided.read(a, static, off), static)
-    return fn(arr, view.run_offset)
+    return fn(arr, offset)
 
 
 def write(t: JaxTensor, value: Any) -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "memory_stats",
     "memory_stats_source",
     "program_cache_stats",
+    "dynamic_shape_stats",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",
     "manual_seed_all",
@@ -377,6 +378,19 @@ def program_cache_stats() -> dict[str, Any]:
     from ... import _program_cache
 
     return _program_cache.stats()
+
+
+def dynamic_shape_stats() -> dict[str, Any]:
+    """Dynamic dimensions in this process (docs/dynamic-shapes.md):
+    ``padded_calls`` (calls run on padded inputs, one program per bucket),
+    ``pads`` (storages padded when a dim became dynamic), ``cuts`` (padded
+    storages cut back to their logical sizes, by ``cuts_by_op``: the ops
+    that do not know padding yet), ``fallbacks``, the elements the padded
+    calls' first padded inputs held against their logical ones
+    (``padding_overhead``: 0.1 is 10 % more) and ``calls_by_bucket``."""
+    from .. import _padding
+
+    return _padding.counts()
 
 
 def fused_eager_stats() -> dict[str, int]:

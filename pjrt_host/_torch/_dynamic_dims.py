@@ -1,0 +1,593 @@
+"""Dynamic dimensions: which ops run on padded storages, and when a
+dimension becomes dynamic (docs/dynamic-shapes.md).
+
+*When.*  Much as dynamo decides: a dimension of an op's input that takes a
+third size at the same place (the op, the input position, the line of code
+that called it and the shapes of its parameters) becomes dynamic there
+(:func:`on_miss`), and so does a dimension ``torch._dynamo.mark_dynamic``
+marked on the tensor.  The input's storage is then padded to the dimension's
+bucket (``_padding.bucket``), once: the op's result is padded too, and the
+ops after it read it padded without having seen two sizes themselves.
+``config(dynamic_shapes="all")`` makes every dimension of every input
+dynamic at the first call, with odd buckets: the test mode that would show
+any padding leaking into a result.
+
+*Which ops.*  An op runs on padded inputs when its rule below says how to
+make padding harmless, as a *fill*: the value padding takes before the
+lowering reads it (zeros before a sum or a contraction, the lowest value
+before a softmax or a max, ``ignore_index`` for a loss's targets; none
+for an elementwise op, whose results in the padding are never read), and
+the dims that must stay exact (a layer norm's normalised dims).  Every value
+inside the logical box is then the value of the exact computation.  Every
+other op -- views, random draws, in-place and out= forms, ops without a
+rule -- takes its inputs cut to their logical sizes (``Storage.unpad``,
+counted by op in ``torch.jax.dynamic_shape_stats()``): it costs what every
+op cost before buckets, never a wrong value.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from . import _config, _padding
+from ._tensor import JaxTensor, Storage, contiguous_strides, make, read_through, view_for
+
+__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "prepare", "read_of",
+           "result_padding", "rule_for", "unpad_all"]
+
+
+class Rule(NamedTuple):
+    """How an op reads padded inputs: ``fill`` for every tensor argument,
+    ``fills`` (position -> fill, or ``(position of the value, None)`` to take
+    it from another argument) where one differs, and ``exact`` (args,
+    kwargs -> the dims of each argument that must not be padded, by
+    position), None when any may be."""
+
+    fill: Any = None
+    fills: dict | None = None
+    exact: Callable[[tuple, dict], dict] | None = None
+
+
+def _normalised_dims(inputs: tuple, shape_pos: int, params: tuple) -> Callable[[tuple, dict], dict]:
+    """A norm's exact dims: the normalised ones of ``inputs``, all of its
+    ``params`` (weight, bias)."""
+    def exact(args: tuple, kwargs: dict) -> dict:
+        k = len(args[shape_pos])
+        dims = {p: set(range(args[p].dim() - k, args[p].dim())) for p in inputs if isinstance(args[p], torch.Tensor)}
+        for p in params:
+            if p < len(args) and isinstance(args[p], torch.Tensor):
+                dims[p] = set(range(args[p].dim()))
+        return dims
+    return exact
+
+
+def _joined_dim(args: tuple, kwargs: dict) -> dict:
+    """cat's exact dim: the one it joins along, in every tensor."""
+    tensors = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    ndim = max((t.dim() for t in tensors), default=1)
+    return {0: {dim % ndim if ndim else 0}}
+
+
+_SUMS = Rule(fill=0)
+_RULES: dict[str, Rule] = {
+    # sums and contractions: zeros add nothing
+    "aten::sum": _SUMS, "aten::sum.dim_IntList": _SUMS, "aten::cumsum": _SUMS,
+    "aten::mm": _SUMS, "aten::bmm": _SUMS, "aten::addmm": _SUMS, "aten::baddbmm": _SUMS, "aten::mv": _SUMS,
+    "aten::dot": _SUMS,
+    # softmax: padding never wins the max and adds exp(-inf) = 0 to the sum;
+    # their backwards are sums of products with the (zeroed) output
+    "aten::_softmax": Rule(fill="min"), "aten::_log_softmax": Rule(fill="min"), "aten::_safe_softmax": Rule(fill="min"),
+    "aten::_softmax_backward_data": _SUMS, "aten::_log_softmax_backward_data": _SUMS,
+    "aten::amax": Rule(fill="min"),
+    # layer norm over exact dims: padded rows are normalised alone; the
+    # backward's weight and bias gradients sum over rows (zeros)
+    "aten::native_layer_norm": Rule(fill=None, exact=_normalised_dims((0,), 1, (2, 3))),
+    "aten::native_layer_norm_backward": Rule(fill=0, exact=_normalised_dims((0, 1), 2, (5, 6))),
+    # an index of 0 is always in range; its gradient rows are zeros
+    "aten::embedding": _SUMS, "aten::embedding_dense_backward": _SUMS,
+    # joined along an exact dim, padded ones line up
+    "aten::cat": Rule(fill=None, exact=_joined_dim),
+    # padded targets are ignored, as the loss's own ignore_index
+    "aten::nll_loss_forward": Rule(fill=0, fills={1: (4, None)}),
+    "aten::nll_loss_backward": Rule(fill=0, fills={2: (5, None)}),
+}
+
+_ELEMENTWISE = Rule(fill=None)
+
+
+def rule_for(func: Any, name: str, lowering: Any, inplace: int | None, out_names: tuple) -> Rule | None:
+    """The op's rule, or None: it never runs on padded inputs (views, random
+    draws, in-place / out= forms, data-dependent shapes, ops without one)."""
+    if inplace is not None or out_names or lowering.needs_rng or lowering.data_dependent:
+        return None
+    rule = _RULES.get(name)
+    if rule is not None:
+        return rule
+    try:
+        tags = func.tags
+    except AttributeError:
+        return None
+    if torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags:
+        return _ELEMENTWISE
+    return None
+
+
+def fill_of(rule: Rule, position: Any, args: tuple, kwargs: dict) -> Any:
+    """The fill of the tensor argument at ``position`` (an index into args,
+    or a keyword)."""
+    fills = rule.fills
+    if fills is None or position not in fills:
+        return rule.fill
+    value = fills[position]
+    if type(value) is tuple:
+        at = value[0]
+        return args[at] if at < len(args) else rule.fill
+    return value
+
+
+def padded_inputs(args: tuple, kwargs: dict) -> list:
+    """The call's 'jax' tensors (in lists too) whose storage is padded."""
+    return [t for _, t in _tensor_args(args, kwargs, lists=True) if t._storage.padded is not None]
+
+
+def unpad_all(args: tuple, kwargs: dict, who: str) -> None:
+    """Cut every padded storage among the call's tensors (in lists too)."""
+    for v in (*args, *kwargs.values()) if kwargs else args:
+        if type(v) is JaxTensor:
+            if v._storage.padded is not None:
+                v._storage.unpad(who)
+        elif type(v) is list or type(v) is tuple:
+            unpad_all(v, {}, who)
+
+
+class PaddedRead(NamedTuple):
+    """How an op reads a tensor over a padded storage: the storage's
+    ``physical`` shape, the physical ``view`` (``View.static`` or None) and
+    its run-time ``offset``, per dim of the tensor its ``masks`` (see
+    ``PaddedSpec``) with the logical ``sizes`` they compare with, its
+    physical sizes ``psize`` and per dim its components ``comps``."""
+
+    physical: tuple
+    view: Any
+    offset: int
+    masks: tuple
+    sizes: tuple  #: per dim, the logical sizes its masks compare with
+    psize: tuple
+    comps: tuple
+    pstride: tuple = ()  #: the physical view's strides
+    offset_elements: int = 0  #: its offset into the storage's array
+
+
+class _Physical:
+    """A padded storage's array as ``view_for`` reads a storage."""
+
+    __slots__ = ("shape", "numel", "jax_dtype", "nbytes")
+
+    def __init__(self, shape: tuple, dtype: Any) -> None:
+        self.shape, self.jax_dtype = shape, dtype
+        self.numel = math.prod(shape)
+        self.nbytes = 0
+
+
+_reads: dict = {}
+
+
+def read_of(t: JaxTensor, exact: bool = False) -> PaddedRead | None:
+    """``t`` (over a padded storage) read through a physical view, or None
+    when its view cannot be one: a view that splits a padded dim, starts
+    inside it or crosses it, or reads the bytes as another dtype."""
+    storage = t._storage
+    view = t._view
+    if view is None:
+        size, stride, offset = storage.shape, contiguous_strides(storage.shape), 0
+    elif view.elem is not None:
+        return None
+    else:
+        size, stride, offset = view.size, view.stride, view.offset
+    padded = tuple(((n, n, False),) for n in storage.shape) if exact else storage.padded
+    key = (padded, storage.jax_dtype, size, stride, offset)
+    found = _reads.get(key, _reads)
+    if found is not _reads:
+        return found
+    found = _translate(padded, storage.jax_dtype, size, stride, offset)
+    if len(_reads) > 8192:
+        _reads.clear()
+    _reads[key] = found
+    return found
+
+
+def _translate(padded: tuple, dtype: Any, size: tuple, stride: tuple, offset: int) -> PaddedRead | None:
+    comps = [c for dim in padded for c in dim]
+    m = len(comps)
+    P = [c[0] for c in comps]
+    L = [c[1] for c in comps]
+    ls = [1] * m
+    ps = [1] * m
+    for j in range(m - 2, -1, -1):
+        ls[j] = ls[j + 1] * L[j + 1]
+        ps[j] = ps[j + 1] * P[j + 1]
+    coords = []
+    rem = offset
+    for j in range(m):
+        coords.append(rem // ls[j])
+        rem %= ls[j]
+    extent = [0] * m  # per component: how far the view's dims reach into it
+    touched = [0] * m  # per dynamic component: the view dims that span it
+    psize, pstride, masks, sizes, vcomps = [], [], [], [], []
+    for n, s in zip(size, stride):
+        if n == 1 or s == 0:
+            psize.append(n)
+            pstride.append(0 if n != 1 else 1)
+            masks.append(())
+            sizes.append(())
+            vcomps.append(((n, n, False),))
+            continue
+        inner = [j for j in range(m) if ls[j] <= s and L[j] > 1]
+        if not inner:
+            return None
+        j = inner[0]  # the outermost component the stride does not jump over
+        if s % ls[j]:
+            return None
+        mult = s // ls[j]
+        if n * mult <= L[j]:  # within one component: a slice, or a split of an exact one
+            extent[j] += (n - 1) * mult
+            if not comps[j][2]:
+                psize.append(n)
+                pstride.append(ps[j] * mult)
+                masks.append(())
+                sizes.append(())
+                vcomps.append(((n, n, False),))
+                continue
+            if mult != 1 or coords[j] != 0:
+                return None
+            touched[j] += 1
+            psize.append(P[j])
+            pstride.append(ps[j])
+            masks.append(((1, P[j]),))
+            sizes.append((n,))
+            vcomps.append(((P[j], n, True),))
+            continue
+        if mult != 1:
+            return None
+        a, spanned = j, 1
+        while a >= 0 and spanned < n and spanned * L[a] <= n:
+            spanned *= L[a]
+            a -= 1
+        part = 1  # the inner factor of an exact outer component the dim also spans
+        if spanned < n and a >= 0 and not comps[a][2] and n % spanned == 0 and L[a] % (n // spanned) == 0:
+            part = n // spanned
+            if coords[a] % part:
+                return None
+            extent[a] += part - 1
+            spanned = n
+        a += 1
+        if spanned != n:
+            return None
+        terms, logical = [], []
+        for i in range(a, j + 1):
+            if coords[i] != 0:
+                return None
+            extent[i] += L[i] - 1
+            if comps[i][2]:
+                touched[i] += 1
+                terms.append((math.prod(P[i + 1:j + 1]), P[i]))
+                logical.append(L[i])
+        psize.append(part * math.prod(P[a:j + 1]))
+        pstride.append(ps[j])
+        masks.append(tuple(terms))
+        sizes.append(tuple(logical))
+        vcomps.append(tuple(comps[a:j + 1]))
+    for j in range(m):
+        if touched[j] > 1 or (extent[j] and coords[j] + extent[j] >= L[j]):
+            return None
+    physical = _padding.physical_shape(padded)
+    poffset = sum(c * p for c, p in zip(coords, ps))
+    pview = view_for(_Physical(physical, dtype), tuple(psize), tuple(pstride), poffset)
+    return PaddedRead(physical, None if pview is None else pview.static, 0 if pview is None else pview.run_offset,
+                      tuple(masks), tuple(tuple(int(x) for x in d) for d in sizes), tuple(psize), tuple(vcomps),
+                      tuple(pstride), poffset)
+
+
+def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
+    """How the call's tensors are read padded: ``(reads, dims, args,
+    kwargs)``, with ``reads`` (``id`` of a tensor -> :class:`PaddedRead`),
+    ``dims`` ((physical, logical) size -> components, of every padded dim
+    among them) and the call's arguments, where an exact tensor whose dims
+    line up with padded ones (as broadcasting aligns them for an
+    elementwise op; else by their logical size, where one padded dim has
+    it) is read padded too: an expanded dim through a wider expand, others
+    from a padded copy.  None when the call cannot run padded: a view that
+    is not a physical one, a rule's exact dim padded, dims of the same sizes
+    padded in two ways."""
+    tensors = _tensor_args(args, kwargs, lists=True)
+    exact = rule.exact(args, kwargs) if rule.exact is not None else {}
+    reads: dict = {}
+    dims: dict = {}
+    for pos, t in tensors:
+        if t._storage.padded is None:
+            continue
+        r = read_of(t)
+        if r is None:
+            return None
+        keep = exact.get(pos)
+        for d, (p, n, c) in enumerate(zip(r.psize, t.shape, r.comps)):
+            if p == n:
+                continue
+            if keep and d in keep:
+                return None
+            if dims.setdefault((p, n), c) != c:
+                return None
+        reads[id(t)] = r
+    elementwise = rule.fill is None and not rule.fills
+    swaps: dict = {}
+    for pos, t in tensors:
+        if id(t) in reads or _is_parameter(t):
+            continue
+        keep = exact.get(pos) or ()
+        targets = {}
+        for d, n in enumerate(t.shape):
+            if n <= 1 or d in keep:
+                continue
+            if elementwise:
+                back = t.dim() - d
+                found = {reads[id(u)].comps[u.dim() - back] for _, u in tensors
+                         if id(u) in reads and u.dim() >= back and reads[id(u)].psize[u.dim() - back] != u.shape[-back]}
+            else:
+                found = {c for (p, size), c in dims.items() if size == n}
+            if len(found) > 1:
+                return None
+            if found:
+                targets[d] = found.pop()
+        if not targets:
+            continue
+        r, replaced = _read_widened(t, targets)
+        if r is None:
+            return None
+        reads[id(replaced)] = r
+        if replaced is not t:
+            swaps[id(t)] = replaced
+    if swaps:
+        args = tuple(_swapped(a, swaps) for a in args)
+        if kwargs:
+            kwargs = {k: _swapped(v, swaps) for k, v in kwargs.items()}
+    return reads, dims, args, kwargs
+
+
+def _swapped(v: Any, swaps: dict) -> Any:
+    if type(v) is list or type(v) is tuple:
+        return type(v)(swaps.get(id(x), x) for x in v)
+    return swaps.get(id(v), v)
+
+
+def _read_widened(t: JaxTensor, targets: dict) -> tuple:
+    """An exact tensor read as padded along ``targets`` (dim ->
+    components): ``(PaddedRead, the tensor read)``, ``(None, t)`` when it
+    cannot be."""
+    storage = t._storage
+    view = t._view
+    if storage.padded is not None or type(storage.place) is not int or storage.pending or \
+            (view is not None and view.elem is not None):
+        return None, t
+    stride = t.stride()
+    if all(stride[d] == 0 for d in targets):
+        # expanded dims: a wider expand reads the same element
+        r = read_of(t, exact=True)
+        if r is None:
+            return None, t
+        psize, pstride, masks, sizes, comps = (list(r.psize), [stride_of(r, d) for d in range(t.dim())],
+                                               list(r.masks), list(r.sizes), list(r.comps))
+        for d, c in targets.items():
+            psize[d] = math.prod(x[0] for x in c)
+            pstride[d] = 0
+            masks[d], sizes[d] = _terms(c)
+            comps[d] = c
+        pview = view_for(_Physical(r.physical, storage.jax_dtype), tuple(psize), tuple(pstride), r.offset_elements)
+        return PaddedRead(r.physical, None if pview is None else pview.static,
+                          0 if pview is None else pview.run_offset, tuple(masks), tuple(sizes), tuple(psize),
+                          tuple(comps)), t
+    padded = tuple(targets.get(d, ((n, n, False),)) for d, n in enumerate(t.shape))
+    values = read_through(storage.get(), view.static, view.run_offset) if view is not None else storage.get()
+    copy = make(Storage(_padding.pad_as(values, padded), tuple(t.shape), storage.jax_dtype, storage.device_index,
+                        storage.place, padded), tuple(t.shape), t.dtype)
+    _padding.note("pads")
+    return read_of(copy), copy
+
+
+def _terms(comps: tuple) -> tuple:
+    """The masks and logical sizes of one dim made of ``comps``."""
+    terms, sizes = [], []
+    for i, (p, n, dynamic) in enumerate(comps):
+        if dynamic:
+            terms.append((math.prod(c[0] for c in comps[i + 1:]), p))
+            sizes.append(n)
+    return tuple(terms), tuple(sizes)
+
+
+def stride_of(r: PaddedRead, d: int) -> int:
+    return r.pstride[d]
+
+
+def result_padding(dims: dict, physical: tuple, shape: tuple) -> tuple | None:
+    """A padded call's result's components (None: exact), from the padded
+    dims of its inputs of the same sizes; False when one is unknown."""
+    if physical == shape:
+        return None
+    if len(physical) != len(shape):
+        return False
+    out = []
+    for p, n in zip(physical, shape):
+        if p == n:
+            out.append(((n, n, False),))
+            continue
+        c = dims.get((p, n))
+        if c is None:
+            return False
+        out.append(c)
+    return tuple(out)
+
+
+def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
+    """A new signature of ``op``, which has a rule: the dims of its inputs
+    that took a third size at the same place (the op's input position
+    called from the same line of code outside torch with the same
+    parameters, as dynamo's automatic dynamic goes by the frame and source;
+    see :data:`_SIZES`), the dims ``torch._dynamo.mark_dynamic`` marked, and
+    with ``mode`` "all" every dim, become dynamic, and the inputs holding
+    them are padded.  True when one was."""
+    seen = op.seen_shapes
+    padded_any = False
+    place = None
+    tensors = _tensor_args(args, kwargs)
+    if mode != "all":
+        from ._meta import inside_backward
+
+        if inside_backward():
+            return False  # a backward's inputs come padded from its forward, or not at all
+        # the parameters' shapes are part of the place: one line of code (a
+        # Linear's forward) runs every layer of every width
+        params = tuple((pos, tuple(t.shape)) for pos, t in tensors if _is_parameter(t))
+    for pos, t in tensors:
+        if _is_parameter(t):
+            continue  # parameters keep their shapes
+        shape = tuple(t.shape)
+        dims = set()
+        if mode == "all":
+            dims = {d for d, n in enumerate(shape) if n > 1}
+        else:
+            if place is None:
+                place = (_caller(), params)
+            sizes = seen.get((place, pos, len(shape)))
+            if sizes is None:
+                if len(seen) > 4096:
+                    seen.clear()
+                sizes = seen[(place, pos, len(shape))] = [set() for _ in shape]
+            for d, n in enumerate(shape):
+                sizes[d].add(n)
+                if len(sizes[d]) >= _SIZES and n > 1:
+                    dims.add(d)
+            marked = getattr(t, "_dynamo_dynamic_indices", None)
+            if marked:
+                dims |= {d for d in marked if d < len(shape) and shape[d] > 1}
+        if dims and op.rule.exact is not None:
+            dims -= op.rule.exact(args, kwargs).get(pos, set())
+        if dims and _pad_storage(t, dims, odd=mode == "all"):
+            padded_any = True
+    return padded_any
+
+
+#: The distinct sizes a dim takes at one place before it is dynamic: three,
+#: not dynamo's two, because an eager op's place (a line of code) is coarser
+#: than dynamo's sources: one line that runs layers of two widths sees two
+#: sizes of a dim that never changes, a sequence length keeps taking new ones.
+_SIZES = 3
+
+
+def _is_parameter(t: JaxTensor) -> bool:
+    """An ``nn.Parameter`` (this class, marked): its shapes never change."""
+    return getattr(t, "_is_param", False)
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import contextlib
+    import functools
+    import os
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # pjrt_host/
+    return (os.path.dirname(torch.__file__) + os.sep, package + os.sep, contextlib.__file__, functools.__file__)
+
+
+_skipped: tuple[str, ...] = ()
+
+
+def _caller() -> tuple:
+    """Where the op was called from: the first frame outside torch,
+    pjrt_host and the standard library's decorators (file, line)."""
+    global _skipped
+    if not _skipped:
+        _skipped = _library_dirs()
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_skipped) and not name.startswith("<frozen"):
+            return (name, frame.f_lineno)
+        frame = frame.f_back
+    return ("", 0)
+
+
+def padded_values(t: JaxTensor) -> tuple | None:
+    """``t``'s values as a padded array of its own (a contiguous copy: the
+    storage's array itself when ``t`` is all of it) with their padding, or
+    None: ``t`` is not over a padded storage, or its view is not a physical
+    one, or dynamic shapes are off."""
+    storage = t._storage
+    if storage.padded is None or not _config.current().dynamic_shapes:
+        return None
+    r = read_of(t)
+    if r is None:
+        return None
+    arr = storage._array
+    if r.view is not None:
+        arr = read_through(arr, r.view, r.offset)
+    return arr, (None if r.psize == tuple(t.shape) else r.comps)
+
+
+def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:
+    """``(position, tensor)`` of the call's 'jax' tensors (with ``lists``,
+    those of list arguments too, at their list's position)."""
+    found = []
+    for pos, v in (*enumerate(args), *kwargs.items()) if kwargs else enumerate(args):
+        if type(v) is JaxTensor:
+            found.append((pos, v))
+        elif lists and (type(v) is list or type(v) is tuple):
+            found += [(pos, x) for x in v if type(x) is JaxTensor]
+    return found
+
+
+def _pad_storage(t: JaxTensor, dims: set, odd: bool = False, padding: tuple | None = None) -> bool:
+    """Pad ``t``'s storage along ``dims`` to their buckets (or as
+    ``padding``, one dim's components): a tensor that is its whole storage,
+    on one device, computed; else nothing."""
+    storage = t._storage
+    if t._view is not None or storage.padded is not None or type(storage.place) is not int \
+            or storage.pending or storage._array is None:
+        return False
+    shape = storage.shape
+    padded = tuple((padding if padding is not None else ((_padding.bucket(n, odd), n, True),)) if d in dims
+                   else ((n, n, False),) for d, n in enumerate(shape))
+    physical = _padding.physical_shape(padded)
+    if physical == shape:
+        return False
+    storage._array = _padding.pad(storage._array, physical)
+    storage.padded = padded
+    _padding.note("pads")
+    _padding.live = True
+    return True
+
+
+def logical_shapes(op: Any, key: tuple, args: tuple, kwargs: dict) -> list | None:
+    """The logical shapes of a padded call's results (None for a result that
+    is not a tensor; None in all: torch cannot say), from torch's meta
+    kernel at the call's logical sizes -- which also raises torch's error
+    where those sizes do not fit -- once per key and sizes."""
+    sizes = tuple(tuple(t.shape) for _, t in _tensor_args(args, kwargs, lists=True))
+    memo = op.logical
+    found = memo.get((key, sizes), memo)
+    if found is not memo:
+        return found
+    from . import _meta
+
+    known, out = _meta.run_meta(op.meta_op, args, kwargs)
+    if not known:
+        shapes = None
+    else:
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        shapes = [tuple(o.shape) if isinstance(o, torch.Tensor) else None for o in outs]
+    if len(memo) > 4096:
+        memo.clear()
+    memo[(key, sizes)] = shapes
+    return shapes

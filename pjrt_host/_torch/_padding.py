@@ -1,0 +1,249 @@
+"""Padded storages: the representation behind dynamic dimensions.
+
+A storage whose ``padded`` is set holds an array of that (physical) shape
+while torch sees its logical ``shape``: each dimension's first ``shape[d]``
+entries are the values, the rest is padding whose contents mean nothing.
+Physical sizes are *buckets* (:func:`bucket`), so every logical size in a
+bucket runs the same programs; the logical sizes travel into them as
+run-time scalars (:class:`PaddedSpec`).
+
+Padding never shows: whatever reads a padded storage without knowing about
+padding (``Storage.array``: copies to the host, views, checkpoints, every op
+without a padded rule) gets it *cut* to its logical shape first (:func:`cut`,
+a program per shape, as every op was before), and the storage keeps the cut
+array.  The ops that know padding are listed with their rules in
+``_dynamic_dims``; a padded input reaches their lowering with its padding
+filled with a neutral value (:func:`fill`: zeros before a sum or a
+contraction, ``-inf`` before a softmax), so the values inside the logical
+box are the values of the exact computation.
+
+This module is the storage side: buckets, the fill inside a trace, the
+pad / cut programs and the counters ``torch.jax.dynamic_shape_stats()``
+reports.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any, NamedTuple
+
+from .. import _program_cache
+
+__all__ = ["PaddedSpec", "bucket", "counts", "cut", "fill", "note", "note_cut", "note_padded_call", "pad", "physical_shape",
+           "reset"]
+
+
+class PaddedSpec(NamedTuple):
+    """What a compiled op is keyed on for a padded tensor argument: its jax
+    dtype, its storage's physical shape, the physical view it is read
+    through (``View.static`` or None), the masks of its dims (per dim, the
+    ``(divisor, modulus)`` of each dynamic component: index ``i`` is inside
+    when ``(i // divisor) % modulus < size``) and the fill its padding gets
+    before the lowering reads it (None: left as it is; "min": the dtype's
+    lowest value).  The program takes the array, the view's offset (when it
+    has a view) and one int32 logical size per mask."""
+
+    dtype: Any
+    physical: tuple
+    view: Any
+    masks: tuple
+    fill: Any
+
+
+def physical_shape(padded: tuple) -> tuple:
+    """The array shape of a storage padded as ``padded``: per dim, its
+    components ``(physical size, logical size, dynamic)``, outermost first
+    (a dim that merged a batch dim with a padded one has two)."""
+    return tuple(math.prod(c[0] for c in dim) for dim in padded)
+
+
+def bucket(n: int, odd: bool = False) -> int:
+    """The physical size that logical size ``n`` is padded to: ``n`` itself
+    for 0 and 1 (broadcasting reads size 1), a multiple of 16 up to 128,
+    then steps about 1.25x apart (multiples of 16), so that padding never
+    costs more than a quarter beyond 128.  ``odd`` (the oracle test mode):
+    the next multiple of 7 above ``n``, so that padding is always there and
+    never lines up with anything."""
+    if n <= 1:
+        return n
+    if odd:
+        return (n // 7 + 1) * 7
+    if n <= 128:
+        return -(-n // 16) * 16
+    b = 128
+    while b < n:
+        b = -(-int(b * 1.25) // 16) * 16
+    return b
+
+
+def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:
+    """Inside a trace: ``arr`` with every element outside the logical box
+    (``masks`` per dim, with the run-time ``sizes`` in order) set to
+    ``value`` (None: unchanged)."""
+    if value is None:
+        return arr
+    import jax.numpy as jnp
+    from jax import lax
+
+    sizes = iter(sizes)
+    mask = None
+    for d, terms in enumerate(masks):
+        for divisor, modulus in terms:
+            i = lax.broadcasted_iota("int32", arr.shape, d)
+            if divisor != 1:
+                i = i // divisor
+            if modulus != arr.shape[d] // divisor:
+                i = i % modulus
+            inside = i < next(sizes)
+            mask = inside if mask is None else mask & inside
+    if mask is None:
+        return arr
+    if value == "min":
+        value = -jnp.inf if jnp.issubdtype(arr.dtype, jnp.floating) else jnp.iinfo(arr.dtype).min
+    return jnp.where(mask, arr, jnp.asarray(value, dtype=arr.dtype))
+
+
+_cut_programs: dict[tuple, Any] = {}
+_pad_programs: dict[tuple, Any] = {}
+
+
+def cut(arr: Any, padded: tuple, shape: tuple) -> Any:
+    """The logical values (of ``shape``) of ``arr``, padded as ``padded``
+    (a program per pair of shapes: the cost every op had before buckets)."""
+    comps = [c for dim in padded for c in dim]
+    physical = tuple(c[0] for c in comps)
+    logical = tuple(c[1] for c in comps)
+    key = (tuple(arr.shape), physical, logical, shape)
+    fn = _cut_programs.get(key)
+    if fn is None:
+        boxes = tuple(slice(0, n) for n in logical)
+        fn = _cut_programs[key] = _program_cache.Kept("pjrt_host.cut",
+                                                      lambda a: a.reshape(physical)[boxes].reshape(shape), key)
+    return fn(arr)
+
+
+def host_cut(values: Any, padded: tuple, shape: tuple) -> Any:
+    """:func:`cut` of a numpy array (a padded storage copied to the host)."""
+    comps = [c for dim in padded for c in dim]
+    boxes = tuple(slice(0, c[1]) for c in comps)
+    return values.reshape(tuple(c[0] for c in comps))[boxes].reshape(shape)
+
+
+#: Arrays up to this size are padded through the host (a copy there and
+#: back, no program), larger ones by a program per shape.
+HOST_PAD_BYTES = 1 << 18
+
+
+def _through_host(arr: Any, widths: tuple) -> Any:
+    import jax
+    import numpy as np
+
+    values = np.pad(np.asarray(arr), widths)
+    return jax.device_put(values, next(iter(arr.devices())))
+
+
+def pad(arr: Any, physical: tuple) -> Any:
+    """``arr`` padded with zeros up to ``physical``."""
+    if arr.nbytes <= HOST_PAD_BYTES:
+        return _through_host(arr, tuple((0, p - n) for n, p in zip(arr.shape, physical)))
+    key = (tuple(arr.shape), physical)
+    fn = _pad_programs.get(key)
+    if fn is None:
+        widths = tuple((0, p - n) for n, p in zip(arr.shape, physical))
+
+        def body(a):
+            import jax.numpy as jnp
+
+            return jnp.pad(a, widths)
+
+        fn = _pad_programs[key] = _program_cache.Kept("pjrt_host.pad", body, key)
+    return fn(arr)
+
+
+#: Whether a storage was ever padded in this process: until then the
+#: engine's hot path does not look for padded inputs.
+live = False
+#: PJRT_HOST_DYNAMIC_SHAPES_DEBUG=1: print why a padded program failed
+debug = bool(__import__("os").environ.get("PJRT_HOST_DYNAMIC_SHAPES_DEBUG"))
+
+_pad_as_programs: dict[tuple, Any] = {}
+
+
+def pad_as(arr: Any, padded: tuple) -> Any:
+    """Exact ``arr`` laid out as ``padded`` (its padding zeros)."""
+    if arr.nbytes <= HOST_PAD_BYTES:
+        return _host_pad_as(arr, padded)
+    key = (tuple(arr.shape), padded)
+    fn = _pad_as_programs.get(key)
+    if fn is None:
+        comps = [c for dim in padded for c in dim]
+        logical = tuple(c[1] for c in comps)
+        widths = tuple((0, c[0] - c[1]) for c in comps)
+        physical = physical_shape(padded)
+
+        def body(a):
+            import jax.numpy as jnp
+
+            return jnp.pad(a.reshape(logical), widths).reshape(physical)
+
+        fn = _pad_as_programs[key] = _program_cache.Kept("pjrt_host.pad", body, key)
+    return fn(arr)
+
+
+def _host_pad_as(arr: Any, padded: tuple) -> Any:
+    import jax
+    import numpy as np
+
+    comps = [c for dim in padded for c in dim]
+    values = np.pad(np.asarray(arr).reshape(tuple(c[1] for c in comps)), tuple((0, c[0] - c[1]) for c in comps))
+    return jax.device_put(values.reshape(physical_shape(padded)), next(iter(arr.devices())))
+
+
+_counts: collections.Counter = collections.Counter()
+#: op -> how many padded inputs it cut (an op without a padded rule)
+_cut_by: collections.Counter = collections.Counter()
+#: "op: reason" -> padded calls that ran exact instead
+_fallbacks: collections.Counter = collections.Counter()
+#: bucketed shape -> calls of padded programs on it
+_buckets: collections.Counter = collections.Counter()
+
+
+def note(event: str, amount: int = 1) -> None:
+    _counts[event] += amount
+
+
+def note_cut(who: str) -> None:
+    _counts["cuts"] += 1
+    _cut_by[who] += 1
+
+
+def note_fallback(who: str, why: str) -> None:
+    _counts["fallbacks"] += 1
+    _fallbacks[f"{who}: {why}"] += 1
+
+
+def note_padded_call(physical: tuple, logical: tuple) -> None:
+    _counts["padded_calls"] += 1
+    _counts["physical_elements"] += math.prod(physical)
+    _counts["logical_elements"] += math.prod(logical)
+    _buckets[physical] += 1
+
+
+def counts() -> dict[str, Any]:
+    """What ``torch.jax.dynamic_shape_stats()`` returns."""
+    result: dict[str, Any] = {k: _counts.get(k, 0) for k in
+                              ("padded_calls", "pads", "cuts", "fallbacks", "physical_elements", "logical_elements")}
+    logical = result["logical_elements"]
+    result["padding_overhead"] = (result["physical_elements"] / logical - 1.0) if logical else 0.0
+    result["cuts_by_op"] = dict(_cut_by.most_common())
+    result["fallbacks_by_reason"] = dict(_fallbacks.most_common())
+    result["calls_by_bucket"] = {"x".join(map(str, k)): v for k, v in _buckets.most_common(32)}
+    return result
+
+
+def reset() -> None:
+    _counts.clear()
+    _cut_by.clear()
+    _fallbacks.clear()
+    _buckets.clear()

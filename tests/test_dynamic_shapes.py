@@ -1,0 +1,176 @@
+"""Dynamic dimensions (docs/dynamic-shapes.md): a dimension that takes a
+second size at the same place is padded to a bucket, the ops that know
+padding compile once per bucket, and padding never shows in a value."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pjrt_host
+from pjrt_host._torch import _padding
+
+
+class Block(torch.nn.Module):
+    """What a transformer layer runs: layer norm, linear layers over a
+    merged batch and sequence dim, a split, head views, attention scores
+    and their softmax, a residual, a loss over every position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(16)
+        self.qkv = torch.nn.Linear(16, 48)
+        self.out = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        h = self.ln(x)
+        q, k, v = self.qkv(h).split(16, dim=2)
+        q, k, v = (z.view(b, t, 2, 8).transpose(1, 2) for z in (q, k, v))
+        p = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, dim=-1)
+        y = (p @ v).transpose(1, 2).reshape(b, t, 16) + x
+        logits = self.out(F.gelu(y))
+        return F.cross_entropy(logits.view(-1, 10), target.view(-1)) + y.mean(1).sum()
+
+
+def _step(model: Block, x: torch.Tensor, target: torch.Tensor) -> tuple:
+    model.zero_grad()
+    loss = model(x, target)
+    loss.backward()
+    return loss, [p.grad for p in model.parameters()]
+
+
+def _pair() -> tuple[Block, Block]:
+    torch.manual_seed(0)
+    cpu = Block()
+    dev = Block().to("jax")
+    dev.load_state_dict(cpu.state_dict())
+    return cpu, dev
+
+
+def _compiled() -> int:
+    return torch.jax.program_cache_stats()["compiled"] + torch.jax.program_cache_stats()["disk_hits"]
+
+
+def _run_lengths(lengths, check=True):
+    cpu, dev = _pair()
+    compiled = []
+    for t in lengths:
+        g = torch.Generator().manual_seed(t)
+        x = torch.randn(3, t, 16, generator=g)
+        target = torch.randint(0, 10, (3, t), generator=g)
+        before = _compiled()
+        loss, grads = _step(dev, x.to("jax"), target.to("jax"))
+        got = (loss.cpu(), [g.cpu() for g in grads])
+        compiled.append(_compiled() - before)
+        if check:
+            want_loss, want_grads = _step(cpu, x, target)
+            torch.testing.assert_close(got[0], want_loss, rtol=2e-5, atol=2e-5)
+            for a, b in zip(got[1], want_grads):
+                torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+    return compiled
+
+
+def test_a_new_length_in_a_seen_bucket_compiles_nothing():
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True):
+        compiled = _run_lengths([20, 23, 27, 29, 21, 30])
+    stats = torch.jax.dynamic_shape_stats()
+    # the first two lengths compile exact programs, the third the bucket's;
+    # every later length of the bucket (32) runs them: nothing new but the
+    # few programs around autograd's mean backward (an expand and a
+    # division by the length, exact)
+    assert all(c <= 4 for c in compiled[4:]) and compiled[3] < compiled[0] / 2, compiled
+    assert stats["padded_calls"] > 50 and stats["pads"] >= 1
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert "3x32x16" in stats["calls_by_bucket"] or "96x16" in stats["calls_by_bucket"], stats["calls_by_bucket"]
+
+
+def test_off_every_length_compiles_its_own_programs():
+    with pjrt_host.config(dynamic_shapes=False):
+        compiled = _run_lengths([20, 23, 27], check=False)
+    assert all(c > 10 for c in compiled), compiled
+
+
+def test_odd_buckets_on_every_dim_never_show_in_a_value():
+    # the oracle mode: every dim of every input padded, to odd sizes
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes="all"):
+        _run_lengths([5, 9, 1, 12])
+    assert torch.jax.dynamic_shape_stats()["padded_calls"] > 50
+
+
+def test_views_reductions_and_merges_see_logical_values_only():
+    torch.manual_seed(1)
+    with pjrt_host.config(dynamic_shapes="all"):
+        for n in (3, 6, 11):
+            x = torch.randn(4, n, 6)
+            d = x.to("jax")
+            d = d * 1.0  # padded from here on
+            checks = {
+                "sum": lambda z: z.sum(1),
+                "mean": lambda z: z.mean(),
+                "amax": lambda z: z.amax(1),
+                "softmax": lambda z: torch.softmax(z, 1),
+                "log_softmax": lambda z: torch.log_softmax(z, 1),
+                "cumsum": lambda z: z.cumsum(1),
+                "merge": lambda z: z.reshape(-1, 6) @ torch.ones(6, 2, device=z.device),
+                "contract": lambda z: z.transpose(1, 2) @ z,
+                "last": lambda z: z[:, -1],
+                "shifted": lambda z: z[:, :-1].sum(1),
+                "cat": lambda z: torch.cat([z, z * 2], dim=2),
+                "argmax": lambda z: z.argmax(1),
+                "sort": lambda z: z.sort(1).values,
+                "item": lambda z: z.sum(),
+            }
+            for name, f in checks.items():
+                torch.testing.assert_close(f(d).cpu(), f(x), msg=name, rtol=1e-5, atol=1e-5)
+
+
+def test_mark_dynamic_pads_at_the_first_call():
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True):
+        x = torch.randn(2, 37, 5, device="jax")
+        torch._dynamo.mark_dynamic(x, 1)  # read at the op's next new signature
+        y = torch.softmax(x * 3, -1)
+        assert y._storage.padded is not None
+        torch.testing.assert_close(y.cpu(), torch.softmax(x.cpu() * 3, -1))
+    assert torch.jax.dynamic_shape_stats()["pads"] == 1
+
+
+def test_a_line_that_runs_layers_of_every_width_pads_no_width():
+    # one line of code (a Linear's forward) runs layers of widths 8 and 24:
+    # the widths are the parameters', not a dim that changes
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 24).to("jax"), torch.nn.Linear(24, 8).to("jax")]
+    with pjrt_host.config(dynamic_shapes=True):
+        for t in (5, 7, 9, 11):
+            h = torch.randn(t, 8, device="jax")
+            for layer in layers:
+                h = torch.relu(layer(h))
+            assert h._storage.padded is None or all(len(d) == 1 and (d[0][0] == d[0][1] or i == 0)
+                                                    for i, d in enumerate(h._storage.padded)), h._storage.padded
+
+
+def test_the_setting_is_read_from_the_environment():
+    code = "import pjrt_host; print(pjrt_host.config().__enter__().dynamic_shapes)"
+    for value, expected in (("1", "True"), ("0", "False"), ("all", "all")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**__import__("os").environ, "PJRT_HOST_DYNAMIC_SHAPES": value})
+        assert out.stdout.strip().splitlines()[-1] == expected, out.stderr
+    bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**__import__("os").environ, "PJRT_HOST_DYNAMIC_SHAPES": "sometimes"})
+    assert bad.returncode != 0 and "PJRT_HOST_DYNAMIC_SHAPES='sometimes'" in bad.stderr
+
+
+@pytest.mark.parametrize("n", [1, 16, 17, 128, 129, 200, 1000])
+def test_buckets_bound_the_padding(n):
+    b = _padding.bucket(n)
+    assert b >= n and (n <= 1 or b % 16 == 0)
+    assert b <= max(16, n * 1.25 + 16)
+    odd = _padding.bucket(n, odd=True)
+    assert odd > n or n <= 1
