@@ -206,6 +206,8 @@ def _translate(padded: tuple, dtype: Any, size: tuple, stride: tuple, offset: in
     m = len(comps)
     P = [c[0] for c in comps]
     L = [c[1] for c in comps]
+    if 0 in L or 0 in size:
+        return None  # nothing to read: an empty tensor runs exact
     ls = [1] * m
     ps = [1] * m
     for j in range(m - 2, -1, -1):
@@ -554,7 +556,7 @@ def _pad_storage(t: JaxTensor, dims: set, odd: bool = False, padding: tuple | No
     on one device, computed; else nothing."""
     storage = t._storage
     if t._view is not None or storage.padded is not None or type(storage.place) is not int \
-            or storage.pending or storage._array is None:
+            or storage.pending or storage._array is None or storage.numel == 0:
         return False
     shape = storage.shape
     padded = tuple((padding if padding is not None else ((_padding.bucket(n, odd), n, True),)) if d in dims

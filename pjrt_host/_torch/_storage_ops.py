@@ -90,6 +90,16 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         return to_torch(self, device, dtype)
     index = device_index(device)
     dtype = device_dtype(dtype)
+    storage = self._storage
+    if storage.padded is not None and index == storage.device_index and \
+            strides_for(self, kwargs.get("memory_format", torch.preserve_format)) is None:
+        found = _dynamic_dims.padded_values(self)  # cast padded: one program per bucket
+        if found is not None:
+            arr, padded = found
+            if arr.dtype != jax_dtype(dtype):
+                arr = _cast(arr, dtype, func)
+            return make(Storage(arr, tuple(self.shape), arr.dtype, index, storage.place, padded), tuple(self.shape),
+                        dtype)
     arr = read(self)
     if arr.dtype != jax_dtype(dtype):
         arr = _cast(arr, dtype, func)

@@ -1,0 +1,126 @@
+"""Dynamic dimensions against one program per shape (docs/dynamic-shapes.md).
+
+transformers GPT-2 (4 layers, width 128, vocabulary 1000, random weights),
+AdamW, batches of 4 padded to their longest as a collator pads them: 16
+lengths drawn between 18 and 128.  Each row is a fresh process with an empty
+program cache: torch CPU eager, then 'jax' op-by-op eager with dynamic
+shapes off and on (``PJRT_HOST_DYNAMIC_SHAPES``), with the model's default
+dropout and with dropout 0.  Then greedy ``generate()`` (default
+DynamicCache) of 4 prompts of different lengths, 24 new tokens each, and the
+steady-state cost of padding: a warm step at a length that just fills a
+bucket (128: 100 %) and one just past it (129 in the bucket of 160: 81 %),
+against the same steps with dynamic shapes off (warm too).
+
+    python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|steady] [--dropout 0.1 0.0]
+
+Ratios: the run's total and its last 4 steps against CPU's, dynamic on
+against off; losses and tokens must equal CPU's (to float tolerance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, sys, time
+import torch, transformers
+
+device, job, steps, pdrop = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+transformers.set_seed(0)
+config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=256,
+                                 resid_pdrop=pdrop, embd_pdrop=pdrop, attn_pdrop=pdrop)
+model = transformers.GPT2LMHeadModel(config).to(device)
+out = {}
+if job == "train":
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    lengths = [int(x) for x in torch.randint(18, 129, (steps,), generator=g)]
+    times, losses = [], []
+    for n in lengths:
+        ids = torch.randint(0, 1000, (4, n), generator=g).to(device)
+        t = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward(); opt.step(); opt.zero_grad()
+        losses.append(loss.item()); times.append(time.perf_counter() - t)
+    out = {"total": sum(times), "last4": sum(times[-4:]), "losses": losses}
+elif job == "generate":
+    model.eval()
+    g = torch.Generator().manual_seed(1)
+    tokens, t0 = [], time.perf_counter()
+    for n in (9, 17, 23, 31):
+        ids = torch.randint(0, 1000, (1, n), generator=g).to(device)
+        with torch.no_grad():
+            o = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+        tokens.append(o[0, n:].tolist())
+    out = {"total": time.perf_counter() - t0, "tokens": tokens}
+else:  # steady: warm steps at 128 and 129 (three of each first, then the timed ones)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    def step(n):
+        ids = torch.randint(0, 1000, (4, n)).to(device)
+        t = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward(); opt.step(); opt.zero_grad(); loss.item()
+        return time.perf_counter() - t
+    for n in (100, 110, 120, 128, 129, 128, 129, 128, 129):
+        step(n)
+    out = {n: min(step(n) for _ in range(steps)) for n in (128, 129)}
+if device != "cpu":
+    s = torch.jax.dynamic_shape_stats()
+    out["stats"] = {k: s[k] for k in ("padded_calls", "pads", "cuts", "fallbacks", "padding_overhead")}
+    out["cuts_by_op"] = dict(list(s["cuts_by_op"].items())[:6])
+print("RESULT " + json.dumps(out))
+"""
+
+
+def run(device: str, job: str, steps: int, pdrop: float, dynamic: str) -> dict:
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, PJRT_HOST_CACHE_DIR=cache, PJRT_HOST_DYNAMIC_SHAPES=dynamic,
+                   TRANSFORMERS_VERBOSITY="error")
+        proc = subprocess.run([sys.executable, "-c", CHILD, device, job, str(steps), str(pdrop)],
+                              capture_output=True, text=True, env=env, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{device} {job} failed:\n{proc.stderr[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--only", choices=("train", "generate", "steady"))
+    parser.add_argument("--dropout", type=float, nargs="+", default=[0.1, 0.0])
+    args = parser.parse_args()
+    if args.only in (None, "train"):
+        for pdrop in args.dropout:
+            cpu = run("cpu", "train", args.steps, pdrop, "0")
+            print(f"train, dropout {pdrop}: cpu total {cpu['total']:.2f} s, last 4 {cpu['last4']:.3f} s")
+            rows = {}
+            for dynamic in ("0", "1"):
+                r = rows[dynamic] = run("jax", "train", args.steps, pdrop, dynamic)
+                worst = max(abs(a - b) for a, b in zip(r["losses"], cpu["losses"]))
+                print(f"  jax dynamic={dynamic}: total {r['total']:.2f} s ({r['total'] / cpu['total']:.1f}x cpu), "
+                      f"last 4 {r['last4']:.3f} s ({r['last4'] / cpu['last4']:.1f}x cpu), losses within {worst:.1e} "
+                      f"of cpu; {r['stats']}; cuts {r['cuts_by_op']}")
+            print(f"  dynamic on / off: total {rows['1']['total'] / rows['0']['total']:.2f}, "
+                  f"last 4 {rows['1']['last4'] / rows['0']['last4']:.2f}")
+    if args.only in (None, "generate"):
+        cpu = run("cpu", "generate", 0, 0.0, "0")
+        print(f"generate, 4 prompts x 24 tokens: cpu {cpu['total']:.2f} s")
+        for dynamic in ("0", "1"):
+            r = run("jax", "generate", 0, 0.0, dynamic)
+            print(f"  jax dynamic={dynamic}: {r['total']:.2f} s ({r['total'] / cpu['total']:.0f}x cpu), "
+                  f"same tokens: {r['tokens'] == cpu['tokens']}; {r['stats']}; cuts {r['cuts_by_op']}")
+    if args.only in (None, "steady"):
+        rows = {d: run("jax", "steady", 5, 0.0, d) for d in ("0", "1")}
+        for n, fill in (("128", "100 %"), ("129", "81 %")):
+            print(f"steady step at length {n} (bucket fill {fill}): dynamic off {rows['0'][n] * 1e3:.1f} ms, "
+                  f"on {rows['1'][n] * 1e3:.1f} ms, ratio {rows['1'][n] / rows['0'][n]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
