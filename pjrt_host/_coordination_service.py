@@ -1,0 +1,117 @@
+"""jax's coordination service in a process of its own, so that it outlives
+the job's rank 0.
+
+jax.distributed runs the coordination service (XLA's
+``DistributedRuntimeService``) inside process 0.  When process 0 dies, the
+others' clients can no longer send it heartbeats, and XLA's client ends
+them at once (``LOG(QFATAL)`` in its default ``missed_heartbeat_callback``:
+"Terminating process because the JAX distributed service detected fatal
+errors"); a callback of our own cannot replace it from Python (jaxlib
+0.10.2 cannot hand the callback its ``absl::Status``: the process ends with
+``std::bad_cast``).  So rank 0 starts the service here, in a child process
+(``python -m pjrt_host._coordination_service``), and only joins it as a
+client.
+
+The service is made ``recoverable``: a process that stops sending
+heartbeats is marked dead, but the error is not sent to the others (XLA's
+``coordination_service.cc``: "All tasks are recoverable, skip propagating
+error"), so they are not ended either; they learn of the death from their
+next collective, which raises (``_torch/_c10d``).
+
+The child lives as long as some process of the job does: every rank keeps a
+TCP connection to it open (:func:`keep_alive`) and the child shuts the
+service down and exits when all have closed (a process's connections close
+when it exits or dies), or when none came within the start-up timeout.
+It is in rank 0's process group, so a launcher that stops rank 0's group
+(torchrun does, with ``killpg``) stops it too.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+__all__ = ["LIVENESS_KEY", "keep_alive", "start"]
+
+#: Key in jax's key-value store under which rank 0 publishes the child's
+#: liveness address.
+LIVENESS_KEY = "pjrt_host/coordination_service_liveness"
+
+_kept: list[Any] = []  # this process's liveness connection, and the child's handle
+
+
+def start(bind_address: str, num_processes: int, heartbeat_timeout: int, timeout: float) -> tuple[Any, int]:
+    """Start the service in a child process, listening at ``bind_address``
+    (``host:port``); (its Popen, the port of its liveness listener) once it
+    listens."""
+    host = bind_address.rpartition(":")[0].strip("[]")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pjrt_host._coordination_service", bind_address, str(num_processes),
+         str(heartbeat_timeout), str(timeout), host],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, close_fds=True)
+    line = proc.stdout.readline().split() if proc.stdout is not None else []
+    if len(line) != 2 or line[0] != "ready":
+        code = proc.wait()
+        raise RuntimeError(f"the coordination service's process at {bind_address} exited with status {code} "
+                           "before it was ready (see its message above)")
+    _kept.append(proc)
+    return proc, int(line[1])
+
+
+def keep_alive(host: str, port: int) -> None:
+    """Hold a connection to the service's process for as long as this
+    process lives."""
+    sock = socket.create_connection((host, port), timeout=30)
+    sock.setblocking(True)
+    _kept.append(sock)
+
+
+def _serve(bind_address: str, num_processes: int, heartbeat_timeout: int, timeout: float, host: str) -> int:
+    from jaxlib import _jax  # the extension alone: no need for all of jax here
+
+    service = _jax.get_distributed_runtime_service(
+        bind_address, num_processes, heartbeat_timeout=heartbeat_timeout, recoverable=True)
+    family = socket.AF_INET6 if ":" in host or host in ("", "::") else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.bind((host if host not in ("::", "") else "", 0))
+    listener.listen(64)
+    print(f"ready {listener.getsockname()[1]}", flush=True)
+    sys.stdout.close()
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    seen = alive = 0
+    last_change = time.monotonic()
+    while True:
+        # Every rank came and all have gone: the job is over.  Or nobody
+        # has been here for the start-up timeout.
+        if alive == 0 and (seen >= num_processes or time.monotonic() - last_change > timeout):
+            break
+        for key, _ in selector.select(timeout=1.0):
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                selector.register(conn, selectors.EVENT_READ)
+                seen += 1
+                alive += 1
+            else:
+                conn = key.fileobj
+                try:
+                    data = conn.recv(64)
+                except OSError:
+                    data = b""
+                if not data:
+                    selector.unregister(conn)
+                    conn.close()
+                    alive -= 1
+            last_change = time.monotonic()
+    service.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    bind, n, heartbeat, wait, where = sys.argv[1:6]
+    os._exit(_serve(bind, int(n), int(heartbeat), float(wait), where))
