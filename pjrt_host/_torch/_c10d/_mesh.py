@@ -186,6 +186,12 @@ class GroupMesh:
     def _failure(self, run: int, key: tuple, err: BaseException) -> RuntimeError:
         """The error for collective number ``run`` failing with ``err``:
         which ranks are gone, found by a roll call in the group's store."""
+        from .. import _sync
+
+        # The failure is reported here, by name: the device's synchronize()
+        # (which DCP's writer and torch.save of device tensors call) must
+        # not raise it again for a survivor that saves its state.
+        _sync.forget_results()
         what = (f"{key[0]} of a 'jax' tensor of shape {key[-2]} and dtype {key[-1]} on rank {self.rank} of a "
                 f"process group of {self.size}")
         cause = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
