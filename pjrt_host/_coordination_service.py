@@ -22,21 +22,29 @@ The child lives as long as some process of the job does: every rank keeps a
 TCP connection to it open (:func:`keep_alive`) and the child shuts the
 service down and exits when all have closed (a process's connections close
 when it exits or dies), or when none came within the start-up timeout.
+The same connections tell the ranks of a death at once: a rank says who it
+is when it connects and ``bye`` when it exits (``atexit``); a connection
+that closes without ``bye`` is a dead rank, and the child sends ``dead R``
+to every other rank (:mod:`pjrt_host._peers` keeps it, names it in the
+collectives' errors, and ends a survivor that has not exited
+``PJRT_HOST_DEAD_PEER_GRACE`` seconds later).
 It is in rank 0's process group, so a launcher that stops rank 0's group
 (torchrun does, with ``killpg``) stops it too.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import selectors
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
-__all__ = ["LIVENESS_KEY", "keep_alive", "start"]
+__all__ = ["LIVENESS_KEY", "keep_alive", "leave", "start"]
 
 #: Key in jax's key-value store under which rank 0 publishes the child's
 #: liveness address.
@@ -63,12 +71,46 @@ def start(bind_address: str, num_processes: int, heartbeat_timeout: int, timeout
     return proc, int(line[1])
 
 
-def keep_alive(host: str, port: int) -> None:
+def keep_alive(host: str, port: int, rank: int) -> None:
     """Hold a connection to the service's process for as long as this
-    process lives."""
+    process lives, and hear from it of the ranks that die."""
     sock = socket.create_connection((host, port), timeout=30)
-    sock.setblocking(True)
+    sock.settimeout(None)
+    sock.sendall(f"rank {rank}\n".encode())
     _kept.append(sock)
+    listener = threading.Thread(target=_listen, args=(sock,), name="pjrt_host dead peers", daemon=True)
+    listener.start()
+    atexit.register(leave)
+
+
+def leave() -> None:
+    """Say goodbye to the service's process: this rank exits, it did not
+    die.  (At exit; ``pjrt_host.spawn``'s processes, which end with
+    ``os._exit``, call it first.)"""
+    for sock in [k for k in _kept if isinstance(k, socket.socket)]:
+        try:
+            sock.sendall(b"bye\n")
+        except OSError:
+            pass
+
+
+def _listen(sock: socket.socket) -> None:
+    from . import _peers
+
+    buffer = b""
+    while True:
+        try:
+            data = sock.recv(256)
+        except OSError:
+            return
+        if not data:
+            return
+        buffer += data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            words = line.decode(errors="replace").split()
+            if len(words) == 2 and words[0] == "dead" and words[1].isdigit():
+                _peers.report_dead(int(words[1]))
 
 
 def _serve(bind_address: str, num_processes: int, heartbeat_timeout: int, timeout: float, host: str) -> int:
@@ -84,29 +126,46 @@ def _serve(bind_address: str, num_processes: int, heartbeat_timeout: int, timeou
     sys.stdout.close()
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
-    seen = alive = 0
+    seen = 0
+    ranks: dict[Any, list] = {}  # connection -> [its rank or None, said bye, unread bytes]
     last_change = time.monotonic()
     while True:
         # Every rank came and all have gone: the job is over.  Or nobody
         # has been here for the start-up timeout.
-        if alive == 0 and (seen >= num_processes or time.monotonic() - last_change > timeout):
+        if not ranks and (seen >= num_processes or time.monotonic() - last_change > timeout):
             break
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
                 conn, _ = listener.accept()
                 selector.register(conn, selectors.EVENT_READ)
+                ranks[conn] = [None, False, b""]
                 seen += 1
-                alive += 1
             else:
                 conn = key.fileobj
                 try:
-                    data = conn.recv(64)
+                    data = conn.recv(256)
                 except OSError:
                     data = b""
-                if not data:
-                    selector.unregister(conn)
-                    conn.close()
-                    alive -= 1
+                state = ranks[conn]
+                if data:
+                    state[2] += data
+                    while b"\n" in state[2]:
+                        line, state[2] = state[2].split(b"\n", 1)
+                        words = line.decode(errors="replace").split()
+                        if len(words) == 2 and words[0] == "rank" and words[1].isdigit():
+                            state[0] = int(words[1])
+                        elif words == ["bye"]:
+                            state[1] = True
+                    continue
+                selector.unregister(conn)
+                conn.close()
+                del ranks[conn]
+                if state[0] is not None and not state[1]:  # closed without a goodbye: it died
+                    for other in ranks:
+                        try:
+                            other.sendall(f"dead {state[0]}\n".encode())
+                        except OSError:
+                            pass
             last_change = time.monotonic()
     service.shutdown()
     return 0

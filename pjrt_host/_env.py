@@ -25,6 +25,7 @@ __all__ = [
     "coordinator_port",
     "coordination_service_mode",
     "coordinator_timeout",
+    "dead_peer_grace",
     "donate_buffers",
     "eager_mode",
     "flag",
@@ -246,6 +247,16 @@ def coordination_service_mode() -> str:
     if value not in ("process", "rank0"):
         raise EnvironmentSettingError(f"PJRT_HOST_COORDINATION_SERVICE={value!r}: expected 'process' or 'rank0'")
     return value
+
+
+def dead_peer_grace() -> float:
+    """``PJRT_HOST_DEAD_PEER_GRACE``: seconds a process may go on after it
+    heard that a rank of the job died (to save its state and exit by
+    itself) before pjrt_host ends it (exit status 134).  0: at once.
+    Default: 300."""
+    result = env.number("PJRT_HOST_DEAD_PEER_GRACE", 300.0, minimum=0, expected="a number of seconds")
+    assert result is not None
+    return result
 
 
 def coordinator_address() -> str | None:

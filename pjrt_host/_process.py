@@ -297,6 +297,7 @@ def leave_coordinator() -> None:
     if is_coordinated():
         import jax
 
+        _coordination_service.leave()
         jax.distributed.shutdown()
 
 
@@ -389,7 +390,7 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
                 coordinator_bind_address=_bind_address(host, port),
             )
         if separate:
-            _keep_service_alive(jax_distributed.global_state.client, host, liveness, deadline)
+            _keep_service_alive(jax_distributed.global_state.client, host, liveness, deadline, layout.rank)
     except Exception as err:
         where = "start" if layout.rank == 0 else "join"
         raise _error(record, f"rank {layout.rank} could not {where} jax.distributed's coordinator at {address}", err,
@@ -430,7 +431,7 @@ class _JaxModuleWith:
         return getattr(self._module, name)
 
 
-def _keep_service_alive(client: Any, host: str, port: int | None, deadline: float) -> None:
+def _keep_service_alive(client: Any, host: str, port: int | None, deadline: float, rank: int) -> None:
     """Every rank holds a connection to the coordination service's process
     while it lives (the process exits when all have closed); rank 0, which
     started it, publishes where in jax's key-value store."""
@@ -438,7 +439,7 @@ def _keep_service_alive(client: Any, host: str, port: int | None, deadline: floa
         client.key_value_set(_coordination_service.LIVENESS_KEY, str(port))
     left_ms = max(1000, int((deadline - time.monotonic()) * 1000))
     port = int(client.blocking_key_value_get(_coordination_service.LIVENESS_KEY, left_ms))
-    _coordination_service.keep_alive(host, port)
+    _coordination_service.keep_alive(host, port, rank)
 
 
 def _report_missing_peers(record: PluginRecord, layout: ProcessLayout, address: str, timeout: float) -> None:

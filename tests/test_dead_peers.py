@@ -91,7 +91,7 @@ def test_rank_1_killed_mid_training(tmp_path):
     assert status == {0: 3, 1: -signal.SIGKILL}, out[0][-4000:]
     error = _check_survivor(tmp_path, 0, out[0])["error"]
     assert error.startswith("pjrt_host: all_reduce of a 'jax' tensor"), error
-    assert "rank 1 of the group did not answer" in error
+    assert "rank 1 of the group did not answer" in error and "rank 1 of the job died" in error, error
 
 
 def test_rank_0_killed_mid_training(tmp_path):
@@ -102,7 +102,8 @@ def test_rank_0_killed_mid_training(tmp_path):
     assert status == {0: -signal.SIGKILL, 1: 3}, out[1][-4000:]
     error = _check_survivor(tmp_path, 1, out[1])["error"]
     assert error.startswith("pjrt_host: all_reduce of a 'jax' tensor"), error
-    assert "rank 0" in error and "has died" in error
+    assert "rank 0 of the job died" in error, error
+    assert "pjrt_host: rank 1: rank 0 of the job died" in out[1]
 
 
 def test_async_collectives_name_the_dead_rank(tmp_path):
@@ -179,3 +180,19 @@ def test_torchrun_restart_resumes_from_the_checkpoint(tmp_path, killed):
     assert min(d["step"] for d in lines if d["attempt"] == 1) == 4  # resumed from the checkpoint
     assert _losses(runs["killed"]) == _losses(runs["plain"])
     assert sorted(_losses(runs["plain"])) == list(range(8))
+
+
+def test_the_settings_refuse_a_typo(monkeypatch):
+    from pjrt_host import EnvironmentSettingError
+    from pjrt_host import _env
+
+    assert _env.coordination_service_mode() == "process" and _env.dead_peer_grace() == 300.0
+    monkeypatch.setenv("PJRT_HOST_COORDINATION_SERVICE", "Rank0")
+    monkeypatch.setenv("PJRT_HOST_DEAD_PEER_GRACE", "0")
+    assert _env.coordination_service_mode() == "rank0" and _env.dead_peer_grace() == 0.0
+    monkeypatch.setenv("PJRT_HOST_COORDINATION_SERVICE", "helper")
+    with pytest.raises(EnvironmentSettingError, match="PJRT_HOST_COORDINATION_SERVICE='helper'"):
+        _env.coordination_service_mode()
+    monkeypatch.setenv("PJRT_HOST_DEAD_PEER_GRACE", "-1")
+    with pytest.raises(EnvironmentSettingError, match="PJRT_HOST_DEAD_PEER_GRACE"):
+        _env.dead_peer_grace()

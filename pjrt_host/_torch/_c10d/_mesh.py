@@ -196,6 +196,11 @@ class GroupMesh:
                 f"process group of {self.size}")
         cause = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
         absent = self._roll_call(run)
+        from ... import _peers
+
+        heard = _peers.describe()  # from the coordination service's process: exact, and the store may be gone
+        if heard:
+            absent = f"{absent} ({heard})" if absent else heard
         if absent:
             how = (f"did not complete within the process group's timeout ({self._timeout})"
                    if isinstance(err, TimeoutError) else "failed")
