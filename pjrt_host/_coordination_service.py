@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import select
 import selectors
 import socket
 import subprocess
@@ -62,11 +63,18 @@ def start(bind_address: str, num_processes: int, heartbeat_timeout: int, timeout
         [sys.executable, "-m", "pjrt_host._coordination_service", bind_address, str(num_processes),
          str(heartbeat_timeout), str(timeout), host],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, close_fds=True)
-    line = proc.stdout.readline().split() if proc.stdout is not None else []
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline().split() if ready else []
     if len(line) != 2 or line[0] != "ready":
+        if proc.poll() is None:
+            proc.kill()
+            raise RuntimeError(f"the coordination service's process at {bind_address} was not ready after "
+                               f"{timeout:g} s (PJRT_HOST_COORDINATOR_TIMEOUT)")
         code = proc.wait()
-        raise RuntimeError(f"the coordination service's process at {bind_address} exited with status {code} "
-                           "before it was ready (see its message above)")
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        raise RuntimeError(f"the coordination service's process at {bind_address} {how} before it was ready "
+                           "(see its message above; a port in use ends it so: 'Failed to add port to server')")
     _kept.append(proc)
     return proc, int(line[1])
 
