@@ -153,33 +153,45 @@ def _losses(outdir: Path) -> dict[int, float]:
     return {d["step"]: d["loss"] for d in sorted(lines, key=lambda d: d["attempt"])}
 
 
-@pytest.mark.slow  # two torchrun jobs, about 25 s together on an idle machine
-@pytest.mark.parametrize("killed", [1, 0])
-def test_torchrun_restart_resumes_from_the_checkpoint(tmp_path, killed):
-    """torchrun --max-restarts=1: rank ``killed`` is SIGKILLed at step 5;
-    the agent restarts the group, which resumes from the checkpoint of
-    step 4 and computes the same losses as a run that was never killed."""
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
-    runs = {}
-    for name, extra in (("plain", []), ("killed", ["--kill-rank", str(killed), "--kill-step", "5"])):
-        outdir = tmp_path / name
-        outdir.mkdir()
-        # Static rendezvous, as `python -m pjrt_host launch` uses: with
-        # --standalone (c10d rendezvous) torch 2.13's restarted workers read
-        # the previous attempt's gloo addresses from the agent's store and
-        # fail to connect, with the plain gloo backend too (docs/distributed.md).
-        proc = subprocess.run([torchrun, "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port",
-                               str(_free_port()), "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2",
-                               "--max-restarts", "1", WORKER,
-                               str(outdir), "--steps", "8", "--every", "2", *extra],
-                              capture_output=True, text=True, env=_env(), cwd=str(REPO), timeout=180)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-        runs[name] = outdir
-    lines = [json.loads(line) for line in (runs["killed"] / "losses0.jsonl").read_text().splitlines()]
+def _train(outdir: Path, launcher: str, *extra: str) -> None:
+    """The worker's 8 steps, 2 ranks, at most one restart, under torchrun
+    (static rendezvous, as `python -m pjrt_host launch` uses: with
+    --standalone's c10d rendezvous, torch 2.13 hands a restarted group a
+    store holding the previous attempt's keys; see docs/distributed.md) or
+    under ``python -m pjrt_host launch``."""
+    outdir.mkdir()
+    if launcher == "torchrun":
+        command = [str(Path(sys.executable).with_name("torchrun")), "--rdzv-backend", "static", "--master-addr",
+                   "127.0.0.1", "--master-port", str(_free_port()), "--nnodes", "1", "--node-rank", "0"]
+    else:
+        command = [sys.executable, "-m", "pjrt_host", "launch"]
+    command += ["--nproc-per-node", "2", "--max-restarts", "1", WORKER, str(outdir), "--steps", "8", "--every", "2",
+                *extra]
+    proc = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=str(REPO), timeout=180)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+
+@pytest.fixture(scope="module")
+def unkilled_losses(tmp_path_factory) -> dict[int, float]:
+    outdir = tmp_path_factory.mktemp("unkilled") / "run"
+    _train(outdir, "torchrun")
+    losses = _losses(outdir)
+    assert sorted(losses) == list(range(8))
+    return losses
+
+
+@pytest.mark.slow  # about 12-15 s per case, plus 8 s once for the run never killed
+@pytest.mark.parametrize("launcher, killed", [("torchrun", 1), ("torchrun", 0), ("pjrt_host launch", 1)])
+def test_a_restart_resumes_from_the_checkpoint(tmp_path, unkilled_losses, launcher, killed):
+    """--max-restarts=1: rank ``killed`` is SIGKILLed at step 5; the agent
+    restarts the group, which resumes from the checkpoint of step 4 and
+    computes the same losses as a run that was never killed."""
+    outdir = tmp_path / "killed"
+    _train(outdir, launcher, "--kill-rank", str(killed), "--kill-step", "5")
+    lines = [json.loads(line) for line in (outdir / "losses0.jsonl").read_text().splitlines()]
     assert {d["attempt"] for d in lines} == {0, 1}
     assert min(d["step"] for d in lines if d["attempt"] == 1) == 4  # resumed from the checkpoint
-    assert _losses(runs["killed"]) == _losses(runs["plain"])
-    assert sorted(_losses(runs["plain"])) == list(range(8))
+    assert _losses(outdir) == unkilled_losses
 
 
 def test_the_settings_refuse_a_typo(monkeypatch):
