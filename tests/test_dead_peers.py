@@ -147,6 +147,60 @@ def test_work_wait_raises_the_named_error():
     assert dropped.wait() is True  # a result nobody holds any more has nothing to check
 
 
+def test_a_failed_collective_read_later_is_named(monkeypatch):
+    """A collective issued asynchronously (DDP's buckets) whose result
+    failed after it was issued shows where a value is read (a copy to the
+    host, item(), synchronize()): there the group's named error is raised,
+    jax's error as its cause.  Other errors pass unchanged.  (Simulated: on
+    cpu_ref a dead peer mostly makes the collective fail as it is issued.)"""
+    import collections
+    import weakref
+
+    import torch  # noqa: F401
+
+    from pjrt_host._torch._c10d import _mesh
+    from pjrt_host._torch._sync import names_failed_collectives
+
+    class Failed:  # stands for a collective's result whose computation failed
+        def is_ready(self):
+            return True
+
+        def block_until_ready(self):
+            raise ValueError("UNKNOWN: Gloo all-reduce failed: Connection reset by peer")
+
+    class Pending(Failed):  # not computed yet: never waited for here
+        def is_ready(self):
+            return False
+
+    class Mesh:
+        named = []
+
+        def _failure(self, run, key, cause):
+            self.named.append((run, key, type(cause).__name__))
+            return RuntimeError(f"pjrt_host: {key[0]} ... failed: rank 1 of the group did not answer")
+
+    failed, pending = Failed(), Pending()
+    key = ("all_reduce", "sum", (161,), "float32")
+    monkeypatch.setattr(_mesh, "_recent", collections.deque([(Mesh(), 2, key, weakref.ref(pending)),
+                                                             (Mesh(), 3, key, weakref.ref(failed))]))
+
+    @names_failed_collectives
+    def read():
+        failed.block_until_ready()  # a value computed from the failed result, read
+
+    with pytest.raises(RuntimeError, match="pjrt_host: all_reduce ... failed: rank 1") as info:
+        read()
+    assert isinstance(info.value.__cause__, ValueError)
+    assert Mesh.named == [(3, key, "ValueError")]
+
+    @names_failed_collectives
+    def other():
+        raise ValueError("not a collective's")
+
+    with pytest.raises(ValueError, match="not a collective's"):
+        other()
+
+
 def _losses(outdir: Path) -> dict[int, float]:
     """Rank 0's loss per step, the last attempt's where a step ran twice."""
     lines = [json.loads(line) for line in (outdir / "losses0.jsonl").read_text().splitlines()]

@@ -15,11 +15,13 @@ the store, the ranks that did not answer.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import functools
 import threading
 import time
+import weakref
 from typing import Any, Iterator
 
 from . import _waiting
@@ -41,6 +43,29 @@ def holding_results() -> Iterator[list]:
         yield held
     finally:
         _held.results = None
+
+
+#: The collectives issued last (mesh, run, signature, weak reference to the
+#: result), for :func:`named_failure`.
+_recent: "collections.deque[tuple]" = collections.deque(maxlen=64)
+
+
+def named_failure(err: BaseException) -> RuntimeError | None:
+    """For an error that surfaced where a device value was read: the named
+    error of the collective it came from -- the earliest of the collectives
+    issued last whose result failed -- or None when none did."""
+    if isinstance(err, RuntimeError) and str(err).startswith("pjrt_host: "):
+        return None  # named already
+    for mesh, run, key, ref in list(_recent):
+        result = ref()
+        if result is None or not result.is_ready():
+            continue
+        try:
+            result.block_until_ready()
+        except Exception as cause:
+            _recent.clear()
+            return mesh._failure(run, key, cause)
+    return None
 
 
 def is_holding() -> bool:
@@ -76,6 +101,7 @@ class GroupMesh:
         self._signatures = 0
         self._generation = generation
         self._runs = 0  # collectives run so far: the same count on every rank
+        self._failed: dict[int, str] = {}  # run -> its named error, once known (one roll call per failure)
 
     @classmethod
     def meet(cls, store: Any, rank: int, size: int, index: int, timeout: datetime.timedelta,
@@ -169,6 +195,7 @@ class GroupMesh:
         held = getattr(_held, "results", None)
         if held is not None:
             held.append((self, run, key, result))
+        _recent.append((self, run, key, weakref.ref(result)))
         return result
 
     def wait(self, run: int, key: tuple, result: Any, started: float | None = None) -> None:
@@ -186,6 +213,13 @@ class GroupMesh:
     def _failure(self, run: int, key: tuple, err: BaseException) -> RuntimeError:
         """The error for collective number ``run`` failing with ``err``:
         which ranks are gone, found by a roll call in the group's store."""
+        if run in self._failed:  # named before (a value computed from it read again): no second roll call
+            return RuntimeError(self._failed[run])
+        error = self._name_failure(run, key, err)
+        self._failed[run] = str(error)
+        return error
+
+    def _name_failure(self, run: int, key: tuple, err: BaseException) -> RuntimeError:
         from .. import _sync
 
         # The failure is reported here, by name: the device's synchronize()
