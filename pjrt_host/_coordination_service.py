@@ -126,10 +126,7 @@ def _serve(bind_address: str, num_processes: int, heartbeat_timeout: int, timeou
 
     service = _jax.get_distributed_runtime_service(
         bind_address, num_processes, heartbeat_timeout=heartbeat_timeout, recoverable=True)
-    family = socket.AF_INET6 if ":" in host or host in ("", "::") else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.bind((host if host not in ("::", "") else "", 0))
-    listener.listen(64)
+    listener = _listener(host)
     print(f"ready {listener.getsockname()[1]}", flush=True)
     sys.stdout.close()
     selector = selectors.DefaultSelector()
@@ -177,6 +174,24 @@ def _serve(bind_address: str, num_processes: int, heartbeat_timeout: int, timeou
             last_change = time.monotonic()
     service.shutdown()
     return 0
+
+
+def _listener(host: str) -> socket.socket:
+    """A listening socket on ``host`` (every interface for '::' or '',
+    IPv4 too where IPv6 sockets take it, else IPv4 only)."""
+    if host in ("", "::", "0.0.0.0"):
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", 0))
+        except OSError:  # no IPv6 here
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("0.0.0.0", 0))
+    else:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((host, 0))
+    sock.listen(64)
+    return sock
 
 
 if __name__ == "__main__":

@@ -79,7 +79,11 @@ def _check_survivor(outdir: Path, rank: int, output: str) -> dict:
     assert report["saved"] - report["time"] >= 2 * HEARTBEAT, report
     saved = torch.load(outdir / f"survivor{rank}" / "state.pt")
     assert saved["step"] >= 1 and set(saved["model"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
-    assert (outdir / f"survivor{rank}" / "dcp" / ".metadata").exists()
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(outdir / f"survivor{rank}" / "dcp", outdir / "from_dcp.pt")  # the DCP checkpoint reads back
+    from_dcp = torch.load(outdir / "from_dcp.pt")["model"]
+    assert all(torch.equal(from_dcp[k], saved["model"][k]) for k in saved["model"])
     return report
 
 
