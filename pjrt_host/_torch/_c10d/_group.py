@@ -461,6 +461,8 @@ class ProcessGroupJax(dist.ProcessGroup):
                 if found is None:
                     # The n-th meeting of each rank pairs with the others' n-th
                     # (ranks may use different local device indices).
-                    found = self._meshes[index] = GroupMesh.meet(self._store, self._rank, self._size, index,
-                                                                  self._timeout, len(self._meshes))
+                    found = GroupMesh.meet(self._store, self._rank, self._size, index, self._timeout,
+                                           len(self._meshes))
+                    found.global_ranks = self._global_ranks
+                    self._meshes[index] = found
         return found

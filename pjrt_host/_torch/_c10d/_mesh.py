@@ -102,6 +102,7 @@ class GroupMesh:
         self._generation = generation
         self._runs = 0  # collectives run so far: the same count on every rank
         self._failed: dict[int, str] = {}  # run -> its named error, once known (one roll call per failure)
+        self.global_ranks: list[int] | None = None  # the job's rank of each group rank (set by the group)
 
     @classmethod
     def meet(cls, store: Any, rank: int, size: int, index: int, timeout: datetime.timedelta,
@@ -258,13 +259,37 @@ class GroupMesh:
         keys = [f"pjrt_failed/{self._generation}/{run}/{r}" for r in range(self.size)]
         try:
             self._store.set(keys[self.rank], "1")
-            try:
-                self._store.wait(keys, self._roll_call_time())
-            except Exception:
-                pass
+            # Wait for the ranks not known to be dead (pjrt_host._peers hears
+            # of a death at once), in slices, so a death heard of meanwhile
+            # ends the wait too.
+            deadline = time.monotonic() + self._roll_call_time().total_seconds()
+            while True:
+                dead = self._dead_group_ranks()
+                waiting = [k for r, k in enumerate(keys) if r not in dead]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    self._store.wait(waiting, datetime.timedelta(seconds=min(left, 0.25)))
+                    break
+                except Exception as err:
+                    if type(err).__name__ == "DistNetworkError":  # the store is gone (below)
+                        break
+                    # not all yet: look again for deaths heard of meanwhile
             return self._absent(keys)
         except Exception as err:  # the store is gone: its host (the job's rank 0) has stopped
             return _STORE_GONE.format(type(err).__name__)
+
+    def _dead_group_ranks(self) -> set[int]:
+        """The group ranks whose processes the coordination service's process
+        reported dead."""
+        from ... import _peers
+
+        dead = set(_peers.dead_ranks())
+        if not dead:
+            return set()
+        ranks = self.global_ranks or list(range(self.size))
+        return {r for r, g in enumerate(ranks) if g in dead}
 
     def _roll_call_time(self) -> datetime.timedelta:
         # The ranks that are left see the same failure within moments of one
