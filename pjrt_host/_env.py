@@ -23,7 +23,9 @@ __all__ = [
     "coordinator_address",
     "coordinator_mode",
     "coordinator_port",
+    "coordination_service_mode",
     "coordinator_timeout",
+    "dead_peer_grace",
     "donate_buffers",
     "dynamic_shapes",
     "eager_mode",
@@ -253,6 +255,28 @@ def heartbeat_timeout() -> float:
     which the coordinator declares a process dead and every other process
     exits with an error instead of waiting for it.  Default: 10."""
     return seconds("PJRT_HOST_HEARTBEAT_TIMEOUT", 10.0)
+
+
+def coordination_service_mode() -> str:
+    """``PJRT_HOST_COORDINATION_SERVICE``: where jax's coordination service
+    runs.  ``process`` (default): in a child process of rank 0 that outlives
+    it, with every task recoverable, so a dead rank (rank 0 included) does
+    not end the others; ``rank0``: inside rank 0, as jax.distributed does,
+    where a dead rank ends every other one (jax's behaviour)."""
+    value = (text("PJRT_HOST_COORDINATION_SERVICE") or "process").lower()
+    if value not in ("process", "rank0"):
+        raise EnvironmentSettingError(f"PJRT_HOST_COORDINATION_SERVICE={value!r}: expected 'process' or 'rank0'")
+    return value
+
+
+def dead_peer_grace() -> float:
+    """``PJRT_HOST_DEAD_PEER_GRACE``: seconds a process may go on after it
+    heard that a rank of the job died (to save its state and exit by
+    itself) before pjrt_host ends it (exit status 134).  0: at once.
+    Default: 300."""
+    result = env.number("PJRT_HOST_DEAD_PEER_GRACE", 300.0, minimum=0, expected="a number of seconds")
+    assert result is not None
+    return result
 
 
 def coordinator_address() -> str | None:

@@ -13,9 +13,11 @@ to its processes exactly like one started by torchrun (``RANK``,
   ``torch.multiprocessing.start_processes``.
 
 When one process fails, the engine stops the others and the launch exits
-non-zero (``spawn`` raises); processes on other hosts notice through jax's
-coordinator heartbeat (``PJRT_HOST_HEARTBEAT_TIMEOUT``).  torch is imported
-only when a job is started.
+non-zero (``spawn`` raises); processes on other hosts hear of it from the
+coordination service's process (:mod:`pjrt_host._peers`): their next
+collective raises, and they are ended ``PJRT_HOST_DEAD_PEER_GRACE`` seconds
+later if they have not exited.  torch is imported only when a job is
+started.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ Every environment variable is read in one small function below.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -29,9 +30,9 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
-from . import _env, _jax_settings
+from . import _coordination_service, _env, _jax_settings
 from ._discovery import PluginRecord
 from ._errors import ClientCreationError, cause_text
 
@@ -296,6 +297,7 @@ def leave_coordinator() -> None:
     if is_coordinated():
         import jax
 
+        _coordination_service.leave()
         jax.distributed.shutdown()
 
 
@@ -370,16 +372,25 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
                                args=(record, layout, address, timeout))
     watchdog.daemon = True
     watchdog.start()
+    heartbeat = max(1, math.ceil(_env.heartbeat_timeout()))
+    separate = _env.coordination_service_mode() == "process"
     try:
-        jax.distributed.initialize(
-            coordinator_address=address,
-            num_processes=layout.world_size,
-            process_id=layout.rank,
-            cluster_detection_method="deactivate",  # the layout is already known
-            initialization_timeout=remaining,
-            heartbeat_timeout_seconds=max(1, math.ceil(_env.heartbeat_timeout())),
-            coordinator_bind_address=_bind_address(host, port),
-        )
+        liveness = None
+        if separate and layout.rank == 0:
+            bind = _bind_address(host, port) or _env.text("JAX_COORDINATOR_BIND_ADDRESS") or f"[::]:{port}"
+            liveness = _coordination_service.start(bind, layout.world_size, heartbeat, timeout)[1]
+        with _without_service_in_process(jax_distributed, separate):
+            jax.distributed.initialize(
+                coordinator_address=address,
+                num_processes=layout.world_size,
+                process_id=layout.rank,
+                cluster_detection_method="deactivate",  # the layout is already known
+                initialization_timeout=remaining,
+                heartbeat_timeout_seconds=heartbeat,
+                coordinator_bind_address=_bind_address(host, port),
+            )
+        if separate:
+            _keep_service_alive(jax_distributed.global_state.client, host, liveness, deadline, layout.rank)
     except Exception as err:
         where = "start" if layout.rank == 0 else "join"
         raise _error(record, f"rank {layout.rank} could not {where} jax.distributed's coordinator at {address}", err,
@@ -389,6 +400,46 @@ def _join_coordinator(record: PluginRecord, layout: ProcessLayout) -> bool:
     logger.info("rank %d of %d joined the coordinator at %s (required by plugin: %s)",
                 layout.rank, layout.world_size, address, required)
     return True
+
+
+@contextlib.contextmanager
+def _without_service_in_process(jax_distributed: Any, separate: bool) -> Iterator[None]:
+    """While jax.distributed.initialize() runs with ``separate``: process 0
+    does not start the coordination service in itself (it runs in a child
+    process, :mod:`pjrt_host._coordination_service`, which outlives it) and
+    only joins it, as the others do.  jax's initialize() has no such option,
+    so its module's ``_jax`` is wrapped for the call."""
+    if not separate:
+        yield
+        return
+    real = jax_distributed._jax
+    jax_distributed._jax = _JaxModuleWith(real, get_distributed_runtime_service=lambda *a, **k: None)
+    try:
+        yield
+    finally:
+        jax_distributed._jax = real
+
+
+class _JaxModuleWith:
+    """jaxlib's ``_jax`` module with some attributes replaced."""
+
+    def __init__(self, module: Any, **replaced: Any) -> None:
+        self._module = module
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def _keep_service_alive(client: Any, host: str, port: int | None, deadline: float, rank: int) -> None:
+    """Every rank holds a connection to the coordination service's process
+    while it lives (the process exits when all have closed); rank 0, which
+    started it, publishes where in jax's key-value store."""
+    if port is not None:
+        client.key_value_set(_coordination_service.LIVENESS_KEY, str(port))
+    left_ms = max(1000, int((deadline - time.monotonic()) * 1000))
+    port = int(client.blocking_key_value_get(_coordination_service.LIVENESS_KEY, left_ms))
+    _coordination_service.keep_alive(host, port, rank)
 
 
 def _report_missing_peers(record: PluginRecord, layout: ProcessLayout, address: str, timeout: float) -> None:

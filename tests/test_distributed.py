@@ -133,18 +133,28 @@ def test_a_crashing_rank_stops_the_others(tmp_path: Path) -> None:
     assert "was not stopped" not in out
 
 
-def test_a_rank_on_another_host_dying_stops_the_others_through_the_heartbeat() -> None:
-    # No launcher watches both processes here, as with two hosts: jax's
-    # coordinator notices the missing heartbeats and stops rank 0.
+@pytest.mark.parametrize("service", ["process", "rank0"])
+def test_a_rank_on_another_host_dying_stops_the_others(service: str) -> None:
+    # No launcher watches both processes here, as with two hosts.  With the
+    # coordination service in its own process (the default), rank 0 hears
+    # of the death at once, may go on to save its state, and is ended
+    # after PJRT_HOST_DEAD_PEER_GRACE; with the service inside rank 0 (jax's
+    # way), jax notices the missing heartbeats and ends rank 0.
     env = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "2",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PJRT_HOST_COORDINATOR_PORT": str(free_port()),
-           "PJRT_HOST_HEARTBEAT_TIMEOUT": "3"}
+           "PJRT_HOST_HEARTBEAT_TIMEOUT": "3", "PJRT_HOST_DEAD_PEER_GRACE": "2",
+           "PJRT_HOST_COORDINATION_SERVICE": service}
     ranks = [_start([WORKER, "crash"], _env(RANK=str(rank), GROUP_RANK=str(rank), **env)) for rank in (0, 1)]
     code1, out1 = _finish(ranks[1], 60)
     code0, out0 = _finish(ranks[0], 60)  # it would sleep 120 s if nobody stopped it
     assert code1 == 7, out1[-3000:]
     assert code0 != 0, out0[-3000:]
-    assert "another task died" in out0 or "stopped sending heartbeats" in out0, out0[-3000:]
+    if service == "process":
+        assert code0 == 134, out0[-3000:]
+        assert "pjrt_host: rank 0: rank 1 of the job died" in out0, out0[-3000:]
+        assert "ago and this process has not exited: ending it (PJRT_HOST_DEAD_PEER_GRACE)" in out0, out0[-3000:]
+    else:
+        assert "another task died" in out0 or "stopped sending heartbeats" in out0, out0[-3000:]
 
 
 def test_a_host_that_never_comes_ends_the_launch() -> None:

@@ -26,7 +26,7 @@ from .. import _runtime
 from . import _padding
 from .._lowerings._dtypes import jax_dtype, torch_dtype
 from ._devices import jax_device
-from ._sync import run_deferred_checks
+from ._sync import names_failed_collectives, run_deferred_checks
 from ._tensor import JaxTensor, read
 
 __all__ = ["host_array", "to_jax_array", "to_torch", "zero_copy_devices"]
@@ -135,6 +135,7 @@ def _host_tensor(host: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(flat.view(np.uint8).copy()).view(dtype).reshape(host.shape)
 
 
+@names_failed_collectives
 def to_torch(t: JaxTensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A torch tensor on ``device`` (not 'jax') with the values of ``t``."""
     storage = t._storage

@@ -30,7 +30,7 @@ from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import check_out_overlap, meta_view_of
 from . import _dynamic_dims, _meta, _sharding, _storage_bridge
-from ._sync import run_deferred_checks
+from ._sync import names_failed_collectives, run_deferred_checks
 from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, view_for, wrap_array,
                       write)
 from ._view_ops import run_inplace_view
@@ -158,6 +158,7 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 @storage_op("aten::_local_scalar_dense", "aten::item")  # item: reached directly in inference mode
+@names_failed_collectives
 def local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
     value = np.asarray(read(args[0])).item()
     run_deferred_checks()

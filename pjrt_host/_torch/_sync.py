@@ -9,6 +9,8 @@ found.  Nothing here knows tensors: callers note arrays.
 
 from __future__ import annotations
 
+import functools
+import sys
 import weakref
 from typing import Any, Callable
 
@@ -115,6 +117,31 @@ def _barrier(index: int) -> Any:
     return _barrier_program(jax.device_put(np.zeros((), np.int32), jax_device(index)))
 
 
+def names_failed_collectives(fn: Callable) -> Callable:
+    """``fn`` (a place where a device value is read: a copy to the host,
+    ``item()``, ``synchronize()``) with a failure that came from a
+    collective of the 'pjrt' process group -- one issued asynchronously
+    (DDP's buckets, FSDP2's), whose result only shows it where it is read
+    -- raised as that group's named error (the collective, the ranks that
+    did not answer), jax's error as its cause.  Other failures, and any
+    program that never ran a collective, are untouched; nothing is added to
+    the path that does not fail."""
+
+    @functools.wraps(fn)
+    def reading(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            mesh = sys.modules.get("pjrt_host._torch._c10d._mesh")
+            named = mesh.named_failure(err) if mesh is not None else None
+            if named is None:
+                raise
+            raise named from err
+
+    return reading
+
+
+@names_failed_collectives
 def synchronize(index: int | None = None) -> None:
     """Block until the computations queued so far on the device (all devices
     with None) have finished, as torch.cuda.synchronize: also those whose

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import datetime
 import functools
+import os
 import inspect
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -36,7 +38,7 @@ from ._mesh import GroupMesh
 from ._p2p import PointToPoint
 from ._tensors import is_jax as _is_jax
 
-__all__ = ["BACKEND_NAME", "ProcessGroupJax", "completed_work", "is_async", "reduce_name"]
+__all__ = ["BACKEND_NAME", "CheckedWork", "ProcessGroupJax", "completed_work", "is_async", "reduce_name"]
 
 #: The name for ``init_process_group(backend=...)``.
 BACKEND_NAME = "pjrt"
@@ -47,6 +49,46 @@ def completed_work(result: Any = None) -> Any:
     future = torch.futures.Future()
     future.set_result(result)
     return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+class CheckedWork(dist.Work):
+    """The Work of an asynchronous collective: complete at once (its future
+    holds the result; the device runs collectives in issue order), and its
+    ``wait()`` waits for the collectives' results, at most the group's
+    timeout, so that one that failed raises there -- a dead peer, a timeout
+    -- naming the collective and the ranks that did not answer, as a
+    synchronous call does.  The results are held weakly (a strong
+    reference would keep eager in-place writes from donating the tensors'
+    buffers); one already dropped has nothing left to check."""
+
+    def __init__(self, work: Any, held: list) -> None:
+        super().__init__()
+        self._work = work
+        self._held = [(mesh, run, key, weakref.ref(result)) for mesh, run, key, result in held]
+
+    def wait(self, timeout: Any = None) -> bool:
+        held, self._held = self._held, []
+        _mesh.wait_for([(mesh, run, key, result) for mesh, run, key, ref in held
+                        if (result := ref()) is not None])
+        return True
+
+    def get_future(self) -> Any:
+        return self._work.get_future()
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Any:
+        return None
+
+    def result(self) -> Any:
+        return self._work.result()
+
+    def synchronize(self) -> None:
+        pass
 
 
 def is_async(opts: Any) -> bool:
@@ -67,8 +109,12 @@ def _waits_if_synchronous(fn: Any) -> Any:
     @functools.wraps(fn)
     def method(*args: Any, **kwargs: Any) -> Any:
         opts = kwargs["opts"] if "opts" in kwargs else (args[position] if len(args) > position else None)
-        if is_async(opts) or _mesh.is_holding():  # asynchronous, or inside a synchronous call already
+        if _mesh.is_holding():  # inside a synchronous call already
             return fn(*args, **kwargs)
+        if is_async(opts):
+            with _mesh.holding_results() as held:
+                work = fn(*args, **kwargs)
+            return CheckedWork(work, held) if held else work
         with _mesh.holding_results() as held:
             work = fn(*args, **kwargs)
             _mesh.wait_for(held)
@@ -108,6 +154,14 @@ class ProcessGroupJax(dist.ProcessGroup):
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
                  global_ranks: list[int] | None = None) -> None:
         super().__init__(rank, size)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt and attempt != "0":
+            # torchrun hands a restarted group the store of the attempt
+            # before, which still holds that attempt's keys: gloo's addresses
+            # of processes now dead (connecting to them fails), the
+            # collectives' signatures, roll calls.  Each attempt keeps to
+            # its own keys.
+            store = dist.PrefixStore(f"pjrt_attempt{attempt}", store)
         self._rank = rank
         self._size = size
         self._store = store
@@ -407,6 +461,8 @@ class ProcessGroupJax(dist.ProcessGroup):
                 if found is None:
                     # The n-th meeting of each rank pairs with the others' n-th
                     # (ranks may use different local device indices).
-                    found = self._meshes[index] = GroupMesh.meet(self._store, self._rank, self._size, index,
-                                                                  self._timeout, len(self._meshes))
+                    found = GroupMesh.meet(self._store, self._rank, self._size, index, self._timeout,
+                                           len(self._meshes))
+                    found.global_ranks = self._global_ranks
+                    self._meshes[index] = found
         return found

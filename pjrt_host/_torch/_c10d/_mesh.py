@@ -15,11 +15,13 @@ the store, the ranks that did not answer.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import functools
 import threading
 import time
+import weakref
 from typing import Any, Iterator
 
 from . import _waiting
@@ -41,6 +43,29 @@ def holding_results() -> Iterator[list]:
         yield held
     finally:
         _held.results = None
+
+
+#: The collectives issued last (mesh, run, signature, weak reference to the
+#: result), for :func:`named_failure`.
+_recent: "collections.deque[tuple]" = collections.deque(maxlen=64)
+
+
+def named_failure(err: BaseException) -> RuntimeError | None:
+    """For an error that surfaced where a device value was read: the named
+    error of the collective it came from -- the earliest of the collectives
+    issued last whose result failed -- or None when none did."""
+    if isinstance(err, RuntimeError) and str(err).startswith("pjrt_host: "):
+        return None  # named already
+    for mesh, run, key, ref in list(_recent):
+        result = ref()
+        if result is None or not result.is_ready():
+            continue
+        try:
+            result.block_until_ready()
+        except Exception as cause:
+            _recent.clear()
+            return mesh._failure(run, key, cause)
+    return None
 
 
 def is_holding() -> bool:
@@ -76,6 +101,8 @@ class GroupMesh:
         self._signatures = 0
         self._generation = generation
         self._runs = 0  # collectives run so far: the same count on every rank
+        self._failed: dict[int, str] = {}  # run -> its named error, once known (one roll call per failure)
+        self.global_ranks: list[int] | None = None  # the job's rank of each group rank (set by the group)
 
     @classmethod
     def meet(cls, store: Any, rank: int, size: int, index: int, timeout: datetime.timedelta,
@@ -169,6 +196,7 @@ class GroupMesh:
         held = getattr(_held, "results", None)
         if held is not None:
             held.append((self, run, key, result))
+        _recent.append((self, run, key, weakref.ref(result)))
         return result
 
     def wait(self, run: int, key: tuple, result: Any, started: float | None = None) -> None:
@@ -186,10 +214,28 @@ class GroupMesh:
     def _failure(self, run: int, key: tuple, err: BaseException) -> RuntimeError:
         """The error for collective number ``run`` failing with ``err``:
         which ranks are gone, found by a roll call in the group's store."""
+        if run in self._failed:  # named before (a value computed from it read again): no second roll call
+            return RuntimeError(self._failed[run])
+        error = self._name_failure(run, key, err)
+        self._failed[run] = str(error)
+        return error
+
+    def _name_failure(self, run: int, key: tuple, err: BaseException) -> RuntimeError:
+        from .. import _sync
+
+        # The failure is reported here, by name: the device's synchronize()
+        # (which DCP's writer and torch.save of device tensors call) must
+        # not raise it again for a survivor that saves its state.
+        _sync.forget_results()
         what = (f"{key[0]} of a 'jax' tensor of shape {key[-2]} and dtype {key[-1]} on rank {self.rank} of a "
                 f"process group of {self.size}")
         cause = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
         absent = self._roll_call(run)
+        from ... import _peers
+
+        heard = _peers.describe()  # from the coordination service's process: exact, and the store may be gone
+        if heard:
+            absent = f"{absent} ({heard})" if absent else heard
         if absent:
             how = (f"did not complete within the process group's timeout ({self._timeout})"
                    if isinstance(err, TimeoutError) else "failed")
@@ -213,13 +259,37 @@ class GroupMesh:
         keys = [f"pjrt_failed/{self._generation}/{run}/{r}" for r in range(self.size)]
         try:
             self._store.set(keys[self.rank], "1")
-            try:
-                self._store.wait(keys, self._roll_call_time())
-            except Exception:
-                pass
+            # Wait for the ranks not known to be dead (pjrt_host._peers hears
+            # of a death at once), in slices, so a death heard of meanwhile
+            # ends the wait too.
+            deadline = time.monotonic() + self._roll_call_time().total_seconds()
+            while True:
+                dead = self._dead_group_ranks()
+                waiting = [k for r, k in enumerate(keys) if r not in dead]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    self._store.wait(waiting, datetime.timedelta(seconds=min(left, 0.25)))
+                    break
+                except Exception as err:
+                    if type(err).__name__ == "DistNetworkError":  # the store is gone (below)
+                        break
+                    # not all yet: look again for deaths heard of meanwhile
             return self._absent(keys)
         except Exception as err:  # the store is gone: its host (the job's rank 0) has stopped
             return _STORE_GONE.format(type(err).__name__)
+
+    def _dead_group_ranks(self) -> set[int]:
+        """The group ranks whose processes the coordination service's process
+        reported dead."""
+        from ... import _peers
+
+        dead = set(_peers.dead_ranks())
+        if not dead:
+            return set()
+        ranks = self.global_ranks or list(range(self.size))
+        return {r for r, g in enumerate(ranks) if g in dead}
 
     def _roll_call_time(self) -> datetime.timedelta:
         # The ranks that are left see the same failure within moments of one
