@@ -174,3 +174,25 @@ def test_buckets_bound_the_padding(n):
     assert b <= max(16, n * 1.25 + 16)
     odd = _padding.bucket(n, odd=True)
     assert odd > n or n <= 1
+
+
+def test_a_cache_growing_by_one_runs_one_program_per_bucket():
+    # a key/value cache as generate() grows it: cat along the padded dim
+    torch.manual_seed(0)
+    k = torch.randn(2, 5, 8)
+    with pjrt_host.config(dynamic_shapes=True):
+        dk = k.to("jax")
+        compiled = []
+        for _ in range(40):
+            new = torch.randn(2, 1, 8)
+            before = _compiled()
+            dk = torch.cat([dk, new.to("jax")], dim=1)
+            scores = torch.softmax(dk @ dk[:, -1:].transpose(1, 2), dim=1)
+            got = (scores.cpu(), dk.cpu())
+            compiled.append(_compiled() - before)
+            k = torch.cat([k, new], dim=1)
+            torch.testing.assert_close(got[0], torch.softmax(k @ k[:, -1:].transpose(1, 2), dim=1))
+            torch.testing.assert_close(got[1], k)
+        assert dk._storage.padded is not None
+    # lengths 6 .. 45: within the buckets of 32 and 48 no step compiles
+    assert sum(compiled[28:]) <= 3, compiled

@@ -35,8 +35,8 @@ from typing import Any, Callable
 import torch
 
 from .. import _lowerings
-from . import (_backward, _sync, _config, _index_checks, _memory, _meta, _profile, _sdpa, _sequences, _storage_ops, _tensor,
-               _value_checks)
+from . import (_backward, _config, _dynamic_dims, _index_checks, _memory, _meta, _profile, _sdpa, _sequences,
+               _storage_ops, _sync, _tensor, _value_checks)
 from ._cpu_fallback import run_on_cpu
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_same_view, run_view
@@ -348,6 +348,8 @@ def _handler_for(func: Any) -> Handler:
         if lowering is not None:
             if op_name(func) in _MEANS:
                 return _summed_when_padded(CompiledOp(func, lowering).__call__)
+            if op_name(func) == "aten::cat":
+                return _joined_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) in _COPYING_VIEWS:
                 return _viewed_when_padded(func, CompiledOp(func, lowering).__call__)
             return CompiledOp(func, lowering).__call__
@@ -426,6 +428,21 @@ def _summed_when_padded(handler: Handler) -> Handler:
                 count *= x.shape[d]
             total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=dtype)
             return torch.ops.aten.div.Tensor(total, float(count))
+        return handler(args, kwargs)
+    return handle
+
+
+def _joined_when_padded(handler: Handler) -> Handler:
+    """cat along a dim its tensors hold padded: placed at run-time offsets
+    in the bucket of the joined length (``_dynamic_dims.join``)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        tensors = args[0] if args else kwargs.get("tensors")
+        if type(tensors) in (list, tuple) and any(type(t) is _tensor.JaxTensor and t._storage.padded is not None
+                                                  for t in tensors):
+            dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            joined = _dynamic_dims.join(list(tensors), dim)
+            if joined is not None:
+                return joined
         return handler(args, kwargs)
     return handle
 

@@ -33,10 +33,11 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from .. import _program_cache
 from . import _config, _padding
 from ._tensor import JaxTensor, Storage, contiguous_strides, make, read_through, view_for
 
-__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "prepare", "read_of",
+__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "prepare", "read_of",
            "result_padding", "rule_for", "unpad_all"]
 
 
@@ -536,6 +537,83 @@ def padded_values(t: JaxTensor) -> tuple | None:
     if r.view is not None:
         arr = read_through(arr, r.view, r.offset)
     return arr, (None if r.psize == tuple(t.shape) else r.comps)
+
+
+_join_programs: dict = {}
+
+
+def join(tensors: list, dim: int) -> JaxTensor | None:
+    """``torch.cat(tensors, dim)`` along a dim some of them hold padded (a
+    key/value cache growing by a token): the result padded to the bucket of
+    its logical length, each tensor placed at its run-time offset, so that
+    every length of a bucket runs one program.  None: not such a call
+    (dynamic shapes off, no tensor padded along ``dim``, other dims that do
+    not line up, a view that is not a physical one)."""
+    if not tensors or not _config.current().dynamic_shapes or not all(type(t) is JaxTensor for t in tensors):
+        return None
+    first = tensors[0]
+    ndim = first.dim()
+    if ndim == 0 or any(t.dim() != ndim for t in tensors):
+        return None
+    dim %= ndim
+    parts = []
+    for t in tensors:
+        storage = t._storage
+        if storage.padded is not None:
+            found = padded_values(t)
+            if found is None:
+                return None
+            arr, padded = found
+            padded = padded or tuple(((n, n, False),) for n in t.shape)
+        else:
+            if type(storage.place) is not int or storage.pending:
+                return None
+            arr = read_through(storage.get(), t._view.static, t._view.run_offset) if t._view is not None \
+                else storage.get()
+            padded = tuple(((n, n, False),) for n in t.shape)
+        parts.append((arr, padded, t.shape[dim]))
+    if not any(p[1][dim][0][2] for p in parts if len(p[1][dim]) == 1) or any(len(p[1][dim]) != 1 for p in parts):
+        return None  # nothing padded along dim, or a merged dim there
+    others = [tuple(c for d, c in enumerate(p[1]) if d != dim) for p in parts]
+    if any(o != others[0] for o in others) or any(p[0].dtype != parts[0][0].dtype for p in parts):
+        return None
+    if len({p[0].devices().pop() for p in parts}) != 1:
+        return None
+    total = sum(p[2] for p in parts)
+    physical_out = max(_padding.bucket(total), max(p[0].shape[dim] for p in parts))
+    key = (tuple(tuple(p[0].shape) for p in parts), str(parts[0][0].dtype), dim, physical_out)
+    fn = _join_programs.get(key)
+    if fn is None:
+        def body(arrays, lengths):
+            import jax.numpy as jnp
+            from jax import lax
+
+            shape = list(arrays[0].shape)
+            shape[dim] = physical_out
+            i = lax.broadcasted_iota("int32", tuple(shape), dim)
+            out = jnp.zeros(tuple(shape), arrays[0].dtype)
+            offset = jnp.int32(0)
+            for a, n in zip(arrays, lengths):
+                index = jnp.clip(jnp.arange(physical_out, dtype=jnp.int32) - offset, 0, a.shape[dim] - 1)
+                values = jnp.take(a, index, axis=dim)
+                out = jnp.where((i >= offset) & (i < offset + n), values, out)
+                offset = offset + n
+            return out
+
+        fn = _join_programs[key] = _program_cache.Kept("pjrt_host.join", body, key)
+    import numpy as np
+
+    arr = fn([p[0] for p in parts], [np.int32(p[2]) for p in parts])
+    shape = list(first.shape)
+    shape[dim] = total
+    padded = list(parts[0][1])
+    padded[dim] = ((physical_out, total, True),)
+    _padding.note_padded_call(tuple(arr.shape), tuple(shape))
+    from ._sync import note_result
+
+    note_result(first._storage.device_index, arr)
+    return make(Storage(arr, tuple(shape), arr.dtype, first._storage.device_index, first._storage.place,
+                        tuple(padded)), tuple(shape), first.dtype)
 
 
 def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:
