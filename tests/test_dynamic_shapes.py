@@ -196,3 +196,36 @@ def test_a_cache_growing_by_one_runs_one_program_per_bucket():
         assert dk._storage.padded is not None
     # lengths 6 .. 45: within the buckets of 32 and 48 no step compiles
     assert sum(compiled[28:]) <= 3, compiled
+
+
+# ---------------------------------------------------------------- the oracle: the suite with every dim padded
+
+def _passes_padded(args: list[str], extra_env: dict | None = None) -> str:
+    from conftest import run_python
+
+    proc = run_python(["-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                      env={"PJRT_HOST_DYNAMIC_SHAPES": "all", **(extra_env or {})}, timeout=1500)
+    tail = proc.stdout[-4000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in tail and "failed" not in tail, tail
+    return tail
+
+
+def test_a_sample_of_the_suite_passes_with_every_dim_padded():
+    # views and in-place writes over padded storages, training, CPU parity
+    _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_torch_training.py"])
+
+
+def test_an_opinfo_sample_passes_with_every_dim_padded():
+    from test_eager_modes import OPINFO_SAMPLE, _opinfo_ids
+
+    ids = _opinfo_ids(OPINFO_SAMPLE) + [i.replace("-float32]", "-bfloat16]") for i in _opinfo_ids(OPINFO_SAMPLE[:24])]
+    tail = _passes_padded(ids, {"PJRT_HOST_OPINFO_DTYPES": "float32,bfloat16"})
+    assert "OpInfo on jax:" in tail
+
+
+@pytest.mark.slow
+def test_opinfo_float32_passes_with_every_dim_padded():
+    """Every float32 OpInfo case with every dim padded to odd buckets."""
+    tail = _passes_padded(["tests/test_opinfo.py"], {"PJRT_HOST_OPINFO_DTYPES": "float32"})
+    assert "OpInfo on jax:" in tail
