@@ -229,3 +229,20 @@ def test_opinfo_float32_passes_with_every_dim_padded():
     """Every float32 OpInfo case with every dim padded to odd buckets."""
     tail = _passes_padded(["tests/test_opinfo.py"], {"PJRT_HOST_OPINFO_DTYPES": "float32"})
     assert "OpInfo on jax:" in tail
+
+
+def test_dropout_over_padding_draws_what_an_exact_draw_draws():
+    # the same seed draws the same numbers with buckets and without
+    x = torch.randn(3, 11, 6)
+    masks = {}
+    for mode in (False, "all", True):
+        with pjrt_host.config(dynamic_shapes=mode):
+            torch.manual_seed(7)
+            d = x.to("jax") * 1.0
+            if mode is True:
+                torch._dynamo.mark_dynamic(d, 1)
+                d = d * 1.0
+            masks[mode] = [F.dropout(d, 0.5, training=True).cpu() for _ in range(2)]
+    for mode in ("all", True):
+        for a, b in zip(masks[mode], masks[False]):
+            torch.testing.assert_close(a, b)

@@ -73,6 +73,11 @@ class LoweringContext:
     #: later (a fused segment runs when a value is read, perhaps outside the
     #: ``with`` block its ops were recorded in).
     kernel_setting: Any = None
+    #: Draws over padded inputs (dynamic dimensions): physical shape -> the
+    #: logical flat index of every position, so that a draw over a padded
+    #: array gives each logical element the value an exact draw gives it
+    #: (:func:`pjrt_host._lowerings._util.draw`).  Empty: none.
+    draw_positions: Any = ()
     #: The kernels that run under this context: ``declared_kernels`` allowed
     #: by the settings, imported (their custom-call targets registered), in
     #: declaration order.  Made with the context, never passed.

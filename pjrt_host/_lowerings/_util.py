@@ -210,7 +210,14 @@ def draw(make: Any, key: Any, shape: Sequence[int]) -> jax.Array:
     partitioned over a mesh keeps the shaped draw, which its partitioner
     splits without replicating it."""
     shape = tuple(shape)
-    if len(shape) > 1 and current_context().one_device:
+    ctx = current_context()
+    for padded_shape, positions in ctx.draw_positions:
+        if padded_shape == shape:
+            # a padded array: each position takes the draw of its logical
+            # element (element i of a flat draw depends on i alone)
+            n = math.prod(shape)
+            return make(key, (n,))[jnp.clip(positions(), 0, n - 1)]
+    if len(shape) > 1 and ctx.one_device:
         return make(key, (math.prod(shape),)).reshape(shape)
     return make(key, shape)
 

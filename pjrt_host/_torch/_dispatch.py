@@ -350,6 +350,8 @@ def _handler_for(func: Any) -> Handler:
                 return _summed_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::cat":
                 return _joined_when_padded(CompiledOp(func, lowering).__call__)
+            if op_name(func) == "aten::type_as":
+                return _cast_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) in _COPYING_VIEWS:
                 return _viewed_when_padded(func, CompiledOp(func, lowering).__call__)
             return CompiledOp(func, lowering).__call__
@@ -428,6 +430,20 @@ def _summed_when_padded(handler: Handler) -> Handler:
                 count *= x.shape[d]
             total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=dtype)
             return torch.ops.aten.div.Tensor(total, float(count))
+        return handler(args, kwargs)
+    return handle
+
+
+def _cast_when_padded(handler: Handler) -> Handler:
+    """``type_as`` of a padded tensor: its padded cast (a new tensor sharing
+    its array when the dtype is already the other's)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else kwargs.get("self")
+        other = args[1] if len(args) > 1 else kwargs.get("other")
+        if type(x) is _tensor.JaxTensor and x._storage.padded is not None and isinstance(other, torch.Tensor):
+            if x.dtype == other.dtype:
+                return torch.ops.aten.clone.default(x)  # a new tensor sharing the padded array
+            return torch.ops.aten._to_copy.default(x, dtype=other.dtype)
         return handler(args, kwargs)
     return handle
 

@@ -100,12 +100,20 @@ _RULES: dict[str, Rule] = {
 
 _ELEMENTWISE = Rule(fill=None)
 
+#: Random ops whose draws are made per element (``_lowerings._util.draw``):
+#: over a padded input each logical element takes the value an exact draw
+#: gives it (``LoweringContext.draw_positions``), so a seed draws the same
+#: numbers with buckets and without.
+_DRAWS: dict[str, Rule] = {"aten::native_dropout": _ELEMENTWISE}
+
 
 def rule_for(func: Any, name: str, lowering: Any, inplace: int | None, out_names: tuple) -> Rule | None:
     """The op's rule, or None: it never runs on padded inputs (views, random
     draws, in-place / out= forms, data-dependent shapes, ops without one)."""
-    if inplace is not None or out_names or lowering.needs_rng or lowering.data_dependent:
+    if inplace is not None or out_names or lowering.data_dependent:
         return None
+    if lowering.needs_rng:
+        return _DRAWS.get(name)
     rule = _RULES.get(name)
     if rule is not None:
         return rule

@@ -42,8 +42,8 @@ from . import _config, _dynamic_dims, _fused, _meta, _padding, _rng, _scalar_tri
 from ._devices import device_mismatch, jax_device, torch_device
 from ._dtype_policy import device_dtype
 from ._lowering_context import lowering_context
-from ._signatures import (ForeignFirst, Traceable, decode, encode, encode_dynamic, encode_padded, first_jax_device,
-                          has_dynamic, note_miss, scalar_slots)
+from ._signatures import (ForeignFirst, Traceable, decode, decoded_positions, encode, encode_dynamic, encode_padded,
+                          first_jax_device, has_dynamic, note_miss, scalar_slots)
 from ._sync import note_result, open_segments
 from ._tensor import DONATE, JaxTensor, result_tensor, wrap_array
 
@@ -267,6 +267,10 @@ class CompiledOp:
         if type(place) is not int or any(d != place for d in devs):
             return self._exact(args, kwargs, "a mesh or several devices")
         key = (key_args, key_kwargs, (), cfg, place)
+        if self.lowering.needs_rng:
+            if self.dynamic:  # traced scalars of a random op: the exact route's trials
+                return self._exact(args, kwargs, "a random op with traced scalars")
+            dyn.extend(_rng.next_key_args(place, None))  # the key an exact call would take
         entry = self.cache.get(key)
         if entry is None:
             # (the trial of traced scalars is the exact route's: here an
@@ -545,13 +549,16 @@ class CompiledOp:
         def arguments(dyn: tuple) -> tuple[list, dict, list, list, LoweringContext]:
             it = iter(dyn)
             inputs: list[tuple[Any, Any]] = []
+            decoded_positions.clear()
             call_args = [decode(x, it, inputs) for x in key_args]
             call_kwargs = {k: decode(x, it, inputs) for k, x in key_kwargs}
             targets = [(next(it), next(it)) for _ in range(n_targets)]
             ctx = base_ctx
             if needs_rng:
                 key_data, counter = next(it), next(it)
-                ctx = dataclasses.replace(base_ctx, rng_key=_rng.draw_key(key_data, counter))
+                ctx = dataclasses.replace(base_ctx, rng_key=_rng.draw_key(key_data, counter),
+                                          draw_positions=tuple(decoded_positions))
+            decoded_positions.clear()
             return call_args, call_kwargs, inputs, targets, ctx
 
         if self.inplace is not None:

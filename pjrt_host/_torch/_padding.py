@@ -49,6 +49,8 @@ class PaddedSpec(NamedTuple):
     view: Any
     masks: tuple
     fill: Any
+    #: per dim of the view, its components' ``(physical size, dynamic)``
+    comps: tuple = ()
 
 
 def physical_shape(padded: tuple) -> tuple:
@@ -102,6 +104,29 @@ def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:
     if value == "min":
         value = -jnp.inf if jnp.issubdtype(arr.dtype, jnp.floating) else jnp.iinfo(arr.dtype).min
     return jnp.where(mask, arr, jnp.asarray(value, dtype=arr.dtype))
+
+
+def positions(shape: tuple, comps: tuple, sizes: Any) -> Any:
+    """Inside a trace: the logical row-major flat index of every position of
+    an array of ``shape`` padded as ``comps`` (per dim, its components'
+    ``(physical size, dynamic)``), the dynamic components' logical sizes
+    being the run-time ``sizes`` in order."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    sizes = iter(sizes)
+    coords = []  # (coordinate, logical size) per component, outermost first
+    for d, dim in enumerate(comps):
+        i = lax.broadcasted_iota("int32", shape, d)
+        inner = math.prod(p for p, _ in dim)
+        for p, dynamic in dim:
+            inner //= p
+            coords.append(((i // inner) % p if inner != 1 or p != shape[d] else i % p,
+                           next(sizes) if dynamic else p))
+    flat = jnp.zeros(shape, jnp.int32)
+    for coordinate, n in coords:
+        flat = flat * n + coordinate
+    return flat
 
 
 _cut_programs: dict[tuple, Any] = {}

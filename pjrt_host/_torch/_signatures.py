@@ -137,7 +137,14 @@ def encode_padded(v: Any, dyn: list, devs: list, fill: Any, reads: dict) -> Any:
         dyn.append(read.offset)
     for sizes in read.sizes:
         dyn.extend(sizes)
-    return PaddedSpec(storage.jax_dtype, read.physical, read.view, read.masks, fill)
+    return PaddedSpec(storage.jax_dtype, read.physical, read.view, read.masks, fill,
+                      tuple(tuple((c[0], c[2]) for c in dim) for dim in read.comps))
+
+
+#: The padded arrays :func:`decode` read in the trace being made, with the
+#: logical positions of their elements (a random lowering's draws use them:
+#: ``LoweringContext.draw_positions``); the engine empties it per trace.
+decoded_positions: list = []
 
 
 def decode(x: Any, it: Any, inputs: list) -> Any:
@@ -153,6 +160,8 @@ def decode(x: Any, it: Any, inputs: list) -> Any:
         inputs.append((arr, offset))
         arr = _strided.read(arr, x.view, offset)
         sizes = [next(it) for terms in x.masks for _ in terms]
+        shape, comps = tuple(arr.shape), x.comps
+        decoded_positions.append((shape, lambda: _padding.positions(shape, comps, sizes)))
         return _padding.fill(arr, x.masks, sizes, x.fill)
     if t is tuple:
         return x[1]
