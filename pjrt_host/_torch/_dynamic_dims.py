@@ -557,7 +557,11 @@ def join(tensors: list, dim: int) -> JaxTensor | None:
     every length of a bucket runs one program.  None: not such a call
     (dynamic shapes off, no tensor padded along ``dim``, other dims that do
     not line up, a view that is not a physical one)."""
-    if not tensors or not _config.current().dynamic_shapes or not all(type(t) is JaxTensor for t in tensors):
+    if not _config.current().dynamic_shapes or not all(type(t) is JaxTensor for t in tensors):
+        return None
+    # torch skips an empty 1-d tensor in a cat (a cache's initial torch.tensor([]))
+    tensors = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
+    if not tensors:
         return None
     first = tensors[0]
     ndim = first.dim()
