@@ -254,12 +254,13 @@ class CompiledOp:
         devs: list[Any] = []
         slots = self.scalar_slots if self.dynamic else ()
         fill_of = _dynamic_dims.fill_of
+        draws = self.lowering.needs_rng
         try:
             key_args = tuple([encode_dynamic(v, dyn, devs) if i in slots and id(v) not in reads
-                              else encode_padded(v, dyn, devs, fill_of(rule, i, args, kwargs), reads)
+                              else encode_padded(v, dyn, devs, fill_of(rule, i, args, kwargs), reads, draws)
                               for i, v in enumerate(args)])
             key_kwargs = tuple([(k, encode_dynamic(v, dyn, devs) if k in slots and id(v) not in reads
-                                 else encode_padded(v, dyn, devs, fill_of(rule, k, args, kwargs), reads))
+                                 else encode_padded(v, dyn, devs, fill_of(rule, k, args, kwargs), reads, draws))
                                 for k, v in kwargs.items()]) if kwargs else ()
         except ForeignFirst:
             return self._exact(args, kwargs, "a tensor on another device")

@@ -51,6 +51,9 @@ class PaddedSpec(NamedTuple):
     fill: Any
     #: per dim of the view, its components' ``(physical size, dynamic)``
     comps: tuple = ()
+    #: whether the program takes the logical sizes (it fills the padding or
+    #: draws per logical element)
+    sized: bool = True
 
 
 def physical_shape(padded: tuple) -> tuple:
@@ -127,6 +130,25 @@ def positions(shape: tuple, comps: tuple, sizes: Any) -> Any:
     for coordinate, n in coords:
         flat = flat * n + coordinate
     return flat
+
+
+_scalars: dict[tuple, Any] = {}
+
+
+def device_scalar(n: int, index: int) -> Any:
+    """``n`` as an int32 array on device ``index``, made once per value: a
+    host scalar costs a transfer on every call of the program."""
+    found = _scalars.get((n, index))
+    if found is None:
+        import jax
+        import numpy as np
+
+        from ._devices import jax_device
+
+        if len(_scalars) > 4096:
+            _scalars.clear()
+        found = _scalars[(n, index)] = jax.device_put(np.int32(n), jax_device(index))
+    return found
 
 
 _cut_programs: dict[tuple, Any] = {}

@@ -120,13 +120,13 @@ def encode_dynamic(v: Any, dyn: list, devs: list) -> Any:
     return encode(v, dyn, devs)
 
 
-def encode_padded(v: Any, dyn: list, devs: list, fill: Any, reads: dict) -> Any:
+def encode_padded(v: Any, dyn: list, devs: list, fill: Any, reads: dict, draws: bool = False) -> Any:
     """:func:`encode` for an op with a padded rule: a tensor in ``reads``
     (``id`` -> its ``_dynamic_dims.PaddedRead``) becomes a ``PaddedSpec``
     (its storage array, view offset and logical sizes passed at run time),
     its padding given ``fill`` before the lowering reads it."""
     if type(v) is list or type(v) is tuple:
-        return SequenceArg([encode_padded(x, dyn, devs, fill, reads) for x in v])
+        return SequenceArg([encode_padded(x, dyn, devs, fill, reads, draws) for x in v])
     read = reads.get(id(v)) if type(v) is JaxTensor else None
     if read is None:
         return encode(v, dyn, devs)
@@ -135,10 +135,15 @@ def encode_padded(v: Any, dyn: list, devs: list, fill: Any, reads: dict) -> Any:
     dyn.append(storage._array)
     if read.view is not None:
         dyn.append(read.offset)
-    for sizes in read.sizes:
-        dyn.extend(sizes)
+    # the logical sizes, where the program reads them: to fill the padding,
+    # or to draw per logical element (an elementwise op reads none)
+    sized = fill is not None or draws
+    if sized:
+        index = storage.place
+        for sizes in read.sizes:
+            dyn.extend([_padding.device_scalar(n, index) for n in sizes])
     return PaddedSpec(storage.jax_dtype, read.physical, read.view, read.masks, fill,
-                      tuple(tuple((c[0], c[2]) for c in dim) for dim in read.comps))
+                      tuple(tuple((c[0], c[2]) for c in dim) for dim in read.comps), sized)
 
 
 #: The padded arrays :func:`decode` read in the trace being made, with the
@@ -159,6 +164,8 @@ def decode(x: Any, it: Any, inputs: list) -> Any:
         offset = next(it) if x.view is not None else 0
         inputs.append((arr, offset))
         arr = _strided.read(arr, x.view, offset)
+        if not x.sized:
+            return arr
         sizes = [next(it) for terms in x.masks for _ in terms]
         shape, comps = tuple(arr.shape), x.comps
         decoded_positions.append((shape, lambda: _padding.positions(shape, comps, sizes)))
