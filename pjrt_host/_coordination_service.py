@@ -86,7 +86,7 @@ def keep_alive(host: str, port: int, rank: int) -> None:
     sock.settimeout(None)
     sock.sendall(f"rank {rank}\n".encode())
     _kept.append(sock)
-    listener = threading.Thread(target=_listen, args=(sock,), name="pjrt_host dead peers", daemon=True)
+    listener = threading.Thread(target=_listen, args=(sock, rank), name="pjrt_host dead peers", daemon=True)
     listener.start()
     atexit.register(leave)
 
@@ -102,7 +102,7 @@ def leave() -> None:
             pass
 
 
-def _listen(sock: socket.socket) -> None:
+def _listen(sock: socket.socket, me: int) -> None:
     from . import _peers
 
     buffer = b""
@@ -118,7 +118,7 @@ def _listen(sock: socket.socket) -> None:
             line, buffer = buffer.split(b"\n", 1)
             words = line.decode(errors="replace").split()
             if len(words) == 2 and words[0] == "dead" and words[1].isdigit():
-                _peers.report_dead(int(words[1]))
+                _peers.report_dead(int(words[1]), me)
 
 
 def _serve(bind_address: str, num_processes: int, heartbeat_timeout: int, timeout: float, host: str) -> int:

@@ -375,6 +375,28 @@ INTERNALS: tuple[Internal, ...] = (
         pins=("tests/test_distributed.py",),
     ),
     Internal(
+        names=("jax._src.distributed._jax", "jaxlib._jax", "jaxlib._jax.get_distributed_runtime_service"),
+        files=("pjrt_host/_process.py", "pjrt_host/_coordination_service.py"),
+        why="jax.distributed.initialize() starts the coordination service inside process 0, not recoverable, "
+            "and its clients abort the process when a peer dies; pjrt_host starts the service in a child "
+            "process of its own with jaxlib's constructor (recoverable=True) and has initialize() skip starting "
+            "one for the call, so a dead rank's survivors get a Python error and can save their state.",
+        fallback="PJRT_HOST_COORDINATION_SERVICE=rank0: jax's own start-up, where a dead peer aborts the "
+                 "survivors (docs/distributed.md, 'Dead peers').",
+        pins=("tests/test_dead_peers.py::test_rank_1_killed_mid_training",
+              "tests/test_dead_peers.py::test_rank_0_killed_mid_training"),
+    ),
+    Internal(
+        names=("._dynamo_dynamic_indices",),
+        files=("pjrt_host/_torch/_dynamic_dims.py",),
+        why="torch._dynamo.mark_dynamic(t, d) writes its marks on the tensor; no public API reads them back, "
+            "and eager dynamic dimensions honour them as dynamo does.",
+        fallback="read with getattr and a default: without it mark_dynamic does nothing in eager, and a dim "
+                 "becomes dynamic at its third size at a place.",
+        pins=("tests/test_dynamic_shapes.py::test_mark_dynamic_pads_at_the_first_call",),
+        probe="(lambda t: (torch._dynamo.mark_dynamic(t, 0), t)[1])(torch.zeros(2))",
+    ),
+    Internal(
         names=("jax._src.clusters", "jax._src.clusters.ClusterEnv._cluster_types"),
         files=("pjrt_host/_process.py",),
         why="jax's cluster detection (SLURM, Open MPI, ...) gives the layout when no torchrun variables "

@@ -37,10 +37,11 @@ def describe() -> str:
     return f"rank{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} of the job died"
 
 
-def report_dead(rank: int) -> None:
-    """The coordination service's process saw ``rank`` die."""
+def report_dead(rank: int, me: int) -> None:
+    """The coordination service's process saw ``rank`` die (``me``: this
+    process's rank)."""
     global _timer
-    from . import _env, _process
+    from . import _env
 
     with _lock:
         if rank in _dead:
@@ -51,8 +52,6 @@ def report_dead(rank: int) -> None:
             grace = _env.dead_peer_grace()
             _timer = threading.Timer(grace, _end, args=(grace,))
             _timer.daemon = True
-    layout = _process.current_layout()
-    me = layout.rank if layout is not None else "?"
     print(f"pjrt_host: rank {me}: rank {rank} of the job died (its connection to the coordination service's "
           "process closed without a goodbye). This process goes on so that it can save its state; its next "
           "collective with that rank raises." + (f" It is ended in {_env.dead_peer_grace():g} s if it has not "

@@ -134,6 +134,8 @@ PACKAGE_LAYERS = [
     ["pjrt_host._discovery"],
     ["pjrt_host._registry", "pjrt_host._doctor"],
     ["pjrt_host._program_files"],  # the program cache's files: a private directory, sealed entries
+    ["pjrt_host._peers"],  # what this process heard of dead ranks
+    ["pjrt_host._coordination_service"],  # jax's coordination service in a process of its own
     ["pjrt_host._process", "pjrt_host._program_cache"],
     ["pjrt_host._runtime"],
     ["pjrt_host._collectives", "pjrt_host._launch"],

@@ -68,6 +68,8 @@ CHANGES_ELSEWHERE = {
     # jax's own state has one module per concern, with tests of their own.
     "pjrt_host._jax_settings": "every jax setting and cache switch (test_layers: jax settings change in one module)",
     "pjrt_host._runtime": "jax's backend table, where the plugin's client is made (the only code on jaxlib's plugin API)",
+    "pjrt_host._process": "jax.distributed's start-up, for the one call that joins a coordination service run in a "
+                          "process of its own (test_dead_peers)",
 }
 
 

@@ -443,7 +443,7 @@ def _cast_when_padded(handler: Handler) -> Handler:
         if type(x) is _tensor.JaxTensor and x._storage.padded is not None and isinstance(other, torch.Tensor):
             if x.dtype == other.dtype:
                 return torch.ops.aten.clone.default(x)  # a new tensor sharing the padded array
-            return torch.ops.aten._to_copy.default(x, dtype=other.dtype)
+            return x.to(other.dtype)  # the padded cast
         return handler(args, kwargs)
     return handle
 

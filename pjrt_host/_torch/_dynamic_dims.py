@@ -500,7 +500,7 @@ _SIZES = 3
 
 def _is_parameter(t: JaxTensor) -> bool:
     """An ``nn.Parameter`` (this class, marked): its shapes never change."""
-    return getattr(t, "_is_param", False)
+    return bool(t.__dict__.get("_is_param", False))
 
 
 def _library_dirs() -> tuple[str, ...]:
