@@ -199,6 +199,25 @@ def test_a_mask_times_floats_gives_ieee_zeros_and_nans_as_cpu():
                 torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
 
 
+def test_softmax_of_a_0dim_tensor_as_cpu_computes_it():
+    """softmax / log_softmax of one element: 1 / 0, or NaN for NaN and
+    +-inf as CPU's exp(x - x) gives; its backward runs (the sum over the
+    0-dim input raised "axis 0 is out of bounds"; both found by
+    tests/fuzz_programs.py)."""
+    for value in (0.5, float("nan"), float("inf"), -float("inf")):
+        for fn in (torch.softmax, torch.log_softmax):
+            want = fn(torch.tensor(value), 0)
+            got = fn(torch.tensor(value, device=DEV), -1).cpu()
+            torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    for fn in (torch.softmax, torch.log_softmax):
+        grads = []
+        for dev in ("cpu", DEV):
+            x = torch.tensor(2.0, device=dev, requires_grad=True)
+            (fn(x, 0) * 3).sum().backward()
+            grads.append(x.grad.cpu())
+        torch.testing.assert_close(grads[1], grads[0])
+
+
 def test_uint8_index_is_a_mask_as_on_cpu():
     x = torch.arange(12.0).reshape(3, 4)
     mask = torch.tensor([1, 0, 1], dtype=torch.uint8)
