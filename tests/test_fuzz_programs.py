@@ -33,11 +33,11 @@ def _no_mismatch(stats: dict) -> None:
 
 def test_a_fixed_sample_of_programs_agrees_with_cpu_in_every_mode(tmp_path):
     started = time.monotonic()
-    stats = fuzz_programs.fuzz(7000, 320, (), str(tmp_path), schedule=SCHEDULE, min_ops=5, max_ops=14,
+    stats = fuzz_programs.fuzz(7000, 192, (), str(tmp_path), schedule=SCHEDULE, min_ops=5, max_ops=10,
                                shrink_budget=60, log=lambda line: None)
     _no_mismatch(stats)
-    assert stats["programs"] == 320
-    assert all(stats["runs"][m] >= 19 for m in fuzz_programs.MODES), stats["runs"]
+    assert stats["programs"] == 192
+    assert min(stats["runs"].values()) >= 5, stats["runs"]  # compile: only programs CPU runs whole
     assert stats["cpu_errors"] > 10  # refusals are compared too, not only successes
     print(f"{stats['programs']} programs, {stats['statements']} statements in {time.monotonic() - started:.1f} s")
 
