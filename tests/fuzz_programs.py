@@ -798,7 +798,8 @@ def run_compiled(program: Program, device: str) -> Outcome:
         try:
             values = fn(device, *leaves)
         except Exception as err:  # noqa: BLE001
-            return Outcome({-1: type(err)}, {}, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            text = " ".join(line.strip() for line in str(err).splitlines()[:3])
+            return Outcome({-1: type(err)}, {}, f"{type(err).__name__}: {text}")
         ns.update(values)
         for i, s in enumerate(program.stmts):
             if s.post:
@@ -845,6 +846,14 @@ def compare(program: Program, cpu: Outcome, dev: Outcome, mode: str, reference: 
     (each starting with its kind: error, final, missing, dtype, shape,
     values, random, alias, view, stride, version, grad)."""
     out = []
+    if dev.final_error and mode == "compile" and not cpu.final_error:
+        if dev.final_error.startswith("TorchRuntimeError") and "fake tensor" in dev.final_error and any(
+                st.empty_inputs for st in program.stmts):
+            return [f"known: torch.compile's tracing refused the program ({dev.final_error[:120]}) "
+                    f"({KNOWN['empty-inputs']})"]
+        if dev.final_error.startswith("BackendCompilerFailed") and "modified by an inplace operation" in \
+                dev.final_error:
+            return [f"known: {KNOWN['compile-saved-mutation']}"]
     if dev.final_error:
         return [f"final: the device raised {dev.final_error} after the statements (CPU: "
                 f"{cpu.final_error or 'nothing'})"]
@@ -941,6 +950,9 @@ def compare(program: Program, cpu: Outcome, dev: Outcome, mode: str, reference: 
 KNOWN = {
     "empty-inputs": "CPU's kernels run no code for empty tensors, so CPU accepts dtypes there that it refuses "
                     "for any other size; the device refuses them at every size (docs/fuzzing.md)",
+    "compile-saved-mutation": "torch.compile refuses, when it compiles, an in-place write to a value the "
+                              "backward needs, which eager refuses only in a backward (aot_eager on CPU too; "
+                              "docs/fuzzing.md)",
 }
 
 
@@ -1085,6 +1097,7 @@ import torch
 import pjrt_host
 
 warnings.simplefilter("ignore")
+F = torch.nn.functional
 {HELPERS}
 
 {head}{body}
