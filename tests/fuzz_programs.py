@@ -510,7 +510,7 @@ def op_shape(g: Gen) -> None:
             gshape = list(t.shape)
             gshape[d] = 2
             gi = torch.randint(0, size, gshape, generator=torch.Generator().manual_seed(r.randrange(99)))
-            opts.append(f"torch.gather({{}}, {d}, torch.tensor({gi.tolist()}, device=DEV))")
+            opts.append(f"torch.gather({{}}, {d}, torch.tensor({gi.tolist()}, dtype=torch.long, device=DEV))")
         if n == 2:
             opts += ["torch.tril({})", "torch.triu({}, 1)"]
         if not g.flags[a][0]:  # a random value's mask has another shape on the device (its draws differ)
