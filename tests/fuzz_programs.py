@@ -92,6 +92,9 @@ class Program:
     flags: dict[str, tuple[bool, bool]]
     #: leaves with requires_grad, whose .grad is compared.
     grads: tuple[str, ...] = ()
+    #: name -> the least precise float dtype its value went through (a
+    #: float32 result cast to float64 is compared with float32's tolerance).
+    precision: dict = dataclasses.field(default_factory=dict)
     #: names an op CPU refused had written to (and what shares their
     #: storage): what a failed op leaves behind is unspecified (CPU's out=
     #: kernels resize before they check dtypes), so they are not compared.
@@ -115,8 +118,8 @@ class Program:
                 gone.update(s.defines)
                 continue
             kept.append(s)
-        return Program(self.seed, kept, self.flags, tuple(g for g in self.grads if g not in gone), self.unspecified,
-                       self.grown)
+        return Program(self.seed, kept, self.flags, tuple(g for g in self.grads if g not in gone), self.precision,
+                       self.unspecified, self.grown)
 
     def source(self) -> str:
         return "\n".join(s.text for s in self.stmts)
@@ -179,6 +182,7 @@ class Gen:
         self.grads: list[str] = []
         self.unspecified: set[str] = set()
         self.grown: set[str] = set()
+        self.precision: dict[str, torch.dtype] = {}
 
     # --- helpers for op writers
     def new(self) -> str:
@@ -261,8 +265,11 @@ class Gen:
         self.stmts.append(stmt)
         rnd = stmt.random or any(self.flags[u][0] for u in stmt.uses if u in self.flags)
         ex = stmt.exact and all(self.flags[u][1] for u in stmt.uses if u in self.flags)
+        inputs = [self.precision[u] for u in stmt.uses if u in self.precision]
         for n in stmt.defines:
             self.flags[n] = (rnd, ex and _looks_exact(self.ns[n]))
+            if isinstance(self.ns[n], torch.Tensor):
+                self.precision[n] = _loosest(inputs + [self.ns[n].dtype])
         for n, t in before.items():
             resized = tuple(t.shape) != shapes[n] and not stmt.text.startswith(f"{n}.")  # an out= resize
             key = t.untyped_storage()._cdata
@@ -278,6 +285,7 @@ class Gen:
                 if n == w or (key is not None and _storage(t) == key):
                     r0, e0 = self.flags[n]
                     self.flags[n] = (r0 or rnd, e0 and ex and _looks_exact(t))
+                    self.precision[n] = _loosest(inputs + [self.precision.get(n, t.dtype)])
         return True
 
     def finish_backward(self) -> None:
@@ -289,6 +297,13 @@ class Gen:
 def _storage(t: torch.Tensor):
     s = t.untyped_storage()
     return s.data_ptr() if s.nbytes() else None
+
+
+def _loosest(dtypes: list) -> torch.dtype:
+    """The float dtype of widest tolerance among ``dtypes`` (float64 if none)."""
+    order = [torch.bfloat16, torch.float32, torch.float64]
+    floats = [d for d in dtypes if d in order]
+    return min(floats, key=order.index) if floats else torch.float64
 
 
 def _row_major_owner(t: torch.Tensor) -> bool:
@@ -627,8 +642,8 @@ def op_out(g: Gen) -> None:
                    f"torch.cat([{a}, {a}], out={c})" if g.t(a).dim() else f"torch.abs({a}, out={c})",
                    f"torch.maximum({a}, {b}, out={c})", f"torch.clamp({a}, 0, 2, out={c})",
                    f"torch.matmul({a}, {b}, out={c})", f"torch.where({a} > 0, {a}, {b}, out={c})"])
-    key = _storage(g.t(c))
-    if key is not None and key in (_storage(g.t(a)), _storage(g.t(b))):
+    key = g.t(c).untyped_storage()._cdata
+    if key in (g.t(a).untyped_storage()._cdata, g.t(b).untyped_storage()._cdata):
         # out= sharing memory with an input: torch refuses partial overlap
         # in elementwise ops, and leaves a resized or reduced one undefined
         # (CPU resizes out, its input, before it reads it)
@@ -668,7 +683,8 @@ def generate(seed: int, min_ops: int = 5, max_ops: int = 30) -> Program:
                 pass
         if g.grads and g.rng.random() < 0.8:
             g.finish_backward()
-    return Program(seed, g.stmts, g.flags, tuple(g.grads), frozenset(g.unspecified), frozenset(g.grown))
+    return Program(seed, g.stmts, g.flags, tuple(g.grads), g.precision, frozenset(g.unspecified),
+                   frozenset(g.grown))
 
 
 # ---------------------------------------------------------------------------
@@ -826,9 +842,11 @@ def _groups(tensors: dict[str, Snap], skip: frozenset[str] = frozenset()) -> set
     return {frozenset(v) for v in by.values() if len(v) > 1}
 
 
-def _values_differ(got: torch.Tensor, want: torch.Tensor, exact: bool, loose: bool = False) -> str:
+def _values_differ(got: torch.Tensor, want: torch.Tensor, exact: bool, loose: bool = False,
+                   precision: torch.dtype | None = None) -> str:
     if want.is_floating_point() and not exact:
-        tol = TOLERANCES.get(want.dtype, {})
+        # the tolerance of the least precise float the value went through
+        tol = TOLERANCES.get(_loosest([want.dtype, precision or want.dtype]), {})
         if loose:
             tol = {k: v * 10 for k, v in tol.items()}
     else:
@@ -907,7 +925,7 @@ def compare(program: Program, cpu: Outcome, dev: Outcome, mode: str, reference: 
         if got.shape != want.shape:
             continue
         if not rnd:
-            why = _values_differ(got.values, want.values, exact)
+            why = _values_differ(got.values, want.values, exact, precision=program.precision.get(base))
             if why:
                 out.append(f"values: {name} ({'exact' if exact else 'inexact'} {want.dtype}): {why}")
         elif reference is not None and name in reference.tensors:
