@@ -183,6 +183,12 @@ class Gen:
         self.unspecified: set[str] = set()
         self.grown: set[str] = set()
         self.precision: dict[str, torch.dtype] = {}
+        #: storages a computing op laid out other than row-major on CPU
+        #: (their tensors may look contiguous later, after t_())
+        self.odd_layout: set[int] = set()
+
+    def layout_ok(self, t: torch.Tensor) -> bool:
+        return _row_major_owner(t) and t.untyped_storage()._cdata not in self.odd_layout
 
     # --- helpers for op writers
     def new(self) -> str:
@@ -242,7 +248,7 @@ class Gen:
         used = [before[u] for u in stmt.uses if u in before]
         stmt.empty_inputs = bool(used) and all(t.numel() == 0 for t in used)
         shapes = {n: tuple(t.shape) for n, t in before.items()}
-        row_major = {n: _row_major_owner(t) for n, t in before.items()}
+        row_major = {n: self.layout_ok(t) for n, t in before.items()}
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -265,6 +271,10 @@ class Gen:
         self.stmts.append(stmt)
         rnd = stmt.random or any(self.flags[u][0] for u in stmt.uses if u in self.flags)
         ex = stmt.exact and all(self.flags[u][1] for u in stmt.uses if u in self.flags)
+        for n in stmt.defines:
+            t = self.ns[n]
+            if isinstance(t, torch.Tensor) and t._base is None and not t.is_contiguous():
+                self.odd_layout.add(t.untyped_storage()._cdata)
         inputs = [self.precision[u] for u in stmt.uses if u in self.precision]
         for n in stmt.defines:
             self.flags[n] = (rnd, ex and _looks_exact(self.ns[n]))
@@ -493,7 +503,7 @@ def op_view(g: Gen) -> None:
             stride = r.choice([(cols, 1), (1, rows), (0, 1)])
             opts.append(f"{{}}.as_strided(({rows}, {cols}), {stride}, {off})")
     fn = g.choice(opts)
-    if fn.startswith(LAYOUT_READERS) and not _row_major_owner(t):
+    if fn.startswith(LAYOUT_READERS) and not g.layout_ok(t):
         raise Skip
     o = g.new()
     g.add(Stmt(f"{o} = " + fn.format(a), (o,), (a,)))
@@ -532,7 +542,7 @@ def op_shape(g: Gen) -> None:
             opts += ["{0}[{0} > 0]" if t.dtype is not torch.bool else "{0}[{0}]", "torch.nonzero({})",
                      "torch.masked_select({0}, {0} != 0)"]
     fn = g.choice(opts)
-    if fn.startswith(LAYOUT_READERS) and not _row_major_owner(t):
+    if fn.startswith(LAYOUT_READERS) and not g.layout_ok(t):
         raise Skip
     o = g.new()
     g.add(Stmt(f"{o} = " + fn.format(a), (o,), tuple(sorted(set(re.findall(r"\bv\d+\b", fn.format(a)))))))

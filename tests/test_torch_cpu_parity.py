@@ -183,6 +183,19 @@ def test_a_copy_that_would_broadcast_the_destination_raises_cpus_runtime_error()
         assert jax_type is cpu_type is RuntimeError and jax_text == cpu_text
 
 
+def test_a_copy_of_a_tensor_into_itself_is_nothing_as_on_cpu():
+    """``t.copy_(t)`` returns at once, as torch's copy_ does, even where t
+    overlaps itself (an expanded tensor): it raised the overlap error
+    (found by tests/fuzz_programs.py); a copy from another tensor into an
+    overlapping one still raises it."""
+    for dev in ("cpu", DEV):
+        t = torch.tensor([3], device=dev).expand(2, 3)
+        assert t.copy_(t) is t and t.cpu().tolist() == [[3, 3, 3]] * 2
+    (cpu_type, _), (jax_type, _) = _errors(
+        lambda d: torch.tensor([3], device=d).expand(2, 3).copy_(torch.ones(2, 3, device=d)))
+    assert jax_type is cpu_type is RuntimeError
+
+
 def test_a_mask_times_floats_gives_ieee_zeros_and_nans_as_cpu():
     """bool * float is 0 * y where the mask is False: -0.0 for a negative
     y, NaN for inf and NaN (XLA's rewrite of convert(mask) * y into a

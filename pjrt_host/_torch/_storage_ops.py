@@ -123,6 +123,8 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
     if not isinstance(dst, JaxTensor):
         # A torch tensor (CPU, ...) receiving a 'jax' tensor's values.
         return dst.copy_(to_torch(src, dst.device))
+    if src is dst:  # torch's copy_ returns at once (before its overlap check): x.expand(2, 3).copy_(itself)
+        return dst
     check_out_overlap([dst], "copy_")
     index = dst._storage.device_index
     if isinstance(src, JaxTensor):
