@@ -124,6 +124,24 @@ def test_backend_is_registered_and_loads_lazily():
     assert "ok" in proc.stdout
 
 
+def test_a_compiled_function_may_be_the_first_to_make_a_jax_tensor():
+    """The device loads when a compiled graph is, not only at the first
+    eager op: a function whose ``x.to('jax')`` makes the process's first
+    'jax' tensor returns tensors that work outside it (they raised "the
+    'jax' device is not registered" at their first op; found by
+    tests/fuzz_programs.py)."""
+    code = (
+        "import torch, pjrt_host\n"
+        "f = torch.compile(lambda x: (x.to('jax') + 1, x.to('jax') > 1), backend='jax')\n"
+        "y, m = f(torch.arange(3.0))\n"
+        "assert y.device.type == 'jax' and (y * 2).cpu().tolist() == [2.0, 4.0, 6.0], y\n"
+        "assert m.cpu().tolist() == [False, False, True]\n"
+        "print('ok')\n")
+    proc = run_python(["-c", code], env={"JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ok" in proc.stdout
+
+
 def test_fullgraph_with_eager_backend():
     # Dynamo wraps 'jax' tensors as tensors (builder.py's identity check on
     # __torch_dispatch__): no graph break, the graph gets the JaxTensors.

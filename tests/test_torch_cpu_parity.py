@@ -146,6 +146,91 @@ def test_out_tensors_are_resized_as_torch_resizes_them():
         assert x.resize_as_(torch.ones(1, 3, device=dev)).cpu().tolist() == [[0.0, 1.0, 2.0]]
 
 
+def test_an_out_view_resized_within_its_storage_writes_into_it_as_on_cpu():
+    """An out= view resized to a larger result that fits its storage is
+    resized there, as CPU resizes it: the base (and every view of that
+    storage) sees the values, the out tensor keeps its storage.  It used to
+    get a storage of its own, leaving the base unchanged (found by
+    tests/fuzz_programs.py).  Growing past the storage is the one case left
+    (docs/fuzzing.md)."""
+    import warnings
+
+    results = {}
+    for dev in ("cpu", DEV):
+        for mode in ("op", "fused"):
+            with pjrt_host.config(eager=mode), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                x = torch.ones(3, device=dev)
+                base = torch.zeros(6, device=dev)
+                out = base[1:3]
+                torch.add(x, x, out=out)
+                storage_kept = out.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+                ints = torch.full((8,), -1, dtype=torch.long, device=dev)
+                torch.nonzero(torch.tensor([1.0, 0.0, 2.0], device=dev), out=ints[:1])
+                results[dev, mode] = (base.cpu().tolist(), out.shape, out.stride(), out._version, storage_kept,
+                                      ints.cpu().tolist())
+    expected = ([0.0, 2.0, 2.0, 2.0, 0.0, 0.0], (3,), (1,), 1, True, [0, 2, -1, -1, -1, -1, -1, -1])
+    assert results == {key: expected for key in results}
+
+
+def test_a_copy_that_would_broadcast_the_destination_raises_cpus_runtime_error():
+    """copy_ broadcasts the source to the destination, never the other way:
+    a source of more dimensions or elements raises torch's RuntimeError
+    (it was jax's ValueError, found by tests/fuzz_programs.py)."""
+    for dst, src in (((), (1,)), ((0,), (2, 0)), ((3,), (2, 3))):
+        (cpu_type, cpu_text), (jax_type, jax_text) = _errors(
+            lambda d: torch.zeros(dst, device=d).copy_(torch.ones(src, device=d)))
+        assert jax_type is cpu_type is RuntimeError and jax_text == cpu_text
+
+
+def test_a_copy_of_a_tensor_into_itself_is_nothing_as_on_cpu():
+    """``t.copy_(t)`` returns at once, as torch's copy_ does, even where t
+    overlaps itself (an expanded tensor): it raised the overlap error
+    (found by tests/fuzz_programs.py); a copy from another tensor into an
+    overlapping one still raises it."""
+    for dev in ("cpu", DEV):
+        t = torch.tensor([3], device=dev).expand(2, 3)
+        assert t.copy_(t) is t and t.cpu().tolist() == [[3, 3, 3]] * 2
+    (cpu_type, _), (jax_type, _) = _errors(
+        lambda d: torch.tensor([3], device=d).expand(2, 3).copy_(torch.ones(2, 3, device=d)))
+    assert jax_type is cpu_type is RuntimeError
+
+
+def test_a_mask_times_floats_gives_ieee_zeros_and_nans_as_cpu():
+    """bool * float is 0 * y where the mask is False: -0.0 for a negative
+    y, NaN for inf and NaN (XLA's rewrite of convert(mask) * y into a
+    select gave +0.0 and 0; found by tests/fuzz_programs.py)."""
+    mask = torch.tensor([True, False, False, False, False])
+    y = torch.tensor([-1.0, -2.0, float("inf"), float("nan"), 3.0])
+    for mode in ("op", "fused"):
+        with pjrt_host.config(eager=mode):
+            for a, b in ((mask, y), (y, mask), (mask, y.to(torch.bfloat16)), (mask, torch.tensor(-4.0))):
+                want = a * b
+                got = (a.to(DEV) * b.to(DEV)).cpu()
+                assert torch.equal(got.isnan(), want.isnan()), (mode, a, b)
+                assert torch.equal(got.nan_to_num().view(-1).signbit(), want.nan_to_num().view(-1).signbit())
+                torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+def test_softmax_of_a_0dim_tensor_as_cpu_computes_it():
+    """softmax / log_softmax of one element: 1 / 0, or NaN for NaN and
+    +-inf as CPU's exp(x - x) gives; its backward runs (the sum over the
+    0-dim input raised "axis 0 is out of bounds"; both found by
+    tests/fuzz_programs.py)."""
+    for value in (0.5, float("nan"), float("inf"), -float("inf")):
+        for fn in (torch.softmax, torch.log_softmax):
+            want = fn(torch.tensor(value), 0)
+            got = fn(torch.tensor(value, device=DEV), -1).cpu()
+            torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    for fn in (torch.softmax, torch.log_softmax):
+        grads = []
+        for dev in ("cpu", DEV):
+            x = torch.tensor(2.0, device=dev, requires_grad=True)
+            (fn(x, 0) * 3).sum().backward()
+            grads.append(x.grad.cpu())
+        torch.testing.assert_close(grads[1], grads[0])
+
+
 def test_uint8_index_is_a_mask_as_on_cpu():
     x = torch.arange(12.0).reshape(3, 4)
     mask = torch.tensor([1, 0, 1], dtype=torch.uint8)

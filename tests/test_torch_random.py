@@ -251,3 +251,24 @@ def test_torch_distributions_sample_and_score_on_the_device():
         == [0.0, 0.0]
     tiny = torch.finfo(torch.float32).tiny
     assert cpu(torch._standard_gamma(torch.tensor([-1.0, 0.0], device=DEV))).tolist() == [tiny, tiny]
+
+
+def test_bernoulli_with_a_number_p_draws_whatever_self_holds():
+    """``x.bernoulli_(0.5)`` (p is torch's default, left out of the call's
+    arguments) and ``torch.bernoulli(x, p)`` draw whatever x holds: its values
+    are not probabilities.  The value check took them for p and raised
+    "Expected p_in >= 0 && p_in <= 1" for tensors of 16 elements and more
+    (smaller ones are drawn into a fresh bucket); found by
+    tests/fuzz_programs.py.  A tensor of probabilities is still checked."""
+    import pjrt_host
+
+    for shape in ((16,), (2, 2, 4), (4,)):
+        x = torch.full(shape, 3.0, device="jax")
+        x.bernoulli_(0.5)
+        y = torch.full(shape, -2.0, device="jax").bernoulli_()
+        z = torch.bernoulli(torch.full(shape, 7.0, device="jax"), 0.25)
+        torch.jax.synchronize()
+        for t in (x, y, z):
+            assert set(t.cpu().unique().tolist()) <= {0.0, 1.0}
+    with pjrt_host.config(checks="sync"), pytest.raises(RuntimeError, match="p_in >= 0"):
+        torch.bernoulli(torch.full((16,), 3.0, device="jax"))

@@ -24,7 +24,7 @@ from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 __all__ = [
     "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "argument", "check_results_fit", "check_writable", "config",
     "constraint_sharding", "current_index", "custom_op_kernel", "defer_check", "device_dtype", "device_index",
-    "draw_key", "dynamo_compiling", "eager_dispatch_hooks", "has_index_check", "has_value_check", "host_values",
+    "draw_key", "dynamo_compiling", "eager_dispatch_hooks", "load_device", "has_index_check", "has_value_check", "host_values",
     "index_failure", "index_of_array", "index_sites", "jax_device", "lowering_context", "next_key_args",
     "note_result", "our_trace", "out_of_memory", "put_storage", "read", "storage", "storage_of", "to_device_array",
     "to_torch", "torch_device", "torch_dtype", "value_sites", "wrap", "write",
@@ -312,6 +312,15 @@ def custom_op_kernel(op: Any) -> Any:
     from .._torch._dispatch import custom_op_kernel
 
     return custom_op_kernel(op)
+
+
+def load_device() -> None:
+    """Load the device (its dispatcher on the tensor class) if no eager op
+    has yet: a compiled function may be the first to make a 'jax' tensor
+    (``x.to('jax')`` inside it), and its results must work outside it."""
+    from .._torch import _loader
+
+    _loader.device()
 
 
 def eager_dispatch_hooks() -> list[tuple[Any, str]]:

@@ -133,6 +133,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> An
         unknown = sorted(set(kwargs) | set(options))
         raise TypeError(f"pjrt_host: torch.compile(backend='jax') takes no options; got {', '.join(unknown)}. "
                         "Device settings (matmul precision) come from pjrt_host.config(...) around the call.")
+    _door.load_device()
     custom = _custom_op_decompositions(gm)
     if custom:
         return _make_aot_backend(custom)(gm, example_inputs)

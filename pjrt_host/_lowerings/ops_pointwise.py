@@ -46,8 +46,17 @@ def rsub(x, other, alpha=1):
 
 @lowering("aten::mul.Tensor", "aten::mul.Scalar")
 def mul(x, other):
+    flags = [getattr(v, "dtype", None) == jnp.bool_ for v in (x, other)]
     dtype, (x, other) = promote(x, other, scalars_in_opmath=True)
-    return x & other if dtype == torch.bool else x * other
+    if dtype == torch.bool:
+        return x & other
+    if flags[0] != flags[1]:
+        # XLA rewrites convert(mask) * y into select(mask, y, 0), which is
+        # not IEEE's 0 * y (-0.0 for a negative y, NaN for inf and NaN), as
+        # torch CPU computes it; y * 0 it leaves alone.
+        mask, y = (x, other) if flags[0] else (other, x)
+        return jnp.where(mask != 0, y, y * 0)
+    return x * other
 
 
 @lowering("aten::div.Tensor", "aten::div.Scalar", "aten::true_divide.Tensor", "aten::true_divide.Scalar")

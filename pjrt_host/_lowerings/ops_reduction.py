@@ -339,8 +339,8 @@ def softmax(x, dim, half_to_float=False, *, dtype=None):
     if not isinstance(half_to_float, bool):  # softmax.int(x, dim, dtype)
         dtype, half_to_float = half_to_float, False
     x = _softmax_input(x, dtype, half_to_float)
-    if x.ndim == 0:
-        return jnp.ones_like(x)
+    if x.ndim == 0:  # one element: 1, or NaN for NaN and inf (exp(x - x)), as CPU computes it
+        return jax.nn.softmax(x.reshape(1), axis=0).reshape(())
     return jax.nn.softmax(x, axis=canonical_dim(dim, x.ndim))
 
 
@@ -349,8 +349,8 @@ def log_softmax(x, dim, half_to_float=False, *, dtype=None):
     if not isinstance(half_to_float, bool):
         dtype, half_to_float = half_to_float, False
     x = _softmax_input(x, dtype, half_to_float)
-    if x.ndim == 0:
-        return jnp.zeros_like(x)
+    if x.ndim == 0:  # 0, or NaN for NaN and inf, as CPU computes it
+        return jax.nn.log_softmax(x.reshape(1), axis=0).reshape(())
     return jax.nn.log_softmax(x, axis=canonical_dim(dim, x.ndim))
 
 
@@ -366,13 +366,14 @@ def safe_softmax(x, dim, dtype=None):
 @lowering("aten::_softmax_backward_data")
 def softmax_backward(grad_output, output, dim, input_dtype):
     g = grad_output * output
-    out = g - output * jnp.sum(g, axis=dim, keepdims=True)
+    # a 0-dim input is one element (dim 0 or -1): the sum over it is itself
+    out = g - output * jnp.sum(g, axis=dim if g.ndim else None, keepdims=True)
     return out.astype(optional_jax_dtype(input_dtype))
 
 
 @lowering("aten::_log_softmax_backward_data")
 def log_softmax_backward(grad_output, output, dim, input_dtype):
-    out = grad_output - jnp.exp(output) * jnp.sum(grad_output, axis=dim, keepdims=True)
+    out = grad_output - jnp.exp(output) * jnp.sum(grad_output, axis=dim if grad_output.ndim else None, keepdims=True)
     return out.astype(optional_jax_dtype(input_dtype))
 
 

@@ -469,8 +469,7 @@ class CompiledOp:
                         "and in a future PyTorch release outputs will not be resized unless they have zero "
                         "elements. You can explicitly reuse an out tensor t by resizing it, inplace, to zero "
                         "elements with t.resize_(0).", UserWarning, stacklevel=4)
-                with torch.no_grad():
-                    t.set_(v.to(t.dtype))
+                _meta.resize_out(t, v)
             else:
                 with torch.no_grad():
                     t.copy_(v)

@@ -16,7 +16,7 @@ import torch
 from ._tensor import JaxTensor
 
 __all__ = ["OutputPlan", "OutputSpec", "check_cpu_factory", "check_cpu_kernel", "inside_backward", "probe_key", "check_inplace", "check_out_dtypes", "check_out_overlap",
-           "decode_result", "encode_result", "kernel_error", "meta_view_of", "out_needs_resize", "output_plan", "run_meta"]
+           "decode_result", "encode_result", "kernel_error", "meta_view_of", "out_needs_resize", "output_plan", "resize_out", "run_meta"]
 
 
 def meta_view_of(t: JaxTensor) -> torch.Tensor:
@@ -366,6 +366,24 @@ def out_needs_resize(meta: Any, targets: list) -> bool:
     if results is None or len(results) != len(targets) or not all(isinstance(r, torch.Tensor) for r in results):
         return False
     return any(tuple(r.shape) != tuple(t.shape) for r, t in zip(results, targets))
+
+
+def resize_out(out: Any, result: Any) -> None:
+    """``result`` into the out= tensor ``out`` of another shape, as torch's
+    out= contract resizes it: within its storage when the result fits there
+    (a view's base and the other views of that storage see the write, as on
+    CPU), else onto a storage of its own (torch would grow the shared
+    storage, which a 'jax' storage cannot)."""
+    with torch.no_grad():
+        if out.storage_offset() + result.numel() <= out.untyped_storage().nbytes() // out.element_size():
+            shape = tuple(result.shape)
+            strides = [1] * len(shape)
+            for i in range(len(shape) - 2, -1, -1):
+                strides[i] = strides[i + 1] * max(shape[i + 1], 1)
+            out.set_(out.untyped_storage(), out.storage_offset(), shape, tuple(strides))
+            out.copy_(result)
+        else:
+            out.set_(result.to(out.dtype))
 
 
 #: What torch CPU's kernels refuse that their meta kernels let through, by

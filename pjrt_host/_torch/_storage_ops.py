@@ -133,6 +133,8 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
     if not isinstance(dst, JaxTensor):
         # A torch tensor (CPU, ...) receiving a 'jax' tensor's values.
         return dst.copy_(to_torch(src, dst.device))
+    if src is dst:  # torch's copy_ returns at once (before its overlap check): x.expand(2, 3).copy_(itself)
+        return dst
     check_out_overlap([dst], "copy_")
     index = dst._storage.device_index
     if isinstance(src, JaxTensor):
@@ -146,11 +148,13 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
     shape = tuple(dst.shape)
     if tuple(value.shape) != shape:
         try:
-            np.broadcast_shapes(tuple(value.shape), shape)
+            wide = tuple(np.broadcast_shapes(tuple(value.shape), shape))
         except ValueError:
             raise RuntimeError(
                 f"The size of tensor a ({shape[-1] if shape else 1}) must match the size of tensor b "
                 f"({value.shape[-1] if value.shape else 1}) at non-singleton dimension") from None
+        if wide != shape:  # the source broadcasts to the destination, never the other way (jax's ValueError)
+            raise RuntimeError(f"output with shape {list(shape)} doesn't match the broadcast shape {list(wide)}")
         if dst._view is None:
             value = jnp.broadcast_to(value, shape)
     write(dst, value)
@@ -589,8 +593,7 @@ def write_out(out: Any, result: Any) -> None:
                 "future PyTorch release outputs will not be resized unless they have zero elements. You can "
                 "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
                 UserWarning, stacklevel=5)
-        with torch.no_grad():
-            out.set_(result.to(out.dtype))
+        _meta.resize_out(out, result)
         return
     out.copy_(result)
 

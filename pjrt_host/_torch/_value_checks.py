@@ -577,6 +577,10 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "_linalg_eigh": _eigh,
     "cholesky": _cholesky,
     "bernoulli": _bernoulli,
+    # a Python number p (bernoulli_(p=0.5), bernoulli(self, p)): self's values
+    # are not probabilities, and torch leaves p's default out of args
+    "bernoulli.float": lambda mode, args, kwargs: None,
+    "bernoulli.p": lambda mode, args, kwargs: None,
     "normal": _normal,
     "binary_cross_entropy": _binary_cross_entropy,
     "bincount": _bincount,

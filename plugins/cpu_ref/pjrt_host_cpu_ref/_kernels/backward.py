@@ -25,5 +25,5 @@ def softmax_backward(grad_output, output, dim, input_dtype):
     are computed in float32 and rounded once, as torch's CPU kernel does."""
     wide = jnp.promote_types(output.dtype, jnp.float32)
     g, y = grad_output.astype(wide), output.astype(wide)
-    total = jnp.sum(g * y, axis=dim, keepdims=True)
+    total = jnp.sum(g * y, axis=dim if y.ndim else None, keepdims=True)  # a 0-dim input is one element
     return (y * (g - total)).astype(output.dtype)

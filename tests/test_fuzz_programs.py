@@ -1,0 +1,115 @@
+"""The differential fuzzer of op programs (tests/fuzz_programs.py): a fixed
+sample of random programs agrees with torch CPU in every mode (op by op,
+fused, sync, torch.compile), and the fuzzer itself catches a planted bug and
+shrinks it to a short reproducer.
+
+The sample is cheap on purpose: shapes come from a small set (each new
+shape compiles each op once, ~20-30 ms on XLA:CPU), programs are short, and
+each program runs in one mode of a schedule (compile, the dearest, in one
+of 16).  ``pytest --slow`` runs a longer sample in every mode; the long run
+is ``python tests/fuzz_programs.py --count 20000`` (docs/fuzzing.md)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+import pjrt_host  # noqa: E402,F401  (the device)
+
+import fuzz_programs  # noqa: E402
+from conftest import run_python  # noqa: E402
+
+#: Program k of the sample runs in SCHEDULE[k % 16].
+SCHEDULE = ("op", "fused", "sync") * 5 + ("compile",)
+
+
+def _no_mismatch(stats: dict) -> None:
+    assert stats["found"] == [], fuzz_programs.summary(stats)
+
+
+def test_a_fixed_sample_of_programs_agrees_with_cpu_in_every_mode(tmp_path):
+    started = time.monotonic()
+    stats = fuzz_programs.fuzz(7000, 192, (), str(tmp_path), schedule=SCHEDULE, min_ops=5, max_ops=10,
+                               shrink_budget=60, log=lambda line: None)
+    _no_mismatch(stats)
+    assert stats["programs"] == 192
+    assert min(stats["runs"].values()) >= 5, stats["runs"]  # compile: only programs CPU runs whole
+    assert stats["cpu_errors"] > 10  # refusals are compared too, not only successes
+    print(f"{stats['programs']} programs, {stats['statements']} statements in {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.slow
+def test_a_long_sample_agrees_with_cpu_in_every_mode(tmp_path):
+    stats = fuzz_programs.fuzz(8000, 600, fuzz_programs.MODES, str(tmp_path), compile_every=4,
+                               shrink_budget=60, log=lambda line: None)
+    _no_mismatch(stats)
+
+
+def test_programs_are_what_the_seed_says_and_cover_the_kinds_of_op():
+    a, b = fuzz_programs.generate(11), fuzz_programs.generate(11)
+    assert a.source() == b.source() and a.flags == b.flags
+    text = "\n".join(fuzz_programs.generate(s).source() for s in range(60))
+    for needle in ("requires_grad=True", "backward(", "out=", "_(", ".as_strided(", ".expand(", ".t()",
+                   "torch.randn", "torch.bfloat16", "torch.float64", "torch.int64", "torch.bool", "make(()",
+                   "make((0,)", "[", "@", "torch.cat"):
+        assert needle in text, needle
+
+
+PLANTED = r'''
+import sys
+sys.path.insert(0, "tests")
+import dataclasses, jax.numpy as jnp, torch, pjrt_host
+from pjrt_host import _lowerings
+import fuzz_programs
+
+# the planted bug: maximum computes the minimum (the real engine runs it)
+_lowerings.load_all()
+record = _lowerings._TABLE["aten::maximum"]
+_lowerings._TABLE["aten::maximum"] = dataclasses.replace(record, fn=lambda x, y: jnp.minimum(x, y))
+out = sys.argv[1]
+for seed in range(200):
+    program = fuzz_programs.generate(seed)
+    if "torch.maximum(" not in program.source():
+        continue
+    found = fuzz_programs.check(program, ("op",))
+    if found:
+        kinds = {fuzz_programs._kind(d) for d in found["op"]}
+        small = fuzz_programs.shrink(program, "op", kinds)
+        cpu = fuzz_programs.run(small, "cpu")
+        diffs = fuzz_programs.check(small, ("op",), cpu)["op"]
+        path = f"{out}/repro.py"
+        open(path, "w").write(fuzz_programs.reproducer(small, "op", diffs, cpu))
+        print("FOUND", seed, len(program.stmts), len(small.stmts))
+        print(small.source())
+        break
+'''
+
+
+def test_the_fuzzer_catches_a_planted_bug_and_shrinks_it(tmp_path):
+    """A lowering made wrong (maximum computing the minimum), in a fresh
+    process with its own program cache (so no program compiled from the
+    right lowering is reused): the first program that calls torch.maximum
+    and sees a difference is shrunk to a few statements, and the saved
+    reproducer is a script that runs on its own."""
+    proc = run_python(["-c", PLANTED, str(tmp_path)], env={"JAX_PLATFORMS": "cpu",
+                                                           "PJRT_HOST_CACHE_DIR": str(tmp_path / "programs")},
+                      timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    found = [ln for ln in lines if ln.startswith("FOUND")]
+    assert found, proc.stdout[-2000:]
+    _, seed, before, after = found[0].split()
+    source = "\n".join(lines[lines.index(found[0]) + 1:])
+    assert "torch.maximum(" in source
+    assert int(after) <= 5 < int(before), (before, after, source)
+    repro = tmp_path / "repro.py"
+    text = repro.read_text()
+    assert "values:" in text and "torch.maximum(" in text
+    # the reproducer runs on its own (on the real, unplanted lowering here)
+    ran = run_python([str(repro)], env={"JAX_PLATFORMS": "cpu"}, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert " jax: " in ran.stdout
