@@ -154,8 +154,8 @@ def dynamic_shapes() -> bool | str:
     bucket), ``0`` (every new shape compiles its own programs) or ``all``
     (every dimension of every input of an op that knows padding is dynamic,
     padded to odd buckets: the test mode that shows padding leaking);
-    docs/dynamic-shapes.md.  Default: 0."""
-    value = (text("PJRT_HOST_DYNAMIC_SHAPES") or "0").lower()
+    docs/dynamic-shapes.md.  Default: 1."""
+    value = (text("PJRT_HOST_DYNAMIC_SHAPES") or "1").lower()
     if value == "all":
         return "all"
     if value in _TRUE:

@@ -158,7 +158,7 @@ def test_a_line_that_runs_layers_of_every_width_pads_no_width():
 
 def test_the_setting_is_read_from_the_environment():
     code = "import pjrt_host; print(pjrt_host.config().__enter__().dynamic_shapes)"
-    for value, expected in (("1", "True"), ("0", "False"), ("all", "all")):
+    for value, expected in (("1", "True"), ("0", "False"), ("all", "all"), ("", "True")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**__import__("os").environ, "PJRT_HOST_DYNAMIC_SHAPES": value})
         assert out.stdout.strip().splitlines()[-1] == expected, out.stderr

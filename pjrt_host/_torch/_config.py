@@ -67,7 +67,7 @@ class Config:
     #: bucket, not once per size; False, every shape compiles its own
     #: programs; "all", every dimension is dynamic, padded to odd buckets (a
     #: test mode).  Op-by-op and sync eager; fused eager cuts padded inputs.
-    #: Default: ``PJRT_HOST_DYNAMIC_SHAPES``, else False.
+    #: Default: ``PJRT_HOST_DYNAMIC_SHAPES``, else True.
     dynamic_shapes: bool | str = dataclasses.field(default_factory=lambda: _dynamic_default())
 
     @property

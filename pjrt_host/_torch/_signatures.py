@@ -250,8 +250,8 @@ def note_miss(op: Any, key: tuple) -> None:
             recompiles.warning(
                 "pjrt_host: %s keeps compiling new programs after running warm (%d new signatures after %d reuses; "
                 "the last: %s). Each new shape compiles once: pad or bucket the sizes that change (sequence "
-                "lengths to a multiple of 64, drop_last=True for the last batch), or let pjrt_host pad them "
-                "to buckets (PJRT_HOST_DYNAMIC_SHAPES=1, docs/dynamic-shapes.md). logging.getLogger("
+                "lengths to a multiple of 64, drop_last=True for the last batch); torch.jax.dynamic_shape_stats() "
+                "names the ops that cut padded dims (docs/dynamic-shapes.md). logging.getLogger("
                 "'pjrt_host.recompiles').setLevel('INFO') logs every recompilation.",
                 op.name, op.late_misses, op.hits, difference(prev, key))
     if recompiles.isEnabledFor(logging.INFO):
