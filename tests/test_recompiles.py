@@ -30,8 +30,13 @@ for n in range(9, 20):
 """
 
 
+# With dynamic dimensions off: every new shape compiles (dynamic dimensions
+# would pad the changing length from its third size on: the test below).
+PER_SHAPE = {"PJRT_HOST_DYNAMIC_SHAPES": "0"}
+
+
 def test_an_op_compiling_every_step_after_warm_up_warns_once():
-    proc = run_python(["-c", SCRIPT, "warn"])
+    proc = run_python(["-c", SCRIPT, "warn"], env=PER_SHAPE)
     assert proc.returncode == 0, proc.stderr[-2000:]
     before, after = proc.stdout.split("warm\n")
     assert "WARNING" not in before
@@ -43,10 +48,22 @@ def test_an_op_compiling_every_step_after_warm_up_warns_once():
 
 
 def test_the_recompile_log_says_what_changed():
-    proc = run_python(["-c", SCRIPT, "info"])
+    proc = run_python(["-c", SCRIPT, "info"], env=PER_SHAPE)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "INFO aten::exp compiles a new program: argument 0 float32[2, 3] -> float32[3, 3]" in proc.stdout
     assert "INFO aten::exp compiles a new program: argument 0 float32[29, 3] -> float32[4, 8]" in proc.stdout
+
+
+def test_by_default_a_changing_length_compiles_once_per_bucket():
+    # dynamic dimensions (the default): the length that changes every step is
+    # padded from its third size at that line, and compiles per bucket (16, 32)
+    proc = run_python(["-c", SCRIPT, "info"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before, after = proc.stdout.split("warm\n")
+    assert "WARNING" not in after, after
+    compiles = [line for line in after.splitlines() if "compiles a new program" in line]
+    assert len(compiles) <= 5, after
+    assert "(padded to buckets along dims [1])" in after
 
 
 LISTS = r"""
