@@ -48,7 +48,6 @@ import sys
 import tempfile
 import textwrap
 import time
-import traceback
 import warnings
 from typing import Any, Callable
 
