@@ -390,7 +390,7 @@ def _read_widened(t: JaxTensor, targets: dict) -> tuple:
         r = read_of(t, exact=True)
         if r is None:
             return None, t
-        psize, pstride, masks, sizes, comps = (list(r.psize), [stride_of(r, d) for d in range(t.dim())],
+        psize, pstride, masks, sizes, comps = (list(r.psize), list(r.pstride),
                                                list(r.masks), list(r.sizes), list(r.comps))
         for d, c in targets.items():
             psize[d] = math.prod(x[0] for x in c)
@@ -417,10 +417,6 @@ def _terms(comps: tuple) -> tuple:
             terms.append((math.prod(c[0] for c in comps[i + 1:]), p))
             sizes.append(n)
     return tuple(terms), tuple(sizes)
-
-
-def stride_of(r: PaddedRead, d: int) -> int:
-    return r.pstride[d]
 
 
 def result_padding(dims: dict, physical: tuple, shape: tuple) -> tuple | None:
@@ -651,10 +647,9 @@ def _pad_storage(t: JaxTensor, dims: set, odd: bool = False, padding: tuple | No
     shape = storage.shape
     padded = tuple((padding if padding is not None else ((_padding.bucket(n, odd), n, True),)) if d in dims
                    else ((n, n, False),) for d, n in enumerate(shape))
-    physical = _padding.physical_shape(padded)
-    if physical == shape:
+    if _padding.physical_shape(padded) == shape:
         return False
-    storage._array = _padding.pad(storage._array, physical)
+    storage._array = _padding.pad_as(storage._array, padded)
     storage.padded = padded
     _padding.note("pads")
     _padding.live = True

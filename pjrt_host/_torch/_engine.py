@@ -291,9 +291,6 @@ class CompiledOp:
         try:
             result = entry.fn(*dyn)
         except Exception:
-            if _padding.debug:
-                import traceback
-                traceback.print_exc()
             return self._exact(args, kwargs, "its program failed")
         single = plan.container == "single"
         results = (result,) if single else result
@@ -549,7 +546,8 @@ class CompiledOp:
         def arguments(dyn: tuple) -> tuple[list, dict, list, list, LoweringContext]:
             it = iter(dyn)
             inputs: list[tuple[Any, Any]] = []
-            decoded_positions.clear()
+            positions = decoded_positions()
+            positions.clear()
             call_args = [decode(x, it, inputs) for x in key_args]
             call_kwargs = {k: decode(x, it, inputs) for k, x in key_kwargs}
             targets = [(next(it), next(it)) for _ in range(n_targets)]
@@ -557,8 +555,8 @@ class CompiledOp:
             if needs_rng:
                 key_data, counter = next(it), next(it)
                 ctx = dataclasses.replace(base_ctx, rng_key=_rng.draw_key(key_data, counter),
-                                          draw_positions=tuple(decoded_positions))
-            decoded_positions.clear()
+                                          draw_positions=tuple(positions))
+            positions.clear()
             return call_args, call_kwargs, inputs, targets, ctx
 
         if self.inplace is not None:

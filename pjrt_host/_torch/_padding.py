@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from .. import _program_cache
 
-__all__ = ["PaddedSpec", "bucket", "counts", "cut", "fill", "note", "note_cut", "note_padded_call", "pad", "physical_shape",
+__all__ = ["PaddedSpec", "bucket", "counts", "cut", "fill", "note", "note_cut", "note_padded_call", "pad_as", "physical_shape",
            "reset"]
 
 
@@ -152,7 +152,6 @@ def device_scalar(n: int, index: int) -> Any:
 
 
 _cut_programs: dict[tuple, Any] = {}
-_pad_programs: dict[tuple, Any] = {}
 
 
 def cut(arr: Any, padded: tuple, shape: tuple) -> Any:
@@ -180,41 +179,11 @@ def host_cut(values: Any, padded: tuple, shape: tuple) -> Any:
 #: Arrays up to this size are padded through the host (a copy there and
 #: back, no program), larger ones by a program per shape.
 HOST_PAD_BYTES = 1 << 18
-
-
-def _through_host(arr: Any, widths: tuple) -> Any:
-    import jax
-    import numpy as np
-
-    values = np.pad(np.asarray(arr), widths)
-    return jax.device_put(values, next(iter(arr.devices())))
-
-
-def pad(arr: Any, physical: tuple) -> Any:
-    """``arr`` padded with zeros up to ``physical``."""
-    if arr.nbytes <= HOST_PAD_BYTES:
-        return _through_host(arr, tuple((0, p - n) for n, p in zip(arr.shape, physical)))
-    key = (tuple(arr.shape), physical)
-    fn = _pad_programs.get(key)
-    if fn is None:
-        widths = tuple((0, p - n) for n, p in zip(arr.shape, physical))
-
-        def body(a):
-            import jax.numpy as jnp
-
-            return jnp.pad(a, widths)
-
-        fn = _pad_programs[key] = _program_cache.Kept("pjrt_host.pad", body, key)
-    return fn(arr)
-
+_pad_as_programs: dict[tuple, Any] = {}
 
 #: Whether a storage was ever padded in this process: until then the
 #: engine's hot path does not look for padded inputs.
 live = False
-#: PJRT_HOST_DYNAMIC_SHAPES_DEBUG=1: print why a padded program failed
-debug = bool(__import__("os").environ.get("PJRT_HOST_DYNAMIC_SHAPES_DEBUG"))
-
-_pad_as_programs: dict[tuple, Any] = {}
 
 
 def pad_as(arr: Any, padded: tuple) -> Any:

@@ -16,6 +16,7 @@ record: the traced function with the op's name, key and disk signature.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -149,7 +150,15 @@ def encode_padded(v: Any, dyn: list, devs: list, fill: Any, reads: dict, draws: 
 #: The padded arrays :func:`decode` read in the trace being made, with the
 #: logical positions of their elements (a random lowering's draws use them:
 #: ``LoweringContext.draw_positions``); the engine empties it per trace.
-decoded_positions: list = []
+_decoding = threading.local()
+
+
+def decoded_positions() -> list:
+    """This thread's list (two threads may trace at once)."""
+    found = getattr(_decoding, "positions", None)
+    if found is None:
+        found = _decoding.positions = []
+    return found
 
 
 def decode(x: Any, it: Any, inputs: list) -> Any:
@@ -168,7 +177,7 @@ def decode(x: Any, it: Any, inputs: list) -> Any:
             return arr
         sizes = [next(it) for terms in x.masks for _ in terms]
         shape, comps = tuple(arr.shape), x.comps
-        decoded_positions.append((shape, lambda: _padding.positions(shape, comps, sizes)))
+        decoded_positions().append((shape, lambda: _padding.positions(shape, comps, sizes)))
         return _padding.fill(arr, x.masks, sizes, x.fill)
     if t is tuple:
         return x[1]
