@@ -13,6 +13,10 @@ bucket (128: 100 %) and one just past it (129 in the bucket of 160: 81 %),
 against the same steps with dynamic shapes off (warm too).
 
     python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|steady] [--dropout 0.1 0.0]
+                                              [--eager op|fused]
+
+``--eager fused`` runs the 'jax' rows in fused eager (segments of padded
+ops) instead of op by op.
 
 Ratios: the run's total and its last 4 steps against CPU's, dynamic on
 against off; losses and tokens must equal CPU's (to float tolerance).
@@ -81,10 +85,13 @@ print("RESULT " + json.dumps(out))
 """
 
 
+EAGER = "op"
+
+
 def run(device: str, job: str, steps: int, pdrop: float, dynamic: str) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, PJRT_HOST_CACHE_DIR=cache, PJRT_HOST_DYNAMIC_SHAPES=dynamic,
-                   TRANSFORMERS_VERBOSITY="error")
+                   PJRT_HOST_EAGER=EAGER, TRANSFORMERS_VERBOSITY="error")
         proc = subprocess.run([sys.executable, "-c", CHILD, device, job, str(steps), str(pdrop)],
                               capture_output=True, text=True, env=env, timeout=1800)
     for line in proc.stdout.splitlines():
@@ -98,7 +105,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--only", choices=("train", "generate", "steady"))
     parser.add_argument("--dropout", type=float, nargs="+", default=[0.1, 0.0])
+    parser.add_argument("--eager", choices=("op", "fused"), default="op")
     args = parser.parse_args()
+    global EAGER
+    EAGER = args.eager
+    print(f"'jax' rows in eager={EAGER}")
     if args.only in (None, "train"):
         for pdrop in args.dropout:
             cpu = run("cpu", "train", args.steps, pdrop, "0")

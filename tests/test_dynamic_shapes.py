@@ -90,6 +90,24 @@ def test_a_new_length_in_a_seen_bucket_compiles_nothing():
     assert "3x32x16" in stats["calls_by_bucket"] or "96x16" in stats["calls_by_bucket"], stats["calls_by_bucket"]
 
 
+def test_fused_eager_records_padded_ops_and_reuses_the_buckets_segments():
+    from pjrt_host._torch import _fused
+
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True, eager="fused"):
+        before = _fused.stats()
+        compiled = _run_lengths([20, 23, 27, 29, 21, 30])
+        after = _fused.stats()
+    stats = torch.jax.dynamic_shape_stats()
+    # padded ops are recorded into segments (nothing cut to run them), and a
+    # later length of the bucket compiles only the segment holding
+    # autograd's exact ops around the length (the division by it)
+    assert stats["fallbacks"] == 0 and stats["cuts"] == 0, stats
+    assert stats["padded_calls"] > 50
+    assert after["ops"] - before["ops"] > 150
+    assert all(c <= 4 for c in compiled[4:]) and compiled[3] < compiled[0] / 2, compiled
+
+
 def test_off_every_length_compiles_its_own_programs():
     with pjrt_host.config(dynamic_shapes=False):
         compiled = _run_lengths([20, 23, 27], check=False)
@@ -176,11 +194,12 @@ def test_buckets_bound_the_padding(n):
     assert odd > n or n <= 1
 
 
-def test_a_cache_growing_by_one_runs_one_program_per_bucket():
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_cache_growing_by_one_runs_one_program_per_bucket(eager):
     # a key/value cache as generate() grows it: cat along the padded dim
     torch.manual_seed(0)
     k = torch.randn(2, 5, 8)
-    with pjrt_host.config(dynamic_shapes=True):
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
         dk = k.to("jax")
         compiled = []
         for _ in range(40):
@@ -214,6 +233,12 @@ def _passes_padded(args: list[str], extra_env: dict | None = None) -> str:
 def test_a_sample_of_the_suite_passes_with_every_dim_padded():
     # views and in-place writes over padded storages, training, CPU parity
     _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_torch_training.py"])
+
+
+def test_a_sample_of_the_suite_passes_fused_with_every_dim_padded():
+    # fused eager records padded ops: the same files and the fused tests
+    _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_torch_training.py", "tests/test_fused_eager.py"],
+                   {"PJRT_HOST_EAGER": "fused"})
 
 
 def test_an_opinfo_sample_passes_with_every_dim_padded():

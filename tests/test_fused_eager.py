@@ -99,7 +99,9 @@ def test_the_recompile_log_says_why_a_segment_compiled_a_new_program(caplog):
             run()
         return [r.getMessage() for r in caplog.records if r.getMessage().startswith("fused eager: ")]
 
-    with fused():
+    # per shape on purpose: with dynamic dimensions the rows changing below
+    # would be padded to one bucket (test_dynamic_shapes)
+    with fused(), pjrt_host.config(dynamic_shapes=False):
         # warm, over four shapes: an op tries its scalars traced at its fourth
         # signature (a trial that ends a segment), and it is behind us then
         for rows in (1, 2, 3, 4, 4):
@@ -137,7 +139,8 @@ def test_values_nobody_holds_are_never_outputs():
 def test_dead_intermediates_never_take_memory_and_del_frees():
     x = torch.randn(256, 256, device="jax")
     nbytes = x.numel() * 4
-    with fused():
+    # bytes counted exactly: nothing padded (the oracle mode would pad x)
+    with fused(), pjrt_host.config(dynamic_shapes=False):
         start = torch.jax.memory_allocated()
         y = ((x * 2).exp() + 1).log()  # three intermediates nobody holds
         assert torch.jax.memory_allocated() == start + nbytes  # the segment ran: y, and only y, is a buffer
@@ -352,7 +355,7 @@ def test_a_chain_of_small_ops_runs_in_segments_of_whole_blocks():
                 v = (v @ w).tanh() * 0.5 + 0.25
         return v
 
-    with fused():
+    with fused(), pjrt_host.config(dynamic_shapes=False):  # (padded to one bucket, they would be one program)
         for _ in range(2):
             layers().cpu()
         before = _fused.stats()
@@ -368,7 +371,9 @@ def test_a_segment_that_fails_names_its_failure_to_every_later_reader():
     unrelated error on an uncomputed value). The failure here: an input's
     jax array deleted through interop after the op was recorded."""
     x = torch.arange(4.0, device="jax")
-    with fused():
+    # unpadded: jax_view of a padded x would cut it to a new array, and the
+    # segment would read the padded one, which stays
+    with fused(), pjrt_host.config(dynamic_shapes=False):
         y = x * 2  # recorded: its segment reads x's array
         z = y + 1
         pjrt_host.interop.jax_view(x).delete()

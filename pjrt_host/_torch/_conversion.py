@@ -142,7 +142,7 @@ def to_torch(t: JaxTensor, device: torch.device, dtype: torch.dtype | None = Non
     if storage.padded is not None and t._view is None and device.type == "cpu" and type(storage.place) is int:
         # cut on the host, where it costs no program per size
         run_deferred_checks()
-        out = _host_tensor(_padding.host_cut(np.asarray(storage._array), storage.padded, storage.shape),
+        out = _host_tensor(_padding.host_cut(np.asarray(storage.computed()), storage.padded, storage.shape),
                            torch_dtype(storage._array.dtype))
         if out.dtype != t.dtype:
             out = out.to(t.dtype)

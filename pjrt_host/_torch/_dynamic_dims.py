@@ -353,7 +353,10 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
             if len(found) > 1:
                 return None
             if found:
-                targets[d] = found.pop()
+                c = found.pop()
+                if math.prod(x[1] for x in c) != n:
+                    return None  # sizes that do not broadcast: the exact call raises torch's error
+                targets[d] = c
         if not targets:
             continue
         r, replaced = _read_widened(t, targets)
@@ -381,7 +384,7 @@ def _read_widened(t: JaxTensor, targets: dict) -> tuple:
     cannot be."""
     storage = t._storage
     view = t._view
-    if storage.padded is not None or type(storage.place) is not int or storage.pending or \
+    if storage.padded is not None or type(storage.place) is not int or \
             (view is not None and view.elem is not None):
         return None, t
     stride = t.stride()
@@ -537,7 +540,7 @@ def padded_values(t: JaxTensor) -> tuple | None:
     r = read_of(t)
     if r is None:
         return None
-    arr = storage._array
+    arr = storage.computed()
     if r.view is not None:
         arr = read_through(arr, r.view, r.offset)
     return arr, (None if r.psize == tuple(t.shape) else r.comps)
@@ -574,7 +577,7 @@ def join(tensors: list, dim: int) -> JaxTensor | None:
             arr, padded = found
             padded = padded or tuple(((n, n, False),) for n in t.shape)
         else:
-            if type(storage.place) is not int or storage.pending:
+            if type(storage.place) is not int:
                 return None
             arr = read_through(storage.get(), t._view.static, t._view.run_offset) if t._view is not None \
                 else storage.get()
@@ -642,14 +645,14 @@ def _pad_storage(t: JaxTensor, dims: set, odd: bool = False, padding: tuple | No
     on one device, computed; else nothing."""
     storage = t._storage
     if t._view is not None or storage.padded is not None or type(storage.place) is not int \
-            or storage.pending or storage._array is None or storage.numel == 0:
+            or storage._array is None or storage.numel == 0:
         return False
     shape = storage.shape
     padded = tuple((padding if padding is not None else ((_padding.bucket(n, odd), n, True),)) if d in dims
                    else ((n, n, False),) for d, n in enumerate(shape))
     if _padding.physical_shape(padded) == shape:
         return False
-    storage._array = _padding.pad_as(storage._array, padded)
+    storage._array = _padding.pad_as(storage.computed(), padded)  # (a fused-eager result runs its segment)
     storage.padded = padded
     _padding.note("pads")
     _padding.live = True

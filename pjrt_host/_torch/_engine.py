@@ -119,7 +119,7 @@ class CompiledOp:
 
     __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "scalar_slots",
                  "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses", "warm_hits",
-                 "dtype_from_out", "checked_scalars", "rule", "seen_shapes", "logical")
+                 "dtype_from_out", "checked_scalars", "rule", "seen_shapes", "logical", "physical")
 
     def __init__(self, func: Any, lowering: Lowering, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
@@ -152,6 +152,7 @@ class CompiledOp:
         self.rule = _dynamic_dims.rule_for(func, self.name, lowering, inplace, out_names)
         self.seen_shapes: dict = {}
         self.logical: dict = {}
+        self.physical: dict = {}  # fused eager: a padded key's result shapes
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         given = kwargs
@@ -180,7 +181,7 @@ class CompiledOp:
             if self.dynamic and self.lowering.needs_rng:
                 _scalar_trials.check_scalars(self, args, kwargs)
         else:
-            if (self.rule is not None and cfg.dynamic_shapes and cfg.eager != "fused" and type(place) is int
+            if (self.rule is not None and cfg.dynamic_shapes and type(place) is int
                     and not self.in_trial and not fell_back and _dynamic_dims.on_miss(self, args, kwargs, cfg.dynamic_shapes)):
                 return self(args, given)  # inputs padded: their dims are dynamic from now on
             self.misses += 1
@@ -238,10 +239,11 @@ class CompiledOp:
     def _padded(self, args: tuple, kwargs: dict) -> Any:
         """The call run on its padded inputs, through the program of their
         buckets (``_dynamic_dims``), or :data:`_EXACT`: it runs exact, its
-        padded inputs cut (dynamic shapes off, fused eager, inputs that do
-        not line up, anything the padded run cannot describe)."""
+        padded inputs cut (dynamic shapes off, inputs that do not line up,
+        anything the padded run cannot describe).  Under fused eager the
+        padded call is recorded into the segment (its results pending)."""
         cfg = _config.current()
-        if not cfg.dynamic_shapes or cfg.eager == "fused":
+        if not cfg.dynamic_shapes:
             return _EXACT  # encode() cuts what is padded
         if not _dynamic_dims.padded_inputs(args, kwargs):
             return _EXACT
@@ -288,6 +290,15 @@ class CompiledOp:
         plan = entry.plan
         if shapes is None or plan.outputs is None or any(o.kind not in ("tensor", "none") for o in plan.outputs):
             return self._exact(args, kwargs, "results torch cannot describe")
+        if cfg.eager == "fused" and entry.fusable is not None and not self.in_trial:
+            recorded = self._record_padded(entry, key, dyn, dims, shapes, place)
+            if recorded is _EXACT:
+                return self._exact(args, kwargs, "a result whose padding is unknown")
+            if recorded is not None:
+                self._note_padded_call(args, kwargs, reads)
+                return recorded
+        if open_segments:
+            dyn = _fused.resolve(dyn)
         try:
             result = entry.fn(*dyn)
         except Exception:
@@ -303,11 +314,7 @@ class CompiledOp:
             if padded is False:
                 return self._exact(args, kwargs, "a result whose padding is unknown")
             made.append((arr, shape, spec.dtype, padded))
-        for t in (*args, *kwargs.values()):
-            read = reads.get(id(t)) if type(t) is JaxTensor else None
-            if read is not None:
-                _padding.note_padded_call(read.psize, tuple(t.shape))
-                break
+        self._note_padded_call(args, kwargs, reads)
         wrapped = []
         for m in made:
             if m is None:
@@ -319,6 +326,38 @@ class CompiledOp:
         if single:
             return wrapped[0]
         return tuple(wrapped) if plan.container == "tuple" else wrapped
+
+    @staticmethod
+    def _note_padded_call(args: tuple, kwargs: dict, reads: dict) -> None:
+        """Count a padded call in the statistics, by its first padded input."""
+        for t in (*args, *kwargs.values()):
+            read = reads.get(id(t)) if type(t) is JaxTensor else None
+            if read is not None:
+                _padding.note_padded_call(read.psize, tuple(t.shape))
+                break
+
+    def _record_padded(self, entry: _Entry, key: tuple, dyn: list, dims: dict, shapes: list, place: int) -> Any:
+        """Fused eager: a padded call recorded into this thread's segment,
+        its results pending and padded as the call's inputs are; None to
+        run it now, :data:`_EXACT` when a result's padding is unknown."""
+        physical = self.physical.get(key)
+        if physical is None:
+            try:  # the program's result shapes, once per key (the bucket's)
+                out = jax.eval_shape(entry.fusable.fn, *[_fused.abstract(v) for v in dyn])
+            except Exception:
+                return None  # it needs concrete values: it runs now
+            outs = (out,) if entry.plan.container == "single" else tuple(out)
+            physical = tuple(tuple(o.shape) for o in outs)
+            if len(self.physical) > 512:
+                self.physical.clear()
+            self.physical[key] = physical
+        results = []
+        for pshape, shape in zip(physical, shapes):
+            padded = _dynamic_dims.result_padding(dims, pshape, shape)
+            if padded is False:
+                return _EXACT
+            results.append((shape, pshape, padded))
+        return _fused.record(entry.fusable, dyn, entry.plan, place, place, padded=results)
 
     def _exact(self, args: tuple, kwargs: dict, why: str) -> Any:
         """The padded route gives up (``why``, counted): the call's padded

@@ -233,7 +233,7 @@ def _fusable(op: Traceable, dyn: list, plan: Any) -> bool:
 
 def _traces_as_planned(fn: Any, dyn: list, plan: Any) -> bool:
     try:
-        shapes = jax.eval_shape(fn, *[_abstract(v) for v in dyn])
+        shapes = jax.eval_shape(fn, *[abstract(v) for v in dyn])
         # torch's meta kernel and the lowering may disagree on a result's
         # shape (native_batch_norm in eval gives CPU's empty saved
         # statistics where the meta kernel gives a full-size one): op by
@@ -260,26 +260,29 @@ def _as_planned(shapes: Any, plan: Any) -> bool:
         tuple(r.shape) == tuple(spec.shape) for r, spec in zip(results, plan.outputs))
 
 
-def _abstract(v: Any) -> Any:
+def abstract(v: Any) -> Any:
     return jax.ShapeDtypeStruct(v.shape, v.dtype) if type(v) is Pending else v
 
 
 def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: list | None = None,
-           returns_one: bool = True) -> Any:
+           returns_one: bool = True, padded: list | None = None) -> Any:
     """Record ``op.fn(*dyn)`` (an op's traceable function and its arguments) and
     return its results as 'jax' tensors (``plan``: their specs and
     container) whose arrays are pending; with ``into`` (the storages an
     in-place or out= op writes) the results become those storages' new
     arrays instead (``returns_one``: ``fn`` returns one array, not a
-    tuple), and True is returned.  None when the op cannot be fused
-    (the caller runs it itself)."""
+    tuple), and True is returned.  ``padded``: per result of a call on
+    padded inputs (``_dynamic_dims``), its logical shape, the shape of
+    its array and its padding (the plan's shapes are those of the call
+    that built the op).  None when the op cannot be fused (the caller
+    runs it itself)."""
     if op not in _validated:
         if op in _refused:
             return None
         if len(_validated) + len(_refused) > 8192:  # op functions of signatures long gone: bound the memory
             _validated.clear()
             _refused.clear()
-        if not _fusable(op, dyn, plan):
+        if not _fusable(op, dyn, plan if padded is None else None):
             _refused.add(op)
             return None
         _validated.add(op)
@@ -312,9 +315,13 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
                 seg.results.append((weakref.ref(storage), pending))
         else:
             tensors = []
-            for spec in plan.outputs:
-                pending = Pending(seg, len(seg.results), spec.shape, jax_dtype(spec.dtype))
-                t = result_tensor(pending, spec.shape, spec.dtype, index, place)
+            for i, spec in enumerate(plan.outputs):
+                shape = physical = spec.shape
+                padding = None
+                if padded is not None:
+                    shape, physical, padding = padded[i]
+                pending = Pending(seg, len(seg.results), physical, jax_dtype(spec.dtype))
+                t = result_tensor(pending, shape, spec.dtype, index, place, padding)
                 seg.results.append((weakref.ref(t._storage), pending))
                 tensors.append(t)
             result = tensors[0] if single else (tuple(tensors) if plan.container == "tuple" else tensors)

@@ -196,7 +196,7 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
     if storage.padded is not None and view is not None and view.kind == "perm" and view.elem is None \
             and stride == tuple(self.stride()):
         # the array (and its padding) shared, as below
-        copy = Storage(storage._array, storage.shape, storage.jax_dtype, storage.device_index, storage.place,
+        copy = Storage(storage.computed(), storage.shape, storage.jax_dtype, storage.device_index, storage.place,
                        storage.padded)
         return make(copy, tuple(self.shape), self.dtype, stride, 0, view_for(copy, view.size, stride, 0))
     if storage.padded is not None and stride is None:

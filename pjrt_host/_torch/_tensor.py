@@ -74,12 +74,18 @@ class Storage:
         fused eager a result may still be :class:`Pending` in its segment:
         reading it runs the segment (``_fused``).  A padded array is cut to
         ``shape`` first, for good (``_padding``)."""
+        a = self.computed()
+        if self.padded is not None:
+            a = self.unpad("a read without padding")
+        return a
+
+    def computed(self) -> Any:
+        """The array as it is laid out (padded ones too), a fused-eager
+        result computed first (its segment runs)."""
         a = self._array
         if type(a) is Pending:
             a.segment.flush()
             a = self._array
-        if self.padded is not None:
-            a = self.unpad("a read without padding")
         return a
 
     @array.setter
@@ -92,7 +98,7 @@ class Storage:
         path that cannot read padding, counted in the statistics); the
         storage keeps the cut array.  Returns the array."""
         if self.padded is not None:
-            self._array = _padding.cut(self._array, self.padded, self.shape)
+            self._array = _padding.cut(self.computed(), self.padded, self.shape)
             self.padded = None
             _padding.note_cut(who)
         return self._array
