@@ -1,0 +1,137 @@
+"""Where one eager op's time goes, layer by layer (issue 45, item 3): ``x *
+1.0001`` on 128 floats, each layer measured on its own in the same run
+(interleaved rounds, the best round of each, a wait for the last result
+in every round):
+
+- torch CPU eager (the figure users compare with);
+- torch's dispatch to a Python tensor subclass whose ``__torch_dispatch__``
+  does nothing (returns one tensor made in advance): what any out-of-tree
+  Python device pays before its own code runs;
+- the same, making a new wrapper tensor per call (``_make_wrapper_subclass``):
+  the least a device whose results are new tensors pays;
+- the compiled XLA program of the multiply called directly (``jax.jit(...)
+  .lower(x).compile()``, the object the engine calls);
+- plain jax eager (``x * 1.0001`` on a jax array);
+- the 'jax' device op by op, and in fused eager (where 2,000 calls in a row
+  are a chain recorded into segments of repeated blocks).
+
+The last line splits the device's op-by-op figure: torch's dispatch and the
+result tensor, the program call, and the rest (pjrt_host's own Python:
+dispatch tables, the call's key, the cache lookup, bookkeeping).
+
+    python benchmarks/bench_op_layers.py [--rounds 7] [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+import pjrt_host  # noqa: F401  (the device, even with autoload off)
+
+
+class _Nothing(torch.Tensor):
+    """A wrapper subclass whose ops return one tensor made in advance."""
+
+    result: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, size):
+        return torch.Tensor._make_wrapper_subclass(cls, size, dtype=torch.float32)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return cls.result
+
+
+class _NewWrapper(torch.Tensor):
+    """A wrapper subclass whose ops return a new wrapper tensor each."""
+
+    @staticmethod
+    def __new__(cls, size):
+        return torch.Tensor._make_wrapper_subclass(cls, size, dtype=torch.float32)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return torch.Tensor._make_wrapper_subclass(cls, args[0].shape, dtype=torch.float32)
+
+
+def best_per_call(fns: dict, waits: dict, calls: int, rounds: int) -> dict:
+    best = {k: float("inf") for k in fns}
+    for k, fn in fns.items():
+        for _ in range(50):
+            r = fn()
+        waits[k](r)
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(calls):
+                r = fn()
+            waits[k](r)
+            best[k] = min(best[k], (time.perf_counter() - t) / calls)
+    return {k: v * 1e6 for k, v in best.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+
+    x_cpu = torch.randn(128)
+    x_dev = x_cpu.to("jax")
+    x_jax = jax.device_put(jnp.asarray(x_cpu.numpy()), pjrt_host.devices()[0])
+    program = jax.jit(lambda a: a * 1.0001).lower(x_jax).compile()
+    nothing = _Nothing(x_cpu.shape)
+    _Nothing.result = _Nothing(x_cpu.shape)
+    wrapper = _NewWrapper(x_cpu.shape)
+
+    def op_by_op():
+        return x_dev * 1.0001
+
+    def device_wait(t):
+        torch.jax.synchronize()
+
+    nothing_wait = wrapper_wait = cpu_wait = (lambda r: None)
+    fns = {
+        "torch CPU eager": lambda: x_cpu * 1.0001,
+        "torch dispatch, Python subclass, no work": lambda: nothing * 1.0001,
+        "  + a new wrapper tensor per result": lambda: wrapper * 1.0001,
+        "the compiled XLA program, called directly": lambda: program(x_jax),
+        "plain jax eager": lambda: x_jax * 1.0001,
+        "'jax' device, op by op": op_by_op,
+    }
+    waits = {
+        "torch CPU eager": cpu_wait,
+        "torch dispatch, Python subclass, no work": nothing_wait,
+        "  + a new wrapper tensor per result": wrapper_wait,
+        "the compiled XLA program, called directly": jax.block_until_ready,
+        "plain jax eager": jax.block_until_ready,
+        "'jax' device, op by op": device_wait,
+    }
+    best = best_per_call(fns, waits, args.calls, args.rounds)
+    fused = "'jax' device, fused eager"
+    with pjrt_host.config(eager="fused"):  # entered once: the chain of ops the issue measures
+        best.update(best_per_call({fused: op_by_op}, {fused: device_wait}, args.calls, args.rounds))
+    print(f"x * 1.0001 on 128 floats, per call (best of {args.rounds} interleaved rounds of {args.calls}; "
+          f"{os.cpu_count()} cores):")
+    width = max(map(len, best))
+    for k, us in best.items():
+        print(f"  {k:<{width}}  {us:6.2f} us")
+    dispatch = best["  + a new wrapper tensor per result"]
+    call = best["the compiled XLA program, called directly"]
+    device = best["'jax' device, op by op"]
+    print(f"op by op = torch's dispatch and result tensor {dispatch:.1f} + program call {call:.1f} "
+          f"+ pjrt_host's Python {device - dispatch - call:.1f} us; "
+          f"against plain jax eager: op by op {device / best['plain jax eager']:.2f}x, "
+          f"fused {best[fused] / best['plain jax eager']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
