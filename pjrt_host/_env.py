@@ -148,6 +148,20 @@ def eager_mode() -> str:
     return value
 
 
+def fused_compile() -> str:
+    """``PJRT_HOST_FUSED_COMPILE``: how fused eager makes a new segment's
+    program: ``inline`` (compiled where the segment first runs, the
+    default) or ``background`` (compiled on a background thread while the
+    segment, and its next occurrences until the program is ready, run op by
+    op through each op's own program); docs/torch-device.md."""
+    value = (text("PJRT_HOST_FUSED_COMPILE") or "inline").lower()
+    if value not in ("inline", "background"):
+        raise EnvironmentSettingError(f"PJRT_HOST_FUSED_COMPILE={value!r}: expected 'inline' (a new segment's "
+                                      "program compiled where it first runs) or 'background' (compiled on a "
+                                      "background thread, the segment run op by op meanwhile)")
+    return value
+
+
 def dynamic_shapes() -> bool | str:
     """``PJRT_HOST_DYNAMIC_SHAPES``: ``1`` (a dimension that takes a third
     size at the same place becomes dynamic: padded to a bucket, one program per

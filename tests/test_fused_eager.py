@@ -383,3 +383,48 @@ def test_a_segment_that_fails_names_its_failure_to_every_later_reader():
             z.cpu()
     assert later.value.__cause__ is first.value
     assert (torch.arange(3, device="jax") + 1).tolist() == [1, 2, 3]  # the device goes on
+
+
+def test_a_segment_compiling_in_the_background_runs_op_by_op_until_its_program_is_ready(monkeypatch):
+    # PJRT_HOST_FUSED_COMPILE=background: a new segment's program compiles on
+    # a thread; meanwhile the segment runs through each op's own program,
+    # with the same values, and once the program is ready it is the one run
+    monkeypatch.setenv("PJRT_HOST_FUSED_COMPILE", "background")
+    w = torch.randn(8, 8, device="jax")
+    b = torch.randn(8, device="jax")
+
+    def block(x):
+        y = torch.tanh(x @ w + b) * 0.5
+        return (y.exp() - y.sin()).sum(-1)  # 6 ops: one segment per call
+
+    x = torch.randn(5, 8)
+    with fused(), pjrt_host.config(dynamic_shapes=False):
+        before = _fused.stats()
+        first = block(x.to("jax")).cpu()
+        during = _fused.stats()
+        assert during["op_by_op"] == before["op_by_op"] + 1, (before, during)
+        for future in list(_fused._pending):
+            future.result(timeout=120)
+        again = block(x.to("jax")).cpu()
+        after = _fused.stats()
+    assert after["op_by_op"] == during["op_by_op"], "the ready program was not used"
+    assert after["programs"] == during["programs"]
+    want = block(x.to("jax")).cpu()  # op by op
+    torch.testing.assert_close(first, want)
+    torch.testing.assert_close(again, want)
+
+
+def test_a_process_exits_cleanly_with_compiles_in_the_background():
+    code = ("import torch, pjrt_host\n"
+            "x = torch.randn(64, 64, device='jax')\n"
+            "with pjrt_host.config(eager='fused'):\n"
+            "    for k in range(6):\n"
+            "        y = ((x @ x).tanh() * (k + 2)).softmax(-1)[:, :k + 3].sum()\n"
+            "        print(round(float(y), 3))\n")
+    proc = run_python(["-c", code], env={"PJRT_HOST_FUSED_COMPILE": "background"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(proc.stdout.split()) == 6
+    bad = run_python(["-c", "import torch, pjrt_host; x = torch.ones(2, device='jax')\n"
+                      "with pjrt_host.config(eager='fused'): (x + 1).cpu()"],
+                     env={"PJRT_HOST_FUSED_COMPILE": "later"})
+    assert bad.returncode != 0 and "PJRT_HOST_FUSED_COMPILE='later'" in bad.stderr, bad.stderr[-2000:]

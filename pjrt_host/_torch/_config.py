@@ -66,7 +66,7 @@ class Config:
     #: is padded to a bucket and the ops that know padding compile once per
     #: bucket, not once per size; False, every shape compiles its own
     #: programs; "all", every dimension is dynamic, padded to odd buckets (a
-    #: test mode).  Op-by-op and sync eager; fused eager cuts padded inputs.
+    #: test mode).  Every eager mode (fused eager records padded ops).
     #: Default: ``PJRT_HOST_DYNAMIC_SHAPES``, else True.
     dynamic_shapes: bool | str = dataclasses.field(default_factory=lambda: _dynamic_default())
 

@@ -554,11 +554,12 @@ class CompiledOp:
         # advance, with the op's key (the recompile log compares them) and its
         # disk signature (a segment's program is kept on disk by its ops').
         tensors = plan.outputs is not None and all(o.kind == "tensor" for o in plan.outputs) and bool(plan.outputs)
-        fusable = Traceable(fn, self.name, key, disk_signature) if jitted and (tensors or writes) else None
         # keep_unused: an input the op only overwrites (uniform_, fill_ of a
         # tensor) places the program on its device; jax would drop it and run
         # on its default device, leaving a tensor of jax:1 on device 0
-        entry = _Entry(self._program(key, jax.jit(fn, keep_unused=True), signature=disk_signature) if jitted else fn,
+        program = self._program(key, jax.jit(fn, keep_unused=True), signature=disk_signature) if jitted else fn
+        fusable = Traceable(fn, self.name, key, disk_signature, program) if jitted and (tensors or writes) else None
+        entry = _Entry(program,
                        plan,
                        fn if (jitted and writes and DONATE) else None,
                        {} if (jitted and writes and DONATE) else None,
@@ -716,19 +717,22 @@ class _FirstCall:
     when this process's setting made it before), and put in its entry's
     place so that later calls run the compiled program directly."""
 
-    __slots__ = ("op", "key", "jitted", "signature", "index", "donated")
+    __slots__ = ("op", "key", "jitted", "signature", "index", "donated", "made")
 
     def __init__(self, op: CompiledOp, key: tuple, jitted: Any, signature: tuple, index: int,
                  donated: tuple) -> None:
         self.op, self.key, self.jitted, self.signature, self.index, self.donated = \
             op, key, jitted, signature, index, donated
+        self.made: Any = None  # the program, for a caller that kept this object (fused eager's Traceable.run)
 
     def __call__(self, *dyn: Any) -> Any:
+        if self.made is not None:
+            return self.made(*dyn)
         # the argument types too: one key can meet a Python int and a numpy
         # int (weak and strong types) at one position
         signature = (self.signature, tuple(str(jax.typeof(x)) for x in dyn))
         compiled = _program_cache.compiled(self.op.name, signature, self.jitted, dyn, jax_device(self.index))
-        program = _program_cache.with_retrace(compiled, self.jitted)
+        program = self.made = _program_cache.with_retrace(compiled, self.jitted)
 
         op = self.op
         with _lock:

@@ -30,6 +30,7 @@ import sys
 import threading
 import warnings
 import weakref
+from concurrent.futures import Future
 from typing import Any
 
 import jax
@@ -51,7 +52,7 @@ _local = threading.local()
 _programs: dict[tuple, Any] = {}
 _validated: set = set()  # traceable op functions known to trace with pending (abstract) inputs
 _refused: set = set()  # those that do not (they need concrete values), or trace to other shapes than planned
-_counts = {"segments": 0, "ops": 0, "programs": 0}
+_counts = {"segments": 0, "ops": 0, "programs": 0, "op_by_op": 0}
 _recompiles = logging.getLogger("pjrt_host.recompiles")
 
 
@@ -105,13 +106,23 @@ class Segment:
         key = (tuple(self.ops), tuple(_signature(v) for v in ext), live, donated)
         program = _programs.get(key)
         _counts["segments"] += 1
+        if type(program) is Future or program is _OP_BY_OP:
+            program = _ready(key, program)
         if program is None:
             if len(_programs) > 2048:  # segments that never repeat: bound the memory
                 _programs.clear()
-            _counts["programs"] += 1
             if _recompiles.isEnabledFor(logging.INFO) and _programs:
                 _recompiles.info("fused eager: a segment of %d ops compiles a new program: %s", len(self.ops),
                                  _why_new(key))
+            if _background() and all(op.run is not None for op, _, _ in self.ops):
+                _later(key, live, ext, self.device)  # (or at a later occurrence, when many are compiling)
+                program = _OP_BY_OP
+        if program is _OP_BY_OP:
+            # its program is compiling in the background: each op through its own
+            _counts["op_by_op"] += 1
+            outs = _program(self.ops, live, own=True)(*ext)
+        elif program is None:
+            _counts["programs"] += 1
             with warnings.catch_warnings():  # a donated buffer no output can reuse is freed all the same
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 # keep_unused: an input only overwritten still places the program (_engine._build)
@@ -176,19 +187,27 @@ def _kept(jitted: Any, key: tuple, ext: list, device: int) -> Any:
     tracing, when every op in it has a signature there (the engine gives
     its ops one, ``Traceable.signature``, while the cache is on); else
     ``jitted`` itself."""
-    if _program_cache.directory() is None:
+    signature = _disk_signature(key, ext)
+    if signature is None:
         return jitted
+    compiled = _program_cache.compiled("pjrt_host.fused", signature, jitted, tuple(ext), jax_device(device))
+    return _program_cache.with_retrace(compiled, jitted)
+
+
+def _disk_signature(key: tuple, ext: list) -> Any:
+    """What the program cache keys a segment's program by on disk: its ops'
+    signatures, how they are wired, and the argument types (shapes, dtypes;
+    a Python scalar may come weakly or strongly typed); None with the cache
+    off, or when an op has no signature."""
+    if _program_cache.directory() is None:
+        return None
     ops_key, _, live, donated = key
     ops = []
     for op, refs, _ in ops_key:
-        signature = op.signature
-        if signature is None:
-            return jitted
-        ops.append((signature, refs))
-    # the argument types (shapes, dtypes; a Python scalar may come weakly or strongly typed)
-    signature = (tuple(ops), live, donated, tuple(str(jax.typeof(x)) for x in ext))
-    compiled = _program_cache.compiled("pjrt_host.fused", signature, jitted, tuple(ext), jax_device(device))
-    return _program_cache.with_retrace(compiled, jitted)
+        if op.signature is None:
+            return None
+        ops.append((op.signature, refs))
+    return tuple(ops), live, donated, tuple(str(jax.typeof(x)) for x in ext)
 
 
 def _only_here(ext: list) -> tuple[int, ...]:
@@ -207,11 +226,13 @@ def _only_here(ext: list) -> tuple[int, ...]:
     return tuple(positions)
 
 
-def _program(ops: list, live: tuple[int, ...]) -> Any:
+def _program(ops: list, live: tuple[int, ...], own: bool = False) -> Any:
+    """The segment's function of its inputs: its ops' traceable functions
+    in order (``own``: each op's own program instead)."""
     def segment(*ext: Any) -> tuple:
         values: list[Any] = []  # one per result slot (an op with several results has several)
         for op, refs, single in ops:
-            out = op.fn(*[values[~r] if r < 0 else ext[r] for r in refs])
+            out = (op.run if own else op.fn)(*[values[~r] if r < 0 else ext[r] for r in refs])
             if single:
                 values.append(out)
             else:
@@ -219,6 +240,77 @@ def _program(ops: list, live: tuple[int, ...]) -> Any:
         return tuple(values[i] for i in live)
 
     return segment
+
+
+#: A segment whose program is compiling in the background (or failed to)
+#: runs op by op.
+_OP_BY_OP = object()
+#: Segment programs compiling or queued at once, at most: more new segments
+#: run op by op and start their compile at a later occurrence (a process
+#: exits once the queued compiles end).
+PENDING_LIMIT = 4
+_pool: Any = None
+_pending: set = set()
+
+
+def _background() -> bool:
+    from .._env import fused_compile
+
+    return fused_compile() == "background"
+
+
+def _later(key: tuple, live: tuple, ext: list, device: int) -> None:
+    """Start compiling the segment's program on the background thread,
+    unless PENDING_LIMIT compiles are pending already (a later occurrence
+    of the segment starts it then)."""
+    global _pool
+    if len(_pending) >= PENDING_LIMIT:
+        return
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pjrt_host-fused-compile")
+    dev = jax_device(device)
+    sharding = jax.sharding.SingleDeviceSharding(dev)
+    # shapes, not the arrays: an input may be donated or freed before the thread reads it
+    example = tuple(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding, weak_type=v.weak_type)
+                    if isinstance(v, jax.Array) else v for v in ext)
+    _counts["programs"] += 1
+    future = _pool.submit(_compile, key, key[0], live, example, _disk_signature(key, ext), device)
+    _pending.add(future)
+    future.add_done_callback(_pending.discard)
+    _programs[key] = future
+
+
+@x64_scope
+def _compile(key: tuple, ops: list, live: tuple, example: tuple, signature: Any, device: int) -> Any:
+    """The background thread's work: the segment's program, compiled for
+    ``example`` (through the program cache, as an inline compile, when it
+    has a ``signature`` there)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        jitted = jax.jit(_program(ops, live), donate_argnums=key[3], keep_unused=True)
+        if signature is None:
+            return _program_cache.with_retrace(jitted.lower(*example).compile(), jitted)
+        compiled = _program_cache.compiled("pjrt_host.fused", signature, jitted, example, jax_device(device))
+        return _program_cache.with_retrace(compiled, jitted)
+
+
+def _ready(key: tuple, program: Any) -> Any:
+    """A background compile's program once it is ready (and from then on
+    the segment's program); :data:`_OP_BY_OP` until then, and for good when
+    it failed (the ops run through their own programs, which raise what
+    there is to raise)."""
+    if program is _OP_BY_OP or not program.done():
+        return _OP_BY_OP
+    try:
+        made = program.result()
+    except Exception as err:  # noqa: BLE001  (any failure: the segment runs op by op)
+        _recompiles.info("fused eager: a segment of %d ops failed to compile in the background (%s: %s); it runs "
+                         "op by op", len(key[0]), type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+        made = _OP_BY_OP
+    _programs[key] = made
+    return made
 
 
 def _fusable(op: Traceable, dyn: list, plan: Any) -> bool:

@@ -318,12 +318,14 @@ class Traceable:
     gives the op's result arrays; ``name`` and ``key`` are the op's and its
     engine key (the recompile log compares them), ``signature`` what the
     program cache keys it by on disk (None while the cache is off).
-    Hashed by identity, as the function it carries: one per engine entry."""
+    Hashed by identity, as the function it carries: one per engine entry.
+    ``run`` is the op's own program (``fn`` jitted), which runs a segment
+    op by op while the segment's program compiles in the background."""
 
-    __slots__ = ("fn", "name", "key", "signature")
+    __slots__ = ("fn", "name", "key", "signature", "run")
 
-    def __init__(self, fn: Any, name: str, key: tuple, signature: Any) -> None:
-        self.fn, self.name, self.key, self.signature = fn, name, key, signature
+    def __init__(self, fn: Any, name: str, key: tuple, signature: Any, run: Any = None) -> None:
+        self.fn, self.name, self.key, self.signature, self.run = fn, name, key, signature, run
 
     def __repr__(self) -> str:
         return f"Traceable({self.name})"
