@@ -159,10 +159,12 @@ class CompiledGraph:
     def __call__(self, args: list) -> Any:
         if self.eager is not None:
             return self.eager(args)
-        if self.program.symbolic and _door.config().dynamic_shapes:
-            result = self._padded(args)
-            if result is not None:
-                return result
+        if self.program.symbolic:
+            cfg = _door.config()
+            if cfg.dynamic_shapes:
+                result = self._padded(args, cfg)
+                if result is not None:
+                    return result
         layout, arrays, offsets, owners, place, mixed = _door.unwrap(args)
         if place is None:
             place = _door.current_index()
@@ -274,10 +276,9 @@ class CompiledGraph:
         recompiles.info("torch.compile(backend='jax'): the %s graph (symbolic sizes) compiles once per shape, not "
                         "per bucket: %s", self.what, why)
 
-    def _padded(self, args: list) -> Any:
+    def _padded(self, args: list, cfg: Any) -> Any:
         """The call through the program of its sizes' buckets
         (:mod:`._padded_graph`), or None: it runs per shape (counted)."""
-        cfg = _door.config()
         plan = self.padded_plan
         if plan is None:
             plan = _padded_graph.plan(self.program)
@@ -308,15 +309,14 @@ class CompiledGraph:
             return None
         program = self.program
         try:
-            bindings, buckets, comps = _padded_graph.input_padding(program, plan, args, cfg.dynamic_shapes == "all")
+            bindings, bkey, buckets, comps = _padded_graph.input_padding(plan, args, cfg.dynamic_shapes == "all")
         except _padded_graph.Unpaddable as why:
             self._give_up(str(why))
             _door.note_fallback(f"torch.compile {self.what} graph", str(why))
             return None
-        statics = tuple(None if c is not None or isinstance(m, torch.SymInt) else a
-                        for a, c, m in zip(args, comps, _padded_graph.input_metas(program)))
+        statics = tuple(a if spec[0] == "value" else None for a, spec in zip(args, plan.inputs))
         checking = cfg.check_mode if program.sites and cfg.check_mode else None
-        key = (tuple(buckets[s] for s in plan.symbols), statics, cfg, index)
+        key = (bkey, statics, cfg, index)
         entry = self.padded_cache.get(key)
         fresh = entry is None
         if fresh:
@@ -348,6 +348,7 @@ class CompiledGraph:
             _door.note_fallback(f"torch.compile {self.what} graph", why)
             return None
         if fresh:
+            _door.note_padded("graph_programs")
             with self._lock:
                 if len(self.padded_cache) > 64:
                     self.padded_cache.clear()
@@ -401,7 +402,6 @@ class CompiledGraph:
                 return tuple(arrays_out), _checks.stack(rows)
             return tuple(arrays_out)
 
-        _door.note_padded("graph_programs")
         if recompiles.isEnabledFor(logging.INFO):
             recompiles.info("torch.compile(backend='jax'): the %s graph compiles a program for the buckets %s",
                             self.what, ", ".join(f"{s}: {b}" for s, b in buckets.items()))

@@ -61,13 +61,21 @@ class Unpaddable(Exception):
 
 
 #: Data movement done here on physical arrays, by kind.
-_SAME = frozenset({"aten::detach", "aten::alias", "aten::lift_fresh_copy", "aten::clone", "aten::contiguous"})
+_SAME = frozenset({"aten::detach", "aten::alias", "aten::lift_fresh_copy", "aten::clone", "aten::contiguous",
+                   "aten::_to_copy"})
 _MOVES = frozenset({"aten::t", "aten::transpose.int", "aten::permute", "aten::unsqueeze", "aten::squeeze.dim",
                     "aten::squeeze.dims", "aten::squeeze", "aten::numpy_T", "aten::movedim.int"})
 _ALONG = {"aten::split.Tensor": 2, "aten::split_with_sizes": 2, "aten::chunk": 2, "aten::unbind.int": 1,
           "aten::narrow": 1, "aten::select.int": 1, "aten::slice.Tensor": 1, "aten::split.sizes": 2}
 _RESHAPES = frozenset({"aten::view", "aten::_unsafe_view", "aten::reshape"})
 _EXPANDS = frozenset({"aten::expand"})
+#: Ops whose values depend on each element's position in the last two dims
+#: only (not on the sizes): on a padded array whose padding is at the end of
+#: those dims, every logical position keeps its index.
+_POSITIONAL = frozenset({"aten::tril", "aten::triu"})
+#: The gradient of a slice: along an exact dim as it is, along a padded dim
+#: (a prefix slice's) the gradient with zeros in its padding.
+_SLICE_BACKWARD = "aten::slice_backward"
 #: A mean over padded dims: eager's (``_dispatch._summed_when_padded``), the
 #: padded sum over the logical count, a run-time scalar.
 _MEANS = frozenset({"aten::mean.dim", "aten::mean"})
@@ -83,6 +91,11 @@ class Plan(NamedTuple):
 
     symbols: tuple  #: sympy symbols, sorted by name
     kinds: dict  #: node -> ("rule", Rule) | ("same" | "moves" | "along" | "reshape" | "expand" | "factory", None)
+    #: per placeholder: ("tensor", its dims' sizes, ((dim, symbol) where a dim is one)), ("size", symbol or
+    #: None) or ("value",): read once, so that a call binds its sizes without sympy
+    inputs: tuple = ()
+    #: buckets -> (buckets by symbol, per placeholder its components or None)
+    layouts: dict = {}
 
 
 def plan(program: Any) -> Plan | str:
@@ -128,6 +141,10 @@ def plan(program: Any) -> Plan | str:
             kinds[node] = ("reshape", None)
         elif short in _EXPANDS:
             kinds[node] = ("expand", None)
+        elif short in _POSITIONAL:
+            kinds[node] = ("positional", None)
+        elif short == _SLICE_BACKWARD:
+            kinds[node] = ("slice_backward", None)
         elif short in _MEANS and node.meta["val"].dtype.is_floating_point:
             kinds[node] = ("mean", None)
         elif step.fn.factory:
@@ -141,7 +158,17 @@ def plan(program: Any) -> Plan | str:
             kinds[node] = ("rule", rule)
     if not symbols:
         return "no symbolic size among its inputs"
-    return Plan(tuple(sorted(symbols, key=str)), kinds)
+    inputs = []
+    for val in input_metas(program):
+        if isinstance(val, torch.Tensor):
+            sizes = tuple(_expr(d) for d in val.shape)
+            inputs.append(("tensor", sizes, tuple((d, e) for d, e in enumerate(sizes) if e.is_Symbol)))
+        elif isinstance(val, torch.SymInt):
+            e = _expr(val)
+            inputs.append(("size", e if e.is_Symbol else None))
+        else:
+            inputs.append(("value",))
+    return Plan(tuple(sorted(symbols, key=str)), kinds, tuple(inputs), {})
 
 
 def _expr(d: Any) -> Any:
@@ -166,34 +193,35 @@ def canonical(expr: Any, buckets: dict) -> tuple:
     raise Unpaddable(f"an input dim of size {expr}")
 
 
-def input_padding(program: Any, the_plan: Plan, args: list, odd: bool) -> tuple:
-    """At a call: ``(bindings, buckets, per input its dims' components or
-    None)`` -- each symbol's logical value from the inputs (a size argument,
-    or a tensor dim that is the symbol), its bucket, and the components the
-    program reads each tensor input with."""
+def input_padding(the_plan: Plan, args: list, odd: bool) -> tuple:
+    """At a call: ``(bindings, bucket key, buckets, per input its dims'
+    components or None)`` -- each symbol's logical value from the inputs (a
+    size argument, or a tensor dim that is the symbol), its bucket, and the
+    components the program reads each tensor input with."""
     bindings: dict = {}
-    metas = input_metas(program)
-    for meta, a in zip(metas, args):
-        if isinstance(meta, torch.SymInt):
-            e = _expr(meta)
-            if e.is_Symbol:
-                bindings[e] = int(a)
-        elif isinstance(meta, torch.Tensor):
-            for d, n in zip(meta.shape, a.shape):
-                e = _expr(d)
-                if e.is_Symbol:
-                    bindings[e] = int(n)
-    missing = [s for s in the_plan.symbols if s not in bindings]
-    if missing:
-        raise Unpaddable(f"the sizes {missing} are not an input's size")
-    buckets = {s: _door.bucket(bindings[s], odd) for s in the_plan.symbols}
-    comps = []
-    for meta in metas:
-        if isinstance(meta, torch.Tensor):
-            comps.append(tuple(canonical(_expr(d), buckets) for d in meta.shape))
-        else:
-            comps.append(None)
-    return bindings, buckets, comps
+    for spec, a in zip(the_plan.inputs, args):
+        kind = spec[0]
+        if kind == "tensor":
+            if spec[2]:
+                shape = a.shape
+                for d, e in spec[2]:
+                    bindings[e] = shape[d]
+        elif kind == "size" and spec[1] is not None:
+            bindings[spec[1]] = int(a)
+    try:
+        key = tuple(_door.bucket(bindings[s], odd) for s in the_plan.symbols)
+    except KeyError:
+        missing = [s for s in the_plan.symbols if s not in bindings]
+        raise Unpaddable(f"the sizes {missing} are not an input's size") from None
+    found = the_plan.layouts.get(key)
+    if found is None:
+        buckets = dict(zip(the_plan.symbols, key))
+        comps = [tuple(canonical(e, buckets) for e in spec[1]) if spec[0] == "tensor" else None
+                 for spec in the_plan.inputs]
+        if len(the_plan.layouts) > 256:
+            the_plan.layouts.clear()
+        found = the_plan.layouts[key] = (buckets, comps)
+    return bindings, key, found[0], found[1]
 
 
 def input_metas(program: Any) -> list:
@@ -204,20 +232,53 @@ def input_metas(program: Any) -> list:
 def concrete_value(v: Any, bindings: dict) -> Any:
     """A graph result that is not a tensor (a size: a sympy expression)."""
     if isinstance(v, sympy.Basic):
-        return int(v.xreplace(bindings))
+        return _value(v, bindings)
     return v
 
 
 def logical_shape(dims: tuple, bindings: dict) -> tuple:
-    return tuple(int(math.prod(c[1] for c in dim).xreplace(bindings)) if any(c[2] for c in dim)
-                 else math.prod(c[0] for c in dim) for dim in dims)
+    return tuple(math.prod(_value(c[1], bindings) if c[2] else c[0] for c in dim) for dim in dims)
 
 
 def concrete_padding(dims: tuple, bindings: dict) -> tuple | None:
     """``Storage.padded`` of a value with components ``dims`` (None: exact)."""
     if not any(c[2] for dim in dims for c in dim):
         return None
-    return tuple(tuple((c[0], int(c[1].xreplace(bindings)), c[2]) for c in dim) for dim in dims)
+    return tuple(tuple((c[0], _value(c[1], bindings), True) if c[2] else (c[0], c[0], False) for c in dim)
+                 for dim in dims)
+
+
+_evaluators: dict = {}
+
+
+def _value(expr: Any, bindings: dict) -> int:
+    """``expr`` at the call's sizes: a symbol looked up, anything else by a
+    closure made once per expression (sympy's ``xreplace`` costs tens of
+    microseconds a call)."""
+    if expr.is_Symbol:
+        return bindings[expr]
+    fn = _evaluators.get(expr)
+    if fn is None:
+        if len(_evaluators) > 4096:
+            _evaluators.clear()
+        fn = _evaluators[expr] = _evaluator(expr)
+    return fn(bindings)
+
+
+def _evaluator(expr: Any) -> Any:
+    if expr.is_Integer:
+        n = int(expr)
+        return lambda b: n
+    if expr.is_Symbol:
+        return lambda b: b[expr]
+    parts = [_evaluator(a) for a in expr.args]
+    if isinstance(expr, sympy.Add):
+        return lambda b: sum(p(b) for p in parts)
+    if isinstance(expr, sympy.Mul):
+        return lambda b: math.prod(p(b) for p in parts)
+    if type(expr).__name__ == "FloorDiv":
+        return lambda b: parts[0](b) // parts[1](b)
+    return lambda b: int(expr.xreplace(b))
 
 
 def physical(dims: tuple) -> tuple:
@@ -250,6 +311,8 @@ class _Trace:
         self.sizes = dict(zip(the_plan.symbols, sizes))
         #: node -> per dim its components (tensor values only)
         self.dims: dict = {}
+        #: (node, fill) -> the node's value with its padding filled so
+        self.fills: dict = {}
 
     # sizes ---------------------------------------------------------
 
@@ -383,6 +446,15 @@ class _Trace:
         known = self.known(what, tensors)
         if rows is not None and step.checks:
             self.check(step.checks, env, rows)
+        if kind == "rule" and _short(what) == "aten::cat":
+            # torch skips empty tensors in a cat (a cache's first torch.tensor([])):
+            # one left is the result itself, whatever dim it is joined along
+            tensors = node.args[0]
+            full = [t for t in tensors if 0 not in [_expr(d) for d in t.meta["val"].shape]]
+            if len(full) == 1 and len(tensors) > 1:
+                env[node] = env[full[0]] if step.meta is None else env[full[0]].astype(step.meta)
+                self._set(node, what, env[node], val, self.dims[full[0]])
+                return
         if kind == "rule":
             args, kwargs = value(node.args, True), dict(value(node.kwargs, True))
             exact = rule.exact(*_fakes(node)) if rule.exact is not None else {}
@@ -396,6 +468,11 @@ class _Trace:
             dims = self.result_dims(what, val, known)
             args, kwargs = value(node.args, True), value(node.kwargs, True)
             result = invoke(step.fn, args, kwargs, ctx, step.meta, physical(dims))
+        elif kind == "positional":
+            if any(len(dim) != 1 for dim in self.dims[node.args[0]][-2:]):
+                raise Unpaddable(f"{what}: over a dim that merged a padded one")
+            args, kwargs = value(node.args, False), value(node.kwargs, False)
+            result = invoke(step.fn, args, kwargs, ctx, step.meta)
         elif kind in ("same", "moves"):
             args, kwargs = value(node.args, False), value(node.kwargs, False)
             result = invoke(step.fn, args, kwargs, ctx, step.meta)
@@ -403,6 +480,8 @@ class _Trace:
             result = self.along(step, what, env, ctx, value)
         elif kind == "mean":
             result = self.mean(node, env, ctx, step.meta)
+        elif kind == "slice_backward":
+            result = self.slice_backward(step, what, env, ctx, known)
         elif kind == "reshape":
             src = node.args[0]
             dims = _reshape(self.dims[src], [_expr(d) for d in val.shape], what)
@@ -458,9 +537,16 @@ class _Trace:
             return v
         dims = self.dims[a]
         for d in exact.get(pos, ()):
-            if any(c[2] for c in dims[d]):
+            if d < len(dims) and any(c[2] for c in dims[d]):
                 raise Unpaddable(f"{what}: its dim {d} of input {pos} must be exact and is padded")
-        return self.filled(v, dims, _door.fill_of(rule, pos, tuple(args), kwargs))
+        value = _door.fill_of(rule, pos, tuple(args), kwargs)
+        if value is None or not any(c[2] for dim in dims for c in dim):
+            return v
+        key = (a, value if isinstance(value, str) else float(value))
+        found = self.fills.get(key)
+        if found is None:  # a value read by several ops is filled once
+            found = self.fills[key] = self.filled(v, dims, value)
+        return found
 
     def along(self, step: Any, what: str, env: dict, ctx: Any, value: Any) -> Any:
         """Splits, slices and selections: along an exact dim as they are; a
@@ -497,6 +583,23 @@ class _Trace:
         dims = tuple(newdim if i == dim else d for i, d in enumerate(sdims))
         self._set(node, what, arr, node.meta["val"], dims)
         return arr
+
+    def slice_backward(self, step: Any, what: str, env: dict, ctx: Any, known: dict) -> Any:
+        node = step.node
+        grad = node.args[0]
+        gdims = self.dims[grad]
+        dims = self.result_dims(what, node.meta["val"], known)
+        dim, start, end, stride = node.args[2:6]
+        dim %= len(dims)
+        if not any(c[2] for c in dims[dim]) and not any(c[2] for c in gdims[dim]):
+            args = [env[grad], list(physical(dims)), dim, *_ints((start, end, stride))]
+            if _has_symbol((start, end, stride)):
+                raise Unpaddable(f"{what}: a symbolic position along an exact dim")
+            return invoke(step.fn, args, {}, ctx, step.meta)
+        if start not in (0, None) or stride != 1 or len(dims[dim]) != 1 or len(gdims[dim]) != 1 \
+                or dims[dim][0][0] != gdims[dim][0][0]:
+            raise Unpaddable(f"{what}: the gradient of a slice of a padded dim that does not start at 0")
+        return self.filled(env[grad], gdims, 0)  # the rest of the dim: zeros
 
     def mean(self, node: Any, env: dict, ctx: Any, dtype: Any) -> Any:
         src = node.args[0]
