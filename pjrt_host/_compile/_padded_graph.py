@@ -65,8 +65,8 @@ _SAME = frozenset({"aten::detach", "aten::alias", "aten::lift_fresh_copy", "aten
                    "aten::_to_copy"})
 _MOVES = frozenset({"aten::t", "aten::transpose.int", "aten::permute", "aten::unsqueeze", "aten::squeeze.dim",
                     "aten::squeeze.dims", "aten::squeeze", "aten::numpy_T", "aten::movedim.int"})
-_ALONG = {"aten::split.Tensor": 2, "aten::split_with_sizes": 2, "aten::chunk": 2, "aten::unbind.int": 1,
-          "aten::narrow": 1, "aten::select.int": 1, "aten::slice.Tensor": 1, "aten::split.sizes": 2}
+_ALONG = frozenset({"aten::split.Tensor", "aten::split_with_sizes", "aten::chunk", "aten::unbind.int",
+                    "aten::narrow", "aten::select.int", "aten::slice.Tensor", "aten::split.sizes"})
 _RESHAPES = frozenset({"aten::view", "aten::_unsafe_view", "aten::reshape"})
 _EXPANDS = frozenset({"aten::expand"})
 #: Ops whose values depend on each element's position in the last two dims
@@ -90,7 +90,9 @@ class Plan(NamedTuple):
     program takes their logical sizes) and per step how it runs padded."""
 
     symbols: tuple  #: sympy symbols, sorted by name
-    kinds: dict  #: node -> ("rule", Rule) | ("same" | "moves" | "along" | "reshape" | "expand" | "factory", None)
+    #: node -> ("rule", Rule), or (how it moves data / what it is: "same", "moves", "along", "reshape",
+    #: "expand", "positional", "slice_backward", "mean", "factory"; None)
+    kinds: dict
     #: per placeholder: ("tensor", its dims' sizes, ((dim, symbol) where a dim is one)), ("size", symbol or
     #: None) or ("value",): read once, so that a call binds its sizes without sympy
     inputs: tuple = ()
