@@ -15,7 +15,7 @@ against the same steps with dynamic shapes off (warm too).
     python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|steady|compile] [--dropout 0.1 0.0]
 
 ``--only compile``: the same training under ``torch.compile(backend='jax')``
-(forward and backward compiled, dropout 0, AdamW eager), dynamic shapes off
+(forward and backward compiled, AdamW eager; each --dropout), dynamic shapes off
 and on: XLA compiles per step and the time, against torch CPU eager.
 
 Ratios: the run's total and its last 4 steps against CPU's, dynamic on
@@ -146,22 +146,21 @@ def main() -> None:
             print(f"  dynamic on / off: total {rows['1']['total'] / rows['0']['total']:.2f}, "
                   f"last 4 {rows['1']['last4'] / rows['0']['last4']:.2f}")
     if args.only in (None, "compile"):
-        # the compiled step: the default dropout would make every graph random
-        # (compiled per shape), so dropout 0
-        cpu = run("cpu", "compile", args.steps, 0.0, "0")
-        print(f"torch.compile(backend='jax') of the forward and backward, AdamW eager, dropout 0, lengths "
-              f"{cpu['lengths']}: cpu eager total {cpu['total']:.2f} s, last 4 {cpu['last4']:.3f} s")
-        rows = {}
-        for dynamic in ("0", "1"):
-            r = rows[dynamic] = run("jax", "compile", args.steps, 0.0, dynamic)
-            worst = max(abs(a - b) for a, b in zip(r["losses"], cpu["losses"]))
-            print(f"  jax dynamic={dynamic}: total {r['total']:.2f} s ({r['total'] / cpu['total']:.1f}x cpu), last 4 "
-                  f"{r['last4']:.3f} s ({r['last4'] / cpu['last4']:.1f}x cpu), XLA compiles {sum(r['xla_compiles'])} "
-                  f"(per step {r['xla_compiles']}), losses within {worst:.1e} of cpu; {r['stats']}; "
-                  f"fallbacks {r['fallbacks_by_reason']}")
-            print(f"    step times (s): {[round(t, 3) for t in r['times']]}")
-        print(f"  dynamic on / off: total {rows['1']['total'] / rows['0']['total']:.2f}, "
-              f"last 4 {rows['1']['last4'] / rows['0']['last4']:.2f}")
+        for pdrop in args.dropout:
+            cpu = run("cpu", "compile", args.steps, pdrop, "0")
+            print(f"torch.compile(backend='jax') of the forward and backward, AdamW eager, dropout {pdrop}, lengths "
+                  f"{cpu['lengths']}: cpu eager total {cpu['total']:.2f} s, last 4 {cpu['last4']:.3f} s")
+            rows = {}
+            for dynamic in ("0", "1"):
+                r = rows[dynamic] = run("jax", "compile", args.steps, pdrop, dynamic)
+                worst = max(abs(a - b) for a, b in zip(r["losses"], cpu["losses"]))
+                print(f"  jax dynamic={dynamic}: total {r['total']:.2f} s ({r['total'] / cpu['total']:.1f}x cpu), last 4 "
+                      f"{r['last4']:.3f} s ({r['last4'] / cpu['last4']:.1f}x cpu), XLA compiles {sum(r['xla_compiles'])} "
+                      f"(per step {r['xla_compiles']}), losses within {worst:.1e} of cpu; {r['stats']}; "
+                      f"fallbacks {r['fallbacks_by_reason']}")
+                print(f"    step times (s): {[round(t, 3) for t in r['times']]}")
+            print(f"  dynamic on / off: total {rows['1']['total'] / rows['0']['total']:.2f}, "
+                  f"last 4 {rows['1']['last4'] / rows['0']['last4']:.2f}")
     if args.only in (None, "generate"):
         cpu = run("cpu", "generate", 0, 0.0, "0")
         print(f"generate, 4 prompts x 24 tokens: cpu {cpu['total']:.2f} s, 4 more of nearby lengths "

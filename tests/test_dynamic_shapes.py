@@ -384,3 +384,31 @@ def test_compiled_graph_with_an_op_without_a_rule_falls_back_per_shape(caplog):
     assert any(k.startswith("torch.compile inference graph: aten::flip") for k in reasons), reasons
     assert sum(reasons.values()) == 3, reasons  # every call of the symbolic graph (the first length is static)
     assert "compiles once per shape, not per bucket: aten::flip" in caplog.text, caplog.text
+
+
+def test_compiled_dropout_draws_in_buckets_what_it_draws_per_shape():
+    # a random op with a rule (dropout) runs padded: each logical element
+    # draws what the per-shape program draws for it, from the same key
+    torch._dynamo.reset()
+    _padding.reset()
+
+    def f(x):
+        return F.dropout(torch.softmax(x, -1), p=0.5, training=True) * 3
+
+    g = torch.compile(f, backend="jax")
+    for n in (9, 13, 11, 15):
+        x = torch.randn(2, n, 12)
+        got = {}
+        for on in (True, False):
+            torch.manual_seed(n)
+            xd = x.to("jax")
+            torch._dynamo.mark_dynamic(xd, 1)
+            with pjrt_host.config(dynamic_shapes=on):
+                got[on] = g(xd).cpu()
+        assert torch.equal(got[True], got[False]), n
+        kept = got[True] != 0
+        assert 0.3 < kept.float().mean() < 0.7
+        torch.testing.assert_close(got[True][kept], (torch.softmax(x, -1) * 6)[kept], rtol=1e-5, atol=1e-6)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["graph_programs"] == 1, stats  # 9 .. 15: the bucket of 16
+    assert not any("random" in k for k in stats["fallbacks_by_reason"]), stats["fallbacks_by_reason"]

@@ -30,7 +30,7 @@ __all__ = [
     "to_torch", "torch_device", "torch_dtype", "value_sites", "wrap", "write",
     # dynamic dimensions (_padded_graph)
     "bucket", "device_scalar", "fill", "fill_of", "note_fallback", "note_padded", "pad_as", "padded_array",
-    "padded_rule", "place_of", "wrap_padded",
+    "padded_rule", "place_of", "positions", "wrap_padded",
 ]
 
 
@@ -367,6 +367,12 @@ def bucket(n: int, odd: bool = False) -> int:
 def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:
     """Traceable: ``arr`` with its padding set to ``value`` (eager's fill)."""
     return _padding.fill(arr, masks, sizes, value)
+
+
+def positions(shape: tuple, comps: tuple, sizes: Any) -> Any:
+    """Traceable: the logical flat index of every position of a padded
+    array (eager's, for draws over padding)."""
+    return _padding.positions(shape, comps, sizes)
 
 
 def padded_rule(target: Any, name: str, lowering: Any) -> Any:

@@ -336,8 +336,9 @@ class CompiledGraph:
                     first = (_padded_graph.physical(c), tuple(a.shape))
         sizes = [_door.device_scalar(bindings[s], index) for s in plan.symbols]
         fn, out_info = entry
+        rng = _door.next_key_args(index) if self.random else ()  # the key the per-shape program would draw
         try:
-            result = fn(arrays, sizes)
+            result = fn(arrays, sizes, *rng)
         except Exception as err:
             if not fresh:
                 raise
@@ -387,10 +388,11 @@ class CompiledGraph:
         ctx = _door.lowering_context(cfg, True)
         out_info: dict[int, Any] = {}
 
-        def fn(arrays: list, sizes: list) -> Any:
+        def fn(arrays: list, sizes: list, *rng: Any) -> Any:
             inputs = [s if a is None else a for a, s in zip(arrays, statics)]
             rows: list | None = [] if checking else None
-            outs, dims = _padded_graph.run(program, plan, buckets, inputs, comps, sizes, ctx, rows)
+            key = _door.draw_key(*rng) if rng else None
+            outs, dims = _padded_graph.run(program, plan, buckets, inputs, comps, sizes, ctx, rows, key)
             arrays_out = []
             for pos, (spec, v, d) in enumerate(zip(out_specs, outs, dims)):
                 if spec.kind == "tensor":

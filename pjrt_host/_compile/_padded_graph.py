@@ -103,8 +103,6 @@ class Plan(NamedTuple):
 def plan(program: Any) -> Plan | str:
     """How ``program`` (an ``_interpreter.Program`` of a symbolic graph)
     runs padded, or why it cannot (a string naming the op and the cause)."""
-    if program.num_random:
-        return "a random op (draws per shape)"
     if program.mutated_inputs:
         return "it writes into its inputs"
     if program.unsupported:
@@ -305,7 +303,8 @@ def _exact_dim(n: int) -> tuple:
 class _Trace:
     """One trace of the graph on padded values."""
 
-    def __init__(self, program: Any, the_plan: Plan, buckets: dict, sizes: list) -> None:
+    def __init__(self, program: Any, the_plan: Plan, buckets: dict, sizes: list, key: Any = None) -> None:
+        self.key = key
         self.program = program
         self.plan = the_plan
         self.buckets = buckets
@@ -465,6 +464,8 @@ class _Trace:
                 args[pos] = self._fill_arg(what, rule, pos, a, args[pos], args, kwargs, exact)
             for k, a in node.kwargs.items():
                 kwargs[k] = self._fill_arg(what, rule, k, a, kwargs[k], args, kwargs, exact)
+            if step.random >= 0:
+                ctx = self.drawing(step, tensors, ctx)
             result = invoke(step.fn, args, kwargs, ctx, step.meta)
         elif kind == "factory":
             dims = self.result_dims(what, val, known)
@@ -524,6 +525,27 @@ class _Trace:
                 if d is not None and tuple(r.shape) != physical(d):
                     raise Unpaddable(f"{what}: a result of physical shape {tuple(r.shape)}, not {physical(d)}")
             self.dims[node] = dims
+
+    def drawing(self, step: Any, tensors: list, ctx: Any) -> Any:
+        """The context of a random op with a rule (dropout): its key, as
+        the per-shape program folds it, and over each padded input the
+        logical flat index of every position (``draw_positions``), so that
+        each logical element draws what an exact draw gives it and a seed
+        draws the same numbers with buckets and without."""
+        import dataclasses
+
+        positions = []
+        for n in tensors:
+            dims = self.dims[n]
+            if not any(c[2] for dim in dims for c in dim):
+                continue
+            shape = physical(dims)
+            comps = tuple(tuple((c[0], c[2]) for c in dim) for dim in dims)
+            sizes = [self.logical(c[1]) for dim in dims for c in dim if c[2]]
+            positions.append((shape, lambda shape=shape, comps=comps, sizes=sizes:
+                              _door.positions(shape, comps, sizes)))
+        return dataclasses.replace(ctx, rng_key=jax.random.fold_in(self.key, step.random),
+                                   draw_positions=tuple(positions))
 
     def _set(self, node: Any, what: str, result: Any, val: Any, dims: tuple) -> None:
         if tuple(result.shape) != physical(dims):
@@ -702,7 +724,8 @@ def _reshape(dims: tuple, out: list, what: str) -> tuple:
 
 
 def run(program: Any, the_plan: Plan, buckets: dict, inputs: list, comps: list, sizes: list, ctx: Any,
-        rows: list | None) -> tuple:
+        rows: list | None, key: Any = None) -> tuple:
     """Traceable: the graph on padded ``inputs`` (read with ``comps``), the
-    symbols' logical ``sizes`` traced.  Returns ``(outputs, their dims)``."""
-    return _Trace(program, the_plan, buckets, sizes).run(inputs, comps, ctx, rows)
+    symbols' logical ``sizes`` traced, random ops drawing from ``key`` as
+    the per-shape program does.  Returns ``(outputs, their dims)``."""
+    return _Trace(program, the_plan, buckets, sizes, key).run(inputs, comps, ctx, rows)
