@@ -107,7 +107,8 @@ else:  # steady: warm steps at 128 and 129 (three of each first, then the timed 
     out = {n: min(step(n) for _ in range(steps)) for n in (128, 129)}
 if device != "cpu":
     s = torch.jax.dynamic_shape_stats()
-    out["stats"] = {k: s[k] for k in ("padded_calls", "pads", "cuts", "fallbacks", "padding_overhead", "graph_programs")}
+    out["stats"] = {k: s[k] for k in ("padded_calls", "pads", "cuts", "fallbacks", "padding_overhead",
+                                      "graph_programs")}
     out["fallbacks_by_reason"] = dict(list(s["fallbacks_by_reason"].items())[:6])
     out["cuts_by_op"] = dict(list(s["cuts_by_op"].items())[:6])
 print("RESULT " + json.dumps(out))
@@ -154,9 +155,10 @@ def main() -> None:
             for dynamic in ("0", "1"):
                 r = rows[dynamic] = run("jax", "compile", args.steps, pdrop, dynamic)
                 worst = max(abs(a - b) for a, b in zip(r["losses"], cpu["losses"]))
-                print(f"  jax dynamic={dynamic}: total {r['total']:.2f} s ({r['total'] / cpu['total']:.1f}x cpu), last 4 "
-                      f"{r['last4']:.3f} s ({r['last4'] / cpu['last4']:.1f}x cpu), XLA compiles {sum(r['xla_compiles'])} "
-                      f"(per step {r['xla_compiles']}), losses within {worst:.1e} of cpu; {r['stats']}; "
+                print(f"  jax dynamic={dynamic}: total {r['total']:.2f} s ({r['total'] / cpu['total']:.1f}x cpu), "
+                      f"last 4 {r['last4']:.3f} s ({r['last4'] / cpu['last4']:.1f}x cpu), XLA compiles "
+                      f"{sum(r['xla_compiles'])} (per step {r['xla_compiles']}), losses within {worst:.1e} of cpu; "
+                      f"{r['stats']}; "
                       f"fallbacks {r['fallbacks_by_reason']}")
                 print(f"    step times (s): {[round(t, 3) for t in r['times']]}")
             print(f"  dynamic on / off: total {rows['1']['total'] / rows['0']['total']:.2f}, "
