@@ -12,11 +12,14 @@ steady-state cost of padding: a warm step at a length that just fills a
 bucket (128: 100 %) and one just past it (129 in the bucket of 160: 81 %),
 against the same steps with dynamic shapes off (warm too).
 
-    python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|steady] [--dropout 0.1 0.0]
+    python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|steady|compile] [--dropout 0.1 0.0]
                                               [--eager op|fused]
 
-``--eager fused`` runs the 'jax' rows in fused eager (segments of padded
-ops) instead of op by op.
+``--eager fused`` runs the eager 'jax' rows in fused eager (segments of
+padded ops) instead of op by op.  ``--only compile``: the same training
+under ``torch.compile(backend='jax')`` (forward and backward compiled,
+AdamW eager; each --dropout), dynamic shapes off and on: XLA compiles per
+step and the time, against torch CPU eager.
 
 Ratios: the run's total and its last 4 steps against CPU's, dynamic on
 against off; losses and tokens must equal CPU's (to float tolerance).
@@ -66,6 +69,34 @@ elif job == "generate":
             tokens.append(o[0, n:].tolist())
         times.append(time.perf_counter() - t0)
     out = {"total": times[0], "again": times[1], "tokens": tokens}
+elif job == "compile":
+    # torch.compile(backend='jax') of the forward and backward (the loss on
+    # labels shifted on the host, as a collator gives them), AdamW eager
+    import torch.nn.functional as F
+    xla = [0]
+    if device != "cpu":
+        import jax
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda event, d, **kw: xla.__setitem__(0, xla[0] + (event == "/jax/core/compile/backend_compile_duration")))
+    def loss_fn(ids, labels):
+        logits = model(input_ids=ids).logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    step_fn = torch.compile(loss_fn, backend="jax") if device != "cpu" else loss_fn
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    lengths = [int(x) for x in torch.randint(18, 129, (steps,), generator=g)]
+    times, losses, compiles = [], [], []
+    for n in lengths:
+        ids = torch.randint(0, 1000, (4, n), generator=g)
+        labels = torch.cat([ids[:, 1:], torch.full((4, 1), -100)], 1)
+        before = xla[0]
+        t = time.perf_counter()
+        loss = step_fn(ids.to(device), labels.to(device))
+        loss.backward(); opt.step(); opt.zero_grad()
+        losses.append(loss.item()); times.append(time.perf_counter() - t)
+        compiles.append(xla[0] - before)
+    out = {"total": sum(times), "last4": sum(times[-4:]), "losses": losses, "lengths": lengths, "times": times,
+           "xla_compiles": compiles}
 else:  # steady: warm steps at 128 and 129 (three of each first, then the timed ones)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     def step(n):
@@ -79,7 +110,9 @@ else:  # steady: warm steps at 128 and 129 (three of each first, then the timed 
     out = {n: min(step(n) for _ in range(steps)) for n in (128, 129)}
 if device != "cpu":
     s = torch.jax.dynamic_shape_stats()
-    out["stats"] = {k: s[k] for k in ("padded_calls", "pads", "cuts", "fallbacks", "padding_overhead")}
+    out["stats"] = {k: s[k] for k in ("padded_calls", "pads", "cuts", "fallbacks", "padding_overhead",
+                                      "graph_programs")}
+    out["fallbacks_by_reason"] = dict(list(s["fallbacks_by_reason"].items())[:6])
     out["cuts_by_op"] = dict(list(s["cuts_by_op"].items())[:6])
 print("RESULT " + json.dumps(out))
 """
@@ -103,7 +136,7 @@ def run(device: str, job: str, steps: int, pdrop: float, dynamic: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--only", choices=("train", "generate", "steady"))
+    parser.add_argument("--only", choices=("train", "generate", "steady", "compile"))
     parser.add_argument("--dropout", type=float, nargs="+", default=[0.1, 0.0])
     parser.add_argument("--eager", choices=("op", "fused"), default="op")
     args = parser.parse_args()
@@ -121,6 +154,23 @@ def main() -> None:
                 print(f"  jax dynamic={dynamic}: total {r['total']:.2f} s ({r['total'] / cpu['total']:.1f}x cpu), "
                       f"last 4 {r['last4']:.3f} s ({r['last4'] / cpu['last4']:.1f}x cpu), losses within {worst:.1e} "
                       f"of cpu; {r['stats']}; cuts {r['cuts_by_op']}")
+            print(f"  dynamic on / off: total {rows['1']['total'] / rows['0']['total']:.2f}, "
+                  f"last 4 {rows['1']['last4'] / rows['0']['last4']:.2f}")
+    if args.only in (None, "compile"):
+        for pdrop in args.dropout:
+            cpu = run("cpu", "compile", args.steps, pdrop, "0")
+            print(f"torch.compile(backend='jax') of the forward and backward, AdamW eager, dropout {pdrop}, lengths "
+                  f"{cpu['lengths']}: cpu eager total {cpu['total']:.2f} s, last 4 {cpu['last4']:.3f} s")
+            rows = {}
+            for dynamic in ("0", "1"):
+                r = rows[dynamic] = run("jax", "compile", args.steps, pdrop, dynamic)
+                worst = max(abs(a - b) for a, b in zip(r["losses"], cpu["losses"]))
+                print(f"  jax dynamic={dynamic}: total {r['total']:.2f} s ({r['total'] / cpu['total']:.1f}x cpu), "
+                      f"last 4 {r['last4']:.3f} s ({r['last4'] / cpu['last4']:.1f}x cpu), XLA compiles "
+                      f"{sum(r['xla_compiles'])} (per step {r['xla_compiles']}), losses within {worst:.1e} of cpu; "
+                      f"{r['stats']}; "
+                      f"fallbacks {r['fallbacks_by_reason']}")
+                print(f"    step times (s): {[round(t, 3) for t in r['times']]}")
             print(f"  dynamic on / off: total {rows['1']['total'] / rows['0']['total']:.2f}, "
                   f"last 4 {rows['1']['last4'] / rows['0']['last4']:.2f}")
     if args.only in (None, "generate"):

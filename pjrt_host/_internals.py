@@ -280,6 +280,30 @@ INTERNALS: tuple[Internal, ...] = (
               "tests/test_compile.py::test_backward_equals_eager_and_the_forward_runs_no_eager_op"),
     ),
     Internal(
+        names=("torch._dynamo.aot_compile_types", "torch.fx._graph_pickler.GraphPickler",
+               "torch.fx._graph_pickler.Options", "torch._guards.TracingContext", "torch._guards.tracing",
+               "torch._subclasses.FakeTensorMode", "torch._functorch.config"),
+        files=("pjrt_host/_compile/_dynamo_backend.py",),
+        why="torch's AOT path (`torch.compile(...).aot_compile`, `save_compiled_function`, "
+            "`torch.compiler.load_compiled_function`) takes a backend's result only as a "
+            "`SerializableCallable` (torch 2.13 has no public name for the class); the backend pickles "
+            "dynamo's graph with torch's graph pickler, as torch's own GraphModuleSerializableCallable does, "
+            "runs AOTAutograd again on its fake inputs under a TracingContext in the loading process, and "
+            "turns off AOTAutograd's cache flags the AOT path sets (its entries hold inductor OutputCode only).",
+        fallback="without aot_compile_types the backend returns AOTAutograd's callable as it is: torch.compile "
+                 "works, aot_compile refuses the backend; a change of the others fails aot_compile or the load.",
+        pins=("tests/test_compile.py::test_a_second_process_runs_an_aot_compiled_function_without_dynamo",),
+    ),
+    Internal(
+        names=("torch.compiler._compile_session_context", "torch._dynamo.aot_compile"),
+        files=("pjrt_host/_torch/_hiding.py", "pjrt_host/_torch/_patches/__init__.py"),
+        why="the AOT path's capture (`aot_compile_fullgraph`) runs outside torch's compile session, so "
+            "`torch.compiler.is_compiling()` is False while dynamo traces and a 'jax' tensor is not hidden "
+            "from it; the `aot_compile` patch runs it inside the session, as dynamo's own compile path does.",
+        fallback="aot_compile of a function of 'jax' tensors fails in dynamo (an unknown Python object).",
+        pins=("tests/test_compile.py::test_a_second_process_runs_an_aot_compiled_function_without_dynamo",),
+    ),
+    Internal(
         names=("torch._dynamo.reset",),
         files=("pjrt_host/_check/_sections/_compile.py",),
         why="`check`'s compile section starts each model from an empty dynamo cache.",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import threading
 import warnings
 
@@ -499,15 +500,22 @@ def test_each_shape_compiles_once():
     assert len(graphs) == 2
 
 
-def test_dynamic_shapes_compile_per_shape():
+def test_dynamic_shapes_compile_per_bucket():
+    # one symbolic graph, jitted once for the bucket of its sizes (16: both
+    # 3 and 5, and the 4 that dynamic=True makes symbolic too); per shape
+    # with dynamic dimensions off (tests/test_dynamic_shapes.py has more)
+    from pjrt_host._torch import _padding
+
     compiler, graphs = counting_backend()
     f = torch.compile(lambda x: torch.softmax(x * 2, dim=-1).reshape(-1), backend=compiler, dynamic=True)
+    _padding.reset()
     for n in (3, 5, 3):
         x = torch.randn(n, 4, device="jax")
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
             assert_same(f(x), torch.softmax(x * 2, dim=-1).reshape(-1))
-    assert len(graphs) == 1  # one symbolic graph, jitted per concrete shape
+    assert len(graphs) == 1
+    assert torch.jax.dynamic_shape_stats()["graph_programs"] == 1
 
 
 # ------------------------------------------------------------ threads
@@ -712,3 +720,69 @@ def test_compiled_steps_donate_what_they_overwrite_and_nothing_still_needed(monk
     assert len(donated) == len(overwritten) - 2, decisions[1]
     torch.testing.assert_close(model.weight.detach().cpu(), cpu.weight.detach(), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(model.bias.detach().cpu(), cpu.bias.detach(), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------ torch's AOT path
+
+_AOT_SAVE = r"""
+import sys
+import torch
+import pjrt_host
+
+def f(x, w):
+    return torch.softmax(x @ w, dim=-1).sum(0), x.shape[0] * 2
+
+torch.manual_seed(0)
+x, w = torch.randn(5, 8, device="jax"), torch.randn(8, 8, device="jax")
+torch._dynamo.mark_dynamic(x, 0)
+compiled = torch.compile(f, backend="jax", fullgraph=True).aot_compile(((x, w), {}))
+compiled.save_compiled_function(sys.argv[1])
+torch.save({"x": x.cpu(), "w": w.cpu()}, sys.argv[2])
+print("SAVED")
+"""
+
+_AOT_LOAD = r"""
+import sys
+import torch
+import torch._dynamo.convert_frame as convert_frame
+import pjrt_host
+
+traces = []
+for name in ("fullgraph_capture", "_compile"):  # dynamo's two ways to trace a frame, counted
+    original = getattr(convert_frame, name)
+    setattr(convert_frame, name, lambda *a, _o=original, _n=name, **k: (traces.append(_n), _o(*a, **k))[1])
+
+with open(sys.argv[1], "rb") as file:
+    loaded = torch.compiler.load_compiled_function(file)
+data = torch.load(sys.argv[2])
+x, w = data["x"].to("jax"), data["w"].to("jax")
+y, n = loaded(x, w)
+torch.testing.assert_close(y.cpu(), torch.softmax(data["x"] @ data["w"], dim=-1).sum(0), rtol=1e-5, atol=1e-5)
+assert n == 10, n
+x7 = torch.randn(7, 8)
+y7, n7 = loaded(x7.to("jax"), w)  # another size of the bucket: the same program, no dynamo
+torch.testing.assert_close(y7.cpu(), torch.softmax(x7 @ data["w"], dim=-1).sum(0), rtol=1e-5, atol=1e-5)
+assert n7 == 14, n7
+stats = torch.jax.dynamic_shape_stats()
+assert stats["graph_programs"] == 1 and stats["fallbacks"] == 0, stats
+assert traces == [], traces
+print("LOADED")
+"""
+
+
+def test_a_second_process_runs_an_aot_compiled_function_without_dynamo(tmp_path):
+    # torch 2.13's AOT path: the backend returns a SerializableCallable, so
+    # aot_compile + save_compiled_function work, and load_compiled_function
+    # in a fresh process runs the function without dynamo tracing it, the
+    # symbolic graph still one program per bucket there
+    import subprocess
+    import sys
+
+    path, data = str(tmp_path / "f.pt2"), str(tmp_path / "data.pt")
+    env = dict(os.environ, PJRT_HOST_CACHE_DIR=str(tmp_path / "cache"))
+    saved = subprocess.run([sys.executable, "-c", _AOT_SAVE, path, data], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert "SAVED" in saved.stdout, saved.stderr[-3000:]
+    loaded = subprocess.run([sys.executable, "-c", _AOT_LOAD, path, data], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert "LOADED" in loaded.stdout, loaded.stderr[-3000:]

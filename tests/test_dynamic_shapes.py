@@ -271,3 +271,169 @@ def test_dropout_over_padding_draws_what_an_exact_draw_draws():
     for mode in ("all", True):
         for a, b in zip(masks[mode], masks[False]):
             torch.testing.assert_close(a, b)
+
+
+# ------------------------------------------------------------ torch.compile(backend='jax')
+#
+# dynamo's symbolic graphs (automatic dynamic at the second size,
+# mark_dynamic, dynamic=True) run one program per bucket of their sizes
+# (pjrt_host/_compile/_padded_graph.py), through eager's rules.
+
+
+class _XlaCompiles:
+    """Counts XLA compiles (every program of the process: the graphs', and
+    any eager op's around them)."""
+
+    def __enter__(self) -> "_XlaCompiles":
+        import jax
+
+        self.count = 0
+
+        def listener(event: str, duration: float, **kwargs) -> None:
+            if event == "/jax/core/compile/backend_compile_duration":
+                self.count += 1
+
+        self._listener = listener
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import jax
+
+        jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+def _compiled_lengths(lengths, mark: bool, *, dynamic=None, check: bool = True):
+    """Training steps of the transformer-like Block (linear, layer norm,
+    softmax attention, cross-entropy) compiled with backend='jax', one per
+    length, compared with torch CPU's; returns per step the XLA compiles
+    and the graph programs (padded) it made."""
+    torch._dynamo.reset()
+    cpu, dev = _pair()
+    compiled = torch.compile(dev, backend="jax", dynamic=dynamic)
+    out = []
+    for t in lengths:
+        g = torch.Generator().manual_seed(t)
+        x = torch.randn(3, t, 16, generator=g)
+        target = torch.randint(0, 10, (3, t), generator=g)
+        xd, td = x.to("jax"), target.to("jax")
+        if mark:
+            torch._dynamo.mark_dynamic(xd, 1)
+            torch._dynamo.mark_dynamic(td, 1)
+        programs = torch.jax.dynamic_shape_stats()["graph_programs"]
+        with _XlaCompiles() as xla:
+            dev.zero_grad()
+            loss = compiled(xd, td)
+            loss.backward()
+            got = (loss.cpu(), [p.grad.cpu() for p in dev.parameters()])
+        out.append((xla.count, torch.jax.dynamic_shape_stats()["graph_programs"] - programs))
+        if check:
+            want_loss, want_grads = _step(cpu, x, target)
+            torch.testing.assert_close(got[0], want_loss, rtol=2e-5, atol=2e-5)
+            for a, b in zip(got[1], want_grads):
+                torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+    return out
+
+
+def test_compiled_mark_dynamic_runs_one_program_per_bucket():
+    # 5 lengths in the bucket of 32, odd ones among them, then one of 48's
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True):
+        steps = _compiled_lengths([17, 23, 31, 20, 29, 40], mark=True)
+    stats = torch.jax.dynamic_shape_stats()
+    assert steps[0][1] == 2, steps  # a forward and a backward program for the bucket 32
+    assert all(s == (0, 0) for s in steps[1:5]), steps  # no XLA compile at all for 4 more lengths
+    assert steps[5][1] == 2, steps  # the next bucket: its own two
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert stats["calls_by_bucket"].get("3x32x16", 0) >= 5, stats["calls_by_bucket"]
+
+
+def test_compiled_automatic_dynamic_runs_one_program_per_bucket():
+    # dynamo compiles the first length static, the second as a symbolic
+    # graph: from there on, the bucket's programs
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True):
+        steps = _compiled_lengths([18, 21, 25, 19, 30, 27], mark=False)
+    assert steps[1][1] == 2, steps
+    assert all(s == (0, 0) for s in steps[2:]), steps
+    assert torch.jax.dynamic_shape_stats()["fallbacks"] == 0
+
+
+def test_compiled_off_compiles_per_shape():
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=False):
+        steps = _compiled_lengths([17, 23, 31], mark=True, check=False)
+    assert all(s[1] == 0 and s[0] >= 2 for s in steps), steps  # no padded program; each length compiles
+
+
+def test_compiled_dynamic_true_inference_matches_cpu_at_odd_sizes():
+    torch._dynamo.reset()
+    _padding.reset()
+
+    def f(x, w):
+        h = torch.softmax(x @ w, dim=-1)
+        return h.reshape(-1), (x ** 2).mean(0), h.amax(0)
+
+    g = torch.compile(f, backend="jax", dynamic=True)
+    w = torch.randn(6, 6)
+    with pjrt_host.config(dynamic_shapes=True), torch.no_grad():
+        for n in (3, 5, 7, 11, 13):  # one bucket (16)
+            x = torch.randn(n, 6)
+            got = g(x.to("jax"), w.to("jax"))
+            want = f(x, w)
+            for a, b in zip(got, want):
+                assert tuple(a.shape) == tuple(b.shape)
+                torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["graph_programs"] == 1 and stats["fallbacks"] == 0, stats
+
+
+def test_compiled_graph_with_an_op_without_a_rule_falls_back_per_shape(caplog):
+    # flip has no padded rule: the graph compiles per shape, as before
+    # buckets, says why, and its values are right
+    torch._dynamo.reset()
+    _padding.reset()
+
+    def f(x):
+        return (x.flip(1) * 2).sum(1), torch.softmax(x, 1)
+
+    g = torch.compile(f, backend="jax")
+    with pjrt_host.config(dynamic_shapes=True), caplog.at_level("INFO", logger="pjrt_host.recompiles"):
+        for n in (5, 7, 9, 11):
+            x = torch.randn(3, n)
+            for a, b in zip(g(x.to("jax")), f(x)):
+                torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["graph_programs"] == 0, stats
+    reasons = stats["fallbacks_by_reason"]
+    assert any(k.startswith("torch.compile inference graph: aten::flip") for k in reasons), reasons
+    assert sum(reasons.values()) == 3, reasons  # every call of the symbolic graph (the first length is static)
+    assert "compiles once per shape, not per bucket: aten::flip" in caplog.text, caplog.text
+
+
+def test_compiled_dropout_draws_in_buckets_what_it_draws_per_shape():
+    # a random op with a rule (dropout) runs padded: each logical element
+    # draws what the per-shape program draws for it, from the same key
+    torch._dynamo.reset()
+    _padding.reset()
+
+    def f(x):
+        return F.dropout(torch.softmax(x, -1), p=0.5, training=True) * 3
+
+    g = torch.compile(f, backend="jax")
+    for n in (9, 13, 11, 15):
+        x = torch.randn(2, n, 12)
+        got = {}
+        for on in (True, False):
+            torch.manual_seed(n)
+            xd = x.to("jax")
+            torch._dynamo.mark_dynamic(xd, 1)
+            with pjrt_host.config(dynamic_shapes=on):
+                got[on] = g(xd).cpu()
+        assert torch.equal(got[True], got[False]), n
+        kept = got[True] != 0
+        assert 0.3 < kept.float().mean() < 0.7
+        torch.testing.assert_close(got[True][kept], (torch.softmax(x, -1) * 6)[kept], rtol=1e-5, atol=1e-6)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["graph_programs"] == 1, stats  # 9 .. 15: the bucket of 16
+    assert not any("random" in k for k in stats["fallbacks_by_reason"]), stats["fallbacks_by_reason"]

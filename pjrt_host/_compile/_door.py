@@ -16,8 +16,8 @@ import torch
 
 from .._lowerings import LoweringContext
 from .._lowerings._dtypes import jax_dtype, torch_dtype
-from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _index_checks, _lowering_context,
-                      _rng, _sharding, _strided, _sync, _tensor, _value_checks)
+from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _dynamic_dims, _index_checks,
+                      _lowering_context, _padding, _rng, _sharding, _strided, _sync, _tensor, _value_checks)
 from .._torch._hiding import dynamo_compiling, our_trace
 from .._torch._tensor import DONATE, JaxTensor, TensorSpec
 
@@ -28,6 +28,9 @@ __all__ = [
     "index_failure", "index_of_array", "index_sites", "jax_device", "lowering_context", "next_key_args",
     "note_result", "our_trace", "out_of_memory", "put_storage", "read", "storage", "storage_of", "to_device_array",
     "to_torch", "torch_device", "torch_dtype", "value_sites", "wrap", "write",
+    # dynamic dimensions (_padded_graph)
+    "bucket", "device_scalar", "fill", "fill_of", "note_fallback", "note_padded", "pad_as", "padded_array",
+    "padded_rule", "place_of", "positions", "wrap_padded",
 ]
 
 
@@ -159,6 +162,11 @@ def put_storage(st: Any, array: Any, settle: bool = False) -> None:
 
 def device_index(t: JaxTensor) -> int:
     return t._storage.device_index
+
+
+def place_of(t: JaxTensor) -> Any:
+    """Where a 'jax' tensor's storage lives: its device index, or a mesh placement."""
+    return t._storage.place
 
 
 def current_index() -> int:
@@ -346,3 +354,75 @@ def check_results_fit(arrays: Any, index: int, what: str) -> None:
     from .._torch import _memory
 
     _memory.check_fits(sum(a.nbytes for a in arrays), index, what)
+
+
+# ------------------------------------------------------------ dynamic dimensions
+
+
+def bucket(n: int, odd: bool = False) -> int:
+    """The physical size a logical size ``n`` is padded to (eager's buckets)."""
+    return _padding.bucket(n, odd)
+
+
+def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:
+    """Traceable: ``arr`` with its padding set to ``value`` (eager's fill)."""
+    return _padding.fill(arr, masks, sizes, value)
+
+
+def positions(shape: tuple, comps: tuple, sizes: Any) -> Any:
+    """Traceable: the logical flat index of every position of a padded
+    array (eager's, for draws over padding)."""
+    return _padding.positions(shape, comps, sizes)
+
+
+def padded_rule(target: Any, name: str, lowering: Any) -> Any:
+    """Eager's rule for reading padded inputs of the functional op
+    ``target`` (None: it has none)."""
+    return _dynamic_dims.rule_for(target, name, lowering, None, ())
+
+
+def fill_of(rule: Any, position: Any, args: tuple, kwargs: dict) -> Any:
+    return _dynamic_dims.fill_of(rule, position, args, kwargs)
+
+
+def note_fallback(who: str, why: str) -> None:
+    """Counted in ``torch.jax.dynamic_shape_stats()["fallbacks_by_reason"]``."""
+    _padding.note_fallback(who, why)
+
+
+def note_padded(event: str, physical: tuple | None = None, logical: tuple | None = None) -> None:
+    """A padded graph call (``physical`` / ``logical`` shapes of its first
+    padded input) or another event counted in the statistics."""
+    if physical is not None:
+        _padding.note_padded_call(physical, logical)
+    else:
+        _padding.note(event)
+
+
+def device_scalar(n: int, index: int) -> Any:
+    """``n`` as an int32 array on device ``index``, made once per value."""
+    return _padding.device_scalar(n, index)
+
+
+def padded_array(t: JaxTensor, padded: tuple) -> Any:
+    """The array of ``t`` laid out as ``padded`` (per dim its components
+    ``(physical, logical, dynamic)``): its storage's own array when ``t`` is
+    a whole storage padded so, else its values padded (a copy)."""
+    st = t._storage
+    if t._view is None and st.padded == padded:
+        return st._array
+    values = _tensor.read(t)  # logical (a padded storage is cut)
+    if _padding.physical_shape(padded) == tuple(values.shape):
+        return values
+    _padding.note("pads")
+    return _padding.pad_as(values, padded)
+
+
+def pad_as(arr: Any, padded: tuple) -> Any:
+    return _padding.pad_as(arr, padded)
+
+
+def wrap_padded(array: Any, shape: tuple, index: int, dtype: torch.dtype, padded: tuple) -> JaxTensor:
+    """A new 'jax' tensor of logical ``shape`` over the padded ``array``."""
+    _padding.live = True
+    return _tensor.result_tensor(array, tuple(shape), dtype, index, None, padded)

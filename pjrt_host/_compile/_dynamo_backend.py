@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+import pickle
+from typing import Any, Callable
 
 import torch
 
@@ -24,7 +25,7 @@ from . import _checks, _door, _graph_ops
 from ._interpreter import Program
 from ._graph_runtime import REPORT, CompiledGraph, EagerGraph, warn_once
 
-__all__ = ["backend", "compile_graph"]
+__all__ = ["JaxCompiled", "backend", "compile_dynamo_graph", "compile_graph"]
 
 logger = logging.getLogger("pjrt_host")
 
@@ -127,16 +128,130 @@ _OPTIONS: dict[str, str] = {}
 @_x64_scope
 def backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Any:
     """``torch.compile(model, backend='jax')``."""
-    global _aot_backend
     options = kwargs.pop("options", None) or {}
     if kwargs or options:
         unknown = sorted(set(kwargs) | set(options))
         raise TypeError(f"pjrt_host: torch.compile(backend='jax') takes no options; got {', '.join(unknown)}. "
                         "Device settings (matmul precision) come from pjrt_host.config(...) around the call.")
+    # serializable: torch's AOT path (aot_compile, save_compiled_function)
+    # takes it as it is; torch.compile calls it
+    return serializable(gm, compile_dynamo_graph(gm, example_inputs))
+
+
+@_x64_scope
+def compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+    """Dynamo's graph through AOTAutograd, each ATen graph one jitted call."""
+    global _aot_backend
+    from torch._functorch import config as functorch_config
+
     _door.load_device()
     custom = _custom_op_decompositions(gm)
     if custom:
-        return _make_aot_backend(custom)(gm, example_inputs)
-    if _aot_backend is None:
-        _aot_backend = _make_aot_backend()
-    return _aot_backend(gm, example_inputs)
+        aot = _make_aot_backend(custom)
+    else:
+        if _aot_backend is None:
+            _aot_backend = _make_aot_backend()
+        aot = _aot_backend
+    if functorch_config.force_autograd_cache or functorch_config.bundled_autograd_cache:
+        # torch's AOT path (aot_compile) turns AOTAutograd's cache on, whose
+        # entries hold inductor OutputCode only: it would refuse these graphs
+        # (docs/compile.md, "A second process"); _serialize.JaxCompiled
+        # serializes dynamo's graph instead
+        with functorch_config.patch(force_autograd_cache=False, bundled_autograd_cache=False):
+            return aot(gm, example_inputs)
+    return aot(gm, example_inputs)
+
+
+# ------------------------------------------------------------ torch's AOT path
+#
+# torch's AOT path for the jax backend: a second process skips dynamo.
+#
+# ``torch.compile(fn, backend='jax', fullgraph=True).aot_compile(((args), {}))``
+# traces ``fn`` with dynamo once and asks the backend for a callable that
+# implements ``SerializableCallable`` (torch 2.13,
+# ``torch._dynamo.aot_compile_types``): ``serialize_compile_artifacts`` /
+# ``deserialize_compile_artifacts``.  ``save_compiled_function(path)`` writes
+# it with dynamo's guards and bytecode, and
+# ``torch.compiler.load_compiled_function(file)`` in another process gives a
+# function that runs without dynamo's trace.
+#
+# What :class:`JaxCompiled` serializes is dynamo's graph (torch's
+# ``GraphPickler``, as torch's own ``GraphModuleSerializableCallable``), not
+# AOTAutograd's result: torch 2.13 serializes AOTAutograd's forward, backward
+# and runtime wrappers only as a bundled cache entry whose compiled graphs are
+# inductor ``OutputCode`` objects (docs/compile.md, "A second process").  So
+# the loading process runs AOTAutograd and this backend again on the graph's
+# symbolic fake inputs, once, at the first call; XLA's programs come from the
+# disk cache (``PJRT_HOST_CACHE_DIR``) when the first process left them there.
+
+try:
+    from torch._dynamo.aot_compile_types import SerializableCallable as _Base
+except ImportError:  # a torch without the AOT path: nothing to implement
+    _Base = None
+
+#: Node metadata the graph pickler cannot take and the backend does not read.
+_DROPPED_META = ("nn_module_stack", "source_fn_stack", "example_value", "stack_trace", "grapharg",
+                 "fwd_nn_module_stack", "fwd_source_fn_stack")
+
+
+def serializable(gm: torch.fx.GraphModule, compiled: Callable) -> Any:
+    """``compiled`` (the backend's callable for dynamo's ``gm``) as a
+    ``SerializableCallable`` where torch has the interface, else itself."""
+    if _Base is None:
+        return compiled
+    return JaxCompiled(gm, compiled)
+
+
+class JaxCompiled(_Base or object):  # type: ignore[misc]
+    """The jax backend's result for one dynamo graph, serializable."""
+
+    def __init__(self, graph_module: torch.fx.GraphModule, compiled: Callable | None = None,
+                 fake_mode: Any = None) -> None:
+        self.graph_module = graph_module
+        self._compiled = compiled
+        self._fake_mode = fake_mode
+
+    def __call__(self, *args: Any) -> Any:
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = self._load()
+        return compiled(*args)
+
+    def _load(self) -> Callable:
+        """The backend run again on the loaded graph, with its placeholders'
+        fake values (symbolic where dynamo made them so) as the example
+        inputs, in their fake mode."""
+        from torch._guards import TracingContext, tracing
+
+        example = [n.meta.get("val", n.meta.get("example_value")) for n in self.graph_module.graph.nodes
+                   if n.op == "placeholder"]
+        with tracing(TracingContext(self._fake_mode)):
+            return compile_dynamo_graph(self.graph_module, example)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: Any) -> bytes:
+        from torch.fx._graph_pickler import GraphPickler, Options
+
+        gm = fn.graph_module
+        for node in gm.graph.nodes:
+            for key in _DROPPED_META:
+                if key == "example_value" and node.op == "placeholder":
+                    continue  # the loaded graph's example inputs (fake, symbolic where dynamo made them)
+                node.meta.pop(key, None)
+        return pickle.dumps(GraphPickler.dumps(gm, Options(ops_filter=None)))
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> Any:
+        from torch._subclasses import FakeTensorMode
+        from torch.fx._graph_pickler import GraphPickler
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        gm = GraphPickler.loads(pickle.loads(data), fake_mode)
+        # AOTAutograd reads dynamo's sources of a graph dynamo marked
+        # (for its own guards and cudagraphs' static inputs), which the
+        # pickle does not keep; the loaded function's guards are dynamo's,
+        # saved with it
+        gm.meta.pop("dynamo_compile_id", None)
+        gm.recompile()
+        return cls(gm, None, fake_mode)

@@ -29,12 +29,13 @@ import jax
 import torch
 
 from .._jax_settings import x64_scope as _x64_scope
-from . import _checks, _door
+from . import _checks, _door, _padded_graph
 from ._interpreter import GraphLoweringError, Program
 
 __all__ = ["CompiledGraph", "EagerGraph", "REPORT"]
 
 logger = logging.getLogger("pjrt_host")
+recompiles = logging.getLogger("pjrt_host.recompiles")
 
 #: Where the warnings below send a user: how to report a gap and add a lowering.
 REPORT = "docs/op-coverage.md in the pjrt_host sources"
@@ -149,11 +150,21 @@ class CompiledGraph:
         #: The mesh the graph's sharding constraints name (None: none).
         self.mesh = _door.graph_placement(gm)
         self._lock = threading.Lock()
+        #: Dynamic dimensions (_padded_graph): None until a symbolic graph's
+        #: first call, then its Plan, or why it compiles per shape (a str).
+        self.padded_plan: Any = None
+        self.padded_cache: dict[Any, Any] = {}
 
     @_x64_scope
     def __call__(self, args: list) -> Any:
         if self.eager is not None:
             return self.eager(args)
+        if self.program.symbolic:
+            cfg = _door.config()
+            if cfg.dynamic_shapes:
+                result = self._padded(args, cfg)
+                if result is not None:
+                    return result
         layout, arrays, offsets, owners, place, mixed = _door.unwrap(args)
         if place is None:
             place = _door.current_index()
@@ -255,6 +266,148 @@ class CompiledGraph:
             _checks.report(flags, self.program.sites, entry.checks,
                            f"in the {self.what} graph of torch.compile(backend='jax') on {_door.DEVICE_NAME}:{index}")
         return results
+
+    # ------------------------------------------------------------ buckets
+
+    def _give_up(self, why: str) -> None:
+        """The padded route cannot run this graph (``why``): from now on it
+        compiles per shape, as before buckets."""
+        self.padded_plan = why
+        recompiles.info("torch.compile(backend='jax'): the %s graph (symbolic sizes) compiles once per shape, not "
+                        "per bucket: %s", self.what, why)
+
+    def _padded(self, args: list, cfg: Any) -> Any:
+        """The call through the program of its sizes' buckets
+        (:mod:`._padded_graph`), or None: it runs per shape (counted)."""
+        plan = self.padded_plan
+        if plan is None:
+            plan = _padded_graph.plan(self.program)
+            if not isinstance(plan, str) and any(spec.device is not None for spec in self.out_specs):
+                plan = "a result on another device"
+            if isinstance(plan, str):
+                self._give_up(plan)
+            else:
+                self.padded_plan = plan
+        if isinstance(plan, str):
+            _door.note_fallback(f"torch.compile {self.what} graph", plan)
+            return None
+        index = None
+        for a in args:
+            if isinstance(a, _door.JaxTensor):
+                p = _door.place_of(a)
+                if type(p) is not int or (index is not None and p != index):
+                    _door.note_fallback(f"torch.compile {self.what} graph", "a mesh or several devices")
+                    return None
+                index = p
+            elif isinstance(a, torch.Tensor):
+                _door.note_fallback(f"torch.compile {self.what} graph", "a tensor of another device")
+                return None
+        if index is None:
+            index = _door.current_index()
+        if self.mesh is not None:
+            self._give_up("a sharding constraint")
+            return None
+        program = self.program
+        try:
+            bindings, bkey, buckets, comps = _padded_graph.input_padding(plan, args, cfg.dynamic_shapes == "all")
+        except _padded_graph.Unpaddable as why:
+            self._give_up(str(why))
+            _door.note_fallback(f"torch.compile {self.what} graph", str(why))
+            return None
+        statics = tuple(a if spec[0] == "value" else None for a, spec in zip(args, plan.inputs))
+        checking = cfg.check_mode if program.sites and cfg.check_mode else None
+        key = (bkey, statics, cfg, index)
+        entry = self.padded_cache.get(key)
+        fresh = entry is None
+        if fresh:
+            entry = self._build_padded(plan, buckets, comps, statics, cfg, checking)
+        arrays = []
+        first = None
+        for a, c in zip(args, comps):
+            if c is None:
+                arrays.append(None)
+                continue
+            padded = _padded_graph.concrete_padding(c, bindings)
+            if padded is None:
+                arrays.append(_door.read(a))
+            else:
+                arrays.append(_door.padded_array(a, padded))
+                if first is None:
+                    first = (_padded_graph.physical(c), tuple(a.shape))
+        sizes = [_door.device_scalar(bindings[s], index) for s in plan.symbols]
+        fn, out_info = entry
+        rng = _door.next_key_args(index) if self.random else ()  # the key the per-shape program would draw
+        try:
+            result = fn(arrays, sizes, *rng)
+        except Exception as err:
+            if not fresh:
+                raise
+            why = str(err) if isinstance(err, _padded_graph.Unpaddable) else \
+                f"{type(err).__name__} on padded values: {str(err).splitlines()[0] if str(err) else ''}"
+            logger.debug("pjrt_host: the padded graph failed", exc_info=err)
+            self._give_up(why)
+            _door.note_fallback(f"torch.compile {self.what} graph", why)
+            return None
+        if fresh:
+            _door.note_padded("graph_programs")
+            with self._lock:
+                if len(self.padded_cache) > 64:
+                    self.padded_cache.clear()
+                self.padded_cache[key] = entry
+        if checking is None:
+            outs = result
+        else:
+            outs, flags = result
+        if first is not None:
+            _door.note_padded("padded_calls", *first)
+        results = []
+        it = iter(outs)
+        last = None
+        for pos, spec in enumerate(self.out_specs):
+            info = out_info.get(pos)
+            if spec.kind != "tensor":
+                results.append(_padded_graph.concrete_value(info, bindings))
+                continue
+            arr = last = next(it)
+            padded = _padded_graph.concrete_padding(info, bindings)
+            if padded is None:
+                results.append(_door.wrap(arr, index, spec.dtype))
+            else:
+                shape = _padded_graph.logical_shape(info, bindings)
+                results.append(_door.wrap_padded(arr, shape, index, spec.dtype, padded))
+        if last is not None:
+            _door.note_result(index, last)
+        if checking is not None:
+            _checks.report(flags, program.sites, checking,
+                           f"in the {self.what} graph of torch.compile(backend='jax') on {_door.DEVICE_NAME}:{index}")
+        return results
+
+    def _build_padded(self, plan: Any, buckets: dict, comps: list, statics: tuple, cfg: Any, checking: Any) -> tuple:
+        program = self.program
+        out_specs = self.out_specs
+        ctx = _door.lowering_context(cfg, True)
+        out_info: dict[int, Any] = {}
+
+        def fn(arrays: list, sizes: list, *rng: Any) -> Any:
+            inputs = [s if a is None else a for a, s in zip(arrays, statics)]
+            rows: list | None = [] if checking else None
+            key = _door.draw_key(*rng) if rng else None
+            outs, dims = _padded_graph.run(program, plan, buckets, inputs, comps, sizes, ctx, rows, key)
+            arrays_out = []
+            for pos, (spec, v, d) in enumerate(zip(out_specs, outs, dims)):
+                if spec.kind == "tensor":
+                    arrays_out.append(v)
+                    out_info[pos] = d
+                else:
+                    out_info[pos] = None if hasattr(v, "shape") else v
+            if rows is not None:
+                return tuple(arrays_out), _checks.stack(rows)
+            return tuple(arrays_out)
+
+        if recompiles.isEnabledFor(logging.INFO):
+            recompiles.info("torch.compile(backend='jax'): the %s graph compiles a program for the buckets %s",
+                            self.what, ", ".join(f"{s}: {b}" for s, b in buckets.items()))
+        return jax.jit(fn), out_info
 
     def _oom_name(self) -> str:
         return f"the {self.what} graph of torch.compile(backend='jax')"

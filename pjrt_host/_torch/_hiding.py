@@ -244,3 +244,21 @@ class BackendCannotCompile(RuntimeError):
             f"code for the devices it knows). Use torch.compile(model, backend='jax'), which compiles each graph with "
             f"jax.jit on the device's plugin; backend='eager' or 'aot_eager' also work, for debugging.")
         self.backend = backend
+
+
+def compile_session(original: Callable) -> Callable:
+    """``torch._dynamo.aot_compile.aot_compile_fullgraph`` (torch's AOT
+    path: ``torch.compile(...).aot_compile``) inside torch's compile
+    session, as dynamo's own compile path runs: there
+    ``torch.compiler.is_compiling()`` holds for the whole compile, so a
+    'jax' tensor is hidden from dynamo while it traces; the AOT path's
+    capture does not enter the session, and dynamo would see a 'jax' tensor
+    as an unknown Python object."""
+    import functools
+
+    @functools.wraps(original)
+    def aot_compile_fullgraph(*args: Any, **kwargs: Any) -> Any:
+        with torch.compiler._compile_session_context():
+            return original(*args, **kwargs)
+
+    return aot_compile_fullgraph

@@ -249,7 +249,8 @@ def note_padded_call(physical: tuple, logical: tuple) -> None:
 def counts() -> dict[str, Any]:
     """What ``torch.jax.dynamic_shape_stats()`` returns."""
     result: dict[str, Any] = {k: _counts.get(k, 0) for k in
-                              ("padded_calls", "pads", "cuts", "fallbacks", "physical_elements", "logical_elements")}
+                              ("padded_calls", "pads", "cuts", "fallbacks", "physical_elements", "logical_elements",
+                               "graph_programs")}
     logical = result["logical_elements"]
     result["padding_overhead"] = (result["physical_elements"] / logical - 1.0) if logical else 0.0
     result["cuts_by_op"] = dict(_cut_by.most_common())

@@ -152,6 +152,20 @@ def _replace_dynamo_attributes(owner: type) -> None:
                        torch.__version__, type(err).__name__, err)
 
 
+def _install_aot_compile_session() -> None:
+    # torch._dynamo is imported by the first compile, never here: the
+    # replacement is made when its AOT module is imported.
+    from . import _import_hooks
+
+    _import_hooks.after_import({"torch._dynamo.aot_compile": _replace_aot_compile})
+
+
+def _replace_aot_compile(module: Any) -> None:
+    from torch._dynamo import aot_compile  # the module the hook was given
+
+    _replace(aot_compile, "aot_compile_fullgraph", aot_compile.aot_compile_fullgraph, _hiding.compile_session)
+
+
 _STORAGE = "torch's constructor would dereference a null allocator (no C++ allocator can be registered from Python)"
 
 INVENTORY: tuple[Patch, ...] = (
@@ -189,6 +203,12 @@ INVENTORY: tuple[Patch, ...] = (
             "dynamo calls a tensor subclass's own __torch_function__ for an attribute under a mode, and 'jax' "
             "tensors have torch's disabled one (_hiding.attributes_under_modes)"),),
           _install_dynamo_attributes),
+    Patch("aot_compile", "import", "torch.compile(..., backend='jax').aot_compile (an import hook: dynamo is not "
+                                   "imported)",
+          (("torch._dynamo.aot_compile.aot_compile_fullgraph (when imported)",
+            "the AOT path's capture runs outside torch's compile session, so torch.compiler.is_compiling() is "
+            "False while dynamo traces and a 'jax' tensor is not hidden from it (_hiding.compile_session)"),),
+          _install_aot_compile_session),
     Patch("foreach", "device", "torch.optim's and clip_grad_norm_'s default foreach step on 'jax' (one program per "
                                "optimizer op over all parameters, not one per parameter shape)", (), _install_foreach),
     Patch("backward", "device", "device errors inside backward() raised at backward()",
