@@ -56,6 +56,14 @@ def _compiled() -> int:
     return torch.jax.program_cache_stats()["compiled"] + torch.jax.program_cache_stats()["disk_hits"]
 
 
+def _assert_like_cpu(got: tuple, cpu: Block, x: torch.Tensor, target: torch.Tensor) -> None:
+    """``got`` (a loss and its gradients) is what a step of ``cpu`` gives."""
+    want_loss, want_grads = _step(cpu, x, target)
+    torch.testing.assert_close(got[0], want_loss, rtol=2e-5, atol=2e-5)
+    for a, b in zip(got[1], want_grads):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+
+
 def _run_lengths(lengths, check=True):
     cpu, dev = _pair()
     compiled = []
@@ -68,10 +76,7 @@ def _run_lengths(lengths, check=True):
         got = (loss.cpu(), [g.cpu() for g in grads])
         compiled.append(_compiled() - before)
         if check:
-            want_loss, want_grads = _step(cpu, x, target)
-            torch.testing.assert_close(got[0], want_loss, rtol=2e-5, atol=2e-5)
-            for a, b in zip(got[1], want_grads):
-                torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+            _assert_like_cpu(got, cpu, x, target)
     return compiled
 
 
@@ -328,10 +333,7 @@ def _compiled_lengths(lengths, mark: bool, *, dynamic=None, check: bool = True):
             got = (loss.cpu(), [p.grad.cpu() for p in dev.parameters()])
         out.append((xla.count, torch.jax.dynamic_shape_stats()["graph_programs"] - programs))
         if check:
-            want_loss, want_grads = _step(cpu, x, target)
-            torch.testing.assert_close(got[0], want_loss, rtol=2e-5, atol=2e-5)
-            for a, b in zip(got[1], want_grads):
-                torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+            _assert_like_cpu(got, cpu, x, target)
     return out
 
 
