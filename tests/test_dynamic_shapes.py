@@ -207,17 +207,23 @@ def test_a_cache_growing_by_one_runs_one_program_per_bucket(eager):
     with pjrt_host.config(dynamic_shapes=True, eager=eager):
         dk = k.to("jax")
         compiled = []
-        for _ in range(40):
-            new = torch.randn(2, 1, 8)
+        joined = []
+        for step in range(40):
+            new = torch.randn(2, 8, 1)
             before = _compiled()
-            dk = torch.cat([dk, new.to("jax")], dim=1)
+            # a computed view, as a projection's heads are (pending in fused
+            # eager: the join reads it in the segment)
+            dk = torch.cat([dk, (new.to("jax") * 1.0).transpose(1, 2)], dim=1)
+            if dk._storage.padded is not None:  # joined in its bucket: recorded in fused eager
+                joined.append(step)
+                assert dk._storage.pending == (eager == "fused")
             scores = torch.softmax(dk @ dk[:, -1:].transpose(1, 2), dim=1)
             got = (scores.cpu(), dk.cpu())
             compiled.append(_compiled() - before)
-            k = torch.cat([k, new], dim=1)
+            k = torch.cat([k, new.transpose(1, 2)], dim=1)
             torch.testing.assert_close(got[0], torch.softmax(k @ k[:, -1:].transpose(1, 2), dim=1))
             torch.testing.assert_close(got[1], k)
-        assert dk._storage.padded is not None
+        assert dk._storage.padded is not None and len(joined) > 30, joined
     # lengths 6 .. 45: within the buckets of 32 and 48 no step compiles
     assert sum(compiled[28:]) <= 3, compiled
 

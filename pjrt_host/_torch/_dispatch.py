@@ -34,10 +34,11 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _lowerings
-from . import (_backward, _config, _dynamic_dims, _index_checks, _memory, _meta, _profile, _sdpa, _sequences,
+from .. import _lowerings, _program_cache
+from . import (_backward, _config, _dynamic_dims, _fused, _index_checks, _memory, _meta, _profile, _sdpa, _sequences,
                _storage_ops, _sync, _tensor, _value_checks)
 from ._cpu_fallback import run_on_cpu
+from ._signatures import Traceable
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_same_view, run_view
 
@@ -456,11 +457,30 @@ def _joined_when_padded(handler: Handler) -> Handler:
         if type(tensors) in (list, tuple) and any(type(t) is _tensor.JaxTensor and t._storage.padded is not None
                                                   for t in tensors):
             dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-            joined = _dynamic_dims.join(list(tensors), dim)
+            record = _record_join if _config.current().eager == "fused" else None
+            joined = _dynamic_dims.join(list(tensors), dim, record)
             if joined is not None:
                 return joined
         return handler(args, kwargs)
     return handle
+
+
+_join_ops: dict = {}
+
+
+def _record_join(body: Callable, key: tuple, inputs: list, shape: tuple, physical: tuple, padded: tuple,
+                 dtype: torch.dtype, index: int) -> Any:
+    """Fused eager: a join of pending values (``_dynamic_dims.join``)
+    recorded into the segment instead of running it first, as one op whose
+    traceable function is the join's (one per key, so that the segments
+    of a bucket repeat)."""
+    op = _join_ops.get(key)
+    if op is None:
+        if len(_join_ops) > 1024:
+            _join_ops.clear()
+        op = _join_ops[key] = Traceable(body, "pjrt_host.join", key, _program_cache.Spelt(("pjrt_host.join", key)))
+    plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
+    return _fused.record(op, inputs, plan, index, index, padded=[(shape, physical, padded)])
 
 
 _TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})

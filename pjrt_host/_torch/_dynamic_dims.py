@@ -35,7 +35,7 @@ import torch
 
 from .. import _program_cache
 from . import _config, _padding
-from ._tensor import JaxTensor, Storage, contiguous_strides, make, read_through, view_for
+from ._tensor import JaxTensor, Pending, Storage, contiguous_strides, make, read_through, view_for
 
 __all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "prepare", "read_of",
            "result_padding", "rule_for", "unpad_all"]
@@ -549,13 +549,18 @@ def padded_values(t: JaxTensor) -> tuple | None:
 _join_programs: dict = {}
 
 
-def join(tensors: list, dim: int) -> JaxTensor | None:
+def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor | None:
     """``torch.cat(tensors, dim)`` along a dim some of them hold padded (a
     key/value cache growing by a token): the result padded to the bucket of
     its logical length, each tensor placed at its run-time offset, so that
     every length of a bucket runs one program.  None: not such a call
     (dynamic shapes off, no tensor padded along ``dim``, other dims that do
-    not line up, a view that is not a physical one)."""
+    not line up, a view that is not a physical one).
+
+    ``record`` (fused eager): given ``(fn, key, inputs, shape, physical,
+    padded, dtype, index)`` when a tensor is a whole storage whose value is
+    still pending, it records the join into the segment and returns its
+    result (None: the values are computed and the join runs now)."""
     if not _config.current().dynamic_shapes or not all(type(t) is JaxTensor for t in tensors):
         return None
     # torch skips an empty 1-d tensor in a cat (a cache's initial torch.tensor([]))
@@ -570,35 +575,46 @@ def join(tensors: list, dim: int) -> JaxTensor | None:
     parts = []
     for t in tensors:
         storage = t._storage
-        if storage.padded is not None:
+        if type(storage.place) is not int or storage.device_index != first._storage.device_index:
+            return None
+        exact = tuple(((n, n, False),) for n in t.shape)
+        view = t._view
+        if record is not None and storage.pending and (view is None or (storage.padded is None and view.elem is None)):
+            # recorded as it is: a pending whole storage, or a view of an exact one read in the join
+            static, offset = (None, 0) if view is None else (view.static, view.run_offset)
+            parts.append((storage._array, storage.padded or exact, t.shape[dim], static, offset))
+        elif storage.padded is not None:
             found = padded_values(t)
             if found is None:
                 return None
             arr, padded = found
-            padded = padded or tuple(((n, n, False),) for n in t.shape)
+            parts.append((arr, padded or exact, t.shape[dim], None, 0))
         else:
-            if type(storage.place) is not int:
-                return None
-            arr = read_through(storage.get(), t._view.static, t._view.run_offset) if t._view is not None \
-                else storage.get()
-            padded = tuple(((n, n, False),) for n in t.shape)
-        parts.append((arr, padded, t.shape[dim]))
+            arr = read_through(storage.get(), view.static, view.run_offset) if view is not None else storage.get()
+            parts.append((arr, exact, t.shape[dim], None, 0))
     if not any(p[1][dim][0][2] for p in parts if len(p[1][dim]) == 1) or any(len(p[1][dim]) != 1 for p in parts):
         return None  # nothing padded along dim, or a merged dim there
     others = [tuple(c for d, c in enumerate(p[1]) if d != dim) for p in parts]
     if any(o != others[0] for o in others) or any(p[0].dtype != parts[0][0].dtype for p in parts):
         return None
-    if len({p[0].devices().pop() for p in parts}) != 1:
-        return None
     total = sum(p[2] for p in parts)
-    physical_out = max(_padding.bucket(total), max(p[0].shape[dim] for p in parts))
-    key = (tuple(tuple(p[0].shape) for p in parts), str(parts[0][0].dtype), dim, physical_out)
-    fn = _join_programs.get(key)
-    if fn is None:
-        def body(arrays, lengths):
+    # each part's shape as the join reads it (a recorded view: its size, of the storage's array)
+    shapes = [tuple(t.shape) if p[3] is not None else tuple(p[0].shape) for p, t in zip(parts, tensors)]
+    physical_out = max(_padding.bucket(total), max(shape[dim] for shape in shapes))
+    views = tuple(p[3] for p in parts)
+    key = (tuple(tuple(p[0].shape) for p in parts), str(parts[0][0].dtype), dim, physical_out, views)
+    found = _join_programs.get(key)
+    if found is None:
+        count = len(parts)
+
+        def body(*inputs):
             import jax.numpy as jnp
             from jax import lax
 
+            from . import _strided
+
+            arrays = [_strided.read(a, v, off) for a, v, off in zip(inputs[:count], views, inputs[2 * count:])]
+            lengths = inputs[count:2 * count]
             shape = list(arrays[0].shape)
             shape[dim] = physical_out
             i = lax.broadcasted_iota("int32", tuple(shape), dim)
@@ -611,20 +627,33 @@ def join(tensors: list, dim: int) -> JaxTensor | None:
                 offset = offset + n
             return out
 
-        fn = _join_programs[key] = _program_cache.Kept("pjrt_host.join", body, key)
+        found = _join_programs[key] = (body, _program_cache.Kept("pjrt_host.join", body, key))
+    body, program = found
     import numpy as np
 
-    arr = fn([p[0] for p in parts], [np.int32(p[2]) for p in parts])
     shape = list(first.shape)
     shape[dim] = total
+    shape = tuple(shape)
     padded = list(parts[0][1])
     padded[dim] = ((physical_out, total, True),)
-    _padding.note_padded_call(tuple(arr.shape), tuple(shape))
+    padded = tuple(padded)
+    physical = tuple(_padding.physical_shape(padded))
+    inputs = [p[0] for p in parts] + [np.int32(p[2]) for p in parts] + [p[4] for p in parts]
+    index = first._storage.device_index
+    pending = [i for i, p in enumerate(parts) if type(p[0]) is Pending]
+    if pending:
+        joined = record(body, key, inputs, shape, physical, padded, first.dtype, index)
+        if joined is not None:
+            _padding.note_padded_call(physical, shape)
+            return joined
+        for i in pending:  # (the storage's computed array: its view, if any, is read in the join)
+            inputs[i] = tensors[i]._storage.computed()
+    arr = program(*inputs)
+    _padding.note_padded_call(tuple(arr.shape), shape)
     from ._sync import note_result
 
-    note_result(first._storage.device_index, arr)
-    return make(Storage(arr, tuple(shape), arr.dtype, first._storage.device_index, first._storage.place,
-                        tuple(padded)), tuple(shape), first.dtype)
+    note_result(index, arr)
+    return make(Storage(arr, shape, arr.dtype, index, first._storage.place, padded), shape, first.dtype)
 
 
 def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:
