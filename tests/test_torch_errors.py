@@ -103,6 +103,56 @@ def test_a_device_error_inside_backward_raises_at_backward():
     assert "AFTER [2.0, 2.0, 2.0]" in lines and "FALLBACK True" in lines, proc.stdout
 
 
+_REFUSED_BACKWARD_FORMULA = """
+import torch, pjrt_host
+
+def run(dev):
+    seen = []
+    a = torch.tensor([True, False], device=dev)
+    y = torch.tensor([0.5, -2.0], device=dev, requires_grad=True)
+    w = torch.tensor([1.0, 2.0], device=dev, requires_grad=True)
+    v = torch.tensor([1.0, 4.0], device=dev, requires_grad=True)
+    (w * 3).sum().backward()  # w has a gradient before the failing backward
+    for loss in (lambda: torch.atan2(a, y).sum(),
+                 lambda: (v * 2).sum() + torch.atan2(a, y).sum() + (w * w).sum() + y.sum() + (v * v).sum()):
+        try:
+            loss().backward()
+            seen.append("no error")
+        except Exception as err:
+            seen.append((type(err).__name__, str(err)))
+        seen.append([None if t.grad is None else t.grad.cpu().tolist() for t in (y, w, v)])
+    try:
+        torch.autograd.grad(torch.atan2(a, y).sum(), y)
+    except Exception as err:
+        seen.append((type(err).__name__, str(err)))
+    (y * y).sum().backward()  # the device goes on
+    seen.append(y.grad.cpu().tolist())
+    return seen
+
+cpu, dev = run("cpu"), run("jax")
+for c, d in zip(cpu, dev):
+    print("SAME" if c == d else "DIFF", c, d)
+print("ALL SAME", cpu == dev)
+"""
+
+
+def test_a_backward_formula_torch_refuses_raises_as_on_cpu():
+    """atan2(bool, float)'s backward negates the bool tensor, which torch's
+    meta and CPU kernels refuse alike: the device had no placeholder to
+    give autograd's engine and the error ended the process ("terminate
+    called without an active exception", or a SystemError from
+    run_backward).  Now backward() and autograd.grad() raise CPU's
+    RuntimeError with its text, and the leaves' ``.grad`` are CPU's: the
+    sums of the nodes before the failing one (a gradient that existed is
+    kept; a leaf reached only after it has none).  In a child process: a
+    regression must fail this test, not end the test run (fuzz finding 1,
+    docs/fuzzing.md)."""
+    proc = run_python(["-c", _REFUSED_BACKWARD_FORMULA])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ALL SAME True" in proc.stdout, proc.stdout
+    assert "Negation, the `-` operator, on a bool tensor" in proc.stdout, proc.stdout
+
+
 _FOREACH_WRITES = [
     ("_foreach_add_", lambda ts: torch._foreach_add_(ts, 1.0)),
     ("_foreach_mul_ (list)", lambda ts: torch._foreach_mul_(ts, [2.0] * len(ts))),

@@ -52,6 +52,10 @@ _handlers: dict[Any, Handler] = {}
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ATen op ``func`` on arguments holding 'jax' tensors."""
+    if _backward._pending is not None and _backward.failed_here():  # CPU's engine stopped at that op
+        skipped = _backward.skip(func, args, kwargs)
+        if skipped is not _backward.CANNOT:
+            return skipped
     handler = _handlers.get(func)
     if handler is None:
         handler = _handlers[func] = handler_for(func)
