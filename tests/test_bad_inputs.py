@@ -231,6 +231,12 @@ GOOD = {
         torch.tensor([True, False, True], device=d), torch.arange(4.0, device=d)),
     "repeat_interleave with a zero count": lambda d: torch.repeat_interleave(torch.tensor([1, 2], device=d),
                                                                           torch.tensor([0, 2], device=d)),
+    # integer division by zero of no elements: CPU's kernels divide nothing and raise nothing
+    "remainder of empty ints by 0": lambda d: torch.empty(0, dtype=torch.long, device=d) % 0,
+    "take_along_dim of empty tensors": lambda d: torch.take_along_dim(
+        torch.empty(0, 5, device=d), torch.empty(0, 5, dtype=torch.long, device=d), 1),
+    "floor_divide of empty ints by a zero tensor": lambda d: torch.empty(0, 2, dtype=torch.long, device=d) // torch.tensor(
+        [0, 1], device=d),
     # division by zero with a float result is inf, as on CPU
     "true division of ints by zero": lambda d: torch.tensor([1, 2], device=d) / torch.tensor([1, 0], device=d),
     "floor_divide of floats by zero": lambda d: torch.tensor([1.0, 2.0], device=d) // torch.tensor([1.0, 0.0], device=d),
