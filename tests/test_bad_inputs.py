@@ -78,6 +78,11 @@ CASES = {
                                                                   range=(3.0, 1.0)),
     "multinomial of more draws than categories": lambda d: torch.multinomial(torch.tensor([0.5, 0.5], device=d), 3),
     "arange beyond int64": lambda d: torch.arange(0, 1e20, device=d),
+    # an FFT of an empty tensor: CPU's MKL plan refuses it, jnp returned an empty result
+    "fft of an empty batch": lambda d: torch.fft.fft(torch.empty(0, 5, device=d)),
+    "rfft2 of an empty tensor": lambda d: torch.fft.rfft2(torch.empty(3, 0, 4, device=d)),
+    "irfft of an empty tensor": lambda d: torch.fft.irfft(torch.empty(0, 4, dtype=torch.complex64, device=d)),
+    "ifftn of an empty tensor": lambda d: torch.fft.ifftn(torch.empty(2, 0, dtype=torch.complex64, device=d)),
     # integer division by zero: CPU's kernels refuse it, jax gives -1, 0 or the dividend
     "floor_divide of ints by a zero tensor": lambda d: torch.tensor([1, 2], device=d) // torch.tensor([1, 0], device=d),
     "remainder of ints by 0": lambda d: torch.tensor([1, 2], device=d) % 0,
@@ -231,6 +236,8 @@ GOOD = {
         torch.tensor([True, False, True], device=d), torch.arange(4.0, device=d)),
     "repeat_interleave with a zero count": lambda d: torch.repeat_interleave(torch.tensor([1, 2], device=d),
                                                                           torch.tensor([0, 2], device=d)),
+    # an empty signal that n= pads first is no empty FFT
+    "fft of an empty dim padded by n": lambda d: torch.fft.fft(torch.empty(5, 0, device=d), n=4),
     # integer division by zero of no elements: CPU's kernels divide nothing and raise nothing
     "remainder of empty ints by 0": lambda d: torch.empty(0, dtype=torch.long, device=d) % 0,
     "take_along_dim of empty tensors": lambda d: torch.take_along_dim(
