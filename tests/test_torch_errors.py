@@ -33,6 +33,34 @@ def test_mixed_devices_fail_like_cuda():
             cpu_first()
 
 
+_OUT_ON_CPU = {
+    "isin": lambda d, o: torch.isin(torch.arange(4.0, device=d), torch.tensor([1.0, 2.0], device=d), out=o(4, torch.bool)),
+    "renorm": lambda d, o: torch.renorm(torch.ones(2, 3, device=d), 2, 0, 1.0, out=o((2, 3))),
+    "unbind_copy": lambda d, o: torch.unbind_copy(torch.ones(2, 3, device=d), 0, out=[o(3), o(3)]),
+    "split_with_sizes_copy": lambda d, o: torch.split_with_sizes_copy(torch.ones(4, device=d), [1, 3],
+                                                                      out=[o(1), o(3)]),
+    "linalg.lu": lambda d, o: torch.linalg.lu(torch.eye(3, device=d), out=(o((3, 3)), o((3, 3)), o((3, 3)))),
+    "add": lambda d, o: torch.add(torch.ones(3, device=d), 1, out=o(3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OUT_ON_CPU))
+def test_an_out_tensor_on_cpu_is_refused_like_cuda(name):
+    """torch refuses out= on CPU for inputs on an accelerator; ops the device
+    runs through a decomposition or a handler of its own (isin, renorm, the
+    *_copy ops, linalg.lu) wrote the result into the CPU tensor instead
+    (found by the bad-input sweep's out:cpu cases)."""
+    made = []
+
+    def cpu_out(shape, dtype=torch.float32):
+        made.append(torch.full(shape if isinstance(shape, tuple) else (shape,), 7, dtype=dtype))
+        return made[-1]
+
+    with pytest.raises(RuntimeError, match=r"Expected out tensor to have device jax:0, but got cpu instead"):
+        _OUT_ON_CPU[name](DEV, cpu_out)
+    assert all(bool((t == torch.full_like(t, 7)).all()) for t in made), "the CPU out= tensor was written"
+
+
 def test_cpu_scalar_tensor_is_allowed():
     j = torch.ones(3, device=DEV)
     out = j + torch.tensor(2.0)

@@ -146,7 +146,30 @@ def handler_for(func: Any) -> Handler:
         handler = _index_moved_to_device(handler)
     elif _draws_per_element(func):
         handler = _drawn_in_buckets(handler)
+    outs = tuple(a.name for a in getattr(func, "_schema", None).arguments if getattr(a, "is_out", False)) \
+        if getattr(func, "_schema", None) is not None else ()
+    if outs:
+        handler = _outs_on_the_device(handler, outs)
     return handler
+
+
+def _outs_on_the_device(handler: Handler, outs: tuple[str, ...]) -> Handler:
+    """torch's refusal, on every accelerator, of an out= tensor on CPU among
+    the device's inputs (ops the device runs through a decomposition or its
+    own handler wrote the result into the CPU tensor)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        for k in outs:
+            value = kwargs.get(k)
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor) and not isinstance(t, _tensor.JaxTensor):
+                    here = next((u.device for u in (*args, *kwargs.values()) if isinstance(u, _tensor.JaxTensor)),
+                                None)
+                    if here is not None:
+                        raise RuntimeError(f"Expected out tensor to have device {here}, but got {t.device} instead "
+                                           "(pass out= tensors on the inputs' device)")
+        return handler(args, kwargs)
+
+    return handle
 
 
 #: Ops that reach the device undecomposed in inference mode and first check
