@@ -270,6 +270,10 @@ GOOD = {
                                                      out=torch.empty(4, device=d)),
     "fill_ on expanded": lambda d: torch.zeros(1, device=d).expand(3).fill_(2),
     "zero_ on expanded": lambda d: torch.ones(1, device=d).expand(3).zero_(),
+    # CPU's out= kernels of these factories are fill_, which takes an expanded out=
+    "ones out= expanded": lambda d: torch.ones(3, out=torch.zeros(1, device=d).expand(3)),
+    "zeros out= expanded": lambda d: torch.zeros(2, 3, out=torch.ones(1, 1, device=d).expand(2, 3)),
+    "full out= expanded": lambda d: torch.full((3,), 2.5, out=torch.zeros(1, device=d).expand(3)),
     "cholesky of (0, 5)": lambda d: torch.cholesky(torch.ones(0, 5, device=d)),
     "diagonal_scatter": lambda d: torch.diagonal_scatter(torch.zeros(3, 4, device=d), torch.ones(2, device=d), 2),
     "normal_ of float": lambda d: torch.zeros(3, device=d).normal_(0, 0).add(1),

@@ -146,11 +146,36 @@ def handler_for(func: Any) -> Handler:
         handler = _index_moved_to_device(handler)
     elif _draws_per_element(func):
         handler = _drawn_in_buckets(handler)
+    elif name in _FILLS:
+        handler = _filled_out(handler, _FILLS[name])
     outs = tuple(a.name for a in getattr(func, "_schema", None).arguments if getattr(a, "is_out", False)) \
         if getattr(func, "_schema", None) is not None else ()
     if outs:
         handler = _outs_on_the_device(handler, outs)
     return handler
+
+
+#: Factories whose out= kernel on CPU is ``out.fill_(value)``: their value.
+_FILLS: dict[str, Callable[[tuple, dict], Any]] = {
+    "aten::ones.out": lambda args, kwargs: 1,
+    "aten::zeros.out": lambda args, kwargs: 0,
+    "aten::full.out": lambda args, kwargs: args[1] if len(args) > 1 else kwargs["fill_value"],
+}
+
+
+def _filled_out(handler: Handler, value: Callable[[tuple, dict], Any]) -> Handler:
+    """``ones`` / ``zeros`` / ``full`` into an out= of the result's shape
+    as CPU's kernel writes it: a fill_, which an expanded out= takes (torch's
+    decomposition copies, and copy_ refuses overlapping memory).  Another
+    shape is resized by the handler."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        out = kwargs.get("out")
+        size = args[0] if args else kwargs.get("size")
+        if isinstance(out, _tensor.JaxTensor) and size is not None and tuple(out.shape) == tuple(size):
+            return out.fill_(value(args, kwargs))
+        return handler(args, kwargs)
+
+    return handle
 
 
 def _outs_on_the_device(handler: Handler, outs: tuple[str, ...]) -> Handler:
