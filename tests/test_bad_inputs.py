@@ -78,6 +78,18 @@ CASES = {
                                                                   range=(3.0, 1.0)),
     "multinomial of more draws than categories": lambda d: torch.multinomial(torch.tensor([0.5, 0.5], device=d), 3),
     "arange beyond int64": lambda d: torch.arange(0, 1e20, device=d),
+    # dtypes CPU's (and cuda's) kernels have no code for: the device computed float16 and
+    # complex, and jax refused bool and int64 in its own words
+    "ctc_loss of float16": lambda d: F.ctc_loss(torch.zeros(6, 2, 4, dtype=torch.float16, device=d),
+                                                torch.tensor([[1, 2], [2, 1]], device=d),
+                                                torch.tensor([6, 6], device=d), torch.tensor([2, 2], device=d)),
+    "ctc_loss of int64": lambda d: F.ctc_loss(torch.zeros(6, 2, 4, dtype=torch.int64, device=d),
+                                              torch.tensor([[1, 2], [2, 1]], device=d),
+                                              torch.tensor([6, 6], device=d), torch.tensor([2, 2], device=d)),
+    "segment_reduce of int64": lambda d: torch.segment_reduce(torch.ones(4, dtype=torch.int64, device=d), "sum",
+                                                              lengths=torch.tensor([2, 2], device=d)),
+    "segment_reduce of complex": lambda d: torch.segment_reduce(torch.ones(4, dtype=torch.complex64, device=d), "max",
+                                                                lengths=torch.tensor([2, 2], device=d)),
     # an FFT of an empty tensor: CPU's MKL plan refuses it, jnp returned an empty result
     "fft of an empty batch": lambda d: torch.fft.fft(torch.empty(0, 5, device=d)),
     "rfft2 of an empty tensor": lambda d: torch.fft.rfft2(torch.empty(3, 0, 4, device=d)),

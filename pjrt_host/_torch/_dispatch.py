@@ -148,11 +148,47 @@ def handler_for(func: Any) -> Handler:
         handler = _drawn_in_buckets(handler)
     elif name in _FILLS:
         handler = _filled_out(handler, _FILLS[name])
+    kernel_dtypes = _KERNEL_DTYPES.get(name.split(".")[0])
+    if kernel_dtypes is not None:
+        handler = _dtypes_of_the_kernel(handler, name, *kernel_dtypes)
     outs = tuple(a.name for a in getattr(func, "_schema", None).arguments if getattr(a, "is_out", False)) \
         if getattr(func, "_schema", None) is not None else ()
     if outs:
         handler = _outs_on_the_device(handler, outs)
     return handler
+
+
+_FLOATS = (torch.float32, torch.float64)
+#: Ops whose kernels (CPU's and cuda's alike) have code for these dtypes of
+#: their first tensor only, where the device's lowering computes any: torch
+#: CPU's kernel name and the dtypes.  The probe of CPU's kernel cannot find
+#: these: its zeros are refused first for their values (lengths of 0).
+_KERNEL_DTYPES: dict[str, tuple[str, tuple]] = {
+    "aten::_ctc_loss": ("ctc_loss_cpu", _FLOATS),
+    "aten::segment_reduce": ("_segment_reduce_cpu", (*_FLOATS, torch.float16, torch.bfloat16)),
+}
+#: torch's names of dtypes in its kernels' refusals.
+_SCALAR_TYPE_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
+                      torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                      torch.float32: "Float", torch.float64: "Double", torch.complex64: "ComplexFloat",
+                      torch.complex128: "ComplexDouble"}
+
+
+def _dtypes_of_the_kernel(handler: Handler, name: str, kernel: str, dtypes: tuple) -> Handler:
+    """torch's NotImplementedError for a dtype its kernel has no code for
+    (``"ctc_loss_cpu" not implemented for 'Half'``); the device's lowering
+    would compute it (float16, complex) or fail inside jax (bool, int64)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if first is not None and first.dtype not in dtypes:
+            type_name = _SCALAR_TYPE_NAMES.get(first.dtype, str(first.dtype))
+            raise NotImplementedError(
+                f'"{kernel}" not implemented for \'{type_name}\' (torch\'s kernel has code for '
+                f"{', '.join(str(d).removeprefix('torch.') for d in dtypes)} only; pjrt_host refuses {name} of "
+                f"{str(first.dtype).removeprefix('torch.')} as it does: cast the input to float32)")
+        return handler(args, kwargs)
+
+    return handle
 
 
 #: Factories whose out= kernel on CPU is ``out.fill_(value)``: their value.
