@@ -75,11 +75,6 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
      "whether a write into a tensor whose elements share memory is refused depends on each CPU kernel; the "
      "device takes CPU's answer from its probe at the call's own layouts, and where the probe cannot tell (CPU "
      "refuses its zeros first, a factory's out=) refuses it for the elementwise, random and scan ops"),
-    ("mixed-shape-only", r"^(expand_as|view_as|reshape_as|broadcast_tensors|type_as|new_\w+|resize_as_)\|mixed",
-     r"", r"^value", "only the CPU tensor's shape (or dtype) is read, which torch accepts from any device"),
-    ("mixed-factory-out", r"\|out:cpu", r"", r"does not match device type of out parameter|^value",
-     "a factory or scan with out= on CPU: torch's own device check words it differently, or the result is "
-     "computed where out= lives, as torch CPU does"),
     ("complex32", r"", r"", r"complex32 has no jax equivalent",
      "the device holds no complex32 (chalf): jax has no such type (docs/torch-device.md)"),
     ("value-check", r"\|poison:", r"", r"^value",
@@ -94,11 +89,6 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str, str, str, str], ...] = (
      "it wherever it lives; the sweep's accelerator rule refuses it"),
     ("device-feature", r"", r"", r"growing a 'jax' tensor in place|aten::_to_sparse has no lowering",
      "the device has no sparse layouts and does not grow a tensor's storage in place (docs/torch-device.md)"),
-    ("mixed-scalar-reshaped", r"^nn\.functional\.(prelu|multi_margin_loss|multilabel_margin_loss|"
-     r"linear_cross_entropy[\w.]*)\|mixed:", r"^value", r"same device",
-     "a 0-dim CPU tensor is taken among device tensors only by TensorIterator kernels (device_check: NoCheck); "
-     "these ops reshape it first (prelu's weight to 1-D) or run kernels with torch's common-device check (the "
-     "margin losses, nll_loss), so torch's accelerators refuse it as the device does; on CPU every tensor is on CPU"),
     ("mixed-ctc-targets", r"^nn\.functional\.ctc_loss\|mixed:", r"", r"^value",
      "torch's ctc_loss moves targets to log_probs' device before its kernel (for cuDNN's CPU targets), on every "
      "device: a CPU tensor among them is no error"),
@@ -447,9 +437,9 @@ def _call(case: Case, device: str) -> Any:
     from torch.utils._pytree import tree_map
 
     def place(t, k):
-        if device == "jax" and (case.mixed == k or k in ON_CPU_EVERYWHERE.get(case.op.name, ())):
+        if device in ("jax", "meta") and (case.mixed == k or k in ON_CPU_EVERYWHERE.get(case.op.name, ())):
             return t.clone()
-        if case.place is not None:
+        if case.place is not None and device != "meta":
             return case.place(t, device, k)
         return t.clone().to(device)
 
@@ -462,6 +452,10 @@ def _call(case: Case, device: str) -> Any:
     fn = case.op.inplace_variant if case.variant == "inplace" else case.op
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if device == "meta":  # torch's own answer on a device that is not CPU (no values)
+            with torch.device("meta"):
+                fn(inp, *args, **kwargs)
+            return None
         if device == "jax":
             with torch.device("jax"):
                 result = fn(inp, *args, **kwargs)
@@ -546,6 +540,11 @@ def _mixed_expected(case: Case) -> bool:
     return leaves[case.mixed].dim() != 0 and bool(on_device) and case.mixed not in on_cpu
 
 
+#: Ops that read only a CPU tensor's sizes, which torch takes from any device
+#: (composite views; the meta device runs them with a CPU tensor too): the
+#: accelerator rule does not apply, CPU's values are the reference.
+SHAPES_ONLY = frozenset({"expand_as", "reshape_as", "view_as", "broadcast_tensors", "resize_as_"})
+
 #: Tensor arguments (by position among a sample's tensors) that torch wants
 #: on CPU on every device: the device runs keep them there, as a user must.
 ON_CPU_EVERYWHERE: dict[str, tuple[int, ...]] = {
@@ -581,8 +580,16 @@ def judge(case: Case, cpu_done: Callable[[], None] = lambda: None) -> dict:
     got = _outcome(case, "jax")
     rec = {"id": case.id, "kind": case.kind, "cpu_raised": want["raised"], "jax_raised": got["raised"]}
     if not want["raised"] and (case.mixed is not None and _mixed_expected(case)
+                               and case.op.name not in SHAPES_ONLY
                                or case.id.split("|")[1].startswith("out:cpu") and _tensor_leaves(case.sample)):
         want = {"raised": True, "type": "RuntimeError", "mro": ["RuntimeError"], "message": "", "mixed": True}
+    elif not want["raised"] and case.mixed is not None and case.op.name not in SHAPES_ONLY:
+        # a 0-dim CPU tensor: torch's accelerators take it where their code
+        # does not reshape it or check for one device first; torch's meta
+        # device runs the same device-generic code, so its refusal is theirs
+        meta = _outcome(case, "meta")
+        if meta["raised"] and "device" in meta["message"]:
+            want = dict(meta, mixed=True)
     elif not want["raised"] and case.id.split("|")[1].startswith("out:cpu"):
         want = _factory_out_on_cpu(case) or want
     rec["cpu_raised"] = want["raised"]
