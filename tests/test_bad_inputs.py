@@ -76,6 +76,10 @@ CASES = {
                                                                 range=(0.0, INF)),
     "histogram of a range upside down": lambda d: torch.histogram(torch.tensor([0.5, 1.5], device=d), bins=4,
                                                                   range=(3.0, 1.0)),
+    "histogramdd of an infinite range": lambda d: torch.histogramdd(
+        torch.tensor([[0.1, 1.0], [0.2, 2.0]], device=d), bins=[2, 2], range=[0.0, 1.0, 0.0, INF]),
+    "histogramdd of a range upside down": lambda d: torch.histogramdd(
+        torch.tensor([[0.1, 1.0], [0.2, 2.0]], device=d), bins=[2, 2], range=[0.0, 1.0, 3.0, 1.0]),
     "multinomial of more draws than categories": lambda d: torch.multinomial(torch.tensor([0.5, 0.5], device=d), 3),
     "arange beyond int64": lambda d: torch.arange(0, 1e20, device=d),
     # dtypes CPU's (and cuda's) kernels have no code for: the device computed float16 and
@@ -358,6 +362,9 @@ CASES_IN_OTHER_WORDS = {
     "histogram of an input holding inf": (
         lambda d: torch.histogram(torch.tensor([0.5, -INF], device=d), bins=4),
         "torch.histogramdd: dimension 0's range [min, max] of the input is not finite"),
+    "histogramdd of an input holding NaN in its second column": (
+        lambda d: torch.histogramdd(torch.tensor([[0.5, 1.0], [0.2, NAN]], device=d), bins=[2, 2]),
+        "torch.histogramdd: dimension 1's range [min, max] of the input is not finite"),
     # CPU names the index's position too, or (its path for 1-d indices with
     # offsets) says "Expected i < index_size"
     "embedding_bag of an index past the table": (
