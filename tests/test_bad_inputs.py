@@ -76,6 +76,8 @@ CASES = {
                                                                 range=(0.0, INF)),
     "histogram of a range upside down": lambda d: torch.histogram(torch.tensor([0.5, 1.5], device=d), bins=4,
                                                                   range=(3.0, 1.0)),
+    "cholesky out= expanded": lambda d: torch.cholesky(torch.eye(3, device=d),
+                                                       out=torch.zeros(1, 1, device=d).expand(3, 3)),
     "histogramdd of an infinite range": lambda d: torch.histogramdd(
         torch.tensor([[0.1, 1.0], [0.2, 2.0]], device=d), bins=[2, 2], range=[0.0, 1.0, 0.0, INF]),
     "histogramdd of a range upside down": lambda d: torch.histogramdd(
