@@ -41,6 +41,7 @@ _OUT_ON_CPU = {
                                                                       out=[o(1), o(3)]),
     "linalg.lu": lambda d, o: torch.linalg.lu(torch.eye(3, device=d), out=(o((3, 3)), o((3, 3)), o((3, 3)))),
     "add": lambda d, o: torch.add(torch.ones(3, device=d), 1, out=o(3)),
+    "_chunk_cat": lambda d, o: torch._chunk_cat([torch.ones(2, 4, device=d)], 1, 2, out=o((2, 2, 2))),
 }
 
 
@@ -59,6 +60,23 @@ def test_an_out_tensor_on_cpu_is_refused_like_cuda(name):
     with pytest.raises(RuntimeError, match=r"Expected out tensor to have device jax:0, but got cpu instead"):
         _OUT_ON_CPU[name](DEV, cpu_out)
     assert all(bool((t == torch.full_like(t, 7)).all()) for t in made), "the CPU out= tensor was written"
+
+
+@pytest.mark.parametrize("op", ["index_add", "index_copy"])
+def test_a_0dim_cpu_self_or_source_of_an_index_write_is_refused_like_cuda(op):
+    """torch's structured meta functions of index_add / index_copy (which
+    cuda's kernels share) refuse self or source on another device, a 0-dim
+    CPU tensor included; the device computed them (found by the bad-input
+    sweep, its reference asked of torch's meta device).  A CPU index is
+    still moved to the device, as before."""
+    fn = getattr(torch, op)
+    index = torch.tensor([0], device=DEV)
+    with pytest.raises(RuntimeError, match=rf"{op}\(\): self, index and source expected to be in the same device"):
+        fn(torch.zeros(3, device=DEV), 0, index, torch.tensor(5.0))
+    with pytest.raises(RuntimeError, match=rf"{op}\(\): self, index and source expected to be in the same device"):
+        fn(torch.tensor(1.0), 0, index, torch.ones(1, device=DEV))
+    moved = fn(torch.zeros(3, device=DEV), 0, torch.tensor([1]), torch.ones(1, device=DEV))
+    assert moved.cpu().tolist() == [0.0, 1.0, 0.0]
 
 
 def test_cpu_scalar_tensor_is_allowed():

@@ -120,7 +120,8 @@ def handler_for(func: Any) -> Handler:
     if name in _HOST_ANSWERS:
         return _HOST_ANSWERS[name]
     if name in _sequences.HANDLERS:  # torch ops on the device, around CPU's own checks
-        return _sequences.HANDLERS[name]
+        outs = _out_names(func)
+        return _outs_on_the_device(_sequences.HANDLERS[name], outs) if outs else _sequences.HANDLERS[name]
     handler = _handler_for(func)
     check = _index_checks.checker_for(name)
     if check is not None:
@@ -144,6 +145,9 @@ def handler_for(func: Any) -> Handler:
         handler = _empty_rolled(handler)
     elif _index_checks.indexes_along_dim(name):
         handler = _index_moved_to_device(handler)
+        base = name.split("::")[-1].split(".")[0].rstrip("_")
+        if base in ("index_add", "index_copy", "index_fill"):
+            handler = _self_and_source_on_the_device(handler, base)
     elif _draws_per_element(func):
         handler = _drawn_in_buckets(handler)
     elif name in _FILLS:
@@ -151,8 +155,7 @@ def handler_for(func: Any) -> Handler:
     kernel_dtypes = _KERNEL_DTYPES.get(name.split(".")[0])
     if kernel_dtypes is not None:
         handler = _dtypes_of_the_kernel(handler, name, *kernel_dtypes)
-    outs = tuple(a.name for a in getattr(func, "_schema", None).arguments if getattr(a, "is_out", False)) \
-        if getattr(func, "_schema", None) is not None else ()
+    outs = _out_names(func)
     if outs:
         handler = _outs_on_the_device(handler, outs)
     return handler
@@ -214,6 +217,11 @@ def _filled_out(handler: Handler, value: Callable[[tuple, dict], Any]) -> Handle
     return handle
 
 
+def _out_names(func: Any) -> tuple[str, ...]:
+    schema = getattr(func, "_schema", None)
+    return tuple(a.name for a in schema.arguments if getattr(a, "is_out", False)) if schema is not None else ()
+
+
 def _outs_on_the_device(handler: Handler, outs: tuple[str, ...]) -> Handler:
     """torch's refusal, on every accelerator, of an out= tensor on CPU among
     the device's inputs (ops the device runs through a decomposition or its
@@ -223,8 +231,9 @@ def _outs_on_the_device(handler: Handler, outs: tuple[str, ...]) -> Handler:
             value = kwargs.get(k)
             for t in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(t, torch.Tensor) and not isinstance(t, _tensor.JaxTensor):
-                    here = next((u.device for u in (*args, *kwargs.values()) if isinstance(u, _tensor.JaxTensor)),
-                                None)
+                    here = next((u.device for u in (*args, *kwargs.values(), *(v for a in args if isinstance(a, (list, tuple))
+                                                                                  for v in a))
+                                 if isinstance(u, _tensor.JaxTensor)), None)
                     if here is not None:
                         raise RuntimeError(f"Expected out tensor to have device {here}, but got {t.device} instead "
                                            "(pass out= tensors on the inputs' device)")
@@ -377,6 +386,26 @@ def _index_moved_to_device(handler: Handler) -> Handler:
             if isinstance(index, torch.Tensor) and not isinstance(index, _tensor.JaxTensor) \
                     and index.device.type == "cpu" and args and isinstance(args[0], _tensor.JaxTensor):
                 kwargs = {**kwargs, "index": index.to(args[0].device)}
+        return handler(args, kwargs)
+
+    return handle
+
+
+def _self_and_source_on_the_device(handler: Handler, base: str) -> Handler:
+    """``index_add`` / ``index_copy`` / ``index_fill`` with self or source
+    on the CPU (a 0-dim tensor among 'jax' ones): torch's structured meta
+    function, which every accelerator runs, refuses it (an index on the CPU
+    is moved, ``_index_moved_to_device``; index_fill's 0-dim value is read
+    as a number)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        self_ = args[0] if args else kwargs.get("self")
+        source = (args[3] if len(args) > 3 else kwargs.get("source")) if base != "index_fill" else None
+        index = args[2] if len(args) > 2 else kwargs.get("index")
+        if any(isinstance(t, torch.Tensor) and not isinstance(t, _tensor.JaxTensor) for t in (self_, source)):
+            where = [getattr(t, "device", "-") for t in (self_, index, source if source is not None else self_)]
+            raise RuntimeError(f"{base}(): self, index and source expected to be in the same device, but got "
+                               f"(self) {where[0]}, (index) {where[1]}, and (source) {where[2]} (move the CPU "
+                               "tensor to the 'jax' device)")
         return handler(args, kwargs)
 
     return handle
