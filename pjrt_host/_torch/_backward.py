@@ -56,7 +56,7 @@ _made: dict[int, Any] = {}
 CANNOT = object()
 
 
-#: set while this thread makes placeholders (the ops that takes run, unskipped)
+#: set while this thread makes placeholders (the ops that making them takes run unskipped)
 _making = threading.local()
 
 
