@@ -142,31 +142,6 @@ def test_a_compiled_function_may_be_the_first_to_make_a_jax_tensor():
     assert "ok" in proc.stdout
 
 
-_ALIASING_OUTPUTS = {
-    "a view of another output": lambda x: ((y := x + 1), y.view(-1)),
-    "the same tensor twice": lambda x: ((y := x + 1), y.float()),
-    "slices and a transpose": lambda x: ((y := x * 2), y[1:], y.t()),
-    "the view before its base": lambda x: ((y := x + 1).view(3, 1), y),
-}
-
-
-@pytest.mark.parametrize("name", sorted(_ALIASING_OUTPUTS))
-def test_outputs_that_alias_each_other_share_storage_as_in_eager(name):
-    """Fuzz finding 3 (docs/fuzzing.md): outputs of a compiled function that
-    alias each other came back as separate tensors (a write to one no
-    longer reached the other).  AOTAutograd leaves such aliases to the
-    graph; the backend now makes them again from the base's result."""
-    f = _ALIASING_OUTPUTS[name]
-    seen = {}
-    for dev in ("cpu", "jax"):
-        torch._dynamo.reset()
-        x = torch.zeros(3, 1, device=dev) if name == "slices and a transpose" else torch.zeros(3, device=dev)
-        outs = torch.compile(f, backend="jax")(x) if dev == "jax" else f(x)
-        outs[0].add_(10)
-        seen[dev] = ([o.cpu().tolist() for o in outs], [o._is_view() for o in outs], outs[0] is outs[-1])
-    assert seen["jax"] == seen["cpu"]
-
-
 class _NoTorchFunction(torch.Tensor):
     """A plain tensor subclass, no pjrt_host: torch's torch-function layer
     off, as on 'jax' tensors."""

@@ -144,7 +144,6 @@ class CompiledGraph:
         self.cache: dict[Any, _Entry] = {}
         self.eager: EagerGraph | None = None
         self.out_specs = _output_specs(gm)
-        self.out_aliases = _output_aliases(gm) if what == "inference" else ()
         self._fitting: set = set()  # ids of entries (self.cache keeps them) whose results were checked to fit
         self.random = program.num_random > 0
         #: The mesh the graph's sharding constraints name (None: none).
@@ -248,10 +247,6 @@ class CompiledGraph:
                 last = arr
             else:
                 results.append(_door.to_torch(arr, index, spec.device, spec.dtype))
-        for pos, base, view, view_args in self.out_aliases:
-            # an output that is another output, or a view of it: the same
-            # tensor, or that view of it, as eager returns them
-            results[pos] = results[base] if view is None else view(results[base], *view_args)
         if last is not None:
             _door.note_result(index, last)
         elif new:
@@ -345,37 +340,6 @@ class CompiledGraph:
         logger.debug("pjrt_host: graph-form lowering failed", exc_info=err)
         self.eager = EagerGraph(self.gm)
         return self.eager(args)
-
-
-def _output_aliases(gm: torch.fx.GraphModule) -> tuple:
-    """Outputs of an inference graph that alias an earlier output: the same
-    node returned twice (``y, y.float()`` of a float y), or a view op of it
-    with constant arguments (``y, y.view(-1)``): ``(position, base position,
-    view op or None, its other arguments)``.  AOTAutograd leaves such
-    aliases to the graph (eager's view op makes them); one jitted program
-    returns each output as an array of its own, so they are made again here
-    from the base's result, as views sharing its storage."""
-    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    outs = list(torch.fx.node.map_aggregate(out_node.args[0], lambda x: x))
-    first: dict = {}
-    for pos, n in enumerate(outs):
-        if isinstance(n, torch.fx.Node) and isinstance(n.meta.get("val"), torch.Tensor):
-            first.setdefault(n, pos)
-    aliases = []
-    for pos, n in enumerate(outs):
-        if n not in first:
-            continue
-        if first[n] != pos:
-            aliases.append((pos, first[n], None, ()))
-            continue
-        target = n.target
-        if n.op == "call_function" and getattr(target, "is_view", False) and n.args and n.args[0] in first \
-                and not n.kwargs and not any(isinstance(a, torch.fx.Node) for a in
-                                             torch.fx.node.map_aggregate(n.args[1:], lambda x: x)):
-            aliases.append((pos, first[n.args[0]], target, tuple(n.args[1:])))
-    made = {pos for pos, *_ in aliases}
-    # those of a base that is itself made here come after it
-    return tuple(sorted(aliases, key=lambda a: a[1] in made))
 
 
 def _output_specs(gm: torch.fx.GraphModule) -> list[_OutSpec]:
