@@ -785,7 +785,8 @@ def compiled_text(text: str) -> str:
     """A statement as compile mode runs it: comparison operators between
     'jax' tensors as torch.gt(...) and friends.  Dynamo loses the operator
     form's result class (``x > 0`` in a compiled function raises NameError
-    ``__subclass_Tensor_...``; listed in docs/fuzzing.md), so the operator
+    ``__subclass_Tensor_...``: torch's dynamo bug, which a plain subclass of
+    torch.Tensor meets too; docs/fuzzing.md, tests/test_compile.py), so the operator
     form would stop every compiled program that compares; the method form
     is the same op."""
     return _COMPARISON.sub(lambda m: f"torch.{_COMPARISON_OPS[m.group(2)]}({m.group(1)}, {m.group(3)})", text)

@@ -53,8 +53,8 @@ def test_a_sample_of_opinfos_answers_bad_inputs_as_cpu_does():
 
 
 #: The whole sweep's floor on agreement (raise-or-not and exception type),
-#: the goal, which its last full run met (99.01%, docs/bad-inputs.md).
-AGREEMENT_FLOOR = 0.99
+#: the goal, which its last measurement met (99.50%, docs/bad-inputs.md).
+AGREEMENT_FLOOR = 0.995
 
 
 @pytest.mark.slow

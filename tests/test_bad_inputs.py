@@ -76,8 +76,31 @@ CASES = {
                                                                 range=(0.0, INF)),
     "histogram of a range upside down": lambda d: torch.histogram(torch.tensor([0.5, 1.5], device=d), bins=4,
                                                                   range=(3.0, 1.0)),
+    "cholesky out= expanded": lambda d: torch.cholesky(torch.eye(3, device=d),
+                                                       out=torch.zeros(1, 1, device=d).expand(3, 3)),
+    "histogramdd of an infinite range": lambda d: torch.histogramdd(
+        torch.tensor([[0.1, 1.0], [0.2, 2.0]], device=d), bins=[2, 2], range=[0.0, 1.0, 0.0, INF]),
+    "histogramdd of a range upside down": lambda d: torch.histogramdd(
+        torch.tensor([[0.1, 1.0], [0.2, 2.0]], device=d), bins=[2, 2], range=[0.0, 1.0, 3.0, 1.0]),
     "multinomial of more draws than categories": lambda d: torch.multinomial(torch.tensor([0.5, 0.5], device=d), 3),
     "arange beyond int64": lambda d: torch.arange(0, 1e20, device=d),
+    # dtypes CPU's (and cuda's) kernels have no code for: the device computed float16 and
+    # complex, and jax refused bool and int64 in its own words
+    "ctc_loss of float16": lambda d: F.ctc_loss(torch.zeros(6, 2, 4, dtype=torch.float16, device=d),
+                                                torch.tensor([[1, 2], [2, 1]], device=d),
+                                                torch.tensor([6, 6], device=d), torch.tensor([2, 2], device=d)),
+    "ctc_loss of int64": lambda d: F.ctc_loss(torch.zeros(6, 2, 4, dtype=torch.int64, device=d),
+                                              torch.tensor([[1, 2], [2, 1]], device=d),
+                                              torch.tensor([6, 6], device=d), torch.tensor([2, 2], device=d)),
+    "segment_reduce of int64": lambda d: torch.segment_reduce(torch.ones(4, dtype=torch.int64, device=d), "sum",
+                                                              lengths=torch.tensor([2, 2], device=d)),
+    "segment_reduce of complex": lambda d: torch.segment_reduce(torch.ones(4, dtype=torch.complex64, device=d), "max",
+                                                                lengths=torch.tensor([2, 2], device=d)),
+    # an FFT of an empty tensor: CPU's MKL plan refuses it, jnp returned an empty result
+    "fft of an empty batch": lambda d: torch.fft.fft(torch.empty(0, 5, device=d)),
+    "rfft2 of an empty tensor": lambda d: torch.fft.rfft2(torch.empty(3, 0, 4, device=d)),
+    "irfft of an empty tensor": lambda d: torch.fft.irfft(torch.empty(0, 4, dtype=torch.complex64, device=d)),
+    "ifftn of an empty tensor": lambda d: torch.fft.ifftn(torch.empty(2, 0, dtype=torch.complex64, device=d)),
     # integer division by zero: CPU's kernels refuse it, jax gives -1, 0 or the dividend
     "floor_divide of ints by a zero tensor": lambda d: torch.tensor([1, 2], device=d) // torch.tensor([1, 0], device=d),
     "remainder of ints by 0": lambda d: torch.tensor([1, 2], device=d) % 0,
@@ -231,6 +254,14 @@ GOOD = {
         torch.tensor([True, False, True], device=d), torch.arange(4.0, device=d)),
     "repeat_interleave with a zero count": lambda d: torch.repeat_interleave(torch.tensor([1, 2], device=d),
                                                                           torch.tensor([0, 2], device=d)),
+    # an empty signal that n= pads first is no empty FFT
+    "fft of an empty dim padded by n": lambda d: torch.fft.fft(torch.empty(5, 0, device=d), n=4),
+    # integer division by zero of no elements: CPU's kernels divide nothing and raise nothing
+    "remainder of empty ints by 0": lambda d: torch.empty(0, dtype=torch.long, device=d) % 0,
+    "take_along_dim of empty tensors": lambda d: torch.take_along_dim(
+        torch.empty(0, 5, device=d), torch.empty(0, 5, dtype=torch.long, device=d), 1),
+    "floor_divide of empty ints by a zero tensor": lambda d: torch.empty(0, 2, dtype=torch.long, device=d) // torch.tensor(
+        [0, 1], device=d),
     # division by zero with a float result is inf, as on CPU
     "true division of ints by zero": lambda d: torch.tensor([1, 2], device=d) / torch.tensor([1, 0], device=d),
     "floor_divide of floats by zero": lambda d: torch.tensor([1.0, 2.0], device=d) // torch.tensor([1.0, 0.0], device=d),
@@ -257,6 +288,10 @@ GOOD = {
                                                      out=torch.empty(4, device=d)),
     "fill_ on expanded": lambda d: torch.zeros(1, device=d).expand(3).fill_(2),
     "zero_ on expanded": lambda d: torch.ones(1, device=d).expand(3).zero_(),
+    # CPU's out= kernels of these factories are fill_, which takes an expanded out=
+    "ones out= expanded": lambda d: torch.ones(3, out=torch.zeros(1, device=d).expand(3)),
+    "zeros out= expanded": lambda d: torch.zeros(2, 3, out=torch.ones(1, 1, device=d).expand(2, 3)),
+    "full out= expanded": lambda d: torch.full((3,), 2.5, out=torch.zeros(1, device=d).expand(3)),
     "cholesky of (0, 5)": lambda d: torch.cholesky(torch.ones(0, 5, device=d)),
     "diagonal_scatter": lambda d: torch.diagonal_scatter(torch.zeros(3, 4, device=d), torch.ones(2, device=d), 2),
     "normal_ of float": lambda d: torch.zeros(3, device=d).normal_(0, 0).add(1),
@@ -329,6 +364,9 @@ CASES_IN_OTHER_WORDS = {
     "histogram of an input holding inf": (
         lambda d: torch.histogram(torch.tensor([0.5, -INF], device=d), bins=4),
         "torch.histogramdd: dimension 0's range [min, max] of the input is not finite"),
+    "histogramdd of an input holding NaN in its second column": (
+        lambda d: torch.histogramdd(torch.tensor([[0.5, 1.0], [0.2, NAN]], device=d), bins=[2, 2]),
+        "torch.histogramdd: dimension 1's range [min, max] of the input is not finite"),
     # CPU names the index's position too, or (its path for 1-d indices with
     # offsets) says "Expected i < index_size"
     "embedding_bag of an index past the table": (

@@ -143,6 +143,35 @@ def test_a_compiled_function_may_be_the_first_to_make_a_jax_tensor():
     assert "ok" in proc.stdout
 
 
+class _NoTorchFunction(torch.Tensor):
+    """A plain tensor subclass, no pjrt_host: torch's torch-function layer
+    off, as on 'jax' tensors."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+
+def test_comparison_operators_under_compile_are_a_dynamo_gap_torchs_own_subclasses_meet():
+    """Fuzz finding 2 (docs/fuzzing.md): ``x > 0`` inside torch.compile on a
+    'jax' tensor raises NameError ``__subclass_Tensor_..._c1``.  Dynamo's
+    ``_comparison_with_tensor`` wraps the result as a
+    TensorWithTFOverrideVariable without installing its class as a global,
+    and a subclass of torch.Tensor with its torch-function layer off meets
+    it without pjrt_host, with the ``eager`` backend: torch's bug.  The
+    method and function forms trace.  When a torch release fixes it, this
+    test fails: drop the fuzzer's rewrite of comparisons in compile mode
+    (``compiled_text`` in tests/fuzz_programs.py) and the docs' entry."""
+    plain = torch.ones(3).as_subclass(_NoTorchFunction)
+    torch._dynamo.reset()
+    with pytest.raises(NameError, match="__subclass_Tensor_"):
+        torch.compile(lambda t: t > 0, backend="eager", fullgraph=True)(plain)
+    torch._dynamo.reset()
+    with pytest.raises(NameError, match="__subclass_Tensor_"):
+        torch.compile(lambda t: t > 0, backend="jax")(torch.ones(3, device="jax"))
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: (torch.gt(t, 0), t.le(1)), backend="jax")(torch.tensor([-1.0, 1.0, 2.0], device="jax"))
+    assert [g.cpu().tolist() for g in got] == [[False, True, True], [True, True, False]]
+
+
 def test_fullgraph_with_eager_backend():
     # Dynamo wraps 'jax' tensors as tensors (builder.py's identity check on
     # __torch_dispatch__): no graph break, the graph gets the JaxTensors.

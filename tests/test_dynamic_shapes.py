@@ -285,6 +285,26 @@ def test_dropout_over_padding_draws_what_an_exact_draw_draws():
             torch.testing.assert_close(a, b)
 
 
+def test_a_padded_input_beside_one_that_does_not_broadcast_raises_cpus_error():
+    # a padded (5, 5) and an exact (5, 6) mask: the exact tensor's last dim was
+    # aligned with the padded one and padded to its bucket, and numpy's
+    # "cannot reshape array of size 25 into shape (5,6)" reached the caller
+    # (found by the bad-input sweep: masked_fill, the margin and Poisson losses)
+    raised = {}
+    with pjrt_host.config(dynamic_shapes="all"):
+        for dev in ("cpu", "jax"):
+            x = torch.randn(5, 5, device=dev) * 1.0  # padded on the device from here on
+            if dev == "jax":
+                assert x._storage.padded is not None
+            for name, call in (("masked_fill", lambda: x.masked_fill(torch.zeros(5, 6, dtype=torch.bool, device=dev), 1.0)),
+                               ("add", lambda: x + torch.ones(6, device=dev))):
+                with pytest.raises(RuntimeError, match="must match the size of tensor b") as info:
+                    call()
+                raised[dev, name] = str(info.value)
+    assert raised["jax", "masked_fill"] == raised["cpu", "masked_fill"]
+    assert raised["jax", "add"] == raised["cpu", "add"]
+
+
 # ------------------------------------------------------------ torch.compile(backend='jax')
 #
 # dynamo's symbolic graphs (automatic dynamic at the second size,

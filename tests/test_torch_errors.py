@@ -33,6 +33,52 @@ def test_mixed_devices_fail_like_cuda():
             cpu_first()
 
 
+_OUT_ON_CPU = {
+    "isin": lambda d, o: torch.isin(torch.arange(4.0, device=d), torch.tensor([1.0, 2.0], device=d), out=o(4, torch.bool)),
+    "renorm": lambda d, o: torch.renorm(torch.ones(2, 3, device=d), 2, 0, 1.0, out=o((2, 3))),
+    "unbind_copy": lambda d, o: torch.unbind_copy(torch.ones(2, 3, device=d), 0, out=[o(3), o(3)]),
+    "split_with_sizes_copy": lambda d, o: torch.split_with_sizes_copy(torch.ones(4, device=d), [1, 3],
+                                                                      out=[o(1), o(3)]),
+    "linalg.lu": lambda d, o: torch.linalg.lu(torch.eye(3, device=d), out=(o((3, 3)), o((3, 3)), o((3, 3)))),
+    "add": lambda d, o: torch.add(torch.ones(3, device=d), 1, out=o(3)),
+    "_chunk_cat": lambda d, o: torch._chunk_cat([torch.ones(2, 4, device=d)], 1, 2, out=o((2, 2, 2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OUT_ON_CPU))
+def test_an_out_tensor_on_cpu_is_refused_like_cuda(name):
+    """torch refuses out= on CPU for inputs on an accelerator; ops the device
+    runs through a decomposition or a handler of its own (isin, renorm, the
+    *_copy ops, linalg.lu) wrote the result into the CPU tensor instead
+    (found by the bad-input sweep's out:cpu cases)."""
+    made = []
+
+    def cpu_out(shape, dtype=torch.float32):
+        made.append(torch.full(shape if isinstance(shape, tuple) else (shape,), 7, dtype=dtype))
+        return made[-1]
+
+    with pytest.raises(RuntimeError, match=r"Expected out tensor to have device jax:0, but got cpu instead"):
+        _OUT_ON_CPU[name](DEV, cpu_out)
+    assert all(bool((t == torch.full_like(t, 7)).all()) for t in made), "the CPU out= tensor was written"
+
+
+@pytest.mark.parametrize("op", ["index_add", "index_copy"])
+def test_a_0dim_cpu_self_or_source_of_an_index_write_is_refused_like_cuda(op):
+    """torch's structured meta functions of index_add / index_copy (which
+    cuda's kernels share) refuse self or source on another device, a 0-dim
+    CPU tensor included; the device computed them (found by the bad-input
+    sweep, its reference asked of torch's meta device).  A CPU index is
+    still moved to the device, as before."""
+    fn = getattr(torch, op)
+    index = torch.tensor([0], device=DEV)
+    with pytest.raises(RuntimeError, match=rf"{op}\(\): self, index and source expected to be in the same device"):
+        fn(torch.zeros(3, device=DEV), 0, index, torch.tensor(5.0))
+    with pytest.raises(RuntimeError, match=rf"{op}\(\): self, index and source expected to be in the same device"):
+        fn(torch.tensor(1.0), 0, index, torch.ones(1, device=DEV))
+    moved = fn(torch.zeros(3, device=DEV), 0, torch.tensor([1]), torch.ones(1, device=DEV))
+    assert moved.cpu().tolist() == [0.0, 1.0, 0.0]
+
+
 def test_cpu_scalar_tensor_is_allowed():
     j = torch.ones(3, device=DEV)
     out = j + torch.tensor(2.0)
@@ -101,6 +147,56 @@ def test_a_device_error_inside_backward_raises_at_backward():
     lines = proc.stdout.split("\n")
     assert lines.count("RAISED pjrt_host: the ATen op aten::_masked_softmax_backward") == 2, proc.stdout
     assert "AFTER [2.0, 2.0, 2.0]" in lines and "FALLBACK True" in lines, proc.stdout
+
+
+_REFUSED_BACKWARD_FORMULA = """
+import torch, pjrt_host
+
+def run(dev):
+    seen = []
+    a = torch.tensor([True, False], device=dev)
+    y = torch.tensor([0.5, -2.0], device=dev, requires_grad=True)
+    w = torch.tensor([1.0, 2.0], device=dev, requires_grad=True)
+    v = torch.tensor([1.0, 4.0], device=dev, requires_grad=True)
+    (w * 3).sum().backward()  # w has a gradient before the failing backward
+    for loss in (lambda: torch.atan2(a, y).sum(),
+                 lambda: (v * 2).sum() + torch.atan2(a, y).sum() + (w * w).sum() + y.sum() + (v * v).sum()):
+        try:
+            loss().backward()
+            seen.append("no error")
+        except Exception as err:
+            seen.append((type(err).__name__, str(err)))
+        seen.append([None if t.grad is None else t.grad.cpu().tolist() for t in (y, w, v)])
+    try:
+        torch.autograd.grad(torch.atan2(a, y).sum(), y)
+    except Exception as err:
+        seen.append((type(err).__name__, str(err)))
+    (y * y).sum().backward()  # the device goes on
+    seen.append(y.grad.cpu().tolist())
+    return seen
+
+cpu, dev = run("cpu"), run("jax")
+for c, d in zip(cpu, dev):
+    print("SAME" if c == d else "DIFF", c, d)
+print("ALL SAME", cpu == dev)
+"""
+
+
+def test_a_backward_formula_torch_refuses_raises_as_on_cpu():
+    """atan2(bool, float)'s backward negates the bool tensor, which torch's
+    meta and CPU kernels refuse alike: the device had no placeholder to
+    give autograd's engine and the error ended the process ("terminate
+    called without an active exception", or a SystemError from
+    run_backward).  Now backward() and autograd.grad() raise CPU's
+    RuntimeError with its text, and the leaves' ``.grad`` are CPU's: the
+    sums of the nodes before the failing one (a gradient that existed is
+    kept; a leaf reached only after it has none).  In a child process: a
+    regression must fail this test, not end the test run (fuzz finding 1,
+    docs/fuzzing.md)."""
+    proc = run_python(["-c", _REFUSED_BACKWARD_FORMULA])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ALL SAME True" in proc.stdout, proc.stdout
+    assert "Negation, the `-` operator, on a bool tensor" in proc.stdout, proc.stdout
 
 
 _FOREACH_WRITES = [

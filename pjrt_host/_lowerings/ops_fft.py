@@ -24,12 +24,25 @@ def _scale(x, n, normalization):
     return x
 
 
+def _refuse_empty(op, x):
+    """torch CPU refuses a transform of an empty tensor (any dim 0, batch
+    dims included; an ``n=`` that pads it first is not empty): its MKL
+    plan fails, and cuFFT has no plan of size 0 either.  jnp would return
+    an empty result."""
+    if x.size == 0:
+        raise RuntimeError(
+            "MKL FFT error: Intel oneMKL DFTI ERROR: Inconsistent configuration parameters (torch CPU's words; "
+            f"pjrt_host: aten::{op} of an empty tensor of shape {tuple(x.shape)} is refused as on CPU: give every "
+            "dimension at least one element, or pad the transformed ones with n= / s=)")
+
+
 def _axes(x, dim):
     return tuple(canonical_dim(d, x.ndim) for d in dim)  # in torch's order: r2c halves the last
 
 
 @lowering("aten::_fft_r2c")
 def fft_r2c(x, dim, normalization, onesided):
+    _refuse_empty("_fft_r2c", x)
     axes = _axes(x, dim)
     n = math.prod(x.shape[a] for a in axes)
     out = jnp.fft.rfftn(x, axes=axes) if onesided else jnp.fft.fftn(x, axes=axes)
@@ -38,6 +51,7 @@ def fft_r2c(x, dim, normalization, onesided):
 
 @lowering("aten::_fft_c2c")
 def fft_c2c(x, dim, normalization, forward):
+    _refuse_empty("_fft_c2c", x)
     axes = _axes(x, dim)
     if not axes:
         return x
@@ -48,6 +62,7 @@ def fft_c2c(x, dim, normalization, forward):
 
 @lowering("aten::_fft_c2r")
 def fft_c2r(x, dim, normalization, last_dim_size):
+    _refuse_empty("_fft_c2r", x)
     axes = _axes(x, dim)
     sizes = [x.shape[a] for a in axes[:-1]] + [last_dim_size]
     out = jnp.fft.irfftn(x, s=sizes, axes=axes, norm="forward")

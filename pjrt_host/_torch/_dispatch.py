@@ -53,6 +53,10 @@ _handlers: dict[Any, Handler] = {}
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ATen op ``func`` on arguments holding 'jax' tensors."""
+    if _backward._pending is not None and _backward.failed_here():  # CPU's engine stopped at that op
+        skipped = _backward.skip(func, args, kwargs)
+        if skipped is not _backward.CANNOT:
+            return skipped
     handler = _handlers.get(func)
     if handler is None:
         handler = _handlers[func] = handler_for(func)
@@ -117,7 +121,8 @@ def handler_for(func: Any) -> Handler:
     if name in _HOST_ANSWERS:
         return _HOST_ANSWERS[name]
     if name in _sequences.HANDLERS:  # torch ops on the device, around CPU's own checks
-        return _sequences.HANDLERS[name]
+        outs = _out_names(func)
+        return _outs_on_the_device(_sequences.HANDLERS[name], outs) if outs else _sequences.HANDLERS[name]
     handler = _handler_for(func)
     check = _index_checks.checker_for(name)
     if check is not None:
@@ -141,9 +146,101 @@ def handler_for(func: Any) -> Handler:
         handler = _empty_rolled(handler)
     elif _index_checks.indexes_along_dim(name):
         handler = _index_moved_to_device(handler)
+        base = name.split("::")[-1].split(".")[0].rstrip("_")
+        if base in ("index_add", "index_copy", "index_fill"):
+            handler = _self_and_source_on_the_device(handler, base)
     elif _draws_per_element(func):
         handler = _drawn_in_buckets(handler)
+    elif name in _FILLS:
+        handler = _filled_out(handler, _FILLS[name])
+    kernel_dtypes = _KERNEL_DTYPES.get(name.split(".")[0])
+    if kernel_dtypes is not None:
+        handler = _dtypes_of_the_kernel(handler, name, *kernel_dtypes)
+    outs = _out_names(func)
+    if outs:
+        handler = _outs_on_the_device(handler, outs)
     return handler
+
+
+_FLOATS = (torch.float32, torch.float64)
+#: Ops whose kernels (CPU's and cuda's alike) have code for these dtypes of
+#: their first tensor only, where the device's lowering computes any: torch
+#: CPU's kernel name and the dtypes.  The probe of CPU's kernel cannot find
+#: these: its zeros are refused first for their values (lengths of 0).
+_KERNEL_DTYPES: dict[str, tuple[str, tuple]] = {
+    "aten::_ctc_loss": ("ctc_loss_cpu", _FLOATS),
+    "aten::segment_reduce": ("_segment_reduce_cpu", (*_FLOATS, torch.float16, torch.bfloat16)),
+}
+#: torch's names of dtypes in its kernels' refusals.
+_SCALAR_TYPE_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
+                      torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                      torch.float32: "Float", torch.float64: "Double", torch.complex64: "ComplexFloat",
+                      torch.complex128: "ComplexDouble"}
+
+
+def _dtypes_of_the_kernel(handler: Handler, name: str, kernel: str, dtypes: tuple) -> Handler:
+    """torch's NotImplementedError for a dtype its kernel has no code for
+    (``"ctc_loss_cpu" not implemented for 'Half'``); the device's lowering
+    would compute it (float16, complex) or fail inside jax (bool, int64)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if first is not None and first.dtype not in dtypes:
+            type_name = _SCALAR_TYPE_NAMES.get(first.dtype, str(first.dtype))
+            raise NotImplementedError(
+                f'"{kernel}" not implemented for \'{type_name}\' (torch\'s kernel has code for '
+                f"{', '.join(str(d).removeprefix('torch.') for d in dtypes)} only; pjrt_host refuses {name} of "
+                f"{str(first.dtype).removeprefix('torch.')} as it does: cast the input to float32)")
+        return handler(args, kwargs)
+
+    return handle
+
+
+#: Factories whose out= kernel on CPU is ``out.fill_(value)``: their value.
+_FILLS: dict[str, Callable[[tuple, dict], Any]] = {
+    "aten::ones.out": lambda args, kwargs: 1,
+    "aten::zeros.out": lambda args, kwargs: 0,
+    "aten::full.out": lambda args, kwargs: args[1] if len(args) > 1 else kwargs["fill_value"],
+}
+
+
+def _filled_out(handler: Handler, value: Callable[[tuple, dict], Any]) -> Handler:
+    """``ones`` / ``zeros`` / ``full`` into an out= of the result's shape
+    as CPU's kernel writes it: a fill_, which an expanded out= takes (torch's
+    decomposition copies, and copy_ refuses overlapping memory).  Another
+    shape is resized by the handler."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        out = kwargs.get("out")
+        size = args[0] if args else kwargs.get("size")
+        if isinstance(out, _tensor.JaxTensor) and size is not None and tuple(out.shape) == tuple(size):
+            return out.fill_(value(args, kwargs))
+        return handler(args, kwargs)
+
+    return handle
+
+
+def _out_names(func: Any) -> tuple[str, ...]:
+    schema = getattr(func, "_schema", None)
+    return tuple(a.name for a in schema.arguments if getattr(a, "is_out", False)) if schema is not None else ()
+
+
+def _outs_on_the_device(handler: Handler, outs: tuple[str, ...]) -> Handler:
+    """torch's refusal, on every accelerator, of an out= tensor on CPU among
+    the device's inputs (ops the device runs through a decomposition or its
+    own handler wrote the result into the CPU tensor)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        for k in outs:
+            value = kwargs.get(k)
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor) and not isinstance(t, _tensor.JaxTensor):
+                    here = next((u.device for u in (*args, *kwargs.values(), *(v for a in args if isinstance(a, (list, tuple))
+                                                                                  for v in a))
+                                 if isinstance(u, _tensor.JaxTensor)), None)
+                    if here is not None:
+                        raise RuntimeError(f"Expected out tensor to have device {here}, but got {t.device} instead "
+                                           "(pass out= tensors on the inputs' device)")
+        return handler(args, kwargs)
+
+    return handle
 
 
 #: Ops that reach the device undecomposed in inference mode and first check
@@ -290,6 +387,26 @@ def _index_moved_to_device(handler: Handler) -> Handler:
             if isinstance(index, torch.Tensor) and not isinstance(index, _tensor.JaxTensor) \
                     and index.device.type == "cpu" and args and isinstance(args[0], _tensor.JaxTensor):
                 kwargs = {**kwargs, "index": index.to(args[0].device)}
+        return handler(args, kwargs)
+
+    return handle
+
+
+def _self_and_source_on_the_device(handler: Handler, base: str) -> Handler:
+    """``index_add`` / ``index_copy`` / ``index_fill`` with self or source
+    on the CPU (a 0-dim tensor among 'jax' ones): torch's structured meta
+    function, which every accelerator runs, refuses it (an index on the CPU
+    is moved, ``_index_moved_to_device``; index_fill's 0-dim value is read
+    as a number)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        self_ = args[0] if args else kwargs.get("self")
+        source = (args[3] if len(args) > 3 else kwargs.get("source")) if base != "index_fill" else None
+        index = args[2] if len(args) > 2 else kwargs.get("index")
+        if any(isinstance(t, torch.Tensor) and not isinstance(t, _tensor.JaxTensor) for t in (self_, source)):
+            where = [getattr(t, "device", "-") for t in (self_, index, source if source is not None else self_)]
+            raise RuntimeError(f"{base}(): self, index and source expected to be in the same device, but got "
+                               f"(self) {where[0]}, (index) {where[1]}, and (source) {where[2]} (move the CPU "
+                               "tensor to the 'jax' device)")
         return handler(args, kwargs)
 
     return handle

@@ -346,17 +346,17 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
                 continue
             if elementwise:
                 back = t.dim() - d
-                found = {reads[id(u)].comps[u.dim() - back] for _, u in tensors
-                         if id(u) in reads and u.dim() >= back and reads[id(u)].psize[u.dim() - back] != u.shape[-back]}
+                aligned = [u for _, u in tensors
+                           if id(u) in reads and u.dim() >= back and reads[id(u)].psize[u.dim() - back] != u.shape[-back]]
+                if any(u.shape[-back] != n for u in aligned):
+                    return None  # sizes that do not broadcast: the exact run raises torch's error
+                found = {reads[id(u)].comps[u.dim() - back] for u in aligned}
             else:
                 found = {c for (p, size), c in dims.items() if size == n}
             if len(found) > 1:
                 return None
             if found:
-                c = found.pop()
-                if math.prod(x[1] for x in c) != n:
-                    return None  # sizes that do not broadcast: the exact call raises torch's error
-                targets[d] = c
+                targets[d] = found.pop()
         if not targets:
             continue
         r, replaced = _read_widened(t, targets)

@@ -234,6 +234,8 @@ def _integer_division(op: str) -> Callable[[Any, tuple, dict], None]:
         dtype = torch.result_type(a, b)
         if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
             return
+        if a.numel() == 0 or isinstance(b, torch.Tensor) and b.numel() == 0:
+            return  # no element is divided: CPU's kernel raises nothing (take_along_dim of empty tensors)
         if not isinstance(b, torch.Tensor):
             if b == 0:
                 _refuse(f"aten::{op}", RuntimeError("ZeroDivisionError"))
@@ -470,6 +472,49 @@ def _histogram(mode: Any, args: tuple, kwargs: dict) -> None:
                                                 f"{_number(high)}] is not finite"))
 
 
+def _first_infinite_column(a: Any, dims: int) -> Any:
+    """1 + the first of ``dims`` columns (the last dim) holding inf or NaN; 0 if none."""
+    bad = ~jnp.all(jnp.isfinite(a.reshape(-1, dims)), axis=0)
+    return jnp.where(jnp.any(bad), jnp.argmax(bad) + 1, 0)
+
+
+_HISTOGRAMDD_DATA: dict[int, _Check] = {}
+
+
+def _histogramdd_data(dims: int) -> _Check:
+    check = _HISTOGRAMDD_DATA.get(dims)
+    if check is None:
+        check = _HISTOGRAMDD_DATA[dims] = _Check(_first_infinite_column, {
+            d + 1: (RuntimeError, f"torch.histogramdd: dimension {d}'s range [min, max] of the input is not finite "
+                                  "(it holds inf or NaN)") for d in range(dims)})
+    return check
+
+
+def _histogramdd(mode: Any, args: tuple, kwargs: dict) -> None:
+    """``_histogramdd_bin_edges(input, bins, range=None, ...)`` (histogramdd
+    with bin counts): each dimension's range, given or its column's least
+    and greatest values, must be finite and not upside down; CPU raises
+    where the device counted."""
+    x = _arg(args, kwargs, 0, "self")
+    if not _floating(x) or x.dtype.is_complex or x.dim() < 1:
+        return
+    dims = int(x.shape[-1])
+    bounds = _arg(args, kwargs, 2, "range")
+    if bounds is None:
+        if dims:
+            _run("aten::_histogramdd_bin_edges", _histogramdd_data(dims), x, mode, dims)
+        return
+    for d in range(min(dims, len(bounds) // 2)):
+        low, high = float(bounds[2 * d]), float(bounds[2 * d + 1])
+        if low > high:
+            _refuse("aten::_histogramdd_bin_edges", RuntimeError(
+                f"torch.histogramdd: min should not exceed max, but got min {_number(low)} max {_number(high)} "
+                f"for dimension {d}"))
+        if not (np.isfinite(low) and np.isfinite(high)):
+            _refuse("aten::_histogramdd_bin_edges", RuntimeError(
+                f"torch.histogramdd: dimension {d}'s range [{_number(low)}, {_number(high)}] is not finite"))
+
+
 _LSTSQ_A = _Check(_any_nan, {1: (RuntimeError, "torch.linalg.lstsq: A has illegal value: it holds NaN, which "
                                                "CPU's LAPACK refuses (\"Argument 4 has illegal value\")")})
 _LSTSQ_B = _Check(_any_nan, {1: (RuntimeError, "torch.linalg.lstsq: B has illegal value: it holds NaN, which "
@@ -595,6 +640,7 @@ _CHECKS: dict[str, Callable[[Any, tuple, dict], None]] = {
     "histc": _histc,
     "histogram.bin_ct": _histogram,
     "histogram.bin_ct_out": _histogram,
+    "_histogramdd_bin_edges": _histogramdd,
     "linalg_lstsq": _lstsq,
     **{op: _integer_division(op) for op in ("floor_divide", "remainder", "fmod")},
     # div only with a rounding mode (true division is never refused, and is hot)
