@@ -205,7 +205,7 @@ def test_cpu_results_unchanged_on_torch_opinfo_samples():
 
 
 PATCH_STATE = """
-    import json, torch
+    import json, sys, torch
     from pjrt_host._torch import _hiding, _patches
 
     def resolve(path):
@@ -220,6 +220,16 @@ PATCH_STATE = """
             names.add("torch._C.Generator.__call__ (its metaclass)")
         if _hiding.at_first_compile is not None:  # armed: dynamo's method is replaced at the first compile
             names |= {n for n in _patches.PATCHES if n.endswith("(at the first compile)")}
+        from pjrt_host._torch._patches import _import_hooks
+        for n in _patches.PATCHES:
+            if n.endswith(" (when imported)"):  # armed: an import hook replaces it when its module is imported
+                path = n[:-len(" (when imported)")]
+                module = path.rsplit(".", 1)[0]
+                if module in sys.modules:
+                    if getattr(resolve(path), "_pjrt_host", False):
+                        names.add(n)
+                elif module in _import_hooks._hooks:
+                    names.add(n)
         return sorted(names)
 
     before = patched()
