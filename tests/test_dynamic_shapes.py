@@ -64,13 +64,17 @@ def _assert_like_cpu(got: tuple, cpu: Block, x: torch.Tensor, target: torch.Tens
         torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
 
 
+def _batch(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of 3 sequences of length ``t`` and their targets (seeded by ``t``)."""
+    g = torch.Generator().manual_seed(t)
+    return torch.randn(3, t, 16, generator=g), torch.randint(0, 10, (3, t), generator=g)
+
+
 def _run_lengths(lengths, check=True):
     cpu, dev = _pair()
     compiled = []
     for t in lengths:
-        g = torch.Generator().manual_seed(t)
-        x = torch.randn(3, t, 16, generator=g)
-        target = torch.randint(0, 10, (3, t), generator=g)
+        x, target = _batch(t)
         before = _compiled()
         loss, grads = _step(dev, x.to("jax"), target.to("jax"))
         got = (loss.cpu(), [g.cpu() for g in grads])
@@ -345,9 +349,7 @@ def _compiled_lengths(lengths, mark: bool, *, dynamic=None, check: bool = True):
     compiled = torch.compile(dev, backend="jax", dynamic=dynamic)
     out = []
     for t in lengths:
-        g = torch.Generator().manual_seed(t)
-        x = torch.randn(3, t, 16, generator=g)
-        target = torch.randint(0, 10, (3, t), generator=g)
+        x, target = _batch(t)
         xd, td = x.to("jax"), target.to("jax")
         if mark:
             torch._dynamo.mark_dynamic(xd, 1)
