@@ -74,7 +74,10 @@ class Storage:
         fused eager a result may still be :class:`Pending` in its segment:
         reading it runs the segment (``_fused``).  A padded array is cut to
         ``shape`` first, for good (``_padding``)."""
-        a = self.computed()
+        a = self._array
+        if type(a) is Pending:  # (computed(), inline: every read passes here)
+            a.segment.flush()
+            a = self._array
         if self.padded is not None:
             a = self.unpad("a read without padding")
         return a
