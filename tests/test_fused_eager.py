@@ -73,9 +73,9 @@ def test_a_repeated_segment_reuses_its_program():
 
     with fused():
         # warm: twice, so that an op whose scalars the engine tries traced
-        # (its fourth signature may come from an earlier test in this
-        # process) has had its trial, which ends a segment, and compiled
-        # the segments that follow it
+        # (a scalar that took another value at the same line, in an
+        # earlier test of this process) has had its trial, which ends a
+        # segment, and compiled the segments that follow it
         for _ in range(2):
             layer(layer(x)).sum().item()
         before = _fused.stats()
@@ -102,8 +102,9 @@ def test_the_recompile_log_says_why_a_segment_compiled_a_new_program(caplog):
     # per shape on purpose: with dynamic dimensions the rows changing below
     # would be padded to one bucket (test_dynamic_shapes)
     with fused(), pjrt_host.config(dynamic_shapes=False):
-        # warm, over four shapes: an op tries its scalars traced at its fourth
-        # signature (a trial that ends a segment), and it is behind us then
+        # warm, over four shapes (an op whose scalar took another value
+        # at the same line tries it traced, a trial that ends a segment:
+        # it is behind us then)
         for rows in (1, 2, 3, 4, 4):
             block(torch.randn(rows, 8, device="jax"), 2.0).cpu()
         assert why(lambda: block(torch.randn(4, 8, device="jax"), 2.0).cpu()) == []

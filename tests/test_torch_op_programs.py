@@ -49,6 +49,31 @@ def test_changing_scalars_do_not_recompile_forever():
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
+def test_a_scalar_is_traced_when_it_changes_at_one_place_not_when_constants_differ():
+    """A scalar becomes a run-time value when it takes a second value at the
+    same line (as a dimension becomes dynamic at its second size); constants
+    that differ between lines (``pow(x, 3.0)`` in an activation, ``pow(x,
+    2.0)`` in its backward) or come with new shapes stay compiled in, so a
+    fused segment around them keeps its program (a trial ends a segment)."""
+    from pjrt_host._torch import _dispatch
+
+    op = torch.ops.aten.pow.Tensor_Scalar
+    x = torch.rand(5, 3, device=DEV) + 0.5
+    _dispatch._handlers.pop(op, None)  # a fresh engine op: what earlier tests taught it is not counted
+    for n in range(2, 6):  # one constant per shape: compiled in
+        torch.testing.assert_close(cpu(torch.rand(n, device=DEV) ** 3.0).shape, torch.Size([n]))
+    a = torch.pow(x, 3.0)
+    b = torch.pow(x, 2.0)  # another line, another constant
+    compiled = _dispatch._handlers[op].__self__
+    assert compiled.dynamic is None, "constants of different lines or shapes made the op trace its scalar"
+    for e in (1.5, 2.5, 3.5):
+        c = torch.pow(x, e)  # one line, a scalar that changes: traced from its second value on
+        torch.testing.assert_close(cpu(c), cpu(x) ** e)
+    assert compiled.dynamic is True
+    torch.testing.assert_close(cpu(a), cpu(x) ** 3.0)
+    torch.testing.assert_close(cpu(b), cpu(x) ** 2.0)
+
+
 def test_small_random_tensors_of_new_shapes_do_not_compile_each_shape():
     """rand / randn / randint of at most 64k elements draw in power-of-two
     buckets: shapes of one bucket compile the random program once (XLA:CPU

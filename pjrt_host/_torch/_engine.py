@@ -25,6 +25,7 @@ and one wrapper tensor.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import threading
 import warnings
@@ -43,7 +44,7 @@ from ._devices import device_mismatch, jax_device, torch_device
 from ._dtype_policy import device_dtype
 from ._lowering_context import lowering_context
 from ._signatures import (ForeignFirst, Traceable, decode, decoded_positions, encode, encode_dynamic, encode_padded,
-                          first_jax_device, has_dynamic, note_miss, scalar_slots)
+                          SequenceArg, first_jax_device, has_dynamic, note_miss, scalar_slots)
 from ._sync import note_result, open_segments
 from ._tensor import DONATE, JaxTensor, result_tensor, wrap_array
 
@@ -119,7 +120,7 @@ class CompiledOp:
 
     __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "scalar_slots",
                  "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses", "warm_hits",
-                 "dtype_from_out", "checked_scalars", "rule", "seen_shapes", "logical", "physical")
+                 "dtype_from_out", "checked_scalars", "rule", "seen_shapes", "logical", "physical", "seen_scalars")
 
     def __init__(self, func: Any, lowering: Lowering, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
@@ -146,6 +147,7 @@ class CompiledOp:
         self.simple = not out_names and not lowering.needs_rng
         self.dtype_from_out = bool(out_names) and self.name.split(".")[0] in _DTYPE_FROM_OUT
         self.checked_scalars: set = set()  # scalar values of a traced random op already checked
+        self.seen_scalars: set = set()  # its signatures with scalar values left out (_scalars_vary)
         # Dynamic dimensions (_dynamic_dims): how the op reads padded inputs
         # (None: it cuts them), its inputs' first shapes, its padded calls'
         # logical result shapes.
@@ -187,7 +189,7 @@ class CompiledOp:
             self.misses += 1
             if not self.in_trial:
                 note_miss(self, key)
-            if self._tries_traced_scalars():
+            if self._tries_traced_scalars(key):
                 # The trial takes the call as given: its generator= decides
                 # what both runs draw (the split kwargs have lost it, and a
                 # seeded generator's draw then depended on earlier calls).
@@ -399,12 +401,22 @@ class CompiledOp:
         # ``place`` too: a program is compiled for its device
         return (key_args, key_kwargs, targets_key, _config.current(), place), dyn
 
-    def _tries_traced_scalars(self) -> bool:
+    def _tries_traced_scalars(self, key: tuple) -> bool:
         """Whether this new signature starts a trial of traced scalars: a
         random op's scalars (bounds, mean, std, p) from its second signature
-        (nn.init passes new ones per layer), others' from their fourth."""
-        return (self.misses > (1 if self.lowering.needs_rng else 3) and self.dynamic is None and bool(self.scalar_slots)
-                and not self.out_names and not self.in_trial and not self.eager)
+        (nn.init passes new ones per layer); another op's when a scalar took
+        a second value where everything else was seen before (an
+        optimizer's step size, a scheduled learning rate), as a dimension
+        becomes dynamic at its second size.  Signatures that differ in
+        shapes do not start one: a constant such as attention's scale,
+        the same in every call, stays compiled in, and fused eager's
+        segments around it keep their programs (a trial ends a segment)."""
+        if not (self.dynamic is None and self.scalar_slots and not self.out_names and not self.in_trial
+                and not self.eager):
+            return False
+        if self.lowering.needs_rng:
+            return self.misses > 1
+        return _scalars_vary(self, key)
 
     def _written(self, args: tuple, out_targets: list) -> list:
         """The storages the call writes (an in-place op's target, the out=
@@ -709,6 +721,52 @@ class CompiledOp:
         return _program_cache.Spelt((self.name, op_name(self.meta_op), self.inplace, self.out_names,
                                      self.lowering.where, lowering_context(cfg, True), key[0], key[1], key[2], cfg,
                                      donated))
+
+
+def _scalars_vary(op: CompiledOp, key: tuple) -> bool:
+    """Whether ``key`` (a new signature of ``op``) differs from one seen
+    before at the same place only in the values of its Python scalars;
+    notes it.  The place is the line of the first caller outside torch and
+    pjrt_host (the model's code, or the line that called an optimizer's
+    step): ``pow(x, 3.0)`` in an activation and autograd's ``pow(x, 2.0)``
+    in its backward are two constants, not one scalar that changes."""
+    slots = op.scalar_slots
+    masked = (tuple([_value_free(k) if i in slots else k for i, k in enumerate(key[0])]),
+              tuple([(name, _value_free(k)) if name in slots else (name, k) for name, k in key[1]]), *key[2:],
+              _call_site())
+    seen = op.seen_scalars
+    if masked in seen:
+        return True
+    if len(seen) > 512:  # an op of ever new shapes: bound the memory
+        seen.clear()
+    seen.add(masked)
+    return False
+
+
+#: Where torch's and pjrt_host's own frames live (skipped by _call_site).
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+def _call_site() -> tuple[str, int] | None:
+    """The file and line of the innermost caller outside torch and
+    pjrt_host; None where there is none (autograd's backward thread)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_LIBRARY_DIRS):
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def _value_free(k: Any) -> Any:
+    """A key entry with its Python scalars' values left out (their types kept)."""
+    if type(k) is tuple and len(k) == 2 and k[0] in (int, float, bool, complex):
+        return k[0]
+    if type(k) is SequenceArg:
+        return SequenceArg([_value_free(x) for x in k])
+    return k
 
 
 class _FirstCall:
