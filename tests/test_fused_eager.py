@@ -366,6 +366,109 @@ def test_a_chain_of_small_ops_runs_in_segments_of_whole_blocks():
     assert after["programs"] == before["programs"]
 
 
+def _replay_counts(run) -> tuple[int, int, int]:
+    before = _fused.stats()
+    run()
+    after = _fused.stats()
+    return tuple(after[k] - before[k] for k in ("segments", "replayed", "programs"))
+
+
+def test_a_loop_replays_its_segments_and_gives_op_by_ops_values():
+    """After a loop's segments have run once, each later one is matched op
+    by op against its script (``stats()["replayed"]``: a segment all of
+    whose ops matched, ending where the script ended, found its program
+    without a key), with op by op's values.  Two threads replaying at once
+    keep their own scripts."""
+    w = torch.randn(16, 16, device="jax") / 4
+    x = torch.randn(4, 16, device="jax")
+
+    def layer(v, k):
+        return (v @ w).tanh() * 0.5 + v * k
+
+    def run():
+        v = x
+        for k in range(24):  # another scalar per layer: the same line, so traced after the first
+            v = layer(v, 1.0 + k / 24)
+        return v.sum(1).cpu()
+
+    with pjrt_host.config(eager="op"):
+        expected = run()
+    torch.jax.synchronize()
+    with fused():
+        for _ in range(3):  # warm: the scripts and what follows each are known after this
+            run()
+        segments, replayed, programs = _replay_counts(run)
+        got = run()
+    assert segments >= 1 and replayed == segments, (segments, replayed)
+    assert programs == 0
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+    results, errors = {}, []
+
+    def work(name):
+        try:
+            with fused():
+                for _ in range(3):
+                    results[name] = run()
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for got in results.values():
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_replay_that_stops_matching_records_the_rest_and_a_read_ends_only_its_own_script():
+    """A segment whose ops stop matching its script (another op, other
+    inputs) is recorded from there on as new, with the right values, and the
+    loop replays again afterwards.  A script that a read ended is not a
+    place to cut when the read does not come: the segment goes on."""
+    w = torch.randn(8, 8, device="jax") / 3
+    x = torch.randn(2, 8, device="jax")
+
+    def run(act):
+        v = x
+        for i in range(6):
+            v = (v @ w) * 0.5 + v
+            v = act(v) if i == 3 else v.tanh()
+        return v.sum(1).cpu()
+
+    with pjrt_host.config(eager="op"):
+        expected = {f: run(f) for f in (torch.tanh, torch.sigmoid)}
+    torch.jax.synchronize()
+    with fused():
+        for _ in range(3):
+            run(torch.tanh)
+        segments, replayed, _ = _replay_counts(lambda: run(torch.tanh))
+        assert replayed == segments
+        got = run(torch.sigmoid)  # the fourth layer differs from the script
+        torch.testing.assert_close(got, expected[torch.sigmoid], rtol=1e-5, atol=1e-6)
+        for _ in range(2):
+            got = run(torch.tanh)
+        torch.testing.assert_close(got, expected[torch.tanh], rtol=1e-5, atol=1e-6)
+        segments, replayed, programs = _replay_counts(lambda: run(torch.tanh))
+        assert replayed == segments and programs == 0
+
+        def first_half():
+            v = x
+            for _ in range(2):
+                v = (v @ w).relu() + v
+            return v
+
+        for _ in range(3):
+            first_half().cpu()  # a segment the read ends
+        segments, replayed, _ = _replay_counts(lambda: first_half().cpu())
+        assert (segments, replayed) == (1, 1)
+        # the same ops, then more before the read: one segment, not a cut where the read was
+        segments, _, _ = _replay_counts(lambda: (first_half() * 3).sum().cpu())
+        assert segments == 1, segments
+
+
 def test_a_segment_that_fails_names_its_failure_to_every_later_reader():
     """A segment whose program fails raises the failure where it is read,
     and every later read of its results says why they do not exist (not an

@@ -49,19 +49,19 @@ __all__ = ["LIMIT", "Segment", "record", "resolve", "stats"]
 LIMIT = 256
 
 _local = threading.local()
-_programs: dict[tuple, Any] = {}
 _validated: set = set()  # traceable op functions known to trace with pending (abstract) inputs
 _refused: set = set()  # those that do not (they need concrete values), or trace to other shapes than planned
-_counts = {"segments": 0, "ops": 0, "programs": 0, "op_by_op": 0}
+_counts = {"segments": 0, "ops": 0, "programs": 0, "op_by_op": 0, "replayed": 0}
 _recompiles = logging.getLogger("pjrt_host.recompiles")
 
 
 class Segment:
     """The ops one thread has recorded and not yet run."""
 
-    __slots__ = ("ops", "externals", "ext_ids", "results", "lock", "done", "device", "error", "__weakref__")
+    __slots__ = ("ops", "externals", "ext_ids", "results", "lock", "done", "device", "error", "after", "expect",
+                 "script", "ended", "__weakref__")
 
-    def __init__(self, device: int) -> None:
+    def __init__(self, device: int, after: Script | None = None) -> None:
         # (the op's Traceable, argument refs, one result): with the
         # externals' signatures, the program's key
         self.ops: list[tuple[Traceable, tuple[int, ...], bool]] = []
@@ -72,6 +72,14 @@ class Segment:
         self.done = False
         self.device = device
         self.error: BaseException | None = None  # why the segment's program failed, for later readers
+        # Replay: the script of the thread's segment before this one, and
+        # the script that followed it last time, which this segment
+        # replays while its ops match (then another that followed it, whose
+        # ops so far are the same; None once none is)
+        self.after = after
+        self.expect = after.following[0] if after is not None and after.following else None
+        self.script: Script | None = None  # what it ran, once run
+        self.ended = False  # it ended itself (a block repeated, or LIMIT), not at a read
         open_segments.add(self)
 
     @x64_scope  # torch.jax.synchronize() and other readers may come from outside the dispatcher
@@ -103,20 +111,37 @@ class Segment:
                 raise
 
     def _run(self, ext: list, live: tuple[int, ...], donated: tuple[int, ...]) -> None:
-        key = (tuple(self.ops), tuple(_signature(v) for v in ext), live, donated)
-        program = _programs.get(key)
+        inputs = tuple([_signature(v) for v in ext])
+        script = self.expect
+        if script is not None and script.n == len(self.ops) and script.inputs == inputs:
+            _counts["replayed"] += 1  # every op matched the script: no key to build
+        else:
+            ops = tuple(self.ops)
+            script = _scripts.get((ops, inputs))
+            if script is None:
+                if len(_scripts) > 2048:  # segments that never repeat: bound the memory
+                    _forget()
+                script = _scripts[(ops, inputs)] = Script(ops, inputs)
+        self.script = script
+        script.cut = script.cut or self.ended
+        if self.after is not None:
+            self.after.followed_by(script)  # what a segment after the one before expects next time
         _counts["segments"] += 1
-        if type(program) is Future or program is _OP_BY_OP:
-            program = _ready(key, program)
-        if program is None:
-            if len(_programs) > 2048:  # segments that never repeat: bound the memory
-                _programs.clear()
-            if _recompiles.isEnabledFor(logging.INFO) and _programs:
+        variant = script.variant(live, donated)
+        if variant is None:
+            if script.variants:  # another set of held results: one program for them all
+                live = tuple(sorted(set(live).union(*[v[0] for v in script.variants])))
+            variant = [live, donated, None]
+            script.variants.append(variant)
+            if _recompiles.isEnabledFor(logging.INFO) and _counts["programs"]:
                 _recompiles.info("fused eager: a segment of %d ops compiles a new program: %s", len(self.ops),
-                                 _why_new(key))
-            if _background() and all(op.run is not None for op, _, _ in self.ops):
-                _later(key, live, ext, self.device)  # (or at a later occurrence, when many are compiling)
-                program = _OP_BY_OP
+                                 _why_new(script, variant))
+        live, program = variant[0], variant[2]
+        if type(program) is Future:
+            program = _ready(script, variant)
+        elif program is None and _background() and all(op.run is not None for op, _, _ in self.ops):
+            _later(script, variant, ext, self.device)  # (or at a later occurrence, when many are compiling)
+            program = _OP_BY_OP
         if program is _OP_BY_OP:
             # its program is compiling in the background: each op through its own
             _counts["op_by_op"] += 1
@@ -127,7 +152,7 @@ class Segment:
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 # keep_unused: an input only overwritten still places the program (_engine._build)
                 jitted = jax.jit(_program(self.ops, live), donate_argnums=donated, keep_unused=True)
-                program = _programs[key] = _kept(jitted, key, ext, self.device)
+                program = variant[2] = _kept(jitted, script, live, donated, ext, self.device)
                 outs = program(*ext)
         else:
             outs = program(*ext)
@@ -135,20 +160,91 @@ class Segment:
         for i, arr in zip(live, outs):
             ref, p = self.results[i]
             storage = ref()
-            if storage is not None and storage._array is p:
+            if storage is not None and storage._array is p:  # (a program of more results: those held)
                 storage._array = arr
         note_result(self.device, outs[-1])
 
 
-def _why_new(key: tuple) -> str:
+class Script:
+    """A segment's ops as recorded, and the signatures of the inputs they
+    read: the programs made for them (``variants``: one per set of held
+    results and of donated inputs) and the scripts that came next in the
+    thread after it (``following``, the latest first: what the thread's
+    next segment replays; a layer's script is followed by the same layer's,
+    then by what comes after the last layer).  A segment that replays a
+    script matches it op by op (:func:`record`), ends where it ended, and
+    finds its program without building the key of its ops."""
+
+    __slots__ = ("ops", "inputs", "n", "variants", "following", "cut")
+
+    def __init__(self, ops: tuple, inputs: tuple) -> None:
+        self.ops = ops
+        self.inputs = inputs
+        self.n = len(ops)
+        self.variants: list[list] = []  # [live, donated, program]
+        self.following: list[Script] = []
+        # whether a segment of these ops ended itself there (a replay ends
+        # there too; where a read ended it, the read ends the replay)
+        self.cut = False
+
+    def followed_by(self, script: Script) -> None:
+        following = self.following
+        if following and following[0] is script:
+            return
+        if script in following:
+            following.remove(script)
+        following.insert(0, script)
+        del following[FOLLOWING:]
+
+    def variant(self, live: tuple[int, ...], donated: tuple[int, ...]) -> list | None:
+        """A program for a run that holds the results ``live`` and may
+        donate the inputs ``donated``: one that returns those (and maybe
+        more) and donates none that others still hold."""
+        for v in self.variants:
+            if v[0] == live and v[1] == donated:
+                return v
+        for v in self.variants:
+            if set(live) <= set(v[0]) and set(v[1]) <= set(donated):
+                return v
+        return None
+
+
+_scripts: dict[tuple, Script] = {}
+#: How many scripts that followed one a segment may replay after it.
+FOLLOWING = 4
+
+
+def _another_script(seg: Segment, entry: tuple) -> Script | None:
+    """Another script that followed the one before ``seg`` (its expected
+    script did not), whose ops so far are the segment's and whose next op
+    is ``entry``; None when there is none."""
+    n = len(seg.ops)
+    for script in seg.after.following:
+        if script is not seg.expect and script.n > n and script.ops[n] == entry and list(script.ops[:n]) == seg.ops:
+            return script
+    return None
+
+
+def _forget() -> None:
+    """Drop every script and its programs (open segments may still point
+    at some: they replay nothing and keep no program)."""
+    for script in _scripts.values():
+        script.variants = []
+        script.following = []
+    _scripts.clear()
+
+
+def _why_new(script: Script, variant: list) -> str:
     """What sets a new segment's program apart from the closest one made
     before (the same number of ops, the most of them the same), in a
     user's terms: which op's arguments changed, which input's shape, or
     which results are still held.  Only for the ``pjrt_host.recompiles``
     log at INFO: it looks at every program made."""
-    ops, inputs, live, donated = key
+    ops, inputs = script.ops, script.inputs
+    live, donated = variant[0], variant[1]
     names = [op[0].name for op in ops]
-    same_length = [k for k in reversed(_programs) if len(k[0]) == len(ops)]  # of equals, the latest
+    same_length = [(s.ops, s.inputs, v[0], v[1]) for s in reversed(_scripts.values()) if s.n == len(ops)
+                   for v in s.variants if v is not variant]  # of equals, the latest
     if not same_length:
         return f"no earlier segment has {len(ops)} ops (this one: {names[0]} ... {names[-1]})"
     closest = min(same_length, key=lambda k: sum(a != b for a, b in zip(k[0], ops)))
@@ -181,29 +277,28 @@ def _input_text(signature: Any) -> str:
     return f"a {signature.__name__}"
 
 
-def _kept(jitted: Any, key: tuple, ext: list, device: int) -> Any:
+def _kept(jitted: Any, script: Script, live: tuple, donated: tuple, ext: list, device: int) -> Any:
     """What runs a new segment program: ``jitted`` compiled through the
     program cache, so that a later process loads it from disk without
     tracing, when every op in it has a signature there (the engine gives
     its ops one, ``Traceable.signature``, while the cache is on); else
     ``jitted`` itself."""
-    signature = _disk_signature(key, ext)
+    signature = _disk_signature(script, live, donated, ext)
     if signature is None:
         return jitted
     compiled = _program_cache.compiled("pjrt_host.fused", signature, jitted, tuple(ext), jax_device(device))
     return _program_cache.with_retrace(compiled, jitted)
 
 
-def _disk_signature(key: tuple, ext: list) -> Any:
+def _disk_signature(script: Script, live: tuple, donated: tuple, ext: list) -> Any:
     """What the program cache keys a segment's program by on disk: its ops'
     signatures, how they are wired, and the argument types (shapes, dtypes;
     a Python scalar may come weakly or strongly typed); None with the cache
     off, or when an op has no signature."""
     if _program_cache.directory() is None:
         return None
-    ops_key, _, live, donated = key
     ops = []
-    for op, refs, _ in ops_key:
+    for op, refs, _ in script.ops:
         if op.signature is None:
             return None
         ops.append((op.signature, refs))
@@ -259,7 +354,7 @@ def _background() -> bool:
     return fused_compile() == "background"
 
 
-def _later(key: tuple, live: tuple, ext: list, device: int) -> None:
+def _later(script: Script, variant: list, ext: list, device: int) -> None:
     """Start compiling the segment's program on the background thread,
     unless PENDING_LIMIT compiles are pending already (a later occurrence
     of the segment starts it then)."""
@@ -276,41 +371,43 @@ def _later(key: tuple, live: tuple, ext: list, device: int) -> None:
     example = tuple(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding, weak_type=v.weak_type)
                     if isinstance(v, jax.Array) else v for v in ext)
     _counts["programs"] += 1
-    future = _pool.submit(_compile, key, key[0], live, example, _disk_signature(key, ext), device)
+    live, donated = variant[0], variant[1]
+    future = _pool.submit(_compile, script.ops, live, donated, example,
+                          _disk_signature(script, live, donated, ext), device)
     _pending.add(future)
     future.add_done_callback(_pending.discard)
-    _programs[key] = future
+    variant[2] = future
 
 
 @x64_scope
-def _compile(key: tuple, ops: list, live: tuple, example: tuple, signature: Any, device: int) -> Any:
+def _compile(ops: tuple, live: tuple, donated: tuple, example: tuple, signature: Any, device: int) -> Any:
     """The background thread's work: the segment's program, compiled for
     ``example`` (through the program cache, as an inline compile, when it
     has a ``signature`` there)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        jitted = jax.jit(_program(ops, live), donate_argnums=key[3], keep_unused=True)
+        jitted = jax.jit(_program(ops, live), donate_argnums=donated, keep_unused=True)
         if signature is None:
             return _program_cache.with_retrace(jitted.lower(*example).compile(), jitted)
         compiled = _program_cache.compiled("pjrt_host.fused", signature, jitted, example, jax_device(device))
         return _program_cache.with_retrace(compiled, jitted)
 
 
-def _ready(key: tuple, program: Any) -> Any:
-    """A background compile's program once it is ready (and from then on
-    the segment's program); :data:`_OP_BY_OP` until then, and for good when
-    it failed (the ops run through their own programs, which raise what
-    there is to raise)."""
-    if program is _OP_BY_OP or not program.done():
+def _ready(script: Script, variant: list) -> Any:
+    """The program of a variant compiling in the background: once it is
+    ready, it becomes the variant's program; :data:`_OP_BY_OP` until then,
+    and for good when it failed (the ops run through their own programs,
+    which raise what there is to raise)."""
+    future = variant[2]
+    if not future.done():
         return _OP_BY_OP
     try:
-        made = program.result()
+        variant[2] = future.result()
     except Exception as err:  # noqa: BLE001  (any failure: the segment runs op by op)
         _recompiles.info("fused eager: a segment of %d ops failed to compile in the background (%s: %s); it runs "
-                         "op by op", len(key[0]), type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
-        made = _OP_BY_OP
-    _programs[key] = made
-    return made
+                         "op by op", script.n, type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+        variant[2] = _OP_BY_OP
+    return variant[2]
 
 
 def _fusable(op: Traceable, dyn: list, plan: Any) -> bool:
@@ -340,7 +437,8 @@ def _segment(device: int) -> Segment:
     if seg is None or seg.done or seg.device != device:
         if seg is not None and not seg.done:
             seg.flush()
-        seg = _local.segment = Segment(device)
+        before = getattr(_local, "previous", None)  # this thread's segment before (it has run)
+        seg = _local.segment = _local.previous = Segment(device, before.script if before is not None else None)
     return seg
 
 
@@ -397,6 +495,14 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
             refs.append(i)
         refs_t = tuple(refs)
         single = plan.container == "single" if into is None else returns_one
+        script = seg.expect
+        if script is not None:
+            n = len(seg.ops)
+            if n == script.n or script.ops[n][0] is not op or script.ops[n][1] != refs_t \
+                    or script.ops[n][2] is not single:
+                script = seg.expect = _another_script(seg, (op, refs_t, single))
+                if script is None:  # recorded from here on as new
+                    _local.window = None  # repeats are looked for from here (the replayed ops were not noted)
         seg.ops.append((op, refs_t, single))
         _counts["ops"] += 1
         if into is not None:
@@ -418,9 +524,13 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
                 tensors.append(t)
             result = tensors[0] if single else (tuple(tensors) if plan.container == "tuple" else tensors)
         n = len(seg.ops)
-        period = _repeats(id(op), n)
-        full = n >= LIMIT or (period and (not _small_body(period) or (n % period == 0 and n >= REPEAT_SEGMENT)))
+        if script is not None:  # replayed: it ends where the script ended itself
+            full = n == script.n and script.cut
+        else:
+            period = _repeats(id(op), n)
+            full = n >= LIMIT or (period and (not _small_body(period) or (n % period == 0 and n >= REPEAT_SEGMENT)))
     if full:
+        seg.ended = True
         seg.flush()
     return result
 
