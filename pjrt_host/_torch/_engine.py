@@ -25,7 +25,6 @@ and one wrapper tensor.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import threading
 import warnings
@@ -733,7 +732,7 @@ def _scalars_vary(op: CompiledOp, key: tuple) -> bool:
     slots = op.scalar_slots
     masked = (tuple([_value_free(k) if i in slots else k for i, k in enumerate(key[0])]),
               tuple([(name, _value_free(k)) if name in slots else (name, k) for name, k in key[1]]), *key[2:],
-              _call_site())
+              _dynamic_dims._caller())  # the place, as a dimension's
     seen = op.seen_scalars
     if masked in seen:
         return True
@@ -741,23 +740,6 @@ def _scalars_vary(op: CompiledOp, key: tuple) -> bool:
         seen.clear()
     seen.add(masked)
     return False
-
-
-#: Where torch's and pjrt_host's own frames live (skipped by _call_site).
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
-                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
-
-
-def _call_site() -> tuple[str, int] | None:
-    """The file and line of the innermost caller outside torch and
-    pjrt_host; None where there is none (autograd's backward thread)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_LIBRARY_DIRS):
-            return name, frame.f_lineno
-        frame = frame.f_back
-    return None
 
 
 def _value_free(k: Any) -> Any:
