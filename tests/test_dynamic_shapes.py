@@ -232,6 +232,44 @@ def test_a_cache_growing_by_one_runs_one_program_per_bucket(eager):
     assert sum(compiled[28:]) <= 3, compiled
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_cache_that_only_a_cat_sees_grow_becomes_dynamic(eager):
+    """generate()'s key/value cache and ids: the growing tensor is an item
+    of a cat's list (no op that reads it through a view pads it), so the
+    cat itself finds the growth -- a third size at its line -- and pads it;
+    from then on the cat joins in buckets and attention reads the padded
+    cache.  Values are CPU's."""
+    torch.manual_seed(0)
+    heads, width = 2, 8
+    q_proj = torch.randn(width, width) / 3
+    cache, ids = torch.randn(1, heads, 3, width // heads), torch.tensor([[1, 2, 3]])
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        dcache, dids, dproj = cache.to("jax"), ids.to("jax"), q_proj.to("jax")
+        compiled = []
+        for step in range(36):
+            x = torch.randn(1, 1, width)
+            new = (x @ q_proj).view(1, 1, heads, width // heads).transpose(1, 2)
+            before = _compiled()
+            dnew = (x.to("jax") @ dproj).view(1, 1, heads, width // heads).transpose(1, 2)
+            dcache = torch.cat([dcache, dnew], dim=-2)
+            scores = torch.softmax(dnew @ dcache.transpose(-1, -2) / 2.0, dim=-1) @ dcache
+            dids = torch.cat([dids, scores.flatten().argmax().reshape(1, 1).to(dids.dtype)], dim=-1)
+            got = (scores.cpu(), dids.cpu())
+            compiled.append(_compiled() - before)
+            cache = torch.cat([cache, new], dim=-2)
+            want = torch.softmax(new @ cache.transpose(-1, -2) / 2.0, dim=-1) @ cache
+            ids = torch.cat([ids, want.flatten().argmax().reshape(1, 1)], dim=-1)
+            torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-6)
+            assert torch.equal(got[1], ids)
+        assert dcache._storage.padded is not None and dids._storage.padded is not None
+    # lengths 4 .. 39 (step + 4): from the third size on, programs only in
+    # the first steps of a bucket (16, 32 from length 17, 48 from 33), none
+    # later within one
+    text = str(list(enumerate(compiled)))
+    assert not any(compiled[18:28]) and not any(compiled[33:]), text
+    assert sum(1 for n in compiled[3:] if n) <= 10, text
+
+
 # ---------------------------------------------------------------- the oracle: the suite with every dim padded
 
 def _passes_padded(args: list[str], extra_env: dict | None = None) -> str:

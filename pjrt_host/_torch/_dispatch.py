@@ -571,9 +571,10 @@ def _joined_when_padded(handler: Handler) -> Handler:
     in the bucket of the joined length (``_dynamic_dims.join``)."""
     def handle(args: tuple, kwargs: dict) -> Any:
         tensors = args[0] if args else kwargs.get("tensors")
-        if type(tensors) in (list, tuple) and any(type(t) is _tensor.JaxTensor and t._storage.padded is not None
-                                                  for t in tensors):
-            dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        if type(tensors) in (list, tuple) and (
+                any(type(t) is _tensor.JaxTensor and t._storage.padded is not None for t in tensors)
+                or _dynamic_dims.grows(tensors, dim)):
             record = _record_join if _config.current().eager == "fused" else None
             joined = _dynamic_dims.join(list(tensors), dim, record)
             if joined is not None:

@@ -549,6 +549,45 @@ def padded_values(t: JaxTensor) -> tuple | None:
 _join_programs: dict = {}
 
 
+def grows(tensors: list, dim: int) -> bool:
+    """A cat that no padded tensor reaches yet: a tensor of it whose size
+    along ``dim`` took a third size at this place (its position in the
+    list, the same line of code: a key/value cache, or the ids ``generate``
+    appends a token to) becomes dynamic along ``dim`` -- its storage is
+    padded, so that the cat joins in buckets (:func:`join`) and every op
+    after it reads the padded result.  A list argument's tensors are not
+    inputs :func:`on_miss` sees; this is where a growing one is found.
+    True when one was padded."""
+    mode = _config.current().dynamic_shapes
+    if not mode or mode == "all" or not tensors:
+        return False  # (with "all", the ops that read the tensors pad them)
+    from ._meta import inside_backward
+
+    if inside_backward():
+        return False
+    place = None
+    padded_any = False
+    for i, t in enumerate(tensors):
+        if type(t) is not JaxTensor or t.dim() == 0 or _is_parameter(t):
+            continue
+        d = dim % t.dim()
+        if place is None:
+            place = ("cat", _caller(), d)
+        sizes = _grown.get((place, i, t.dim()))
+        if sizes is None:
+            if len(_grown) > 4096:
+                _grown.clear()
+            sizes = _grown[(place, i, t.dim())] = set()
+        n = t.shape[d]
+        sizes.add(n)
+        if len(sizes) >= _SIZES and n > 1 and _pad_storage(t, {d}):
+            padded_any = True
+    return padded_any
+
+
+_grown: dict = {}
+
+
 def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor | None:
     """``torch.cat(tensors, dim)`` along a dim some of them hold padded (a
     key/value cache growing by a token): the result padded to the bucket of
