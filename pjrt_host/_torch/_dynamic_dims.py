@@ -514,9 +514,10 @@ def _library_dirs() -> tuple[str, ...]:
 _skipped: tuple[str, ...] = ()
 
 
-def _caller() -> tuple:
+def _caller(instruction: bool = False) -> tuple:
     """Where the op was called from: the first frame outside torch,
-    pjrt_host and the standard library's decorators (file, line)."""
+    pjrt_host and the standard library's decorators (file, line; with
+    ``instruction``, the bytecode offset too: one expression of a line)."""
     global _skipped
     if not _skipped:
         _skipped = _library_dirs()
@@ -524,7 +525,7 @@ def _caller() -> tuple:
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(_skipped) and not name.startswith("<frozen"):
-            return (name, frame.f_lineno)
+            return (name, frame.f_lineno, frame.f_lasti) if instruction else (name, frame.f_lineno)
         frame = frame.f_back
     return ("", 0)
 

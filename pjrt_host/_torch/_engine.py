@@ -402,8 +402,9 @@ class CompiledOp:
 
     def _tries_traced_scalars(self, key: tuple) -> bool:
         """Whether this new signature starts a trial of traced scalars: a
-        random op's scalars (bounds, mean, std, p) from its second signature
-        (nn.init passes new ones per layer); another op's when a scalar took
+        random op's scalars (bounds, mean, std, p) when they take values
+        not seen before (nn.init passes new bounds per layer, with new
+        shapes; a model's dropouts of one p do not start one); another op's when a scalar took
         a second value where everything else was seen before (an
         optimizer's step size, a scheduled learning rate), as a dimension
         becomes dynamic at its second size.  Signatures that differ in
@@ -414,8 +415,12 @@ class CompiledOp:
                 and not self.eager):
             return False
         if self.lowering.needs_rng:
-            return self.misses > 1
-        return _scalars_vary(self, key)
+            return _new_scalar_values(self, key)
+        # Not inside a backward, as a dimension never becomes dynamic there:
+        # its calls have no line of their own (autograd's formulas multiply
+        # by each forward constant at one place), and a trial there would
+        # turn the op traced for the next forward's segments too.
+        return not _meta.inside_backward() and _scalars_vary(self, key)
 
     def _written(self, args: tuple, out_targets: list) -> list:
         """The storages the call writes (an in-place op's target, the out=
@@ -725,14 +730,16 @@ class CompiledOp:
 def _scalars_vary(op: CompiledOp, key: tuple) -> bool:
     """Whether ``key`` (a new signature of ``op``) differs from one seen
     before at the same place only in the values of its Python scalars;
-    notes it.  The place is the line of the first caller outside torch and
-    pjrt_host (the model's code, or the line that called an optimizer's
-    step): ``pow(x, 3.0)`` in an activation and autograd's ``pow(x, 2.0)``
-    in its backward are two constants, not one scalar that changes."""
+    notes it.  The place is the expression (line and bytecode offset) of
+    the first caller outside torch and pjrt_host (the model's code, or the
+    line that called an optimizer's step), as a dimension's is its line:
+    ``pow(x, 3.0)`` in an activation and autograd's ``pow(x, 2.0)`` in its
+    backward, or ``0.5 * x`` and ``0.044715 * x`` in one line, are
+    constants, not one scalar that changes."""
     slots = op.scalar_slots
     masked = (tuple([_value_free(k) if i in slots else k for i, k in enumerate(key[0])]),
               tuple([(name, _value_free(k)) if name in slots else (name, k) for name, k in key[1]]), *key[2:],
-              _dynamic_dims._caller())  # the place, as a dimension's
+              _dynamic_dims._caller(instruction=True))
     seen = op.seen_scalars
     if masked in seen:
         return True
@@ -740,6 +747,21 @@ def _scalars_vary(op: CompiledOp, key: tuple) -> bool:
         seen.clear()
     seen.add(masked)
     return False
+
+
+def _new_scalar_values(op: CompiledOp, key: tuple) -> bool:
+    """Whether the Python scalars of ``key`` (a new signature of a random
+    ``op``) are values the op has not met before, after it met others; notes them."""
+    slots = op.scalar_slots  # (a slot typed Tensor may hold a tensor: only the Python scalars count)
+    values = (tuple([k for i, k in enumerate(key[0]) if i in slots and _value_free(k) is not k]),
+              tuple([(name, k) for name, k in key[1] if name in slots and _value_free(k) is not k]))
+    seen = op.seen_scalars
+    if values in seen:
+        return False
+    if len(seen) > 512:
+        seen.clear()
+    seen.add(values)
+    return len(seen) > 1
 
 
 def _value_free(k: Any) -> Any:
