@@ -191,10 +191,8 @@ class Script:
         following = self.following
         if following and following[0] is script:
             return
-        if script in following:
-            following.remove(script)
-        following.insert(0, script)
-        del following[FOLLOWING:]
+        with _following_lock:  # (two threads' segments may follow one script)
+            self.following = [script, *[s for s in following if s is not script]][:FOLLOWING]
 
     def variant(self, live: tuple[int, ...], donated: tuple[int, ...]) -> list | None:
         """A program for a run that holds the results ``live`` and may
@@ -210,6 +208,7 @@ class Script:
 
 
 _scripts: dict[tuple, Script] = {}
+_following_lock = threading.Lock()
 #: How many scripts that followed one a segment may replay after it.
 FOLLOWING = 4
 
