@@ -61,6 +61,29 @@ def test_a_compiled_program_that_meets_aot_autograds_view_replay_is_a_known_diff
     assert known == {"compile": [f"known: {fuzz_programs.KNOWN['compile-view-replay']}"]}
 
 
+def test_inexact_values_are_never_written_into_integers_or_bools():
+    """Fuzz finding 13 (seed 5000339: ``argmax_result.copy_(nan)``): a
+    write that converts an inexact float (a NaN, whose conversion C++ leaves
+    undefined: x86 gives INT64_MIN, XLA 0) into an integer or bool tensor is
+    never generated, as casts and integer out= of them are not."""
+    written = []
+    for seed in range(300):
+        g = fuzz_programs.Gen(seed)
+        g.add(fuzz_programs.Stmt("v0 = torch.tensor([[1, 2], [3, 4]], device=DEV)", ("v0",)))
+        g.add(fuzz_programs.Stmt("v1 = torch.tensor([float('nan'), 0.5], device=DEV)", ("v1",)))
+        g.add(fuzz_programs.Stmt("v2 = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=DEV)", ("v2",)))
+        g.n = 3
+        try:
+            fuzz_programs.op_inplace(g)
+        except fuzz_programs.Skip:
+            continue
+        written.append(g.stmts[-1].text)
+    into_int = [t for t in written if t.startswith("v0") and "v1" in t and ("copy_" in t or "] = v1" in t)]
+    assert into_int == []
+    # the same writes of exact floats are still made
+    assert any(t.startswith("v0") and "v2" in t and ("copy_" in t or "] = v2" in t) for t in written)
+
+
 def test_programs_are_what_the_seed_says_and_cover_the_kinds_of_op():
     a, b = fuzz_programs.generate(11), fuzz_programs.generate(11)
     assert a.source() == b.source() and a.flags == b.flags
