@@ -283,6 +283,36 @@ def test_aliasing_outputs_meet_aot_autograds_view_replay_as_aot_eager_on_cpu_doe
     assert outcome("jax", "jax") == outcome("cpu", "aot_eager")
 
 
+def test_normal_of_a_compiled_functions_input_is_one_program_as_eager_draws_it():
+    """Fuzz finding 9: ``x.normal_()`` of a compiled function's input put
+    ``aten::normal_functional`` in the graph, which had no lowering (the
+    graph ran op by op).  It is normal_'s lowering: a draw of the input's
+    shape and dtype with the given mean and std, written into the input (a
+    view's region only), repeating after manual_seed as compiled draws do
+    (docs/compile.md)."""
+    def f(x):
+        x[1:].normal_(3.0, 0.5)
+        return x
+
+    def draw(seed):
+        torch._dynamo.reset()
+        torch.manual_seed(seed)
+        x = torch.zeros(4, 5000, dtype=torch.float64, device="jax")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no "runs op by op" warning
+            out = torch.compile(f, backend="jax")(x)
+        assert out is x
+        return x.cpu()
+
+    got = draw(0)
+    want = f(torch.zeros(4, 5000, dtype=torch.float64))  # CPU: the same region written, of the same law
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got[0], want[0])  # outside the view: untouched
+    for values in (got[1:], want[1:]):
+        assert abs(values.mean().item() - 3.0) < 0.02 and abs(values.std().item() - 0.5) < 0.02
+    assert torch.equal(draw(0), got) and not torch.equal(draw(1), got)
+
+
 class _NoTorchFunction(torch.Tensor):
     """A plain tensor subclass, no pjrt_host: torch's torch-function layer
     off, as on 'jax' tensors."""
