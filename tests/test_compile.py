@@ -313,6 +313,32 @@ def test_normal_of_a_compiled_functions_input_is_one_program_as_eager_draws_it()
     assert torch.equal(draw(0), got) and not torch.equal(draw(1), got)
 
 
+_RANDOM_FILLS = {
+    "uniform_": (lambda x: x.uniform_(2, 3), lambda v: ((v >= 2) & (v < 3)).all()),
+    "exponential_": (lambda x: x.exponential_(), lambda v: (v > 0).all()),
+    "bernoulli_ of a number": (lambda x: x.bernoulli_(0.5), lambda v: ((v == 0) | (v == 1)).all()),
+    "bernoulli_ of a tensor": (lambda x: x.bernoulli_(torch.full_like(x, 0.5)), lambda v: ((v == 0) | (v == 1)).all()),
+    "random_": (lambda x: x.random_(0, 5), lambda v: ((v >= 0) & (v < 5) & (v == v.round())).all()),
+    "log_normal_": (lambda x: x.log_normal_(), lambda v: (v > 0).all()),
+    "geometric_": (lambda x: x.geometric_(0.3), lambda v: ((v >= 1) & (v == v.round())).all()),
+}
+
+
+@pytest.mark.parametrize("name", list(_RANDOM_FILLS))
+def test_random_fills_of_a_compiled_functions_input_are_one_program(name):
+    """The in-place random fills of a compiled function's input become their
+    functional forms in the graph (``bernoulli.Tensor`` had no lowering of
+    its schema: the graph ran op by op); each is one program, its values in
+    CPU's range for the fill."""
+    fill, in_range = _RANDOM_FILLS[name]
+    torch._dynamo.reset()
+    x = torch.zeros(64, device="jax")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no "runs op by op" warning
+        torch.compile(fill, backend="jax")(x)
+    assert in_range(x.cpu()) and in_range(fill(torch.zeros(64))) and x.cpu().unique().numel() > 1
+
+
 class _NoTorchFunction(torch.Tensor):
     """A plain tensor subclass, no pjrt_host: torch's torch-function layer
     off, as on 'jax' tensors."""

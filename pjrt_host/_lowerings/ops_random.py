@@ -70,7 +70,7 @@ def bernoulli_float_(key, self, p=0.5, *, generator=None):
     return draw(lambda k, s: jax.random.bernoulli(k, p, s), key, self.shape).astype(self.dtype)
 
 
-@random_lowering("aten::bernoulli_.Tensor")
+@random_lowering("aten::bernoulli_.Tensor", "aten::bernoulli.Tensor")
 def bernoulli_tensor_(key, self, p, *, generator=None):
     p = jnp.broadcast_to(p, self.shape)
     return draw(lambda k, s: jax.random.bernoulli(k, p.reshape(s), s), key, self.shape).astype(self.dtype)
