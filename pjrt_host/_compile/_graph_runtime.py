@@ -159,9 +159,8 @@ def _view_step(node: Any) -> bool:
         return False
     if not node.target.is_view or not node.args or not isinstance(node.args[0], torch.fx.Node):
         return False
-    rest = torch.fx.node.map_aggregate((node.args[1:], node.kwargs), lambda x: x)
     found: list = []
-    torch.fx.node.map_arg(rest, found.append)
+    torch.fx.node.map_arg((node.args[1:], node.kwargs), found.append)
     return not found
 
 
