@@ -193,6 +193,22 @@ def test_outputs_that_alias_each_other_share_storage_as_in_eager(name):
     assert seen["jax"] == seen["cpu"]
 
 
+def test_an_aliasing_output_the_devices_layout_cannot_view_keeps_its_values():
+    """A view traced on CPU's layout of a result (``x.t() * 2`` keeps the
+    transposed strides on CPU, so ``.t().view(-1)`` is a view there) that the
+    device's row-major result cannot take comes back as the program
+    computed it: CPU's values, sharing nothing (docs/torch-device.md,
+    Limits), instead of the view op's error."""
+    def f(x):
+        y = x.t() * 2
+        return y, y.t().view(-1)
+
+    torch._dynamo.reset()
+    outs = torch.compile(f, backend="jax")(torch.arange(6.0, device="jax").reshape(2, 3))
+    want = f(torch.arange(6.0).reshape(2, 3))
+    assert [o.cpu().tolist() for o in outs] == [o.tolist() for o in want]
+
+
 def test_aliasing_outputs_of_a_graph_that_runs_op_by_op_are_eagers():
     """A graph with an op that has no lowering (grid_sampler_2d, as in
     test_op_without_lowering_runs_op_by_op_with_a_warning) runs op by op: a

@@ -219,11 +219,18 @@ def output_aliases(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tu
 
 def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs: int) -> list:
     """``results`` with each alias made again from its base's result
-    (:func:`output_aliases`), the added bases dropped."""
+    (:func:`output_aliases`), the added bases dropped.  A chain whose view
+    op the base's layout refuses keeps the program's own result (its values,
+    sharing nothing): the graph was traced with CPU's strides, and a result
+    the device computes is row-major where CPU keeps an input's layout
+    (``(x.t() * 2).t().view(-1)``; docs/torch-device.md, Limits)."""
     for pos, base, chain in aliases:
         t = results[base]
-        for op, args, kwargs in chain:
-            t = op(t, *args, **kwargs)
+        try:
+            for op, args, kwargs in chain:
+                t = op(t, *args, **kwargs)
+        except RuntimeError:
+            continue
         results[pos] = t
     del results[num_outputs:]
     return results
