@@ -61,6 +61,24 @@ def test_a_compiled_program_that_meets_aot_autograds_view_replay_is_a_known_diff
     assert known == {"compile": [f"known: {fuzz_programs.KNOWN['compile-view-replay']}"]}
 
 
+def test_a_compiled_difference_torch_compile_makes_on_cpu_too_is_known_and_no_other():
+    """Seed 5000111: ``v11 = full_like(...).expand(2, 4).chunk(2, 1)[0];
+    v11.fill_(2)`` writes through an expanded tensor; eager CPU writes the
+    shared memory, torch.compile's functionalization sums the overlapping
+    writes instead, and aot_eager on CPU gives what the jax backend gives:
+    counted as known (``compile-torch``).  An outcome aot_eager on CPU does
+    not give is not."""
+    program = fuzz_programs.generate(5000111)
+    known: dict = {}
+    assert fuzz_programs.check(program, ("compile",), known_seen=known) == {}
+    assert len(known["compile"]) == 1 and fuzz_programs.KNOWN["compile-torch"] in known["compile"][0]
+    ref = fuzz_programs.run_compiled(program, "cpu", backend="aot_eager")
+    assert fuzz_programs.torch_compiles_so(program, ref)
+    name = next(n for n, t in ref.tensors.items() if t.dtype.is_floating_point and t.values.numel())
+    ref.tensors[name].values.add_(1)
+    assert not fuzz_programs.torch_compiles_so(program, ref)
+
+
 def test_a_batched_matmul_torch_folds_for_the_device_is_a_known_difference():
     """Seed 5000315 (docs/fuzzing.md, 12): ``matmul`` of a bool and a
     bfloat16 batch, refused by CPU's bmm with NotImplementedError and by
