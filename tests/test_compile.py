@@ -155,7 +155,7 @@ def _written_then_viewed(x):
 
 
 #: Outputs that share storage in eager: those AOTAutograd leaves to the
-#: graph (the first seven: ``non_alias`` in its metadata) and those it
+#: graph (the first nine: ``non_alias`` in its metadata) and those it
 #: regenerates itself from the input (the last two).
 _ALIASING_OUTPUTS = {
     "a view of another output": lambda x: ((y := x + 1), y.view(-1)),
@@ -165,6 +165,8 @@ _ALIASING_OUTPUTS = {
     "a view of a view": lambda x: ((y := x + 1), (z := y[1:]), z.unsqueeze(0)),
     "a view of a value written in place": _written_then_viewed,
     "two views of a value no output is": lambda x: ((y := x + 1).view(-1), y.view(3, 1)),
+    "one of the views unbind returns": lambda x: ((y := x + 1), y.unbind(0)[1], y.t()),
+    "chunks of a value no output is": lambda x: (*(y := x * 3).view(-1).chunk(3), y.t()),
     "views of the input": lambda x: (x[1:], x[1:].unsqueeze(0)),
     "the input written, and views of it": lambda x: (x.add_(1), x[-1], x[-1].unsqueeze(0)),
 }

@@ -20,6 +20,7 @@ graph holding an op with no lowering.
 from __future__ import annotations
 
 import logging
+import operator
 import sys
 import threading
 import warnings
@@ -147,21 +148,31 @@ class OutputAlias(NamedTuple):
 
     pos: int  # the output made again
     base: int  # the output it is made from
-    #: The view ops from the base's result to it: (op, args, kwargs) each;
-    #: empty: the same tensor.
+    #: The view ops from the base's result to it: (op, args, kwargs, which
+    #: of its results or None) each; empty: the same tensor.
     chain: tuple
 
 
-def _view_step(node: Any) -> bool:
-    """Whether ``node`` is a view op of its first argument whose other
-    arguments are all constants (so it can run again on a result)."""
+def _view_step(node: Any) -> Any:
+    """``node`` as a step of a chain of views, ``(view node, op, its other
+    arguments, its keyword arguments, which of its results or None)``: a
+    view op of its first argument whose other arguments are all constants
+    (so it can run again on a result), or one result of such an op that
+    returns several (``unbind``, ``split``: the graph's ``getitem`` of it);
+    None for anything else."""
+    index = None
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
+            and type(node.args[1]) is int:
+        index, node = node.args[1], node.args[0]
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return False
+        return None
     if not node.target.is_view or not node.args or not isinstance(node.args[0], torch.fx.Node):
-        return False
+        return None
+    if (index is None) != isinstance(node.meta.get("val"), torch.Tensor):
+        return None  # a list of views not read through getitem, or getitem of one view
     found: list = []
     torch.fx.node.map_arg((node.args[1:], node.kwargs), found.append)
-    return not found
+    return None if found else (node, node.target, tuple(node.args[1:]), dict(node.kwargs), index)
 
 
 def output_aliases(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tuple[tuple[OutputAlias, ...], int]:
@@ -195,9 +206,9 @@ def output_aliases(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tu
                 or not isinstance(node.meta.get("val"), torch.Tensor):
             continue
         chain = []
-        while _view_step(node):
-            chain.append((node.target, tuple(node.args[1:]), dict(node.kwargs)))
-            node = node.args[0]
+        while (step := _view_step(node)) is not None:
+            chain.append(step[1:])
+            node = step[0].args[0]
         if node.op == "placeholder" or not isinstance(node.meta.get("val"), torch.Tensor):
             continue  # AOTAutograd's to regenerate (an input's alias), or not a tensor
         groups.setdefault(node, []).append((pos, tuple(reversed(chain))))
@@ -227,8 +238,10 @@ def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs:
     for pos, base, chain in aliases:
         t = results[base]
         try:
-            for op, args, kwargs in chain:
+            for op, args, kwargs, index in chain:
                 t = op(t, *args, **kwargs)
+                if index is not None:
+                    t = t[index]
         except RuntimeError:
             continue
         results[pos] = t
