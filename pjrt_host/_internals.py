@@ -292,7 +292,26 @@ INTERNALS: tuple[Internal, ...] = (
             "turns off AOTAutograd's cache flags the AOT path sets (its entries hold inductor OutputCode only).",
         fallback="without aot_compile_types the backend returns AOTAutograd's callable as it is: torch.compile "
                  "works, aot_compile refuses the backend; a change of the others fails aot_compile or the load.",
-        pins=("tests/test_compile.py::test_a_second_process_runs_an_aot_compiled_function_without_dynamo",),
+        pins=("tests/test_compile.py::test_a_second_process_runs_an_aot_compiled_function_without_dynamo",
+              "tests/test_compile.py::test_pins_aot_autograds_output_metadata"),
+    ),
+    Internal(
+        names=("torch._functorch._aot_autograd.schemas",),
+        files=("pjrt_host/_compile/_graph_runtime.py", "pjrt_host/_compile/_dynamo_backend.py"),
+        why="outputs of an inference graph that share storage in eager come back from one jitted program as "
+            "arrays of their own; the backend makes again those AOTAutograd leaves to the graph, and only "
+            "those: it reads AOTAutograd's metadata of the graph being compiled (`TracingContext.fw_metadata`, "
+            "TracingContext listed above: `output_info`, one per user output after "
+            "`num_mutated_inp_runtime_indices` graph outputs) and compares each entry's `output_type` with "
+            "`schemas.OutputType.non_alias` (AOTAutograd regenerates the other kinds itself, from an input or "
+            "a base output, by its ViewMeta replay; replacing one of those under it fails its shape "
+            "assertion: fuzz finding 3, docs/fuzzing.md).",
+        fallback="an import error or an attribute error at the first compile of an inference graph (loud, "
+                 "by design); a changed meaning of the metadata fails the pins (outputs that share storage in "
+                 "eager, the metadata's layout).",
+        pins=("tests/test_compile.py::test_pins_aot_autograds_output_metadata",
+              "tests/test_compile.py::test_outputs_that_alias_each_other_share_storage_as_in_eager",
+              "tests/test_compile.py::test_aliasing_outputs_meet_aot_autograds_view_replay_as_aot_eager_on_cpu_does"),
     ),
     Internal(
         names=("torch.compiler._compile_session_context", "torch._dynamo.aot_compile"),

@@ -49,6 +49,71 @@ def test_a_long_sample_agrees_with_cpu_in_every_mode(tmp_path):
     _no_mismatch(stats)
 
 
+def test_a_compiled_program_that_meets_aot_autograds_view_replay_is_a_known_difference():
+    """Seed 5000055 (docs/fuzzing.md, open 3's run E): its compiled outputs
+    share storage as in eager, so its second graph's inputs alias each
+    other and AOTAutograd's ViewMeta replay fails its own shape assertion,
+    as under aot_eager on CPU (tests/test_compile.py pins that): counted as
+    known, not a mismatch."""
+    program = fuzz_programs.generate(5000055)
+    known: dict = {}
+    assert fuzz_programs.check(program, ("compile",), known_seen=known) == {}
+    assert known == {"compile": [f"known: {fuzz_programs.KNOWN['compile-view-replay']}"]}
+
+
+def test_a_compiled_difference_torch_compile_makes_on_cpu_too_is_known_and_no_other():
+    """Seed 5000111: ``v11 = full_like(...).expand(2, 4).chunk(2, 1)[0];
+    v11.fill_(2)`` writes through an expanded tensor; eager CPU writes the
+    shared memory, torch.compile's functionalization sums the overlapping
+    writes instead, and aot_eager on CPU gives what the jax backend gives:
+    counted as known (``compile-torch``).  An outcome aot_eager on CPU does
+    not give is not."""
+    program = fuzz_programs.generate(5000111)
+    known: dict = {}
+    assert fuzz_programs.check(program, ("compile",), known_seen=known) == {}
+    assert len(known["compile"]) == 1 and fuzz_programs.KNOWN["compile-torch"] in known["compile"][0]
+    ref = fuzz_programs.run_compiled(program, "cpu", backend="aot_eager")
+    assert fuzz_programs.torch_compiles_so(program, ref)
+    name = next(n for n, t in ref.tensors.items() if t.dtype.is_floating_point and t.values.numel())
+    ref.tensors[name].values.add_(1)
+    assert not fuzz_programs.torch_compiles_so(program, ref)
+
+
+def test_a_batched_matmul_torch_folds_for_the_device_is_a_known_difference():
+    """Seed 5000315 (docs/fuzzing.md, 12): ``matmul`` of a bool and a
+    bfloat16 batch, refused by CPU's bmm with NotImplementedError and by
+    the mm torch folds it into for the device with RuntimeError (CPU's own
+    on that path; tests/test_torch_errors.py pins it): known, not a
+    mismatch."""
+    program = fuzz_programs.generate(5000315)
+    known: dict = {}
+    assert fuzz_programs.check(program, ("op",), known_seen=known) == {}
+    assert [k for k in known["op"] if fuzz_programs.KNOWN["matmul-fold"] in k]
+
+
+def test_inexact_values_are_never_written_into_integers_or_bools():
+    """Fuzz finding 13 (seed 5000339: ``argmax_result.copy_(nan)``): a
+    write that converts an inexact float (a NaN, whose conversion C++ leaves
+    undefined: x86 gives INT64_MIN, XLA 0) into an integer or bool tensor is
+    never generated, as casts and integer out= of them are not."""
+    written = []
+    for seed in range(300):
+        g = fuzz_programs.Gen(seed)
+        g.add(fuzz_programs.Stmt("v0 = torch.tensor([[1, 2], [3, 4]], device=DEV)", ("v0",)))
+        g.add(fuzz_programs.Stmt("v1 = torch.tensor([float('nan'), 0.5], device=DEV)", ("v1",)))
+        g.add(fuzz_programs.Stmt("v2 = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=DEV)", ("v2",)))
+        g.n = 3
+        try:
+            fuzz_programs.op_inplace(g)
+        except fuzz_programs.Skip:
+            continue
+        written.append(g.stmts[-1].text)
+    into_int = [t for t in written if t.startswith("v0") and "v1" in t and ("copy_" in t or "] = v1" in t)]
+    assert into_int == []
+    # the same writes of exact floats are still made
+    assert any(t.startswith("v0") and "v2" in t and ("copy_" in t or "] = v2" in t) for t in written)
+
+
 def test_programs_are_what_the_seed_says_and_cover_the_kinds_of_op():
     a, b = fuzz_programs.generate(11), fuzz_programs.generate(11)
     assert a.source() == b.source() and a.flags == b.flags

@@ -249,3 +249,32 @@ def test_cpu_fallback_opt_in():
     assert out.device.type == DEV and torch.equal(cpu(out), call_unlowered(x.cpu()))
     with pytest.raises(NotImplementedError, match=f"aten::{UNLOWERED}"):
         call_unlowered(x)
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as err:  # the exception itself is what is compared
+        return type(err), str(err).splitlines()[0]
+    return None
+
+
+def test_a_batched_matmul_of_a_bool_raises_cpus_error_for_the_path_torch_takes_for_the_device():
+    """Fuzz finding 12 (seed 5000315): ``matmul(bool (2, 2, 4), bfloat16
+    (1, 4, 2))`` raises NotImplementedError on CPU ("bmm" has no bool
+    code) and RuntimeError on the device (mm's "expected m1 and m2 to have
+    the same dtype").  torch's composite matmul picks the path: it folds
+    the batch into one mm for a tensor subclass, as it does on CPU when the
+    folded operand needs a gradient, and the device raises what CPU raises
+    on that path, type and text.  This test fails when torch picks the same
+    path for both (then the device raises CPU's NotImplementedError)."""
+    def call(dev, grad=False):
+        x = torch.ones(2, 2, 4, dtype=torch.bool, device=dev)
+        y = torch.ones(1, 4, 2, dtype=torch.bfloat16, device=dev).requires_grad_(grad)
+        return _raised(lambda: torch.matmul(x, y))
+
+    plain_cpu, folded_cpu, device = call("cpu"), call("cpu", grad=True), call(DEV)
+    assert plain_cpu == (NotImplementedError, "\"bmm\" not implemented for 'Bool'")
+    assert device == folded_cpu == (RuntimeError, "expected m1 and m2 to have the same dtype, but got: bool != "
+                                                  "c10::BFloat16")
+    assert call(DEV, grad=True) == folded_cpu

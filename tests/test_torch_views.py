@@ -307,3 +307,44 @@ def test_views_of_normal_tensors_in_inference_mode(device):
         fresh = torch.ones(3, device=device)[1:]
     assert (v.is_inference(), v.requires_grad, fresh.is_inference()) == (False, True, True)
     assert v.sum().item() == 8.0
+
+
+_UNFOLD_BACKWARDS = [  # (values, input sizes, dim, size, step): windows of a 1-d row, overlapping, gaps, 0-d, 3-d
+    (torch.tensor([[1, 2], [3, 4], [5, 6]]), [4], 0, 2, 1),
+    (torch.tensor([[1, 2], [3, 4]]), [5], 0, 2, 3),
+    (torch.tensor([7]), [], 0, 1, 1),
+    (torch.arange(24).reshape(2, 3, 2, 2), [2, 4, 2], 1, 2, 1),
+    (torch.arange(24).reshape(2, 2, 3, 2), [2, 2, 4], -1, 2, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool, torch.float32])
+@pytest.mark.parametrize("case", range(len(_UNFOLD_BACKWARDS)))
+def test_unfold_backward_adds_each_window_back_as_on_cpu(case, dtype):
+    """aten::unfold_backward of integers and bools gave zeros (jax's pullback
+    of an integer function is float0): torch.compile writes through an
+    unfold view of an integer tensor with it (fuzz finding 10)."""
+    values, *args = _UNFOLD_BACKWARDS[case]
+    values = values.to(dtype)
+    want = torch.ops.aten.unfold_backward(values, *args)
+    got = torch.ops.aten.unfold_backward(values.to("jax"), *args)
+    assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+def test_a_compiled_write_through_an_unfold_view_of_the_input_as_on_cpu(dtype):
+    """Fuzz finding 10: ``v = x.unfold(1, 1, 1); torch.clamp(v, 0, 2, out=v)``
+    inside a compiled function left an int64 input all zeros (AOTAutograd
+    writes the view back with unfold_backward)."""
+    def f(x):
+        v = x.unfold(1, 1, 1)
+        torch.clamp(v, 0, 2, out=v)
+        return v
+
+    seen = {}
+    for dev in ("cpu", "jax"):
+        torch._dynamo.reset()
+        x = torch.tensor([[-1, 3, 1], [5, -2, 0]], dtype=dtype, device=dev)
+        out = torch.compile(f, backend="jax")(x) if dev == "jax" else f(x)
+        seen[dev] = (x.cpu().tolist(), out.cpu().tolist(), out._base is x)
+    assert seen["jax"] == seen["cpu"]

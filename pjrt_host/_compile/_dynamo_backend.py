@@ -23,7 +23,7 @@ from .._jax_settings import x64_scope as _x64_scope
 from .. import _lowerings
 from . import _checks, _door, _graph_ops
 from ._interpreter import Program
-from ._graph_runtime import REPORT, CompiledGraph, EagerGraph, warn_once
+from ._graph_runtime import REPORT, CompiledGraph, EagerGraph, output_aliases, warn_once
 
 __all__ = ["JaxCompiled", "backend", "compile_dynamo_graph", "compile_graph"]
 
@@ -61,6 +61,9 @@ def _short(op: Any) -> str:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, what: str) -> Any:
     """fw / bw / inference compiler: the ATen graph as a callable."""
+    aliases, added = (), 0
+    if what == "inference":
+        aliases, added = _output_aliases(gm)
     # A backward graph's indices are the forward's (saved or recomputed from
     # its inputs), checked there: it runs unchecked.
     program = Program(gm, _door.jax_dtype_of, _checks.sites_of if what != "backward" else None)
@@ -72,8 +75,31 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, what: str) -> A
                       f"{what} graph holding it ({program.num_ops} ops) runs op by op on the device instead of "
                       f"as one jax.jit. How to report it or add a lowering: {REPORT} (warned once per op). All such ops of this "
                       f"graph: {ops}.")
-        return EagerGraph(gm)
-    return CompiledGraph(gm, program, what)
+        return EagerGraph(gm, len(_graph_outputs(gm)) - added if added else None)
+    return CompiledGraph(gm, program, what, aliases, added)
+
+
+def _graph_outputs(gm: torch.fx.GraphModule) -> list:
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return list(torch.fx.node.map_aggregate(out_node.args[0], lambda x: x))
+
+
+def _output_aliases(gm: torch.fx.GraphModule) -> tuple:
+    """The outputs of an inference graph to make again from another's result
+    after the call (``_graph_runtime.output_aliases``), read against
+    AOTAutograd's metadata of the graph being compiled: which outputs it
+    regenerates itself.  The graph's outputs are the input mutations it
+    returns (none kept in the graph: ``num_mutated_inp_runtime_indices``),
+    then the user's outputs (``output_info``, one each), then intermediate
+    bases.  Without that metadata (AOTAutograd called outside torch.compile,
+    no TracingContext) outputs come back as the program returns them."""
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = None if ctx is None else ctx.fw_metadata
+    if meta is None:
+        return (), 0
+    return output_aliases(gm, meta.output_info, meta.num_mutated_inp_runtime_indices)
 
 
 _aot_backend: Any = None

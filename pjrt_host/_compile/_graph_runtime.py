@@ -20,6 +20,7 @@ graph holding an op with no lowering.
 from __future__ import annotations
 
 import logging
+import operator
 import sys
 import threading
 import warnings
@@ -32,7 +33,7 @@ from .._jax_settings import x64_scope as _x64_scope
 from . import _checks, _door, _padded_graph
 from ._interpreter import GraphLoweringError, Program
 
-__all__ = ["CompiledGraph", "EagerGraph", "REPORT"]
+__all__ = ["CompiledGraph", "EagerGraph", "OutputAlias", "REPORT", "output_aliases", "remake_aliases"]
 
 logger = logging.getLogger("pjrt_host")
 recompiles = logging.getLogger("pjrt_host.recompiles")
@@ -120,10 +121,14 @@ def _donating(core: Any, slots: tuple[int, ...], n: int) -> Any:
 
 
 class EagerGraph:
-    """Runs the graph's ops one by one (each on the device, eagerly)."""
+    """Runs the graph's ops one by one (each on the device, eagerly).
+    ``num_outputs``: how many of the graph's outputs are AOTAutograd's (None:
+    all); those after them are bases :func:`output_aliases` added, which
+    eager's own views already share."""
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, num_outputs: int | None = None) -> None:
         self.gm = gm
+        self.num_outputs = num_outputs
         # AOTAutograd passes the argument list as it is (an instance
         # attribute: wrappers copy __dict__, not class attributes).
         self._boxed_call = True
@@ -131,14 +136,129 @@ class EagerGraph:
     @_x64_scope
     def __call__(self, args: list) -> Any:
         args = list(args)
-        return self.gm(*args)
+        outs = self.gm(*args)
+        if self.num_outputs is not None:
+            outs = list(outs)[: self.num_outputs]
+        return outs
+
+
+class OutputAlias(NamedTuple):
+    """An output of the graph made again from another output's result
+    (:func:`output_aliases`)."""
+
+    pos: int  # the output made again
+    base: int  # the output it is made from
+    #: The view ops from the base's result to it: (op, args, kwargs, which
+    #: of its results or None) each; empty: the same tensor.
+    chain: tuple
+
+
+def _view_step(node: Any) -> Any:
+    """``node`` as a step of a chain of views, ``(view node, op, its other
+    arguments, its keyword arguments, which of its results or None)``: a
+    view op of its first argument whose other arguments are all constants
+    (so it can run again on a result), or one result of such an op that
+    returns several (``unbind``, ``split``: the graph's ``getitem`` of it);
+    None for anything else."""
+    index = None
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
+            and type(node.args[1]) is int:
+        index, node = node.args[1], node.args[0]
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return None
+    if not node.target.is_view or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    if (index is None) != isinstance(node.meta.get("val"), torch.Tensor):
+        return None  # a list of views not read through getitem, or getitem of one view
+    found: list = []
+    torch.fx.node.map_arg((node.args[1:], node.kwargs), found.append)
+    return None if found else (node, node.target, tuple(node.args[1:]), dict(node.kwargs), index)
+
+
+def output_aliases(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tuple[tuple[OutputAlias, ...], int]:
+    """Outputs of an inference graph that share storage in eager, to be made
+    again after the call from one result (fuzz finding 3, docs/fuzzing.md).
+
+    One jitted program returns each output as an array of its own, so
+    ``y, y.view(-1)`` would come back as two tensors a write to one does not
+    reach.  AOTAutograd regenerates some aliasing outputs itself, from an
+    input or from a base output (``output_info``: AOTAutograd's
+    ``fw_metadata.output_info``, one per user output, which starts at graph
+    output ``first``); only those it leaves to the graph (``non_alias``) are
+    considered here, so none it regenerates is replaced under it.  Such
+    outputs whose chains of view ops (constant arguments) start at one node
+    are grouped: the node's own output, or, when it is no output, the node
+    added to the graph's outputs (changing ``gm``: the number added is
+    returned, to be dropped after the call), is the base; the others are
+    made from its result by their view ops, or are it (the same node
+    returned twice, as ``y.float()`` of a float ``y``)."""
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outs = list(out_node.args[0]) if isinstance(out_node.args[0], (tuple, list)) else None
+    if outs is None or len(output_info) + first > len(outs):
+        return (), 0
+    groups: dict = {}
+    for i, info in enumerate(output_info):
+        pos = first + i
+        node = outs[pos]
+        if info.output_type is not OutputType.non_alias or not isinstance(node, torch.fx.Node) \
+                or not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        chain = []
+        while (step := _view_step(node)) is not None:
+            chain.append(step[1:])
+            node = step[0].args[0]
+        if node.op == "placeholder" or not isinstance(node.meta.get("val"), torch.Tensor):
+            continue  # AOTAutograd's to regenerate (an input's alias), or not a tensor
+        groups.setdefault(node, []).append((pos, tuple(reversed(chain))))
+    aliases: list[OutputAlias] = []
+    added: list = []
+    for root, members in groups.items():
+        base = next((pos for pos, chain in members if not chain), None)
+        if base is None:
+            if len(members) < 2:
+                continue  # a view of a value no other output shares
+            base = len(outs) + len(added)
+            added.append(root)
+        aliases += [OutputAlias(pos, base, chain) for pos, chain in members if pos != base]
+    if added:
+        out_node.args = (type(out_node.args[0])((*outs, *added)),)
+        gm.recompile()
+    return tuple(aliases), len(added)
+
+
+def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs: int) -> list:
+    """``results`` with each alias made again from its base's result
+    (:func:`output_aliases`), the added bases dropped.  A chain whose view
+    op the base's layout refuses keeps the program's own result (its values,
+    sharing nothing): the graph was traced with CPU's strides, and a result
+    the device computes is row-major where CPU keeps an input's layout
+    (``(x.t() * 2).t().view(-1)``; docs/torch-device.md, Limits)."""
+    for pos, base, chain in aliases:
+        t = results[base]
+        try:
+            for op, args, kwargs, index in chain:
+                t = op(t, *args, **kwargs)
+                if index is not None:
+                    t = t[index]
+        except RuntimeError:
+            continue
+        results[pos] = t
+    del results[num_outputs:]
+    return results
 
 
 class CompiledGraph:
     """One ATen graph as one jitted jax function."""
 
-    def __init__(self, gm: torch.fx.GraphModule, program: Program, what: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, program: Program, what: str,
+                 aliases: tuple[OutputAlias, ...] = (), added: int = 0) -> None:
         self.gm = gm
+        #: Outputs made again from another's result, and how many bases
+        #: were added to the graph's outputs for them (:func:`output_aliases`).
+        self.aliases = aliases
+        self.num_outputs = None if not (aliases or added) else len(_output_specs(gm)) - added
         self._boxed_call = True  # see EagerGraph
         self.program = program
         self.what = what  # "forward", "backward", "inference"
@@ -265,6 +385,8 @@ class CompiledGraph:
         if entry.checks is not None:
             _checks.report(flags, self.program.sites, entry.checks,
                            f"in the {self.what} graph of torch.compile(backend='jax') on {_door.DEVICE_NAME}:{index}")
+        if self.num_outputs is not None:
+            return remake_aliases(results, self.aliases, self.num_outputs)
         return results
 
     # ------------------------------------------------------------ buckets
@@ -380,6 +502,8 @@ class CompiledGraph:
         if checking is not None:
             _checks.report(flags, program.sites, checking,
                            f"in the {self.what} graph of torch.compile(backend='jax') on {_door.DEVICE_NAME}:{index}")
+        if self.num_outputs is not None:
+            return remake_aliases(results, self.aliases, self.num_outputs)
         return results
 
     def _build_padded(self, plan: Any, buckets: dict, comps: list, statics: tuple, cfg: Any, checking: Any) -> tuple:
@@ -491,7 +615,7 @@ class CompiledGraph:
                   f"{self.what} graph runs op by op on the device instead of as one jax.jit. How to report it "
                   f"(with the op name and your torch version): {REPORT} (warned once per op).")
         logger.debug("pjrt_host: graph-form lowering failed", exc_info=err)
-        self.eager = EagerGraph(self.gm)
+        self.eager = EagerGraph(self.gm, self.num_outputs)
         return self.eager(args)
 
 

@@ -28,7 +28,7 @@ def _float(x):
     return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
 
 
-@random_lowering("aten::normal_", per_element=True)
+@random_lowering("aten::normal_", "aten::normal_functional", per_element=True)
 def normal_(key, self, mean=0.0, std=1.0, *, generator=None):
     dt = _float(self)
     return (draw(lambda k, s: jax.random.normal(k, s, dt), key, self.shape) * std + mean).astype(self.dtype)
@@ -70,7 +70,7 @@ def bernoulli_float_(key, self, p=0.5, *, generator=None):
     return draw(lambda k, s: jax.random.bernoulli(k, p, s), key, self.shape).astype(self.dtype)
 
 
-@random_lowering("aten::bernoulli_.Tensor")
+@random_lowering("aten::bernoulli_.Tensor", "aten::bernoulli.Tensor")
 def bernoulli_tensor_(key, self, p, *, generator=None):
     p = jnp.broadcast_to(p, self.shape)
     return draw(lambda k, s: jax.random.bernoulli(k, p.reshape(s), s), key, self.shape).astype(self.dtype)

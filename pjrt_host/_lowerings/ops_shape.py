@@ -385,9 +385,23 @@ def diagonal_backward(grad_output, input_sizes, offset, dim1, dim2):
 
 @lowering("aten::unfold_backward")
 def unfold_backward(grad_in, input_sizes, dim, size, step):
-    x = jnp.zeros(tuple(input_sizes), grad_in.dtype)
-    _, pullback = jax.vjp(lambda t: unfold(t, dim, size, step), x)
-    return pullback(grad_in)[0]
+    if jnp.issubdtype(grad_in.dtype, jnp.inexact):
+        x = jnp.zeros(tuple(input_sizes), grad_in.dtype)
+        _, pullback = jax.vjp(lambda t: unfold(t, dim, size, step), x)
+        return pullback(grad_in)[0]
+    # Integers and bools: jax's pullback of an integer function is float0
+    # (zeros), so each window's values are added where the window read them
+    # (torch.compile's functionalization writes through an unfold view of an
+    # integer tensor with this op; a bool's sum is "any", as on CPU).
+    sizes = tuple(input_sizes) or (1,)
+    dim = canonical_dim(dim, len(sizes))
+    g = jnp.moveaxis(grad_in.reshape(grad_in.shape if input_sizes else (1, size)), dim, -2)  # (..., n, size)
+    where = (jnp.arange(g.shape[-2])[:, None] * step + jnp.arange(size)[None, :]).reshape(-1)
+    acc = jnp.int32 if grad_in.dtype == jnp.bool_ else grad_in.dtype
+    moved = sizes[:dim] + sizes[dim + 1:] + (sizes[dim],)
+    out = jnp.zeros(moved, acc).at[..., where].add(g.reshape(g.shape[:-2] + (-1,)).astype(acc))
+    out = jnp.moveaxis(out, -1, dim).reshape(tuple(input_sizes))
+    return out != 0 if grad_in.dtype == jnp.bool_ else out
 
 
 # ------------------------------------------------------- gather / scatter
