@@ -140,8 +140,10 @@ def fill_of(rule: Rule, position: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def padded_inputs(args: tuple, kwargs: dict) -> list:
-    """The call's 'jax' tensors (in lists too) whose storage is padded."""
-    return [t for _, t in _tensor_args(args, kwargs, lists=True) if t._storage.padded is not None]
+    """The call's 'jax' tensors (in lists too) whose storage is padded, or
+    that are expands of an exact one read wider (:func:`_mark_expanded`)."""
+    return [t for _, t in _tensor_args(args, kwargs, lists=True)
+            if t._storage.padded is not None or _WIDE in t.__dict__]
 
 
 def unpad_all(args: tuple, kwargs: dict, who: str) -> None:
@@ -321,10 +323,16 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
     dims: dict = {}
     for pos, t in tensors:
         if t._storage.padded is None:
-            continue
-        r = read_of(t)
-        if r is None:
-            return None
+            wide = t.__dict__.get(_WIDE)
+            if wide is None:
+                continue
+            r = _read_widened(t, wide)[0]  # an expand read wider: no copy
+            if r is None:
+                continue
+        else:
+            r = read_of(t)
+            if r is None:
+                return None
         keep = exact.get(pos)
         for d, (p, n, c) in enumerate(zip(r.psize, t.shape, r.comps)):
             if p == n:
@@ -453,16 +461,21 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
     padded_any = False
     place = None
     tensors = _tensor_args(args, kwargs)
+    backward = False
     if mode != "all":
         from ._meta import inside_backward
 
-        if inside_backward():
-            return False  # a backward's inputs come padded from its forward, or not at all
+        # a backward's inputs come padded from its forward, or not at all:
+        # there only an expand (autograd's gradient of a sum or a mean, the
+        # size of the forward's input) is read wider
+        backward = inside_backward()
+        if backward and not any(t._view is not None and 0 in t.stride() for _, t in tensors):
+            return False
         # the parameters' shapes are part of the place: one line of code (a
         # Linear's forward) runs every layer of every width
         params = tuple((pos, tuple(t.shape)) for pos, t in tensors if _is_parameter(t))
     for pos, t in tensors:
-        if _is_parameter(t):
+        if _is_parameter(t) or (backward and (t._view is None or 0 not in t.stride())):
             continue  # parameters keep their shapes
         shape = tuple(t.shape)
         dims = set()
@@ -485,9 +498,38 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
                 dims |= {d for d in marked if d < len(shape) and shape[d] > 1}
         if dims and op.rule.exact is not None:
             dims -= op.rule.exact(args, kwargs).get(pos, set())
-        if dims and _pad_storage(t, dims, odd=mode == "all"):
+        if dims and (_mark_expanded(t, dims, odd=mode == "all")
+                     or (not backward and _pad_storage(t, dims, odd=mode == "all"))):
             padded_any = True
     return padded_any
+
+
+#: The key in a tensor's ``__dict__`` of the dims an expand of an exact
+#: storage is read wider along (dim -> components).
+_WIDE = "_pjrt_wide"
+
+
+def _mark_expanded(t: JaxTensor, dims: set, odd: bool = False) -> bool:
+    """``t``, an expand of an exact storage along ``dims`` (stride 0 there),
+    is read by padded calls as an expand to their buckets: the same elements,
+    no copy (``prepare``).  Autograd's gradient of a sum or a mean over a
+    dynamic dim is such an expand, of a size that changes with the length;
+    read wider, what is computed from it is padded and runs the bucket's
+    programs.  False: ``t`` is not one."""
+    storage = t._storage
+    view = t._view
+    if view is None or view.elem is not None or storage.padded is not None or type(storage.place) is not int:
+        return False
+    stride = t.stride()
+    if any(stride[d] != 0 for d in dims):
+        return False
+    shape = t.shape
+    wide = {d: ((_padding.bucket(shape[d], odd), shape[d], True),) for d in dims}
+    if all(c[0][0] == c[0][1] for c in wide.values()):
+        return False
+    t.__dict__[_WIDE] = {d: c for d, c in wide.items() if c[0][0] != c[0][1]}
+    _padding.live = True
+    return True
 
 
 #: The distinct sizes a dim takes at one place before it is dynamic: three,
@@ -672,20 +714,9 @@ def _pad_storage(t: JaxTensor, dims: set, odd: bool = False, padding: tuple | No
     """Pad ``t``'s storage along ``dims`` to their buckets (or as
     ``padding``, one dim's components): a tensor that is its whole storage,
     on one device, computed; else nothing."""
-    storage = t._storage
-    if t._view is not None or storage.padded is not None or type(storage.place) is not int \
-            or storage._array is None or storage.numel == 0:
+    if t._view is not None:
         return False
-    shape = storage.shape
-    padded = tuple((padding if padding is not None else ((_padding.bucket(n, odd), n, True),)) if d in dims
-                   else ((n, n, False),) for d, n in enumerate(shape))
-    if _padding.physical_shape(padded) == shape:
-        return False
-    storage._array = _padding.pad_as(storage.computed(), padded)  # (a fused-eager result runs its segment)
-    storage.padded = padded
-    _padding.note("pads")
-    _padding.live = True
-    return True
+    return _padding.pad_storage(t._storage, dims, odd, padding)
 
 
 def logical_shapes(op: Any, key: tuple, args: tuple, kwargs: dict) -> list | None:
