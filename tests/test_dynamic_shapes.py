@@ -99,6 +99,74 @@ def test_a_new_length_in_a_seen_bucket_compiles_nothing():
     assert "3x32x16" in stats["calls_by_bucket"] or "96x16" in stats["calls_by_bucket"], stats["calls_by_bucket"]
 
 
+class EmbeddedBlock(Block):
+    """The block over an embedding of token ids: the index checks of the
+    embedding and of the loss's targets read their indices padded too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+
+    def forward(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.emb(ids), target)
+
+
+def test_a_training_step_at_a_new_length_of_a_seen_bucket_compiles_no_program():
+    # Autograd's mean backward divides an expand of the gradient (the
+    # length's size) by the length (a new scalar): the expand is read wider,
+    # to the bucket, and the divisor goes traced; the embedding's and the
+    # loss's index checks read their indices padded.  The 4th length decides
+    # the division's scalar traced; from the 5th nothing compiles.
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = EmbeddedBlock()
+    dev = EmbeddedBlock().to("jax")
+    dev.load_state_dict(cpu.state_dict())
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True):
+        for t in [20, 23, 27, 29, 21, 30, 25, 18, 31, 17]:
+            g = torch.Generator().manual_seed(t)
+            ids, target = torch.randint(0, 50, (3, t), generator=g), torch.randint(0, 10, (3, t), generator=g)
+            before = _compiled()
+            loss, grads = _step(dev, ids.to("jax"), target.to("jax"))
+            got = (loss.cpu(), [g.cpu() for g in grads])
+            compiled.append(_compiled() - before)
+            _assert_like_cpu(got, cpu, ids, target)
+    stats = torch.jax.dynamic_shape_stats()
+    assert compiled[5:] == [0] * 5, compiled
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+
+
+def test_an_index_check_reads_a_padded_index_within_its_logical_sizes():
+    # every dim padded, to odd buckets: the indices' padding holds -1 (their
+    # logical values less 1), which the checks must not read, while a bad
+    # logical value still raises CPU's error
+    from pjrt_host._torch import _index_checks
+
+    _padding.reset()
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 4)
+    dev = torch.nn.Embedding(50, 4).to("jax")
+    dev.load_state_dict(emb.state_dict())
+    ids = torch.randint(1, 51, (3, 11))
+    target = torch.randint(1, 11, (3, 11))
+    target[0, 3] = -99  # -100 once less 1: ignore_index
+    with pjrt_host.config(dynamic_shapes="all"):
+        logits = dev(ids.to("jax") - 1).flatten(0, 1) @ torch.ones(4, 10, device="jax")
+        loss = F.cross_entropy(logits, (target.to("jax") - 1).flatten())
+        torch.testing.assert_close(loss.cpu(), F.cross_entropy(emb(ids - 1).flatten(0, 1) @ torch.ones(4, 10),
+                                                               (target - 1).flatten()))
+        assert _index_checks._padded_programs, "the checks read the indices padded"
+        bad = ids.clone()
+        bad[2, 7] = 51
+        with pytest.raises(IndexError, match="index out of range in self"):
+            dev(bad.to("jax") - 1).cpu()
+        bad = target.clone()
+        bad[1, 5] = 13
+        with pytest.raises(IndexError, match="Target 12 is out of bounds"):
+            F.cross_entropy(logits, (bad.to("jax") - 1).flatten()).cpu()
+
+
 def test_fused_eager_records_padded_ops_and_reuses_the_buckets_segments():
     from pjrt_host._torch import _fused
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .. import _program_cache
+from . import _config, _padding
 from ._sync import defer_check
 from ._tensor import JaxTensor, read
 
@@ -124,8 +125,12 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
     if not isinstance(index, JaxTensor) or index.numel() == 0 or index.dtype.is_floating_point:
         return
     low = -size if negative_ok else 0
-    values = read(index)
-    bounds = _minmax(values) if ignore is None else _minmax_except(values, int(ignore))
+    found = _padded_bounds(index, ignore)
+    if found is not None:
+        bounds, values = found
+    else:
+        values = read(index)
+        bounds = _minmax(values) if ignore is None else _minmax_except(values, int(ignore))
     if not _local.deferred:
         lo, hi = np.asarray(bounds).tolist()
         if lo < low or hi >= size:
@@ -144,6 +149,87 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
         return True
 
     defer_check(verdict)
+
+
+#: The checked ops with a padded rule (``_dynamic_dims``): an index of
+#: theirs whose dims keep changing is padded at its check, so that the check
+#: and the op both run the programs of its buckets.
+_PADDED_OPS = frozenset({"aten::embedding", "aten::nll_loss_forward"})
+#: The distinct sizes a dim of such an index takes before it is padded: the
+#: third, as ``_dynamic_dims.on_miss`` decides for an op's inputs.
+_SIZES = 3
+#: (op, rank) -> per dim, the sizes its checked indices had
+_seen: dict = {}
+_padded_programs: dict = {}
+
+
+def _padded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
+    """``(bounds, values)`` of an index over a padded storage, read whole
+    (no view, or a reshape of it): the min and max of its logical values
+    (``ignore`` taken as 0) from one program per bucket, the logical sizes
+    passed at run time, and its values for the error (cut on the host).  An
+    exact index of an op in :data:`_PADDED_OPS` whose dims took a third size
+    is padded first.  None: the check reads the index exact."""
+    mode = _config.current().dynamic_shapes
+    view = index._view
+    if not mode or (view is not None and (view.kind != "reshape" or view.elem is not None)):
+        return None
+    storage = index._storage
+    if storage.padded is None:
+        if _local.op not in _PADDED_OPS or type(storage.place) is not int:
+            return None
+        shape = storage.shape
+        if mode == "all":
+            dims = {d for d, n in enumerate(shape) if n > 1}
+        else:
+            if len(_seen) > 1024:
+                _seen.clear()
+            sizes = _seen.setdefault((_local.op, len(shape)), [set() for _ in shape])
+            dims = set()
+            for d, n in enumerate(shape):
+                sizes[d].add(n)
+                if len(sizes[d]) >= _SIZES and n > 1:
+                    dims.add(d)
+        if not dims or not _padding.pad_storage(storage, dims, odd=mode == "all"):
+            return None
+    if type(storage.place) is not int:
+        return None
+    comps = tuple(c for dim in storage.padded for c in dim)
+    key = (tuple(c[0] for c in comps), tuple(c[0] != c[1] for c in comps), ignore is not None)
+    fn = _padded_programs.get(key)
+    if fn is None:
+        from jax import lax
+
+        shape, cut, except_ = key
+
+        def body(a: Any, v: Any, *logical: Any) -> Any:
+            a = a.reshape(shape)
+            if except_:
+                a = jnp.where(a == v, 0, a)
+            sizes = iter(logical)
+            for axis, padded in enumerate(cut):
+                if padded:  # 0 is in range wherever there is something to check
+                    a = jnp.where(lax.broadcasted_iota(jnp.int32, shape, axis) < next(sizes), a, 0)
+            return jnp.stack([jnp.min(a), jnp.max(a)]).astype(jnp.int64)
+
+        if len(_padded_programs) > 256:
+            _padded_programs.clear()
+        fn = _padded_programs[key] = _program_cache.Kept("pjrt_host.minmax_padded", body, key)
+    arr = storage.computed()
+    sizes = [_padding.device_scalar(c[1], storage.place) for c in comps if c[0] != c[1]]
+    return fn(arr, 0 if ignore is None else int(ignore), *sizes), _Cut(arr, comps)
+
+
+class _Cut:
+    """A padded index's logical values, cut on the host when an error
+    names the first bad one."""
+
+    def __init__(self, arr: Any, comps: tuple) -> None:
+        self.arr, self.comps = arr, comps
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        a = np.asarray(self.arr).reshape(tuple(c[0] for c in self.comps))
+        return a[tuple(slice(0, c[1]) for c in self.comps)].reshape(-1)
 
 
 def check(func_name: str, check_fn: Callable[[tuple, dict], None], mode: Any, args: tuple, kwargs: dict) -> None:
