@@ -25,6 +25,7 @@ cross_entropy).  The error types and texts are CPU's.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable
 
@@ -151,12 +152,9 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
     defer_check(verdict)
 
 
-#: The checked ops with a padded rule (``_dynamic_dims``): an index of
-#: theirs whose dims keep changing is padded at its check, so that the check
-#: and the op both run the programs of its buckets.
-_PADDED_OPS = frozenset({"aten::embedding", "aten::nll_loss_forward"})
-#: The distinct sizes a dim of such an index takes before it is padded: the
-#: third, as ``_dynamic_dims.on_miss`` decides for an op's inputs.
+#: The distinct sizes a dim of an embedding's indices takes before they are
+#: padded at its check: the third, as ``_dynamic_dims.on_miss`` decides for
+#: an op's inputs.
 _SIZES = 3
 #: (op, rank) -> per dim, the sizes its checked indices had
 _seen: dict = {}
@@ -168,29 +166,17 @@ def _padded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
     (no view, or a reshape of it): the min and max of its logical values
     (``ignore`` taken as 0) from one program per bucket, the logical sizes
     passed at run time, and its values for the error (cut on the host).  An
-    exact index of an op in :data:`_PADDED_OPS` whose dims took a third size
-    is padded first.  None: the check reads the index exact."""
+    exact index is padded first where its op then reads it padded (the ops
+    have padded rules, ``_dynamic_dims``): an embedding's whose dims took a
+    third size, a loss's targets as its padded input's rows are.  None: the
+    check reads the index exact."""
     mode = _config.current().dynamic_shapes
     view = index._view
     if not mode or (view is not None and (view.kind != "reshape" or view.elem is not None)):
         return None
     storage = index._storage
     if storage.padded is None:
-        if _local.op not in _PADDED_OPS or type(storage.place) is not int:
-            return None
-        shape = storage.shape
-        if mode == "all":
-            dims = {d for d, n in enumerate(shape) if n > 1}
-        else:
-            if len(_seen) > 1024:
-                _seen.clear()
-            sizes = _seen.setdefault((_local.op, len(shape)), [set() for _ in shape])
-            dims = set()
-            for d, n in enumerate(shape):
-                sizes[d].add(n)
-                if len(sizes[d]) >= _SIZES and n > 1:
-                    dims.add(d)
-        if not dims or not _padding.pad_storage(storage, dims, odd=mode == "all"):
+        if type(storage.place) is not int or not _pad_index(storage, mode):
             return None
     if type(storage.place) is not int:
         return None
@@ -220,6 +206,67 @@ def _padded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
     return fn(arr, 0 if ignore is None else int(ignore), *sizes), _Cut(arr, comps)
 
 
+def _pad_index(storage: Any, mode: Any) -> bool:
+    """Pad an exact index's ``storage`` for the op being checked to read it
+    padded; False where it is not padded."""
+    op = _local.op
+    shape = storage.shape
+    if op == "aten::embedding":
+        if mode == "all":
+            dims = {d for d, n in enumerate(shape) if n > 1}
+        else:
+            if len(_seen) > 1024:
+                _seen.clear()
+            sizes = _seen.setdefault((op, len(shape)), [set() for _ in shape])
+            dims = set()
+            for d, n in enumerate(shape):
+                sizes[d].add(n)
+                if len(sizes[d]) >= _SIZES and n > 1:
+                    dims.add(d)
+        return bool(dims) and _padding.pad_storage(storage, dims, odd=mode == "all")
+    if op == "aten::nll_loss_forward":
+        # the targets line up with the input's rows: laid out as they are
+        rows = _rows(_local.args[0])
+        if rows is None or math.prod(c[1] for c in rows) != storage.numel:
+            return False
+        padded, at = [], 0
+        for n in shape:  # the storage's dims, each one or more of the rows' components
+            if n == 1:
+                padded.append(((1, 1, False),))
+                continue
+            run, size = [], 1
+            while at < len(rows) and size < n:
+                run.append(rows[at])
+                size *= rows[at][1]
+                at += 1
+            if size != n:
+                return False
+            padded.append(tuple(run))
+        return at == len(rows) and _padding.pad_storage_as(storage, tuple(padded))
+    return False
+
+
+def _rows(x: Any) -> tuple | None:
+    """The components of dim 0 of a loss's input ``x``, padded (its whole
+    storage, or a reshape of it that merges whole dims of it): None when
+    it is not such a tensor."""
+    if not isinstance(x, JaxTensor) or x.dim() != 2:
+        return None
+    storage, view = x._storage, x._view
+    if storage.padded is None or (view is not None and (view.kind != "reshape" or view.elem is not None)):
+        return None
+    comps = [c for dim in storage.padded for c in dim]
+    run, size = [], 1
+    for c in comps:
+        if size == x.shape[0]:
+            break
+        run.append(c)
+        size *= c[1]
+    if size != x.shape[0] or not any(c[2] and c[0] != c[1] for c in run):
+        return None
+    return tuple(run)
+
+
 class _Cut:
     """A padded index's logical values, cut on the host when an error
     names the first bad one."""
@@ -236,8 +283,12 @@ def check(func_name: str, check_fn: Callable[[tuple, dict], None], mode: Any, ar
     """Run ``check_fn`` for op ``func_name`` in ``mode`` (True: deferred,
     "sync": now)."""
     _local.op = func_name
+    _local.args = args  # (a loss's input: how its targets are padded, _pad_index)
     _local.deferred = mode != "sync"
-    check_fn(args, kwargs)
+    try:
+        check_fn(args, kwargs)
+    finally:
+        _local.args = None
 
 
 def sites(name: str, args: tuple, kwargs: dict) -> list[tuple]:
