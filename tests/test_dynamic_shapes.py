@@ -137,6 +137,48 @@ def test_a_training_step_at_a_new_length_of_a_seen_bucket_compiles_no_program():
     assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
 
 
+class ShiftedBlock(EmbeddedBlock):
+    """A causal language model's loss: each position's logits against the
+    next position's target (``logits[:, :-1]``, ``target[:, 1:]``), and a
+    term over positions 1 .. t (a slice that starts inside the length)."""
+
+    def forward(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = self.ln(self.emb(ids))
+        logits = self.out(F.gelu(h))
+        return (F.cross_entropy(logits[:, :-1].reshape(-1, 10), target[:, 1:].reshape(-1))
+                + (h[:, 1:] * 2).sum() / 100)
+
+
+def test_slices_that_start_inside_a_padded_dim_run_padded():
+    # target[:, 1:] and h[:, 1:] are read from the padded arrays at a
+    # run-time start, the shifted targets padded as the logits' rows are
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = ShiftedBlock()
+    dev = ShiftedBlock().to("jax")
+    dev.load_state_dict(cpu.state_dict())
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True):
+        for t in [20, 23, 27, 29, 21, 30, 25]:
+            g = torch.Generator().manual_seed(t)
+            ids, target = torch.randint(0, 50, (3, t), generator=g), torch.randint(0, 10, (3, t), generator=g)
+            before = _compiled()
+            dev.zero_grad()
+            loss = dev(ids.to("jax"), target.to("jax"))
+            loss.backward()
+            got = (loss.cpu(), [p.grad.cpu() for p in dev.parameters() if p.grad is not None])
+            compiled.append(_compiled() - before)
+            cpu.zero_grad()
+            want = cpu(ids, target)
+            want.backward()
+            torch.testing.assert_close(got[0], want, rtol=2e-5, atol=2e-5)
+            for a, b in zip(got[1], [p.grad for p in cpu.parameters() if p.grad is not None]):
+                torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert set(stats["cuts_by_op"]) <= {"aten::slice_backward"}, stats["cuts_by_op"]
+
+
 def test_an_index_check_reads_a_padded_index_within_its_logical_sizes():
     # every dim padded, to odd buckets: the indices' padding holds -1 (their
     # logical values less 1), which the checks must not read, while a bad

@@ -190,8 +190,9 @@ _reads: dict = {}
 
 def read_of(t: JaxTensor, exact: bool = False) -> PaddedRead | None:
     """``t`` (over a padded storage) read through a physical view, or None
-    when its view cannot be one: a view that splits a padded dim, starts
-    inside it or crosses it, or reads the bytes as another dtype."""
+    when its view cannot be one: a view that splits a padded dim or crosses
+    it, or reads the bytes as another dtype.  (A slice that starts inside a
+    padded dim, ``x[:, 1:]``, reads a whole bucket from its start.)"""
     storage = t._storage
     view = t._view
     if view is None:
@@ -256,8 +257,12 @@ def _translate(padded: tuple, dtype: Any, size: tuple, stride: tuple, offset: in
                 sizes.append(())
                 vcomps.append(((n, n, False),))
                 continue
-            if mult != 1 or coords[j] != 0:
+            if mult != 1:
                 return None
+            # a slice starting inside the padded dim (x[:, 1:]) reads a
+            # whole bucket from its start: what lies past its logical end
+            # is padding (a gather, its start at run time, clamped at the
+            # array's end)
             touched[j] += 1
             psize.append(P[j])
             pstride.append(ps[j])
