@@ -468,6 +468,8 @@ def _handler_for(func: Any) -> Handler:
                 return _summed_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::cat":
                 return _joined_when_padded(CompiledOp(func, lowering).__call__)
+            if op_name(func) == "aten::slice_backward":
+                return _placed_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::type_as":
                 return _cast_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) in _COPYING_VIEWS:
@@ -578,6 +580,23 @@ def _joined_when_padded(handler: Handler) -> Handler:
             joined = _dynamic_dims.join(list(tensors), dim, record)
             if joined is not None:
                 return joined
+        return handler(args, kwargs)
+    return handle
+
+
+def _placed_when_padded(handler: Handler) -> Handler:
+    """slice_backward of a gradient padded along the sliced dim: placed at
+    the slice's run-time start in the bucket of the input's length
+    (``_dynamic_dims.place_gradient``)."""
+    names = ("grad_output", "input_sizes", "dim", "start", "end", "step")
+
+    def handle(args: tuple, kwargs: dict) -> Any:
+        grad = args[0] if args else kwargs.get("grad_output")
+        if type(grad) is _tensor.JaxTensor and grad._storage.padded is not None:
+            grad, sizes, dim, start, _, step = (args[i] if i < len(args) else kwargs[names[i]] for i in range(6))
+            placed = _dynamic_dims.place_gradient(grad, sizes, dim, start, step)
+            if placed is not None:
+                return placed
         return handler(args, kwargs)
     return handle
 

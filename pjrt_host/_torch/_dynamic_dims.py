@@ -37,7 +37,7 @@ from .. import _program_cache
 from . import _config, _padding
 from ._tensor import JaxTensor, Pending, Storage, contiguous_strides, make, read_through, view_for
 
-__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "prepare", "read_of",
+__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "place_gradient", "prepare", "read_of",
            "result_padding", "rule_for", "unpad_all"]
 
 
@@ -701,6 +701,65 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
 
     note_result(index, arr)
     return make(Storage(arr, shape, arr.dtype, index, first._storage.place, padded), shape, first.dtype)
+
+
+_placing_programs: dict = {}
+
+
+def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> JaxTensor | None:
+    """``slice_backward`` of a gradient padded along the sliced ``dim``:
+    ``grad`` placed at the slice's ``start`` (a run-time scalar, as is its
+    length) in the bucket of ``sizes[dim]``, zeros around it, so that every
+    length of a bucket runs one program.  None: not such a call (dynamic
+    shapes off, a step, ``grad`` not padded along ``dim`` alone, a view that
+    is not a physical one)."""
+    if not _config.current().dynamic_shapes or type(grad) is not JaxTensor or step != 1:
+        return None
+    sizes = tuple(sizes)
+    ndim = grad.dim()
+    if ndim == 0 or len(sizes) != ndim or type(grad._storage.place) is not int:
+        return None
+    dim %= ndim
+    found = padded_values(grad)
+    if found is None or found[1] is None:
+        return None
+    arr, padded = found
+    comps = padded[dim]
+    if len(comps) != 1 or not comps[0][2]:
+        return None  # not padded along dim, or merged there
+    n, length = sizes[dim], grad.shape[dim]
+    start = min(max(start + n if start < 0 else start, 0), n)
+    if length == 0 or start + length > n:
+        return None
+    physical_out = max(_padding.bucket(n), arr.shape[dim])
+    key = (tuple(arr.shape), str(arr.dtype), dim, physical_out)
+    program = _placing_programs.get(key)
+    if program is None:
+        def body(a, at, count):
+            import jax.numpy as jnp
+            from jax import lax
+
+            shape = list(a.shape)
+            shape[dim] = physical_out
+            i = lax.broadcasted_iota("int32", tuple(shape), dim)
+            index = jnp.clip(jnp.arange(physical_out, dtype=jnp.int32) - at, 0, a.shape[dim] - 1)
+            return jnp.where((i >= at) & (i < at + count), jnp.take(a, index, axis=dim), jnp.zeros((), a.dtype))
+
+        if len(_placing_programs) > 512:
+            _placing_programs.clear()
+        program = _placing_programs[key] = _program_cache.Kept("pjrt_host.place_gradient", body, key)
+    index = grad._storage.device_index
+    out = program(arr, _padding.device_scalar(start, index), _padding.device_scalar(length, index))
+    placed = list(padded)
+    placed[dim] = ((physical_out, n, True),)
+    placed = tuple(placed)
+    if _padding.physical_shape(placed) == sizes:
+        placed = None
+    _padding.note_padded_call(tuple(out.shape), sizes)
+    from ._sync import note_result
+
+    note_result(index, out)
+    return make(Storage(out, sizes, out.dtype, index, grad._storage.place, placed), sizes, grad.dtype)
 
 
 def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:
