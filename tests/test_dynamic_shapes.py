@@ -182,6 +182,46 @@ def test_slices_that_start_inside_a_padded_dim_run_padded():
     assert all(c <= 2 for c in compiled[5:]), compiled
 
 
+class LabelsPaddedBlock(EmbeddedBlock):
+    """A causal language model's loss as transformers writes it: the labels
+    (the ids themselves) padded by one ignored position, then shifted."""
+
+    def forward(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = self.out(F.gelu(self.ln(self.emb(ids)) % 50))
+        labels = F.pad(ids % 10, (0, 1), value=-100)[..., 1:].contiguous()
+        return F.cross_entropy(logits.view(-1, 10), labels.view(-1), ignore_index=-100)
+
+
+@pytest.mark.parametrize("mode", [True, "all"])
+def test_labels_padded_at_the_end_of_their_length_stay_in_its_bucket(mode):
+    # F.pad grows the padded length by one (to the bucket of the new length
+    # where it passes its own), its values at run-time positions
+    from pjrt_host._torch import _dynamic_dims
+
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = LabelsPaddedBlock()
+    dev = LabelsPaddedBlock().to("jax")
+    dev.load_state_dict(cpu.state_dict())
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=mode):
+        for t in [20, 23, 27, 29, 21, 30, 25, 26]:
+            ids = torch.randint(0, 50, (3, t), generator=torch.Generator().manual_seed(t))
+            before = _compiled()
+            loss, grads = _step(dev, ids.to("jax"), None)
+            got = (loss.cpu(), [g.cpu() for g in grads if g is not None])
+            compiled.append(_compiled() - before)
+            want, want_grads = _step(cpu, ids, None)
+            torch.testing.assert_close(got[0], want, rtol=2e-5, atol=2e-5)
+            for a, b in zip(got[1], [g for g in want_grads if g is not None]):
+                torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0 and not stats["cuts_by_op"], (stats["fallbacks_by_reason"], stats["cuts_by_op"])
+    assert _dynamic_dims._growing_programs, "the labels were grown padded"
+    if mode is True:
+        assert compiled[5:] == [0] * 3, compiled
+
+
 def test_the_gradient_of_a_slice_of_a_padded_dim_is_placed_at_its_start():
     # slice_backward of a padded gradient: placed at the slice's start in
     # the bucket of the input's length, zeros around it, at odd buckets

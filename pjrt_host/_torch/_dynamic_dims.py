@@ -37,7 +37,7 @@ from .. import _program_cache
 from . import _config, _padding
 from ._tensor import JaxTensor, Pending, Storage, contiguous_strides, make, read_through, view_for
 
-__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "place_gradient", "prepare", "read_of",
+__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "pad_end", "place_gradient", "prepare", "read_of",
            "result_padding", "rule_for", "unpad_all"]
 
 
@@ -731,7 +731,8 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
     start = min(max(start + n if start < 0 else start, 0), n)
     if length == 0 or start + length > n:
         return None
-    physical_out = max(_padding.bucket(n), arr.shape[dim])
+    # the bucket the input was padded to (odd ones in the test mode "all")
+    physical_out = max(_padding.bucket(n, _config.current().dynamic_shapes == "all"), arr.shape[dim])
     key = (tuple(arr.shape), str(arr.dtype), dim, physical_out)
     program = _placing_programs.get(key)
     if program is None:
@@ -750,16 +751,83 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
         program = _placing_programs[key] = _program_cache.Kept("pjrt_host.place_gradient", body, key)
     index = grad._storage.device_index
     out = program(arr, _padding.device_scalar(start, index), _padding.device_scalar(length, index))
+    return _grown(out, sizes, padded, dim, ((physical_out, n, True),), grad)
+
+
+def _grown(out: Any, shape: tuple, padded: tuple, dim: int, comps: tuple, like: JaxTensor) -> JaxTensor:
+    """The tensor of a program's result ``out``: logical ``shape``, laid
+    out as ``padded`` with ``dim`` made of ``comps``, on ``like``'s device."""
     placed = list(padded)
-    placed[dim] = ((physical_out, n, True),)
+    placed[dim] = comps
     placed = tuple(placed)
-    if _padding.physical_shape(placed) == sizes:
+    if _padding.physical_shape(placed) == shape:
         placed = None
-    _padding.note_padded_call(tuple(out.shape), sizes)
+    _padding.note_padded_call(tuple(out.shape), shape)
     from ._sync import note_result
 
+    index = like._storage.device_index
     note_result(index, out)
-    return make(Storage(out, sizes, out.dtype, index, grad._storage.place, placed), sizes, grad.dtype)
+    return make(Storage(out, shape, out.dtype, index, like._storage.place, placed), shape, like.dtype)
+
+
+_growing_programs: dict = {}
+
+
+def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
+    """``constant_pad_nd`` that grows one dim ``x`` holds padded at its end
+    (``F.pad(labels, (0, 1), value=-100)``, a causal LM's loss): the values
+    past the logical length set to ``value`` in the bucket of the new
+    length, the length a run-time scalar, so that every length of a bucket
+    runs one program.  None: not such a call."""
+    if not _config.current().dynamic_shapes or type(x) is not JaxTensor or type(x._storage.place) is not int:
+        return None
+    pad = list(pad)
+    ndim = x.dim()
+    if len(pad) % 2 or len(pad) // 2 > ndim or any(p < 0 for p in pad):
+        return None
+    grown = [(ndim - 1 - k, pad[2 * k], pad[2 * k + 1]) for k in range(len(pad) // 2) if pad[2 * k] or pad[2 * k + 1]]
+    if len(grown) != 1 or grown[0][1] != 0:
+        return None  # one dim, grown at its end only
+    dim, _, after = grown[0]
+    found = padded_values(x)
+    if found is None or found[1] is None:
+        return None
+    arr, padded = found
+    comps = padded[dim]
+    if len(comps) != 1 or not comps[0][2]:
+        return None
+    n = x.shape[dim]
+    total = n + after
+    # the same bucket while the new length fits it, so that the padded
+    # labels line up with the rows they label
+    physical_out = arr.shape[dim] if total <= arr.shape[dim] else \
+        _padding.bucket(total, _config.current().dynamic_shapes == "all")
+    if x.dtype == torch.bool:
+        value = bool(value)
+    elif not (x.dtype.is_floating_point or x.dtype.is_complex):
+        value = int(value)
+    else:
+        value = float(value)
+    key = (tuple(arr.shape), str(arr.dtype), dim, physical_out, type(value))
+    program = _growing_programs.get(key)
+    if program is None:
+        def body(a, count, v):
+            import jax.numpy as jnp
+            from jax import lax
+
+            shape = list(a.shape)
+            shape[dim] = physical_out
+            i = lax.broadcasted_iota("int32", tuple(shape), dim)
+            index = jnp.clip(jnp.arange(physical_out, dtype=jnp.int32), 0, a.shape[dim] - 1)
+            return jnp.where(i < count, jnp.take(a, index, axis=dim), lax.convert_element_type(v, a.dtype))
+
+        if len(_growing_programs) > 512:
+            _growing_programs.clear()
+        program = _growing_programs[key] = _program_cache.Kept("pjrt_host.pad_end", body, key)
+    out = program(arr, _padding.device_scalar(n, x._storage.device_index), value)
+    shape = list(x.shape)
+    shape[dim] = total
+    return _grown(out, tuple(shape), padded, dim, ((physical_out, total, True),), x)
 
 
 def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:
