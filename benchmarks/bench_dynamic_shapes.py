@@ -12,7 +12,8 @@ steady-state cost of padding: a warm step at a length that just fills a
 bucket (128: 100 %) and one just past it (129 in the bucket of 160: 81 %),
 against the same steps with dynamic shapes off (warm too).
 
-    python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|steady|compile] [--dropout 0.1 0.0]
+    python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|steady|compile|lengths]
+                                              [--dropout 0.1 0.0]
                                               [--eager op|fused]
 
 ``--eager fused`` runs the eager 'jax' rows in fused eager (segments of
@@ -20,6 +21,11 @@ padded ops) instead of op by op.  ``--only compile``: the same training
 under ``torch.compile(backend='jax')`` (forward and backward compiled,
 AdamW eager; each --dropout), dynamic shapes off and on: XLA compiles per
 step and the time, against torch CPU eager.
+
+``--only lengths``: 9 training steps at new lengths of one bucket (33 ..
+48), dynamic shapes on: the programs each step compiles (the first two
+lengths compile exact programs, the third the bucket's; a later one should
+compile none), losses against CPU's.
 
 Ratios: the run's total and its last 4 steps against CPU's, dynamic on
 against off; losses and tokens must equal CPU's (to float tolerance).
@@ -39,6 +45,7 @@ import json, sys, time
 import torch, transformers
 
 device, job, steps, pdrop = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+LENGTHS = [40, 45, 35, 47, 38, 42, 44, 34, 46]
 transformers.set_seed(0)
 config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=256,
                                  resid_pdrop=pdrop, embd_pdrop=pdrop, attn_pdrop=pdrop)
@@ -97,6 +104,23 @@ elif job == "compile":
         compiles.append(xla[0] - before)
     out = {"total": sum(times), "last4": sum(times[-4:]), "losses": losses, "lengths": lengths, "times": times,
            "xla_compiles": compiles}
+elif job == "lengths":
+    # new lengths of one bucket (33 .. 48): the programs each training step compiles
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    programs, losses = [], []
+    def made():
+        if device == "cpu":
+            return 0
+        s = torch.jax.program_cache_stats()
+        return s["compiled"] + s["disk_hits"]
+    for n in LENGTHS:
+        ids = torch.randint(0, 1000, (4, n), generator=g).to(device)
+        before = made()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward(); opt.step(); opt.zero_grad()
+        losses.append(loss.item()); programs.append(made() - before)
+    out = {"programs": programs, "losses": losses}
 else:  # steady: warm steps at 128 and 129 (three of each first, then the timed ones)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     def step(n):
@@ -136,7 +160,7 @@ def run(device: str, job: str, steps: int, pdrop: float, dynamic: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--only", choices=("train", "generate", "steady", "compile"))
+    parser.add_argument("--only", choices=("train", "generate", "steady", "compile", "lengths"))
     parser.add_argument("--dropout", type=float, nargs="+", default=[0.1, 0.0])
     parser.add_argument("--eager", choices=("op", "fused"), default="op")
     args = parser.parse_args()
@@ -182,6 +206,14 @@ def main() -> None:
             print(f"  jax dynamic={dynamic}: {r['total']:.2f} s ({r['total'] / cpu['total']:.0f}x cpu), 4 more "
                   f"{r['again']:.2f} s ({r['again'] / cpu['again']:.0f}x cpu), same tokens: "
                   f"{r['tokens'] == cpu['tokens']}; {r['stats']}; cuts {r['cuts_by_op']}")
+    if args.only in (None, "lengths"):
+        for pdrop in args.dropout:
+            cpu = run("cpu", "lengths", 0, pdrop, "0")
+            r = run("jax", "lengths", 0, pdrop, "1")
+            worst = max(abs(a - b) for a, b in zip(r["losses"], cpu["losses"]))
+            print(f"new lengths of the bucket 48, dropout {pdrop}: programs per training step {r['programs']}, "
+                  f"losses within {worst:.1e} of cpu; {r['stats']}; cuts {r['cuts_by_op']}; "
+                  f"fallbacks {r['fallbacks_by_reason']}")
     if args.only in (None, "steady"):
         rows = {d: run("jax", "steady", 5, 0.0, d) for d in ("0", "1")}
         for n, fill in (("128", "100 %"), ("129", "81 %")):

@@ -90,9 +90,9 @@ def test_a_new_length_in_a_seen_bucket_compiles_nothing():
         compiled = _run_lengths([20, 23, 27, 29, 21, 30])
     stats = torch.jax.dynamic_shape_stats()
     # the first two lengths compile exact programs, the third the bucket's;
-    # every later length of the bucket (32) runs them: nothing new but the
-    # few programs around autograd's mean backward (an expand and a
-    # division by the length, exact)
+    # every later length of the bucket (32) runs them: nothing new but, at
+    # the 4th and 5th, the division of the mean's gradient by the length
+    # (its scalar static, then tried traced)
     assert all(c <= 4 for c in compiled[4:]) and compiled[3] < compiled[0] / 2, compiled
     assert stats["padded_calls"] > 50 and stats["pads"] >= 1
     assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
@@ -281,8 +281,8 @@ def test_fused_eager_records_padded_ops_and_reuses_the_buckets_segments():
         after = _fused.stats()
     stats = torch.jax.dynamic_shape_stats()
     # padded ops are recorded into segments (nothing cut to run them), and a
-    # later length of the bucket compiles only the segment holding
-    # autograd's exact ops around the length (the division by it)
+    # later length of the bucket compiles at most the segments around the
+    # trial of the mean gradient's division by the length
     assert stats["fallbacks"] == 0 and stats["cuts"] == 0, stats
     assert stats["padded_calls"] > 50
     assert after["ops"] - before["ops"] > 150
