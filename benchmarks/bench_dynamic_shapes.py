@@ -12,7 +12,8 @@ steady-state cost of padding: a warm step at a length that just fills a
 bucket (128: 100 %) and one just past it (129 in the bucket of 160: 81 %),
 against the same steps with dynamic shapes off (warm too).
 
-    python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|steady|compile] [--dropout 0.1 0.0]
+    python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|steady|compile|lengths]
+                                              [--dropout 0.1 0.0]
                                               [--eager op|fused]
 
 ``--eager fused`` runs the eager 'jax' rows in fused eager (segments of
@@ -20,6 +21,14 @@ padded ops) instead of op by op.  ``--only compile``: the same training
 under ``torch.compile(backend='jax')`` (forward and backward compiled,
 AdamW eager; each --dropout), dynamic shapes off and on: XLA compiles per
 step and the time, against torch CPU eager.
+
+``--only steady-ops`` (not in the default run): warm steps at 129, the
+time of each op with its result waited for, dynamic shapes off and on.
+
+``--only lengths``: 9 training steps at new lengths of one bucket (33 ..
+48), dynamic shapes on: the programs each step compiles (the first two
+lengths compile exact programs, the third the bucket's; a later one should
+compile none), losses against CPU's.
 
 Ratios: the run's total and its last 4 steps against CPU's, dynamic on
 against off; losses and tokens must equal CPU's (to float tolerance).
@@ -39,6 +48,7 @@ import json, sys, time
 import torch, transformers
 
 device, job, steps, pdrop = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+LENGTHS = [40, 45, 35, 47, 38, 42, 44, 34, 46]
 transformers.set_seed(0)
 config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=256,
                                  resid_pdrop=pdrop, embd_pdrop=pdrop, attn_pdrop=pdrop)
@@ -97,6 +107,55 @@ elif job == "compile":
         compiles.append(xla[0] - before)
     out = {"total": sum(times), "last4": sum(times[-4:]), "losses": losses, "lengths": lengths, "times": times,
            "xla_compiles": compiles}
+elif job == "lengths":
+    # new lengths of one bucket (33 .. 48): the programs each training step compiles
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    programs, losses = [], []
+    def made():
+        if device == "cpu":
+            return 0
+        s = torch.jax.program_cache_stats()
+        return s["compiled"] + s["disk_hits"]
+    for n in LENGTHS:
+        ids = torch.randint(0, 1000, (4, n), generator=g).to(device)
+        before = made()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward(); opt.step(); opt.zero_grad()
+        losses.append(loss.item()); programs.append(made() - before)
+    out = {"programs": programs, "losses": losses}
+elif job == "steady_ops":
+    # where a warm step at 129 spends its time, op by op: each op's result
+    # waited for (the ops of the backward too, which a profiler of the main
+    # thread does not see)
+    import collections
+    from pjrt_host._torch import _engine
+    from pjrt_host._torch._tensor import JaxTensor
+    spent, calls = collections.Counter(), collections.Counter()
+    untimed = _engine.CompiledOp.__call__
+    def timed(self, args, kwargs):
+        t = time.perf_counter()
+        r = untimed(self, args, kwargs)
+        for x in (r if isinstance(r, (tuple, list)) else (r,)):
+            if type(x) is JaxTensor and hasattr(x._storage._array, "block_until_ready"):
+                x._storage._array.block_until_ready()
+        spent[self.name] += time.perf_counter() - t
+        calls[self.name] += 1
+        return r
+    _engine.CompiledOp.__call__ = timed  # (before the first forward: ops bind it at their first call)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    def step(n):
+        ids = torch.randint(0, 1000, (4, n)).to(device)
+        t = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward(); opt.step(); opt.zero_grad(); loss.item()
+        return time.perf_counter() - t
+    for n in (100, 110, 120, 128, 129, 128, 129):
+        step(n)
+    spent.clear(); calls.clear()
+    times = [step(129) for _ in range(steps)]
+    out = {"step": min(times), "in_ops": sum(spent.values()) / steps,
+           "ops": {k: [v / steps, calls[k] / steps] for k, v in spent.most_common(14)}}
 else:  # steady: warm steps at 128 and 129 (three of each first, then the timed ones)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     def step(n):
@@ -136,7 +195,7 @@ def run(device: str, job: str, steps: int, pdrop: float, dynamic: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--only", choices=("train", "generate", "steady", "compile"))
+    parser.add_argument("--only", choices=("train", "generate", "steady", "compile", "lengths", "steady-ops"))
     parser.add_argument("--dropout", type=float, nargs="+", default=[0.1, 0.0])
     parser.add_argument("--eager", choices=("op", "fused"), default="op")
     args = parser.parse_args()
@@ -182,6 +241,25 @@ def main() -> None:
             print(f"  jax dynamic={dynamic}: {r['total']:.2f} s ({r['total'] / cpu['total']:.0f}x cpu), 4 more "
                   f"{r['again']:.2f} s ({r['again'] / cpu['again']:.0f}x cpu), same tokens: "
                   f"{r['tokens'] == cpu['tokens']}; {r['stats']}; cuts {r['cuts_by_op']}")
+    if args.only in (None, "lengths"):
+        for pdrop in args.dropout:
+            cpu = run("cpu", "lengths", 0, pdrop, "0")
+            r = run("jax", "lengths", 0, pdrop, "1")
+            worst = max(abs(a - b) for a, b in zip(r["losses"], cpu["losses"]))
+            print(f"new lengths of the bucket 48, dropout {pdrop}: programs per training step {r['programs']}, "
+                  f"losses within {worst:.1e} of cpu; {r['stats']}; cuts {r['cuts_by_op']}; "
+                  f"fallbacks {r['fallbacks_by_reason']}")
+    if args.only == "steady-ops":
+        rows = {d: run("jax", "steady_ops", 5, 0.1, d) for d in ("0", "1")}
+        print(f"warm steps at 129, op by op, each result waited for (best step: off {rows['0']['step'] * 1e3:.1f} ms, "
+              f"on {rows['1']['step'] * 1e3:.1f} ms; in ops: off {rows['0']['in_ops'] * 1e3:.1f} ms, "
+              f"on {rows['1']['in_ops'] * 1e3:.1f} ms)")
+        names = list(dict.fromkeys([*rows["1"]["ops"], *rows["0"]["ops"]]))
+        for name in names:
+            off, on = rows["0"]["ops"].get(name, [0, 0]), rows["1"]["ops"].get(name, [0, 0])
+            ratio = f"{on[0] / off[0]:.2f}" if off[0] else "-"
+            print(f"  {name:40s} off {off[0] * 1e3:7.2f} ms ({off[1]:.0f} calls)  on {on[0] * 1e3:7.2f} ms "
+                  f"({on[1]:.0f} calls)  {ratio}")
     if args.only in (None, "steady"):
         rows = {d: run("jax", "steady", 5, 0.0, d) for d in ("0", "1")}
         for n, fill in (("128", "100 %"), ("129", "81 %")):

@@ -90,13 +90,185 @@ def test_a_new_length_in_a_seen_bucket_compiles_nothing():
         compiled = _run_lengths([20, 23, 27, 29, 21, 30])
     stats = torch.jax.dynamic_shape_stats()
     # the first two lengths compile exact programs, the third the bucket's;
-    # every later length of the bucket (32) runs them: nothing new but the
-    # few programs around autograd's mean backward (an expand and a
-    # division by the length, exact)
+    # every later length of the bucket (32) runs them: nothing new but, at
+    # the 4th and 5th, the division of the mean's gradient by the length
+    # (its scalar static, then tried traced)
     assert all(c <= 4 for c in compiled[4:]) and compiled[3] < compiled[0] / 2, compiled
     assert stats["padded_calls"] > 50 and stats["pads"] >= 1
     assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
     assert "3x32x16" in stats["calls_by_bucket"] or "96x16" in stats["calls_by_bucket"], stats["calls_by_bucket"]
+
+
+class EmbeddedBlock(Block):
+    """The block over an embedding of token ids: the index checks of the
+    embedding and of the loss's targets read their indices padded too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+
+    def forward(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.emb(ids), target)
+
+
+def test_a_training_step_at_a_new_length_of_a_seen_bucket_compiles_no_program():
+    # Autograd's mean backward divides an expand of the gradient (the
+    # length's size) by the length (a new scalar): the expand is read wider,
+    # to the bucket, and the divisor goes traced; the embedding's and the
+    # loss's index checks read their indices padded.  The 4th length decides
+    # the division's scalar traced; from the 5th nothing compiles.
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = EmbeddedBlock()
+    dev = EmbeddedBlock().to("jax")
+    dev.load_state_dict(cpu.state_dict())
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True):
+        for t in [20, 23, 27, 29, 21, 30, 25, 18, 31, 17]:
+            g = torch.Generator().manual_seed(t)
+            ids, target = torch.randint(0, 50, (3, t), generator=g), torch.randint(0, 10, (3, t), generator=g)
+            before = _compiled()
+            loss, grads = _step(dev, ids.to("jax"), target.to("jax"))
+            got = (loss.cpu(), [g.cpu() for g in grads])
+            compiled.append(_compiled() - before)
+            _assert_like_cpu(got, cpu, ids, target)
+    stats = torch.jax.dynamic_shape_stats()
+    assert compiled[5:] == [0] * 5, compiled
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+
+
+class ShiftedBlock(EmbeddedBlock):
+    """A causal language model's loss: each position's logits against the
+    next position's target (``logits[:, :-1]``, ``target[:, 1:]``), and a
+    term over positions 1 .. t (a slice that starts inside the length)."""
+
+    def forward(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = self.ln(self.emb(ids))
+        logits = self.out(F.gelu(h))
+        return (F.cross_entropy(logits[:, :-1].reshape(-1, 10), target[:, 1:].reshape(-1))
+                + (h[:, 1:] * 2).sum() / 100)
+
+
+def test_slices_that_start_inside_a_padded_dim_run_padded():
+    # target[:, 1:] and h[:, 1:] are read from the padded arrays at a
+    # run-time start, the shifted targets padded as the logits' rows are
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = ShiftedBlock()
+    dev = ShiftedBlock().to("jax")
+    dev.load_state_dict(cpu.state_dict())
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True):
+        for t in [20, 23, 27, 29, 21, 30, 25]:
+            g = torch.Generator().manual_seed(t)
+            ids, target = torch.randint(0, 50, (3, t), generator=g), torch.randint(0, 10, (3, t), generator=g)
+            before = _compiled()
+            dev.zero_grad()
+            loss = dev(ids.to("jax"), target.to("jax"))
+            loss.backward()
+            got = (loss.cpu(), [p.grad.cpu() for p in dev.parameters() if p.grad is not None])
+            compiled.append(_compiled() - before)
+            cpu.zero_grad()
+            want = cpu(ids, target)
+            want.backward()
+            torch.testing.assert_close(got[0], want, rtol=2e-5, atol=2e-5)
+            for a, b in zip(got[1], [p.grad for p in cpu.parameters() if p.grad is not None]):
+                torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert not stats["cuts_by_op"], stats["cuts_by_op"]  # slice_backward places the padded gradient
+    # what a later length still compiles: the copy of the exact targets'
+    # slice (target[:, 1:].reshape(-1): a clone, then its view)
+    assert all(c <= 2 for c in compiled[5:]), compiled
+
+
+class LabelsPaddedBlock(EmbeddedBlock):
+    """A causal language model's loss as transformers writes it: the labels
+    (the ids themselves) padded by one ignored position, then shifted."""
+
+    def forward(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = self.out(F.gelu(self.ln(self.emb(ids)) % 50))
+        labels = F.pad(ids % 10, (0, 1), value=-100)[..., 1:].contiguous()
+        return F.cross_entropy(logits.view(-1, 10), labels.view(-1), ignore_index=-100)
+
+
+@pytest.mark.parametrize("mode", [True, "all"])
+def test_labels_padded_at_the_end_of_their_length_stay_in_its_bucket(mode):
+    # F.pad grows the padded length by one (to the bucket of the new length
+    # where it passes its own), its values at run-time positions
+    from pjrt_host._torch import _dynamic_dims
+
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = LabelsPaddedBlock()
+    dev = LabelsPaddedBlock().to("jax")
+    dev.load_state_dict(cpu.state_dict())
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=mode):
+        for t in [20, 23, 27, 29, 21, 30, 25, 26]:
+            ids = torch.randint(0, 50, (3, t), generator=torch.Generator().manual_seed(t))
+            before = _compiled()
+            loss, grads = _step(dev, ids.to("jax"), None)
+            got = (loss.cpu(), [g.cpu() for g in grads if g is not None])
+            compiled.append(_compiled() - before)
+            want, want_grads = _step(cpu, ids, None)
+            torch.testing.assert_close(got[0], want, rtol=2e-5, atol=2e-5)
+            for a, b in zip(got[1], [g for g in want_grads if g is not None]):
+                torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0 and not stats["cuts_by_op"], (stats["fallbacks_by_reason"], stats["cuts_by_op"])
+    assert _dynamic_dims._growing_programs, "the labels were grown padded"
+    if mode is True:
+        assert compiled[5:] == [0] * 3, compiled
+
+
+def test_the_gradient_of_a_slice_of_a_padded_dim_is_placed_at_its_start():
+    # slice_backward of a padded gradient: placed at the slice's start in
+    # the bucket of the input's length, zeros around it, at odd buckets
+    from pjrt_host._torch import _dynamic_dims
+
+    torch.manual_seed(2)
+    with pjrt_host.config(dynamic_shapes="all"):
+        for n in (6, 11):
+            x = torch.randn(3, n, 4)
+            for part in (slice(1, None), slice(None, -1), slice(2, 5), slice(-3, None)):
+                w = torch.randn(x[:, part].shape)
+                xd = x.to("jax").requires_grad_()
+                ((xd * 1.5)[:, part] * w.to("jax")).sum().backward()
+                xc = x.clone().requires_grad_()
+                ((xc * 1.5)[:, part] * w).sum().backward()
+                torch.testing.assert_close(xd.grad.cpu(), xc.grad, msg=f"{n} {part}")
+    assert _dynamic_dims._placing_programs, "the gradients were placed padded"
+
+
+def test_an_index_check_reads_a_padded_index_within_its_logical_sizes():
+    # every dim padded, to odd buckets: the indices' padding holds -1 (their
+    # logical values less 1), which the checks must not read, while a bad
+    # logical value still raises CPU's error
+    from pjrt_host._torch import _index_checks
+
+    _padding.reset()
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 4)
+    dev = torch.nn.Embedding(50, 4).to("jax")
+    dev.load_state_dict(emb.state_dict())
+    ids = torch.randint(1, 51, (3, 11))
+    target = torch.randint(1, 11, (3, 11))
+    target[0, 3] = -99  # -100 once less 1: ignore_index
+    with pjrt_host.config(dynamic_shapes="all"):
+        logits = dev(ids.to("jax") - 1).flatten(0, 1) @ torch.ones(4, 10, device="jax")
+        loss = F.cross_entropy(logits, (target.to("jax") - 1).flatten())
+        torch.testing.assert_close(loss.cpu(), F.cross_entropy(emb(ids - 1).flatten(0, 1) @ torch.ones(4, 10),
+                                                               (target - 1).flatten()))
+        assert _index_checks._padded_programs, "the checks read the indices padded"
+        bad = ids.clone()
+        bad[2, 7] = 51
+        with pytest.raises(IndexError, match="index out of range in self"):
+            dev(bad.to("jax") - 1).cpu()
+        bad = target.clone()
+        bad[1, 5] = 13
+        with pytest.raises(IndexError, match="Target 12 is out of bounds"):
+            F.cross_entropy(logits, (bad.to("jax") - 1).flatten()).cpu()
 
 
 def test_fused_eager_records_padded_ops_and_reuses_the_buckets_segments():
@@ -109,8 +281,8 @@ def test_fused_eager_records_padded_ops_and_reuses_the_buckets_segments():
         after = _fused.stats()
     stats = torch.jax.dynamic_shape_stats()
     # padded ops are recorded into segments (nothing cut to run them), and a
-    # later length of the bucket compiles only the segment holding
-    # autograd's exact ops around the length (the division by it)
+    # later length of the bucket compiles at most the segments around the
+    # trial of the mean gradient's division by the length
     assert stats["fallbacks"] == 0 and stats["cuts"] == 0, stats
     assert stats["padded_calls"] > 50
     assert after["ops"] - before["ops"] > 150

@@ -468,6 +468,10 @@ def _handler_for(func: Any) -> Handler:
                 return _summed_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::cat":
                 return _joined_when_padded(CompiledOp(func, lowering).__call__)
+            if op_name(func) == "aten::slice_backward":
+                return _placed_when_padded(CompiledOp(func, lowering).__call__)
+            if op_name(func) == "aten::constant_pad_nd":
+                return _grown_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::type_as":
                 return _cast_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) in _COPYING_VIEWS:
@@ -579,6 +583,38 @@ def _joined_when_padded(handler: Handler) -> Handler:
             joined = _dynamic_dims.join(list(tensors), dim, record)
             if joined is not None:
                 return joined
+        return handler(args, kwargs)
+    return handle
+
+
+def _placed_when_padded(handler: Handler) -> Handler:
+    """slice_backward of a gradient padded along the sliced dim: placed at
+    the slice's run-time start in the bucket of the input's length
+    (``_dynamic_dims.place_gradient``)."""
+    names = ("grad_output", "input_sizes", "dim", "start", "end", "step")
+
+    def handle(args: tuple, kwargs: dict) -> Any:
+        grad = args[0] if args else kwargs.get("grad_output")
+        if type(grad) is _tensor.JaxTensor and grad._storage.padded is not None:
+            grad, sizes, dim, start, _, step = (args[i] if i < len(args) else kwargs[names[i]] for i in range(6))
+            placed = _dynamic_dims.place_gradient(grad, sizes, dim, start, step)
+            if placed is not None:
+                return placed
+        return handler(args, kwargs)
+    return handle
+
+
+def _grown_when_padded(handler: Handler) -> Handler:
+    """constant_pad_nd growing a dim its input holds padded, at its end: in
+    the bucket of the new length (``_dynamic_dims.pad_end``)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else kwargs.get("self")
+        if type(x) is _tensor.JaxTensor and x._storage.padded is not None:
+            pad = args[1] if len(args) > 1 else kwargs["pad"]
+            value = args[2] if len(args) > 2 else kwargs.get("value", 0)
+            grown = _dynamic_dims.pad_end(x, pad, value)
+            if grown is not None:
+                return grown
         return handler(args, kwargs)
     return handle
 

@@ -37,7 +37,7 @@ from .. import _program_cache
 from . import _config, _padding
 from ._tensor import JaxTensor, Pending, Storage, contiguous_strides, make, read_through, view_for
 
-__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "prepare", "read_of",
+__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "pad_end", "place_gradient", "prepare", "read_of",
            "result_padding", "rule_for", "unpad_all"]
 
 
@@ -140,8 +140,10 @@ def fill_of(rule: Rule, position: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def padded_inputs(args: tuple, kwargs: dict) -> list:
-    """The call's 'jax' tensors (in lists too) whose storage is padded."""
-    return [t for _, t in _tensor_args(args, kwargs, lists=True) if t._storage.padded is not None]
+    """The call's 'jax' tensors (in lists too) whose storage is padded, or
+    that are expands of an exact one read wider (:func:`_mark_expanded`)."""
+    return [t for _, t in _tensor_args(args, kwargs, lists=True)
+            if t._storage.padded is not None or _WIDE in t.__dict__]
 
 
 def unpad_all(args: tuple, kwargs: dict, who: str) -> None:
@@ -188,8 +190,9 @@ _reads: dict = {}
 
 def read_of(t: JaxTensor, exact: bool = False) -> PaddedRead | None:
     """``t`` (over a padded storage) read through a physical view, or None
-    when its view cannot be one: a view that splits a padded dim, starts
-    inside it or crosses it, or reads the bytes as another dtype."""
+    when its view cannot be one: a view that splits a padded dim or crosses
+    it, or reads the bytes as another dtype.  (A slice that starts inside a
+    padded dim, ``x[:, 1:]``, reads a whole bucket from its start.)"""
     storage = t._storage
     view = t._view
     if view is None:
@@ -254,8 +257,12 @@ def _translate(padded: tuple, dtype: Any, size: tuple, stride: tuple, offset: in
                 sizes.append(())
                 vcomps.append(((n, n, False),))
                 continue
-            if mult != 1 or coords[j] != 0:
+            if mult != 1:
                 return None
+            # a slice starting inside the padded dim (x[:, 1:]) reads a
+            # whole bucket from its start: what lies past its logical end
+            # is padding (a gather, its start at run time, clamped at the
+            # array's end)
             touched[j] += 1
             psize.append(P[j])
             pstride.append(ps[j])
@@ -321,10 +328,16 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
     dims: dict = {}
     for pos, t in tensors:
         if t._storage.padded is None:
-            continue
-        r = read_of(t)
-        if r is None:
-            return None
+            wide = t.__dict__.get(_WIDE)
+            if wide is None:
+                continue
+            r = _read_widened(t, wide)[0]  # an expand read wider: no copy
+            if r is None:
+                continue
+        else:
+            r = read_of(t)
+            if r is None:
+                return None
         keep = exact.get(pos)
         for d, (p, n, c) in enumerate(zip(r.psize, t.shape, r.comps)):
             if p == n:
@@ -453,16 +466,21 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
     padded_any = False
     place = None
     tensors = _tensor_args(args, kwargs)
+    backward = False
     if mode != "all":
         from ._meta import inside_backward
 
-        if inside_backward():
-            return False  # a backward's inputs come padded from its forward, or not at all
+        # a backward's inputs come padded from its forward, or not at all:
+        # there only an expand (autograd's gradient of a sum or a mean, the
+        # size of the forward's input) is read wider
+        backward = inside_backward()
+        if backward and not any(t._view is not None and 0 in t.stride() for _, t in tensors):
+            return False
         # the parameters' shapes are part of the place: one line of code (a
         # Linear's forward) runs every layer of every width
         params = tuple((pos, tuple(t.shape)) for pos, t in tensors if _is_parameter(t))
     for pos, t in tensors:
-        if _is_parameter(t):
+        if _is_parameter(t) or (backward and (t._view is None or 0 not in t.stride())):
             continue  # parameters keep their shapes
         shape = tuple(t.shape)
         dims = set()
@@ -485,9 +503,38 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
                 dims |= {d for d in marked if d < len(shape) and shape[d] > 1}
         if dims and op.rule.exact is not None:
             dims -= op.rule.exact(args, kwargs).get(pos, set())
-        if dims and _pad_storage(t, dims, odd=mode == "all"):
+        if dims and (_mark_expanded(t, dims, odd=mode == "all")
+                     or (not backward and _pad_storage(t, dims, odd=mode == "all"))):
             padded_any = True
     return padded_any
+
+
+#: The key in a tensor's ``__dict__`` of the dims an expand of an exact
+#: storage is read wider along (dim -> components).
+_WIDE = "_pjrt_wide"
+
+
+def _mark_expanded(t: JaxTensor, dims: set, odd: bool = False) -> bool:
+    """``t``, an expand of an exact storage along ``dims`` (stride 0 there),
+    is read by padded calls as an expand to their buckets: the same elements,
+    no copy (``prepare``).  Autograd's gradient of a sum or a mean over a
+    dynamic dim is such an expand, of a size that changes with the length;
+    read wider, what is computed from it is padded and runs the bucket's
+    programs.  False: ``t`` is not one."""
+    storage = t._storage
+    view = t._view
+    if view is None or view.elem is not None or storage.padded is not None or type(storage.place) is not int:
+        return False
+    stride = t.stride()
+    if any(stride[d] != 0 for d in dims):
+        return False
+    shape = t.shape
+    wide = {d: ((_padding.bucket(shape[d], odd), shape[d], True),) for d in dims}
+    if all(c[0][0] == c[0][1] for c in wide.values()):
+        return False
+    t.__dict__[_WIDE] = {d: c for d, c in wide.items() if c[0][0] != c[0][1]}
+    _padding.live = True
+    return True
 
 
 #: The distinct sizes a dim takes at one place before it is dynamic: three,
@@ -696,6 +743,133 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
     return make(Storage(arr, shape, arr.dtype, index, first._storage.place, padded), shape, first.dtype)
 
 
+_placing_programs: dict = {}
+
+
+def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> JaxTensor | None:
+    """``slice_backward`` of a gradient padded along the sliced ``dim``:
+    ``grad`` placed at the slice's ``start`` (a run-time scalar, as is its
+    length) in the bucket of ``sizes[dim]``, zeros around it, so that every
+    length of a bucket runs one program.  None: not such a call (dynamic
+    shapes off, a step, ``grad`` not padded along ``dim`` alone, a view that
+    is not a physical one)."""
+    if not _config.current().dynamic_shapes or type(grad) is not JaxTensor or step != 1:
+        return None
+    sizes = tuple(sizes)
+    ndim = grad.dim()
+    if ndim == 0 or len(sizes) != ndim or type(grad._storage.place) is not int:
+        return None
+    dim %= ndim
+    found = padded_values(grad)
+    if found is None or found[1] is None:
+        return None
+    arr, padded = found
+    comps = padded[dim]
+    if len(comps) != 1 or not comps[0][2]:
+        return None  # not padded along dim, or merged there
+    n, length = sizes[dim], grad.shape[dim]
+    start = min(max(start + n if start < 0 else start, 0), n)
+    if length == 0 or start + length > n:
+        return None
+    # the bucket the input was padded to (odd ones in the test mode "all")
+    physical_out = max(_padding.bucket(n, _config.current().dynamic_shapes == "all"), arr.shape[dim])
+    key = (tuple(arr.shape), str(arr.dtype), dim, physical_out)
+    program = _placing_programs.get(key)
+    if program is None:
+        def body(a, at, count):
+            import jax.numpy as jnp
+            from jax import lax
+
+            shape = list(a.shape)
+            shape[dim] = physical_out
+            i = lax.broadcasted_iota("int32", tuple(shape), dim)
+            index = jnp.clip(jnp.arange(physical_out, dtype=jnp.int32) - at, 0, a.shape[dim] - 1)
+            return jnp.where((i >= at) & (i < at + count), jnp.take(a, index, axis=dim), jnp.zeros((), a.dtype))
+
+        if len(_placing_programs) > 512:
+            _placing_programs.clear()
+        program = _placing_programs[key] = _program_cache.Kept("pjrt_host.place_gradient", body, key)
+    index = grad._storage.device_index
+    out = program(arr, _padding.device_scalar(start, index), _padding.device_scalar(length, index))
+    return _grown(out, sizes, padded, dim, ((physical_out, n, True),), grad)
+
+
+def _grown(out: Any, shape: tuple, padded: tuple, dim: int, comps: tuple, like: JaxTensor) -> JaxTensor:
+    """The tensor of a program's result ``out``: logical ``shape``, laid
+    out as ``padded`` with ``dim`` made of ``comps``, on ``like``'s device."""
+    placed = list(padded)
+    placed[dim] = comps
+    placed = tuple(placed)
+    if _padding.physical_shape(placed) == shape:
+        placed = None
+    _padding.note_padded_call(tuple(out.shape), shape)
+    from ._sync import note_result
+
+    index = like._storage.device_index
+    note_result(index, out)
+    return make(Storage(out, shape, out.dtype, index, like._storage.place, placed), shape, like.dtype)
+
+
+_growing_programs: dict = {}
+
+
+def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
+    """``constant_pad_nd`` that grows one dim ``x`` holds padded at its end
+    (``F.pad(labels, (0, 1), value=-100)``, a causal LM's loss): the values
+    past the logical length set to ``value`` in the bucket of the new
+    length, the length a run-time scalar, so that every length of a bucket
+    runs one program.  None: not such a call."""
+    if not _config.current().dynamic_shapes or type(x) is not JaxTensor or type(x._storage.place) is not int:
+        return None
+    pad = list(pad)
+    ndim = x.dim()
+    if len(pad) % 2 or len(pad) // 2 > ndim or any(p < 0 for p in pad):
+        return None
+    grown = [(ndim - 1 - k, pad[2 * k], pad[2 * k + 1]) for k in range(len(pad) // 2) if pad[2 * k] or pad[2 * k + 1]]
+    if len(grown) != 1 or grown[0][1] != 0:
+        return None  # one dim, grown at its end only
+    dim, _, after = grown[0]
+    found = padded_values(x)
+    if found is None or found[1] is None:
+        return None
+    arr, padded = found
+    comps = padded[dim]
+    if len(comps) != 1 or not comps[0][2]:
+        return None
+    n = x.shape[dim]
+    total = n + after
+    # the same bucket while the new length fits it, so that the padded
+    # labels line up with the rows they label
+    physical_out = arr.shape[dim] if total <= arr.shape[dim] else \
+        _padding.bucket(total, _config.current().dynamic_shapes == "all")
+    if x.dtype == torch.bool:
+        value = bool(value)
+    elif not (x.dtype.is_floating_point or x.dtype.is_complex):
+        value = int(value)
+    else:
+        value = float(value)
+    key = (tuple(arr.shape), str(arr.dtype), dim, physical_out, type(value))
+    program = _growing_programs.get(key)
+    if program is None:
+        def body(a, count, v):
+            import jax.numpy as jnp
+            from jax import lax
+
+            shape = list(a.shape)
+            shape[dim] = physical_out
+            i = lax.broadcasted_iota("int32", tuple(shape), dim)
+            index = jnp.clip(jnp.arange(physical_out, dtype=jnp.int32), 0, a.shape[dim] - 1)
+            return jnp.where(i < count, jnp.take(a, index, axis=dim), lax.convert_element_type(v, a.dtype))
+
+        if len(_growing_programs) > 512:
+            _growing_programs.clear()
+        program = _growing_programs[key] = _program_cache.Kept("pjrt_host.pad_end", body, key)
+    out = program(arr, _padding.device_scalar(n, x._storage.device_index), value)
+    shape = list(x.shape)
+    shape[dim] = total
+    return _grown(out, tuple(shape), padded, dim, ((physical_out, total, True),), x)
+
+
 def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:
     """``(position, tensor)`` of the call's 'jax' tensors (with ``lists``,
     those of list arguments too, at their list's position)."""
@@ -712,20 +886,9 @@ def _pad_storage(t: JaxTensor, dims: set, odd: bool = False, padding: tuple | No
     """Pad ``t``'s storage along ``dims`` to their buckets (or as
     ``padding``, one dim's components): a tensor that is its whole storage,
     on one device, computed; else nothing."""
-    storage = t._storage
-    if t._view is not None or storage.padded is not None or type(storage.place) is not int \
-            or storage._array is None or storage.numel == 0:
+    if t._view is not None:
         return False
-    shape = storage.shape
-    padded = tuple((padding if padding is not None else ((_padding.bucket(n, odd), n, True),)) if d in dims
-                   else ((n, n, False),) for d, n in enumerate(shape))
-    if _padding.physical_shape(padded) == shape:
-        return False
-    storage._array = _padding.pad_as(storage.computed(), padded)  # (a fused-eager result runs its segment)
-    storage.padded = padded
-    _padding.note("pads")
-    _padding.live = True
-    return True
+    return _padding.pad_storage(t._storage, dims, odd, padding)
 
 
 def logical_shapes(op: Any, key: tuple, args: tuple, kwargs: dict) -> list | None:

@@ -249,6 +249,7 @@ class CompiledOp:
         if not _dynamic_dims.padded_inputs(args, kwargs):
             return _EXACT
         rule = self.rule
+        given = (args, kwargs)
         prepared = _dynamic_dims.prepare(rule, args, kwargs)
         if prepared is None:
             return self._exact(args, kwargs, "inputs that do not line up")
@@ -277,8 +278,12 @@ class CompiledOp:
             dyn.extend(_rng.next_key_args(place, None))  # the key an exact call would take
         entry = self.cache.get(key)
         if entry is None:
-            # (the trial of traced scalars is the exact route's: here an
-            # undecided op's scalars are static)
+            # An undecided op's scalars are static here, until its fourth
+            # signature tries them traced, as the exact route does (a mean's
+            # gradient divides by the length: a new scalar per length)
+            if self._tries_traced_scalars() and not self.lowering.needs_rng:
+                self.misses += 1
+                return _scalar_trials.trial(self, *given)
             self.misses += 1
             note_miss(self, key)
             try:

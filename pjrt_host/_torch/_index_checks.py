@@ -25,6 +25,7 @@ cross_entropy).  The error types and texts are CPU's.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable
 
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from .. import _program_cache
+from . import _config, _padding
 from ._sync import defer_check
 from ._tensor import JaxTensor, read
 
@@ -124,8 +126,12 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
     if not isinstance(index, JaxTensor) or index.numel() == 0 or index.dtype.is_floating_point:
         return
     low = -size if negative_ok else 0
-    values = read(index)
-    bounds = _minmax(values) if ignore is None else _minmax_except(values, int(ignore))
+    found = _padded_bounds(index, ignore)
+    if found is not None:
+        bounds, values = found
+    else:
+        values = read(index)
+        bounds = _minmax(values) if ignore is None else _minmax_except(values, int(ignore))
     if not _local.deferred:
         lo, hi = np.asarray(bounds).tolist()
         if lo < low or hi >= size:
@@ -146,12 +152,143 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
     defer_check(verdict)
 
 
+#: The distinct sizes a dim of an embedding's indices takes before they are
+#: padded at its check: the third, as ``_dynamic_dims.on_miss`` decides for
+#: an op's inputs.
+_SIZES = 3
+#: (op, rank) -> per dim, the sizes its checked indices had
+_seen: dict = {}
+_padded_programs: dict = {}
+
+
+def _padded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
+    """``(bounds, values)`` of an index over a padded storage, read whole
+    (no view, or a reshape of it): the min and max of its logical values
+    (``ignore`` taken as 0) from one program per bucket, the logical sizes
+    passed at run time, and its values for the error (cut on the host).  An
+    exact index is padded first where its op then reads it padded (the ops
+    have padded rules, ``_dynamic_dims``): an embedding's whose dims took a
+    third size, a loss's targets as its padded input's rows are.  None: the
+    check reads the index exact."""
+    mode = _config.current().dynamic_shapes
+    view = index._view
+    if not mode or (view is not None and (view.kind != "reshape" or view.elem is not None)):
+        return None
+    storage = index._storage
+    if storage.padded is None:
+        if type(storage.place) is not int or not _pad_index(storage, mode):
+            return None
+    if type(storage.place) is not int:
+        return None
+    comps = tuple(c for dim in storage.padded for c in dim)
+    key = (tuple(c[0] for c in comps), tuple(c[0] != c[1] for c in comps), ignore is not None)
+    fn = _padded_programs.get(key)
+    if fn is None:
+        from jax import lax
+
+        shape, cut, except_ = key
+
+        def body(a: Any, v: Any, *logical: Any) -> Any:
+            a = a.reshape(shape)
+            if except_:
+                a = jnp.where(a == v, 0, a)
+            sizes = iter(logical)
+            for axis, padded in enumerate(cut):
+                if padded:  # 0 is in range wherever there is something to check
+                    a = jnp.where(lax.broadcasted_iota(jnp.int32, shape, axis) < next(sizes), a, 0)
+            return jnp.stack([jnp.min(a), jnp.max(a)]).astype(jnp.int64)
+
+        if len(_padded_programs) > 256:
+            _padded_programs.clear()
+        fn = _padded_programs[key] = _program_cache.Kept("pjrt_host.minmax_padded", body, key)
+    arr = storage.computed()
+    sizes = [_padding.device_scalar(c[1], storage.place) for c in comps if c[0] != c[1]]
+    return fn(arr, 0 if ignore is None else int(ignore), *sizes), _Cut(arr, comps)
+
+
+def _pad_index(storage: Any, mode: Any) -> bool:
+    """Pad an exact index's ``storage`` for the op being checked to read it
+    padded; False where it is not padded."""
+    op = _local.op
+    shape = storage.shape
+    if op == "aten::embedding":
+        if mode == "all":
+            dims = {d for d, n in enumerate(shape) if n > 1}
+        else:
+            if len(_seen) > 1024:
+                _seen.clear()
+            sizes = _seen.setdefault((op, len(shape)), [set() for _ in shape])
+            dims = set()
+            for d, n in enumerate(shape):
+                sizes[d].add(n)
+                if len(sizes[d]) >= _SIZES and n > 1:
+                    dims.add(d)
+        return bool(dims) and _padding.pad_storage(storage, dims, odd=mode == "all")
+    if op == "aten::nll_loss_forward":
+        # the targets line up with the input's rows: laid out as they are
+        rows = _rows(_local.args[0])
+        if rows is None or math.prod(c[1] for c in rows) != storage.numel:
+            return False
+        padded, at = [], 0
+        for n in shape:  # the storage's dims, each one or more of the rows' components
+            if n == 1:
+                padded.append(((1, 1, False),))
+                continue
+            run, size = [], 1
+            while at < len(rows) and size < n:
+                run.append(rows[at])
+                size *= rows[at][1]
+                at += 1
+            if size != n:
+                return False
+            padded.append(tuple(run))
+        return at == len(rows) and _padding.pad_storage_as(storage, tuple(padded))
+    return False
+
+
+def _rows(x: Any) -> tuple | None:
+    """The components of dim 0 of a loss's input ``x``, padded (its whole
+    storage, or a reshape of it that merges whole dims of it): None when
+    it is not such a tensor."""
+    if not isinstance(x, JaxTensor) or x.dim() != 2:
+        return None
+    storage, view = x._storage, x._view
+    if storage.padded is None or (view is not None and (view.kind != "reshape" or view.elem is not None)):
+        return None
+    comps = [c for dim in storage.padded for c in dim]
+    run, size = [], 1
+    for c in comps:
+        if size == x.shape[0]:
+            break
+        run.append(c)
+        size *= c[1]
+    if size != x.shape[0] or not any(c[2] and c[0] != c[1] for c in run):
+        return None
+    return tuple(run)
+
+
+class _Cut:
+    """A padded index's logical values, cut on the host when an error
+    names the first bad one."""
+
+    def __init__(self, arr: Any, comps: tuple) -> None:
+        self.arr, self.comps = arr, comps
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        a = np.asarray(self.arr).reshape(tuple(c[0] for c in self.comps))
+        return a[tuple(slice(0, c[1]) for c in self.comps)].reshape(-1)
+
+
 def check(func_name: str, check_fn: Callable[[tuple, dict], None], mode: Any, args: tuple, kwargs: dict) -> None:
     """Run ``check_fn`` for op ``func_name`` in ``mode`` (True: deferred,
     "sync": now)."""
     _local.op = func_name
+    _local.args = args  # (a loss's input: how its targets are padded, _pad_index)
     _local.deferred = mode != "sync"
-    check_fn(args, kwargs)
+    try:
+        check_fn(args, kwargs)
+    finally:
+        _local.args = None
 
 
 def sites(name: str, args: tuple, kwargs: dict) -> list[tuple]:

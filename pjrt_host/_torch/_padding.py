@@ -207,6 +207,30 @@ def pad_as(arr: Any, padded: tuple) -> Any:
     return fn(arr)
 
 
+def pad_storage(storage: Any, dims: set, odd: bool = False, padding: tuple | None = None) -> bool:
+    """Pad ``storage`` (a ``_tensor.Storage``) along ``dims`` to their
+    buckets (or as ``padding``, one dim's components): one on one device,
+    computed, not padded yet; else nothing (False)."""
+    if storage.padded is not None or type(storage.place) is not int or storage._array is None or storage.numel == 0:
+        return False
+    shape = storage.shape
+    return pad_storage_as(storage, tuple((padding if padding is not None else ((bucket(n, odd), n, True),))
+                                         if d in dims else ((n, n, False),) for d, n in enumerate(shape)))
+
+
+def pad_storage_as(storage: Any, padded: tuple) -> bool:
+    """Lay ``storage`` (exact, computed, on one device) out as ``padded``
+    (per dim its components); False when that is no padding at all."""
+    if physical_shape(padded) == storage.shape:
+        return False
+    storage._array = pad_as(storage.computed(), padded)  # (a fused-eager result runs its segment)
+    storage.padded = padded
+    note("pads")
+    global live
+    live = True
+    return True
+
+
 def _host_pad_as(arr: Any, padded: tuple) -> Any:
     import jax
     import numpy as np
