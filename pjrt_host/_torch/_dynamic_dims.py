@@ -621,11 +621,11 @@ def grows(tensors: list, dim: int) -> bool:
         d = dim % t.dim()
         if place is None:
             place = ("cat", _caller(), d)
-        sizes = _grown.get((place, i, t.dim()))
+        sizes = _cat_sizes.get((place, i, t.dim()))
         if sizes is None:
-            if len(_grown) > 4096:
-                _grown.clear()
-            sizes = _grown[(place, i, t.dim())] = set()
+            if len(_cat_sizes) > 4096:
+                _cat_sizes.clear()
+            sizes = _cat_sizes[(place, i, t.dim())] = set()
         n = t.shape[d]
         sizes.add(n)
         if len(sizes) >= _SIZES and n > 1 and _pad_storage(t, {d}):
@@ -633,7 +633,7 @@ def grows(tensors: list, dim: int) -> bool:
     return padded_any
 
 
-_grown: dict = {}
+_cat_sizes: dict = {}  # (place, position in the list, rank) -> the sizes seen along the cat's dim
 
 
 def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor | None:

@@ -281,7 +281,7 @@ class CompiledOp:
             # An undecided op's scalars are static here, until its fourth
             # signature tries them traced, as the exact route does (a mean's
             # gradient divides by the length: a new scalar per length)
-            if self._tries_traced_scalars() and not self.lowering.needs_rng:
+            if self._tries_traced_scalars(key, padded=True) and not self.lowering.needs_rng:
                 self.misses += 1
                 return _scalar_trials.trial(self, *given)
             self.misses += 1
@@ -405,7 +405,7 @@ class CompiledOp:
         # ``place`` too: a program is compiled for its device
         return (key_args, key_kwargs, targets_key, _config.current(), place), dyn
 
-    def _tries_traced_scalars(self, key: tuple) -> bool:
+    def _tries_traced_scalars(self, key: tuple, padded: bool = False) -> bool:
         """Whether this new signature starts a trial of traced scalars: a
         random op's scalars (bounds, mean, std, p) when they take values
         not seen before (nn.init passes new bounds per layer, with new
@@ -421,6 +421,11 @@ class CompiledOp:
             return False
         if self.lowering.needs_rng:
             return _new_scalar_values(self, key)
+        if padded:
+            # The padded route, from the op's fourth signature: a mean's
+            # gradient divides by each new length inside a backward (the
+            # route runs from a dim's third size on, never in a first step)
+            return self.misses > 3
         # Not inside a backward, as a dimension never becomes dynamic there:
         # its calls have no line of their own (autograd's formulas multiply
         # by each forward constant at one place), and a trial there would
