@@ -278,9 +278,9 @@ class CompiledOp:
             dyn.extend(_rng.next_key_args(place, None))  # the key an exact call would take
         entry = self.cache.get(key)
         if entry is None:
-            # An undecided op's scalars are static here, until its fourth
-            # signature tries them traced, as the exact route does (a mean's
-            # gradient divides by the length: a new scalar per length)
+            # An undecided op's scalars are static here, until one takes
+            # another value at the same place, as on the exact route (a
+            # mean's gradient divides by the length: a new scalar per length)
             if self._tries_traced_scalars(key, padded=True) and not self.lowering.needs_rng:
                 self.misses += 1
                 return _scalar_trials.trial(self, *given)
@@ -421,16 +421,15 @@ class CompiledOp:
             return False
         if self.lowering.needs_rng:
             return _new_scalar_values(self, key)
-        if padded:
-            # The padded route, from the op's fourth signature: a mean's
-            # gradient divides by each new length inside a backward (the
-            # route runs from a dim's third size on, never in a first step)
-            return self.misses > 3
-        # Not inside a backward, as a dimension never becomes dynamic there:
-        # its calls have no line of their own (autograd's formulas multiply
-        # by each forward constant at one place), and a trial there would
-        # turn the op traced for the next forward's segments too.
-        return not _meta.inside_backward() and _scalars_vary(self, key)
+        # Inside a backward, whose calls have no place of their own, only
+        # on the padded route (a mean's gradient divides by each new length
+        # of a bucket): on the exact route autograd's formulas multiply by
+        # each forward constant at "one place", and a trial halfway through
+        # a first step turned the op traced for the next forward's segments
+        # too.  The padded route runs from a dim's third size on.
+        if _meta.inside_backward():
+            return padded and _scalars_vary(self, key, "a backward")
+        return _scalars_vary(self, key, _dynamic_dims._caller(instruction=True))
 
     def _written(self, args: tuple, out_targets: list) -> list:
         """The storages the call writes (an in-place op's target, the out=
@@ -737,7 +736,7 @@ class CompiledOp:
                                      donated))
 
 
-def _scalars_vary(op: CompiledOp, key: tuple) -> bool:
+def _scalars_vary(op: CompiledOp, key: tuple, place: Any) -> bool:
     """Whether ``key`` (a new signature of ``op``) differs from one seen
     before at the same place only in the values of its Python scalars;
     notes it.  The place is the expression (line and bytecode offset) of
@@ -749,7 +748,7 @@ def _scalars_vary(op: CompiledOp, key: tuple) -> bool:
     slots = op.scalar_slots
     masked = (tuple([_value_free(k) if i in slots else k for i, k in enumerate(key[0])]),
               tuple([(name, _value_free(k)) if name in slots else (name, k) for name, k in key[1]]), *key[2:],
-              _dynamic_dims._caller(instruction=True))
+              place)
     seen = op.seen_scalars
     if masked in seen:
         return True
