@@ -442,6 +442,17 @@ def test_a_cache_that_only_a_cat_sees_grow_becomes_dynamic(eager):
     assert sum(1 for n in compiled[3:] if n) <= 10, text
 
 
+def test_a_growing_cat_beside_an_empty_part_joins_the_rest():
+    """block_diag's decomposition cats each block between zeros, some of
+    them empty along the cat's dim: once the growing part is padded, the
+    join places the others and skips the empty ones."""
+    with pjrt_host.config(dynamic_shapes=True):
+        for n in range(1, 7):
+            a, b = torch.randn(2, n), torch.randn(2, 3)
+            got = torch.cat([a.to("jax"), torch.zeros(2, 0, device="jax"), b.to("jax")], dim=1)
+            torch.testing.assert_close(got.cpu(), torch.cat([a, torch.zeros(2, 0), b], dim=1))
+
+
 # ---------------------------------------------------------------- the oracle: the suite with every dim padded
 
 def _passes_padded(args: list[str], extra_env: dict | None = None) -> str:

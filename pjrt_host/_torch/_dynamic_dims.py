@@ -708,6 +708,8 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
             out = jnp.zeros(tuple(shape), arrays[0].dtype)
             offset = jnp.int32(0)
             for a, n in zip(arrays, lengths):
+                if a.shape[dim] == 0:
+                    continue  # an empty part places nothing (and has nothing to take from)
                 index = jnp.clip(jnp.arange(physical_out, dtype=jnp.int32) - offset, 0, a.shape[dim] - 1)
                 values = jnp.take(a, index, axis=dim)
                 out = jnp.where((i >= offset) & (i < offset + n), values, out)
