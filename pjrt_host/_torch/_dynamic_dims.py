@@ -696,7 +696,6 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
 
         def body(*inputs):
             import jax.numpy as jnp
-            from jax import lax
 
             from . import _strided
 
@@ -704,15 +703,12 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
             lengths = inputs[count:2 * count]
             shape = list(arrays[0].shape)
             shape[dim] = physical_out
-            i = lax.broadcasted_iota("int32", tuple(shape), dim)
             out = jnp.zeros(tuple(shape), arrays[0].dtype)
             offset = jnp.int32(0)
             for a, n in zip(arrays, lengths):
                 if a.shape[dim] == 0:
                     continue  # an empty part places nothing (and has nothing to take from)
-                index = jnp.clip(jnp.arange(physical_out, dtype=jnp.int32) - offset, 0, a.shape[dim] - 1)
-                values = jnp.take(a, index, axis=dim)
-                out = jnp.where((i >= offset) & (i < offset + n), values, out)
+                out = _placed(a, dim, physical_out, offset, n, out)
                 offset = offset + n
             return out
 
@@ -743,6 +739,22 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
 
     note_result(index, arr)
     return make(Storage(arr, shape, arr.dtype, index, first._storage.place, padded), shape, first.dtype)
+
+
+def _placed(a: Any, dim: int, physical: int, at: Any, count: Any, otherwise: Any) -> Any:
+    """(Traced.) ``a`` placed along ``dim`` of a bucket of ``physical``
+    from the run-time offset ``at``, its first ``count`` elements there and
+    ``otherwise`` around them: the body of every program that moves a
+    padded dim's values within a bucket (a join, a slice's gradient, a pad
+    at the end)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    shape = list(a.shape)
+    shape[dim] = physical
+    i = lax.broadcasted_iota("int32", tuple(shape), dim)
+    index = jnp.clip(jnp.arange(physical, dtype=jnp.int32) - at, 0, a.shape[dim] - 1)
+    return jnp.where((i >= at) & (i < at + count), jnp.take(a, index, axis=dim), otherwise)
 
 
 _placing_programs: dict = {}
@@ -780,13 +792,8 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
     if program is None:
         def body(a, at, count):
             import jax.numpy as jnp
-            from jax import lax
 
-            shape = list(a.shape)
-            shape[dim] = physical_out
-            i = lax.broadcasted_iota("int32", tuple(shape), dim)
-            index = jnp.clip(jnp.arange(physical_out, dtype=jnp.int32) - at, 0, a.shape[dim] - 1)
-            return jnp.where((i >= at) & (i < at + count), jnp.take(a, index, axis=dim), jnp.zeros((), a.dtype))
+            return _placed(a, dim, physical_out, at, count, jnp.zeros((), a.dtype))
 
         if len(_placing_programs) > 512:
             _placing_programs.clear()
@@ -854,14 +861,9 @@ def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
     program = _growing_programs.get(key)
     if program is None:
         def body(a, count, v):
-            import jax.numpy as jnp
             from jax import lax
 
-            shape = list(a.shape)
-            shape[dim] = physical_out
-            i = lax.broadcasted_iota("int32", tuple(shape), dim)
-            index = jnp.clip(jnp.arange(physical_out, dtype=jnp.int32), 0, a.shape[dim] - 1)
-            return jnp.where(i < count, jnp.take(a, index, axis=dim), lax.convert_element_type(v, a.dtype))
+            return _placed(a, dim, physical_out, 0, count, lax.convert_element_type(v, a.dtype))
 
         if len(_growing_programs) > 512:
             _growing_programs.clear()
