@@ -301,6 +301,116 @@ def test_aliasing_outputs_meet_aot_autograds_view_replay_as_aot_eager_on_cpu_doe
     assert outcome("jax", "jax") == outcome("cpu", "aot_eager")
 
 
+def _strided_of_a_made_views_chunk(x):
+    """Fuzz seed 6000217: the chunk holds one element of the arange; the
+    as_strided reads two of its storage."""
+    c = torch.arange(0.0, 1, 0.5, device=x.device).chunk(2, 0)[0].as_strided((1, 2), (2, 1), 0)
+    return c, c * 2 + x.sum()
+
+
+def _strided_of_an_inputs_slice(x):
+    c = x[1:].as_strided((2, 2), (1, 2), 1)
+    return c, (c * 3).sum(0)
+
+
+def _strided_past_a_slice(x):
+    return x[1:3].as_strided((3,), (1,), 4) * 2
+
+
+def _strided_of_a_column_major_value(x):
+    c = (x.t() * 1)[1].as_strided((2, 2), (1, 2), 1)  # x.t() * 1 keeps x.t()'s strides
+    return c * 1, c.sum()
+
+
+def _strided_write_into_a_value(x):
+    y = x * 1
+    y.as_strided((2,), (2,), 3).mul_(10)
+    return y * 1
+
+
+_STRIDED = {
+    "made_views_chunk": (_strided_of_a_made_views_chunk, lambda: torch.arange(4.0)),
+    "inputs_slice": (_strided_of_an_inputs_slice, lambda: torch.arange(8.0)),
+    "past_a_slice": (_strided_past_a_slice, lambda: torch.arange(8.0)),
+    "column_major_value": (_strided_of_a_column_major_value, lambda: torch.arange(12.0).reshape(4, 3)),
+    "write_into_a_value": (_strided_write_into_a_value, lambda: torch.arange(8.0)),
+}
+
+
+def _graph_form_failures(fn):
+    """``fn()``'s result and the graph-form failures it warned of."""
+    _graph_runtime._warned.discard("lowering-failed:aten::as_strided")
+    _graph_runtime._warned.discard("lowering-failed:aten::as_strided_scatter")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [str(w.message) for w in caught if "failed in graph form" in str(w.message)]
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("name", sorted(_STRIDED))
+def test_as_strided_of_a_view_in_a_graph_reads_the_storage_as_eager_cpu_does(name, requires_grad):
+    """Fuzz finding 17: ``as_strided`` takes its offset and strides in the
+    storage its input shares with its base, and a graph laid out the input's
+    own elements (the chunk's one element: ``[[0, 0]]`` where CPU reads
+    ``[[0, 0.5]]``), computed on or returned, with or without a gradient.
+    The graph reads the base's storage (an input's storage array, or a
+    value's traced layout), as one jax.jit; gradients as CPU's."""
+    fn, make = _STRIDED[name]
+    x_cpu = make().requires_grad_(requires_grad)
+    x_dev = make().to("jax").requires_grad_(requires_grad)
+    want = fn(x_cpu)
+    torch._dynamo.reset()
+    got, failures = _graph_form_failures(lambda: torch.compile(fn, backend="jax")(x_dev))
+    want, got = [w for w in (want if isinstance(want, tuple) else (want,))], \
+        [g for g in (got if isinstance(got, tuple) else (got,))]
+    assert failures == []
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g.detach().cpu(), w.detach())
+    if requires_grad:
+        torch.stack([w.sum() for w in want]).sum().backward()
+        torch.stack([g.sum() for g in got]).sum().backward()
+        torch.testing.assert_close(x_dev.grad.cpu(), x_cpu.grad)
+
+
+def test_as_strided_of_an_input_view_reads_and_writes_its_bases_storage():
+    """Fuzz finding 17, an input that is itself a view (offset 2 in a
+    10-element storage): a read at storage offset 1 reaches before the
+    input's first element, and functionalization's ``as_strided_scatter``
+    of a write through ``as_strided`` has storage positions, not the
+    input's indices."""
+    def read(x):
+        return x.as_strided((2, 2), (1, 2), 1) * 2
+
+    def write(x):
+        x.as_strided((2,), (2,), 3).mul_(10)
+        return x * 1
+
+    for fn in (read, write):
+        base_cpu, base_dev = torch.arange(10.0), torch.arange(10.0).to("jax")
+        want = fn(base_cpu[2:8])
+        torch._dynamo.reset()
+        got, failures = _graph_form_failures(lambda: torch.compile(fn, backend="jax")(base_dev[2:8]))
+        assert failures == [], fn.__name__
+        torch.testing.assert_close(got.cpu(), want)
+        torch.testing.assert_close(base_dev.cpu(), base_cpu)
+
+
+def test_as_strided_through_a_dtype_view_in_a_graph_runs_op_by_op_with_cpus_values():
+    """An as_strided whose storage a graph does not lay out (through a
+    ``view(torch.int32)`` of a float value) is refused in graph form, with a
+    warning, not computed from the wrong elements: the graph runs op by op,
+    where the device reads the storage."""
+    def fn(x):
+        return (x * 1).view(torch.int32)[1:].as_strided((2,), (1,), 0) * 1
+
+    want = fn(torch.arange(8.0))
+    torch._dynamo.reset()
+    got, failures = _graph_form_failures(lambda: torch.compile(fn, backend="jax")(torch.arange(8.0).to("jax")))
+    assert len(failures) == 1 and "as_strided of a torch.int32 view of a torch.float32 tensor" in failures[0]
+    torch.testing.assert_close(got.cpu(), want)
+
+
 def test_normal_of_a_compiled_functions_input_is_one_program_as_eager_draws_it():
     """Fuzz finding 9: ``x.normal_()`` of a compiled function's input put
     ``aten::normal_functional`` in the graph, which had no lowering (the

@@ -580,7 +580,11 @@ class CompiledGraph:
                 kd, counter = rng
                 rng_key = _door.draw_key(kd, counter)
             rows: list | None = [] if checking else None
-            outs, mutations = program.run(inputs, rng_key, ctx, rows)
+            # The storage each input tensor lives in (a view's is its base's):
+            # what an as_strided of it reads.
+            storages = [arrays[w[0]] if w is not None and (type(spec) is int or spec[0] == "v") else None
+                        for spec, w in zip(layout, where)]
+            outs, mutations = program.run(inputs, rng_key, ctx, rows, storages)
             new: dict[int, Any] = {}
             for ph, value in mutations:
                 slot, static, off = where[ph]

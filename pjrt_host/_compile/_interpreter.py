@@ -53,7 +53,7 @@ class _InplaceName:
 
 
 class _Step(NamedTuple):
-    kind: str  # input | lowering | graph | symbolic | noop | getitem | python | constant | output
+    kind: str  # input | lowering | strided | graph | symbolic | noop | getitem | python | constant | output
     node: torch.fx.Node
     fn: Any = None  # the Lowering, GraphOp or callable
     random: int = -1  # index of the random op (its key is fold_in(key, random))
@@ -200,6 +200,10 @@ class Program:
             if writes:
                 self.unsupported.setdefault(name, "it writes to an argument")
                 return None
+            if short in _STRIDED_READS:
+                return _Step("strided", node, _storage_root(node, placeholders), meta=self._result_dtypes(node))
+            if short in _STRIDED_WRITES:
+                return _Step("strided_scatter", node, meta=self._result_dtypes(node))
             return _Step("lowering", node, lowering, self._next_random(lowering.needs_rng),
                          meta=self._result_dtypes(node), checks=self._checks(node, name))
         if isinstance(target, torch._ops.HigherOrderOperator):
@@ -254,11 +258,15 @@ class Program:
     # ------------------------------------------------------------ running
 
     def run(self, inputs: list[Any], key: Any, ctx: LoweringContext,
-            checks: list | None = None) -> tuple[list[Any], list[tuple[int, Any]]]:
+            checks: list | None = None, storages: list | None = None) -> tuple[list[Any], list[tuple[int, Any]]]:
         """Evaluate the graph on jax values (traceable).  Returns (outputs,
         [(placeholder, new value)] for each write into an input, in order).
         With a list ``checks``, appends ``(site number, size, row)`` for each
-        check of :attr:`sites` (``row``: see :func:`index_row`)."""
+        check of :attr:`sites` (``row``: see :func:`index_row`).
+        ``storages``, per placeholder, the array of the whole storage its
+        tensor lives in (None where there is none): what an ``as_strided``
+        of an input reads (its storage offset and strides are the
+        storage's, not the input's own elements)."""
         env: dict[torch.fx.Node, Any] = {}
         mutations: list[tuple[int, Any]] = []
         bindings: dict[Any, int] = {}
@@ -284,6 +292,10 @@ class Program:
                     result = env[node] = invoke(step.fn, args, kwargs, c, step.meta, shape)
                     if step.index >= 0:
                         mutations.append((step.index, result))
+                elif kind == "strided":
+                    env[node] = _strided_read(node, step.fn, env, bindings, storages)
+                elif kind == "strided_scatter":
+                    env[node] = _strided_scatter(node, env, bindings)
                 elif kind == "graph":
                     args, kwargs = value(node.args), value(node.kwargs)
                     if checks is not None and step.checks:
@@ -411,3 +423,143 @@ def _concrete(d: Any, bindings: dict) -> int:
         return int(value)
     except TypeError:
         raise TypeError(f"the size {expr} is not determined by the inputs' sizes") from None
+
+
+# ------------------------------------------------ as_strided reads the storage
+
+#: Ops that read a strided window of their input's *storage* (their offset
+#: and strides are the storage's, not the input's own elements).
+_STRIDED_READS = frozenset({"aten::as_strided", "aten::as_strided_copy"})
+#: ... and the functional write through such a window (functionalization's
+#: ``as_strided_scatter`` of a view's base).
+_STRIDED_WRITES = frozenset({"aten::as_strided_scatter"})
+
+
+class _Root(NamedTuple):
+    """The tensor an ``as_strided``'s input is a view of (through the graph's
+    view ops): a placeholder (``placeholder``: its position) or an op's
+    result (``placeholder`` -1), whose storage the ``as_strided`` reads."""
+
+    node: torch.fx.Node
+    placeholder: int
+
+
+def _is_view(node: Any) -> bool:
+    """Whether ``node`` is a view of its first argument (its schema says its
+    result aliases that argument without writing it: ``slice``, ``t``,
+    ``split``, ``as_strided`` ...), or an element of such a view's list."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return False
+    target = node.target
+    if target is operator.getitem:
+        return _is_view(node.args[0])
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    schema = target._schema
+    if not schema.returns or not schema.arguments:
+        return False
+    out, first = schema.returns[0].alias_info, schema.arguments[0].alias_info
+    return out is not None and not out.is_write and first is not None and not first.is_write
+
+
+def _storage_root(node: torch.fx.Node, placeholders: dict) -> _Root:
+    x = node.args[0]
+    while _is_view(x):
+        x = x.args[0].args[0] if x.target is operator.getitem else x.args[0]
+    return _Root(x, placeholders.get(x, -1))
+
+
+class StridedStorageError(NotImplementedError):
+    """An ``as_strided`` in a graph reads storage the graph does not hold
+    (the run then goes op by op, where the device reads the storage)."""
+
+
+def _ints(values: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def _geometry(node: torch.fx.Node, env: dict, first: int, bindings: dict) -> tuple:
+    """(size, stride, storage offset) of an ``as_strided`` (or its scatter,
+    ``first`` = 2): a missing offset is the input's own, as torch has it."""
+    def arg(i: int, name: str) -> Any:
+        a = node.args[i] if len(node.args) > i else node.kwargs.get(name)
+        return torch.fx.node.map_aggregate(a, lambda x: env[x] if isinstance(x, torch.fx.Node) else x)
+
+    size, stride, offset = arg(first, "size"), arg(first + 1, "stride"), arg(first + 2, "storage_offset")
+    if offset is None:
+        offset = _concrete(node.args[0].meta["val"].storage_offset(), bindings)
+    return _ints(size), _ints(stride), int(offset)
+
+
+def _positions(size: tuple, stride: tuple, offset: int) -> Any:
+    """The storage positions of a strided layout (numpy, shape ``size``)."""
+    import numpy as np
+
+    index = np.full(size, offset, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        index = index + np.arange(n, dtype=np.int64).reshape(shape) * s
+    return index
+
+
+def _elements_at(val: torch.Tensor, bindings: dict, positions: Any, what: str) -> Any:
+    """For each storage position, the index of the element of ``val`` (a
+    fake tensor: its traced layout) that lies there, in ``val``'s row-major
+    order (what its jax value holds); StridedStorageError for a position
+    no element of ``val`` covers."""
+    import numpy as np
+
+    size = tuple(_concrete(d, bindings) for d in val.shape)
+    stride = tuple(_concrete(d, bindings) for d in val.stride())
+    own = _positions(size, stride, _concrete(val.storage_offset(), bindings)).reshape(-1)
+    if positions.size == 0:
+        return positions
+    table = np.full(int(own.max()) + 1 if own.size else 0, -1, dtype=np.int64)
+    table[own] = np.arange(own.size, dtype=np.int64)
+    inside = (positions >= 0) & (positions < table.size)
+    found = np.where(inside, table[np.clip(positions, 0, max(table.size - 1, 0))] if table.size else -1, -1)
+    if (found < 0).any():
+        raise StridedStorageError(
+            f"{what} reads storage positions {sorted(set(positions[found < 0].tolist()))[:8]} that no element of the "
+            f"tensor it views covers in the graph (its layout: size {size}, stride {stride}, storage offset "
+            f"{val.storage_offset()})")
+    return found
+
+
+def _strided_read(node: torch.fx.Node, root: _Root, env: dict, bindings: dict, storages: list | None) -> Any:
+    """``as_strided(x, size, stride, offset)``: the elements at those storage
+    positions of the storage ``x`` shares with ``root`` (an input's storage
+    array as the caller holds it, or a value's traced layout): not ``x``'s
+    own elements, which are all of the storage only when ``x`` is not a view."""
+    jnp = jax.numpy
+    size, stride, offset = _geometry(node, env, 1, bindings)
+    positions = _positions(size, stride, offset)
+    val, root_val = node.args[0].meta.get("val"), root.node.meta.get("val")
+    if not isinstance(root_val, torch.Tensor) or not isinstance(val, torch.Tensor):
+        raise StridedStorageError(f"as_strided of {node.args[0]}: no traced tensor for {root.node}")
+    if root_val.dtype != val.dtype:
+        raise StridedStorageError(f"as_strided of a {val.dtype} view of a {root_val.dtype} tensor")
+    storage = None if storages is None or root.placeholder < 0 else storages[root.placeholder]
+    if storage is not None and storage.dtype == env[node.args[0]].dtype:
+        flat = storage.reshape(-1)
+        if positions.size and (positions.min() < 0 or positions.max() >= flat.shape[0]):
+            raise RuntimeError(
+                f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset} are out of bounds "
+                f"for storage of size {flat.shape[0]} elements")
+        return flat[jnp.asarray(positions)]
+    elements = _elements_at(root_val, bindings, positions, f"as_strided{(size, stride, offset)}")
+    return jnp.ravel(env[root.node])[jnp.asarray(elements)]
+
+
+def _strided_scatter(node: torch.fx.Node, env: dict, bindings: dict) -> Any:
+    """``as_strided_scatter(x, src, size, stride, offset)``: ``x`` with the
+    elements at those storage positions of its layout replaced by ``src``."""
+    jnp = jax.numpy
+    x, src = env[node.args[0]], env[node.args[1]]
+    size, stride, offset = _geometry(node, env, 2, bindings)
+    positions = _positions(size, stride, offset)
+    elements = _elements_at(node.args[0].meta["val"], bindings, positions,
+                            f"as_strided_scatter{(size, stride, offset)}")
+    flat = jnp.ravel(x).at[jnp.asarray(elements)].set(jnp.reshape(src, size).astype(x.dtype))
+    return flat.reshape(x.shape)
