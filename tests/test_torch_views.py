@@ -348,3 +348,59 @@ def test_a_compiled_write_through_an_unfold_view_of_the_input_as_on_cpu(dtype):
         out = torch.compile(f, backend="jax")(x) if dev == "jax" else f(x)
         seen[dev] = (x.cpu().tolist(), out.cpu().tolist(), out._base is x)
     assert seen["jax"] == seen["cpu"]
+
+
+class _Wrapped(torch.Tensor):
+    """The least tensor subclass with ``__torch_dispatch__`` (each op runs on
+    the wrapped CPU tensor): what autograd sees of any such subclass,
+    'jax' tensors included."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, strides=elem.stride(),
+                                                   storage_offset=elem.storage_offset(), dtype=elem.dtype,
+                                                   device=elem.device, requires_grad=elem.requires_grad)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+
+        def unwrap(a):
+            return a.elem if isinstance(a, _Wrapped) else a
+
+        def wrap(a):
+            return _Wrapped(a) if isinstance(a, torch.Tensor) and not isinstance(a, _Wrapped) else a
+
+        return tree_map(wrap, func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {})))
+
+
+def _backward_through_a_view_after_its_base_changed_rank(x):
+    y = torch.sin(x)
+    v = y.movedim(0, -1)
+    y.unsqueeze_(0)  # the base's metadata changes (its version too) while v is alive
+    v.sum().backward()
+    return x.grad
+
+
+def test_a_view_of_a_base_whose_rank_changed_in_place_is_replayed_by_torch_as_it_was_made():
+    """Fuzz finding 15 (docs/fuzzing.md), torch's and open: after
+    ``unsqueeze_`` of a view's base, autograd regenerates the view's
+    grad_fn from the base.  For a CPU tensor it takes ``as_strided`` of the
+    base (AsStridedBackward0); for any ``__torch_dispatch__`` subclass it
+    replays the view op as it was made (``permute`` with the old rank's
+    dims), which the base's new rank refuses.  The device raises exactly
+    what torch's own minimal subclass raises on CPU.  When torch stops
+    replaying (the subclass runs it), this fails: the device should then run
+    it as CPU does."""
+    want = _backward_through_a_view_after_its_base_changed_rank(torch.arange(6.0).reshape(2, 3).requires_grad_())
+    assert want is not None
+    with pytest.raises(RuntimeError, match="number of dimensions") as by_subclass:
+        _backward_through_a_view_after_its_base_changed_rank(
+            _Wrapped(torch.arange(6.0).reshape(2, 3)).requires_grad_())
+    with pytest.raises(RuntimeError, match="number of dimensions") as by_device:
+        _backward_through_a_view_after_its_base_changed_rank(
+            torch.arange(6.0).reshape(2, 3).to("jax").requires_grad_())
+    assert str(by_device.value).splitlines()[0] == str(by_subclass.value).splitlines()[0]
