@@ -111,30 +111,6 @@ class EmbeddedBlock(Block):
         return super().forward(self.emb(ids), target)
 
 
-def _in_a_fresh_process(test):
-    """Run ``test`` in a process of its own.  In CI's shared worker, after
-    other test files, the padded program of a gradient's ``add`` failed and
-    fell back per length (``fallbacks_by_reason``: "aten::add.Tensor: its
-    program failed"), which neither the file alone nor a fresh process
-    shows: an open defect of state left by earlier tests, not yet found.
-    What these tests assert holds for a user's fresh process."""
-    import functools
-    import os
-
-    @functools.wraps(test)
-    def run():
-        if os.environ.get("PJRT_HOST_TEST_CHILD") == test.__name__:
-            return test()
-        from conftest import run_python
-
-        proc = run_python(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", f"{__file__}::{test.__name__}"],
-                          env={"PJRT_HOST_TEST_CHILD": test.__name__}, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-
-    return run
-
-
-@_in_a_fresh_process
 def test_a_training_step_at_a_new_length_of_a_seen_bucket_compiles_no_program():
     # Autograd's mean backward divides an expand of the gradient (the
     # length's size) by the length (a new scalar): the expand is read wider,
@@ -173,7 +149,6 @@ class ShiftedBlock(EmbeddedBlock):
                 + (h[:, 1:] * 2).sum() / 100)
 
 
-@_in_a_fresh_process
 def test_slices_that_start_inside_a_padded_dim_run_padded():
     # target[:, 1:] and h[:, 1:] are read from the padded arrays at a
     # run-time start, the shifted targets padded as the logits' rows are
@@ -364,6 +339,28 @@ def test_mark_dynamic_pads_at_the_first_call():
         assert y._storage.padded is not None
         torch.testing.assert_close(y.cpu(), torch.softmax(x.cpu() * 3, -1))
     assert torch.jax.dynamic_shape_stats()["pads"] == 1
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_operands_padded_along_different_dims_run_padded(eager):
+    # A gradient padded along its batch as well as its length meets a
+    # tensor padded along the length only (in a long process, the batch dim
+    # of a backward's add became dynamic in other models): the second is
+    # padded along the batch too, in an elementwise op and in a contraction
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        x, y = torch.randn(3, 9, 5), torch.randn(3, 9, 5)
+        a, b = torch.randn(4, 5, 6), torch.randn(4, 6, 7)
+        dx, dy, da, db = (t.to("jax") for t in (x, y, a, b))
+        torch._dynamo.mark_dynamic(dx, 0)
+        torch._dynamo.mark_dynamic(dy, 1)
+        torch._dynamo.mark_dynamic(da, 1)
+        torch._dynamo.mark_dynamic(db, 1)
+        torch.testing.assert_close((dx * dy).sum(1).cpu(), (x * y).sum(1))
+        torch.testing.assert_close((dx + dy).cpu(), x + y)
+        torch.testing.assert_close(torch.bmm(da, db).cpu(), torch.bmm(a, b))
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
 
 
 def test_a_line_that_runs_layers_of_every_width_pads_no_width():

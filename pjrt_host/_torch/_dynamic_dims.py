@@ -350,12 +350,13 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
     elementwise = rule.fill is None and not rule.fills
     swaps: dict = {}
     for pos, t in tensors:
-        if id(t) in reads or _is_parameter(t):
+        own = reads.get(id(t))
+        if _is_parameter(t):
             continue
         keep = exact.get(pos) or ()
         targets = {}
         for d, n in enumerate(t.shape):
-            if n <= 1 or d in keep:
+            if n <= 1 or d in keep or (own is not None and own.psize[d] != n):
                 continue
             if elementwise:
                 back = t.dim() - d
@@ -372,7 +373,11 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
                 targets[d] = found.pop()
         if not targets:
             continue
-        r, replaced = _read_widened(t, targets)
+        # an exact tensor is read wider; a padded one whose other dims
+        # line up with padded ones (a gradient padded along the batch as
+        # well as the length, added to one padded along the length) is
+        # padded along them too
+        r, replaced = _read_widened(t, targets) if own is None else _read_repadded(t, targets)
         if r is None:
             return None
         reads[id(replaced)] = r
@@ -421,6 +426,24 @@ def _read_widened(t: JaxTensor, targets: dict) -> tuple:
     values = read_through(storage.get(), view.static, view.run_offset) if view is not None else storage.get()
     copy = make(Storage(_padding.pad_as(values, padded), tuple(t.shape), storage.jax_dtype, storage.device_index,
                         storage.place, padded), tuple(t.shape), t.dtype)
+    _padding.note("pads")
+    return read_of(copy), copy
+
+
+def _read_repadded(t: JaxTensor, targets: dict) -> tuple:
+    """A tensor over a padded storage read as padded along ``targets`` too
+    (dim -> components; dims exact in it): ``(PaddedRead, a padded copy)``,
+    ``(None, t)`` when its view is not a physical one."""
+    got = padded_values(t)
+    if got is None:
+        return None, t
+    arr, comps = got
+    shape = tuple(t.shape)
+    padded = comps if comps is not None else tuple(((n, n, False),) for n in shape)
+    wider = tuple(targets.get(d, padded[d]) for d in range(len(shape)))
+    storage = t._storage
+    copy = make(Storage(_padding.widen(arr, padded, wider), shape, storage.jax_dtype, storage.device_index,
+                        storage.place, wider), shape, t.dtype)
     _padding.note("pads")
     return read_of(copy), copy
 

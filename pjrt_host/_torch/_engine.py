@@ -307,8 +307,8 @@ class CompiledOp:
             dyn = _fused.resolve(dyn)
         try:
             result = entry.fn(*dyn)
-        except Exception:
-            return self._exact(args, kwargs, "its program failed")
+        except Exception as e:
+            return self._exact(args, kwargs, f"its program failed ({type(e).__name__})")
         single = plan.container == "single"
         results = (result,) if single else result
         made = []

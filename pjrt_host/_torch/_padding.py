@@ -207,6 +207,34 @@ def pad_as(arr: Any, padded: tuple) -> Any:
     return fn(arr)
 
 
+_widen_programs: dict[tuple, Any] = {}
+
+
+def widen(arr: Any, padded: tuple, wider: tuple) -> Any:
+    """``arr``, laid out as ``padded``, laid out as ``wider``: the same
+    components, and dims exact in ``padded`` padded as ``wider`` has them
+    (zeros).  Its program depends on the physical shapes and the new
+    dims' components only, not on the padded dims' logical sizes."""
+    key = (tuple(arr.shape), padded, tuple(w if p != w else None for p, w in zip(padded, wider)))
+    fn = _widen_programs.get(key)
+    if fn is None:
+        split, widths = [], []
+        for p, w in zip(padded, wider):
+            comps = w if p != w else p
+            for c in comps:
+                split.append(c[1] if p != w else c[0])
+                widths.append((0, c[0] - c[1]) if p != w else (0, 0))
+        split, widths, physical = tuple(split), tuple(widths), physical_shape(wider)
+
+        def body(a):
+            import jax.numpy as jnp
+
+            return jnp.pad(a.reshape(split), widths).reshape(physical)
+
+        fn = _widen_programs[key] = _program_cache.Kept("pjrt_host.widen", body, (split, widths, physical))
+    return fn(arr)
+
+
 def pad_storage(storage: Any, dims: set, odd: bool = False, padding: tuple | None = None) -> bool:
     """Pad ``storage`` (a ``_tensor.Storage``) along ``dims`` to their
     buckets (or as ``padding``, one dim's components): one on one device,
