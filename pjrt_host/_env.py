@@ -135,12 +135,12 @@ def probe_timeout() -> float:
 
 
 def eager_mode() -> str:
-    """``PJRT_HOST_EAGER``: ``op`` (each eager op compiled and run as it
-    comes, the default), ``fused`` (ops recorded and run in segments, one
-    program each) or ``sync`` (op by op, each op waited for and its index and
+    """``PJRT_HOST_EAGER``: ``fused`` (ops recorded and run in segments, one
+    program each: the default), ``op`` (each eager op compiled and run as it
+    comes) or ``sync`` (op by op, each op waited for and its index and
     value checks raised at the op: a debugging mode, as
     ``CUDA_LAUNCH_BLOCKING=1``); docs/torch-device.md."""
-    value = (text("PJRT_HOST_EAGER") or "op").lower()
+    value = (text("PJRT_HOST_EAGER") or "fused").lower()
     if value not in ("op", "fused", "sync"):
         raise EnvironmentSettingError(f"PJRT_HOST_EAGER={value!r}: expected 'op' (each op compiled and run as it "
                                       "comes), 'fused' (ops recorded and run in segments) or 'sync' (each op "

@@ -490,15 +490,14 @@ def _passes_padded(args: list[str], extra_env: dict | None = None) -> str:
 
 
 def test_a_sample_of_the_suite_passes_with_every_dim_padded():
-    # views and in-place writes over padded storages, training, CPU parity
-    _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_torch_training.py"])
+    # fused eager (the default) records padded ops: views and in-place
+    # writes over padded storages, and the fused tests (they train models)
+    _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_fused_eager.py"])
 
 
-def test_a_sample_of_the_suite_passes_fused_with_every_dim_padded():
-    # fused eager records padded ops: views and writes over padded storages,
-    # and the fused tests (they train models too; the training file runs op
-    # by op above)
-    _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_fused_eager.py"], {"PJRT_HOST_EAGER": "fused"})
+def test_a_sample_of_the_suite_passes_op_by_op_with_every_dim_padded():
+    # views and writes over padded storages, training, CPU parity, op by op
+    _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_torch_training.py"], {"PJRT_HOST_EAGER": "op"})
 
 
 def test_an_opinfo_sample_passes_with_every_dim_padded():

@@ -1,15 +1,15 @@
 """The eager modes (``pjrt_host.config(eager=...)``, ``PJRT_HOST_EAGER``):
-``op`` (each op compiled and run as it comes, the default), ``fused`` (ops
-recorded into segments) and ``sync`` (op by op, every op a synchronisation
-point: its work waited for and its index / value checks raised at the op, as
-``CUDA_LAUNCH_BLOCKING=1``).
+``fused`` (ops recorded into segments, the default), ``op`` (each op
+compiled and run as it comes) and ``sync`` (op by op, every op a
+synchronisation point: its work waited for and its index / value checks
+raised at the op, as ``CUDA_LAUNCH_BLOCKING=1``).
 
 Every mode gives the same values and, for a seed, the same random numbers;
 what differs is where a value-dependent error surfaces: at the op in sync
 mode, at the next synchronisation point in the others.  The mode is a
 setting of the thread's configuration stack.  The last tests run samples
 of the suite's own files, and of OpInfo, with each non-default mode as the
-default (a full OpInfo float32 run in fused mode is marked slow)."""
+default (a full OpInfo float32 run op by op is marked slow)."""
 
 from __future__ import annotations
 
@@ -197,13 +197,26 @@ def _opinfo_ids(names: list[str]) -> list[str]:
     return [f"tests/test_opinfo.py::test_opinfo[{name}-float32]" for name in names]
 
 
-def test_an_opinfo_sample_passes_in_fused_mode():
-    tail = _passes(_opinfo_ids(OPINFO_SAMPLE), "fused", {"PJRT_HOST_OPINFO_DTYPES": "float32"})
+def test_an_opinfo_sample_passes_op_by_op():
+    tail = _passes(_opinfo_ids(OPINFO_SAMPLE), "op", {"PJRT_HOST_OPINFO_DTYPES": "float32"})
     assert "OpInfo on jax:" in tail
 
 
+# Training, views and in-place writes op by op (the suite runs fused, the
+# default); more files with --slow.
+OP_SAMPLE = ["tests/test_torch_training.py", "tests/test_torch_views.py"]
+OP_SLOW_SAMPLE = ["tests/test_torch_random.py", "tests/test_torch_amp.py", "tests/test_torch_habits.py",
+                  "tests/test_bad_inputs.py", "tests/test_fused_optimizers.py"]
+
+
+@pytest.mark.parametrize("files", [OP_SAMPLE, pytest.param(OP_SLOW_SAMPLE, marks=pytest.mark.slow)],
+                         ids=["default", "slow"])
+def test_a_sample_of_the_suite_passes_op_by_op(files):
+    _passes(["-x", *files], "op")
+
+
 @pytest.mark.slow
-def test_opinfo_float32_passes_in_fused_mode():
-    """Every float32 OpInfo case in fused mode (about 30 minutes on two shared cores)."""
-    tail = _passes(["tests/test_opinfo.py"], "fused", {"PJRT_HOST_OPINFO_DTYPES": "float32"}, timeout=3600)
+def test_opinfo_float32_passes_op_by_op():
+    """Every float32 OpInfo case op by op (about 30 minutes on two shared cores)."""
+    tail = _passes(["tests/test_opinfo.py"], "op", {"PJRT_HOST_OPINFO_DTYPES": "float32"}, timeout=3600)
     assert "OpInfo on jax:" in tail

@@ -262,25 +262,6 @@ def test_an_unknown_mode_names_the_valid_ones():
     assert proc.returncode != 0 and "PJRT_HOST_EAGER='lazy'" in proc.stderr
 
 
-# The suite's own files, with fused eager the default (op by op is the
-# suite's default; both modes are proven): training and views in the
-# default run (fused eager's random numbers are proven equal to op by op's
-# above), the rest of the sample with --slow.
-SAMPLE = ["tests/test_torch_training.py", "tests/test_torch_views.py"]
-SLOW_SAMPLE = ["tests/test_torch_random.py", "tests/test_torch_amp.py", "tests/test_torch_habits.py",
-               "tests/test_bad_inputs.py"]
-
-
-@pytest.mark.parametrize("files", [SAMPLE, pytest.param(SLOW_SAMPLE, marks=pytest.mark.slow)],
-                         ids=["default", "slow"])
-def test_a_sample_of_the_suite_passes_with_fused_eager(files):
-    proc = run_python(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
-                      env={"PJRT_HOST_EAGER": "fused"}, timeout=1200)
-    tail = proc.stdout[-3000:]
-    assert proc.returncode == 0, tail
-    assert " passed" in tail and "failed" not in tail, tail
-
-
 def test_segments_line_up_with_a_repeated_block():
     """No value is read between the blocks, yet each block after the first
     ones is a segment of its own, all running one program."""

@@ -45,13 +45,13 @@ class Config:
     #: unchecked.  ``config(check_indices=...)``, its first name (it always
     #: switched the value checks too), is accepted as an alias.
     checks: bool | str = True
-    #: How eager ops run: "op" compiles and runs each op as it comes; "fused"
-    #: records them and runs each segment of ops as one program when a value
-    #: is needed (``_fused``); "sync" runs op by op and makes every op a
+    #: How eager ops run: "fused" records them and runs each segment of ops
+    #: as one program when a value is needed (``_fused``); "op" compiles and
+    #: runs each op as it comes; "sync" runs op by op and makes every op a
     #: synchronisation point (debugging, as CUDA_LAUNCH_BLOCKING=1): the op's
     #: work is waited for, and its index and value checks raise at the op
     #: (checks=True acts as "sync"; False still turns them off).
-    #: Default: ``PJRT_HOST_EAGER``, else "op".
+    #: Default: ``PJRT_HOST_EAGER``, else "fused".
     eager: str = dataclasses.field(default_factory=lambda: _eager_default())
     #: The selected plugin's vendor kernels (``DevicePlugin.kernels``) run
     #: instead of the host's lowerings of their ops: True (the default, as
