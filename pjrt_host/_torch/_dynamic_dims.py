@@ -710,7 +710,10 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
     total = sum(p[2] for p in parts)
     # each part's shape as the join reads it (a recorded view: its size, of the storage's array)
     shapes = [tuple(t.shape) if p[3] is not None else tuple(p[0].shape) for p, t in zip(parts, tensors)]
-    physical_out = max(_padding.bucket(total), max(shape[dim] for shape in shapes))
+    # room for one more: a cache that grows by a token a step never lands
+    # on its bucket's size, which would run exact (a program set of its
+    # own at every bucket's end)
+    physical_out = max(_padding.bucket(total + 1), max(shape[dim] for shape in shapes))
     views = tuple(p[3] for p in parts)
     key = (tuple(tuple(p[0].shape) for p in parts), str(parts[0][0].dtype), dim, physical_out, views)
     found = _join_programs.get(key)
