@@ -321,11 +321,14 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
     it) is read padded too: an expanded dim through a wider expand, others
     from a padded copy.  None when the call cannot run padded: a view that
     is not a physical one, a rule's exact dim padded, dims of the same sizes
-    padded in two ways."""
+    padded in two ways, a size that is a padded dim's and an exact one's
+    outside an elementwise op (which of them a dim lines up with, its size
+    does not say)."""
     tensors = _tensor_args(args, kwargs, lists=True)
     exact = rule.exact(args, kwargs) if rule.exact is not None else {}
     reads: dict = {}
     dims: dict = {}
+    exact_sizes: set = set()  # sizes of dims exact in padded tensors
     for pos, t in tensors:
         if t._storage.padded is None:
             wide = t.__dict__.get(_WIDE)
@@ -346,12 +349,17 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
                 return None
             if dims.setdefault((p, n), c) != c:
                 return None
+        exact_sizes.update(n for p, n in zip(r.psize, t.shape) if p == n and n > 1)
         reads[id(t)] = r
     elementwise = rule.fill is None and not rule.fills
     swaps: dict = {}
     for pos, t in tensors:
         own = reads.get(id(t))
-        if _is_parameter(t):
+        if _is_parameter(t) or (own is not None and not elementwise):
+            # a padded tensor is padded along more dims only where
+            # broadcasting lines them up; by size alone (a head dim as long
+            # as the key/value length) it would take a padding that is not
+            # its own
             continue
         keep = exact.get(pos) or ()
         targets = {}
@@ -367,6 +375,11 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
                 found = {reads[id(u)].comps[u.dim() - back] for u in aligned}
             else:
                 found = {c for (p, size), c in dims.items() if size == n}
+                if found and n in exact_sizes:
+                    # the size is a padded dim's and an exact one's (a head
+                    # dim as long as the key/value length): which one this
+                    # dim lines up with, the size does not say
+                    return None
             if len(found) > 1:
                 return None
             if found:
@@ -374,9 +387,9 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
         if not targets:
             continue
         # an exact tensor is read wider; a padded one whose other dims
-        # line up with padded ones (a gradient padded along the batch as
-        # well as the length, added to one padded along the length) is
-        # padded along them too
+        # line up with padded ones in an elementwise op (a gradient padded
+        # along the batch as well as the length, added to one padded along
+        # the length) is padded along them too
         r, replaced = _read_widened(t, targets) if own is None else _read_repadded(t, targets)
         if r is None:
             return None
