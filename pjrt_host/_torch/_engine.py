@@ -208,9 +208,9 @@ class CompiledOp:
                 fused = self._record(entry, dyn, args, out_targets, index, place)
                 if fused is not None:
                     return fused
-            dyn = _fused.resolve(dyn)
+            dyn = self._resolved(dyn, place)
         elif open_segments:
-            dyn = _fused.resolve(dyn)
+            dyn = self._resolved(dyn, place)
         try:
             result = self._run(entry, key, dyn, written, args, kwargs, out_targets, given, rewind)
         except Exception:
@@ -304,7 +304,7 @@ class CompiledOp:
                 self._note_padded_call(args, kwargs, reads)
                 return recorded
         if open_segments:
-            dyn = _fused.resolve(dyn)
+            dyn = self._resolved(dyn, place)
         try:
             result = entry.fn(*dyn)
         except Exception as e:
@@ -364,6 +364,16 @@ class CompiledOp:
                 return _EXACT
             results.append((shape, pshape, padded))
         return _fused.record(entry.fusable, dyn, entry.plan, place, place, padded=results)
+
+    @staticmethod
+    def _resolved(dyn: list, place: Any) -> list:
+        """``dyn`` with its pending values computed, on ``place``: a value
+        that was pending when a mesh took the call's operands comes out of
+        its segment on one device, and moves onto the mesh now."""
+        resolved = _fused.resolve(dyn)
+        if resolved is not dyn and type(place) is not int:
+            resolved = _sharding.onto_mesh(list(resolved), place)
+        return resolved
 
     def _exact(self, args: tuple, kwargs: dict, why: str) -> Any:
         """The padded route gives up (``why``, counted): the call's padded

@@ -152,10 +152,18 @@ def unify(devs: list, dyn: list) -> MeshPlacement | None:
     place = next((d for d in devs if type(d) is MeshPlacement), None)
     if place is None:
         return None
+    onto_mesh(dyn, place)
+    return place
+
+
+def onto_mesh(dyn: list, place: MeshPlacement) -> list:
+    """``dyn`` (in place) with every jax array that is not on ``place`` moved
+    onto it: also what a fused segment computed for a value that was pending
+    when :func:`unify` looked (it runs on one device)."""
     for i, v in enumerate(dyn):
         if isinstance(v, jax.Array) and _assignment(v.sharding) != place.ids:
             dyn[i] = _onto(v, place)
-    return place
+    return dyn
 
 
 def settle(result: Any, previous: Any) -> Any:
