@@ -85,8 +85,10 @@ def _run_lengths(lengths, check=True):
 
 
 def test_a_new_length_in_a_seen_bucket_compiles_nothing():
+    # op by op (fused eager, the default, has its twin below: run first in
+    # the same mode, it would leave the twin nothing to compile)
     _padding.reset()
-    with pjrt_host.config(dynamic_shapes=True):
+    with pjrt_host.config(dynamic_shapes=True, eager="op"):
         compiled = _run_lengths([20, 23, 27, 29, 21, 30])
     stats = torch.jax.dynamic_shape_stats()
     # the first two lengths compile exact programs, the third the bucket's;
@@ -271,8 +273,9 @@ def test_fused_eager_records_padded_ops_and_reuses_the_buckets_segments():
     assert stats["fallbacks"] == 0 and stats["cuts"] == 0, stats
     assert stats["padded_calls"] > 50
     assert after["ops"] - before["ops"] > 150
-    # (the 1st length's count is lower in a process that ran other models)
-    assert all(c <= 4 for c in compiled[4:]) and compiled[3] < compiled[0], compiled
+    # (the 1st length's count is lower in a process that ran other models,
+    # and 0 where they left every segment's program)
+    assert all(c <= 4 for c in compiled[4:]) and (compiled[3] < compiled[0] or not any(compiled)), compiled
 
 
 def test_off_every_length_compiles_its_own_programs():
