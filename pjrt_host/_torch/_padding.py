@@ -215,23 +215,25 @@ def widen(arr: Any, padded: tuple, wider: tuple) -> Any:
     components, and dims exact in ``padded`` padded as ``wider`` has them
     (zeros).  Its program depends on the physical shapes and the new
     dims' components only, not on the padded dims' logical sizes."""
-    key = (tuple(arr.shape), padded, tuple(w if p != w else None for p, w in zip(padded, wider)))
+    split, widths = [], []
+    for p, w in zip(padded, wider):
+        for c in (w if p != w else p):
+            split.append(c[1] if p != w else c[0])
+            widths.append((0, c[0] - c[1]) if p != w else (0, 0))
+    # keyed by what the program does, not by the padded dims' logical sizes
+    key = (tuple(arr.shape), tuple(split), tuple(widths), physical_shape(wider))
     fn = _widen_programs.get(key)
     if fn is None:
-        split, widths = [], []
-        for p, w in zip(padded, wider):
-            comps = w if p != w else p
-            for c in comps:
-                split.append(c[1] if p != w else c[0])
-                widths.append((0, c[0] - c[1]) if p != w else (0, 0))
-        split, widths, physical = tuple(split), tuple(widths), physical_shape(wider)
+        _, split, widths, physical = key
 
         def body(a):
             import jax.numpy as jnp
 
             return jnp.pad(a.reshape(split), widths).reshape(physical)
 
-        fn = _widen_programs[key] = _program_cache.Kept("pjrt_host.widen", body, (split, widths, physical))
+        if len(_widen_programs) > 512:
+            _widen_programs.clear()
+        fn = _widen_programs[key] = _program_cache.Kept("pjrt_host.widen", body, key[1:])
     return fn(arr)
 
 
