@@ -103,6 +103,18 @@ def test_a_new_length_in_a_seen_bucket_compiles_nothing():
     assert "3x32x16" in stats["calls_by_bucket"] or "96x16" in stats["calls_by_bucket"], stats["calls_by_bucket"]
 
 
+def test_a_length_equal_to_its_bucket_runs_padded():
+    # a dynamic dim is padded strictly past its length: 32 goes to the
+    # bucket of 48 (which 33 opened), not to an exact storage of 32 -- that
+    # ran a program set of its own at every bucket's end
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True, eager="op"):
+        compiled = _run_lengths([20, 23, 27, 33, 40, 45, 32])
+    assert compiled[-1] == 0, compiled
+    assert torch.jax.dynamic_shape_stats()["fallbacks"] == 0
+    assert _padding.room(32) == 48 and _padding.room(31) == 32 and _padding.room(1) == 1
+
+
 class EmbeddedBlock(Block):
     """The block over an embedding of token ids: the index checks of the
     embedding and of the loss's targets read their indices padded too."""
@@ -435,8 +447,8 @@ def test_a_cache_growing_by_one_runs_one_program_per_bucket(eager):
             torch.testing.assert_close(got[1], k)
         assert dk._storage.padded is not None and len(joined) > 30, joined
     # lengths 6 .. 45: within the buckets of 32 and 48 no step compiles;
-    # the entry into 48 compiles in two steps (the join at 32 has room for
-    # 33: a length equal to its bucket would run exact, a third step)
+    # the entry into 48 compiles in two steps (the join at 32 pads to 48:
+    # a length equal to its bucket would run exact, a third step)
     assert sum(compiled[28:]) <= 3, compiled
     assert sum(1 for c in compiled[20:] if c) <= 2, compiled
 

@@ -565,7 +565,7 @@ def _mark_expanded(t: JaxTensor, dims: set, odd: bool = False) -> bool:
     if any(stride[d] != 0 for d in dims):
         return False
     shape = t.shape
-    wide = {d: ((_padding.bucket(shape[d], odd), shape[d], True),) for d in dims}
+    wide = {d: ((_padding.room(shape[d], odd), shape[d], True),) for d in dims}
     if all(c[0][0] == c[0][1] for c in wide.values()):
         return False
     t.__dict__[_WIDE] = {d: c for d, c in wide.items() if c[0][0] != c[0][1]}
@@ -723,10 +723,7 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
     total = sum(p[2] for p in parts)
     # each part's shape as the join reads it (a recorded view: its size, of the storage's array)
     shapes = [tuple(t.shape) if p[3] is not None else tuple(p[0].shape) for p, t in zip(parts, tensors)]
-    # room for one more: a cache that grows by a token a step never lands
-    # on its bucket's size, which would run exact (a program set of its
-    # own at every bucket's end)
-    physical_out = max(_padding.bucket(total + 1), max(shape[dim] for shape in shapes))
+    physical_out = max(_padding.room(total), max(shape[dim] for shape in shapes))
     views = tuple(p[3] for p in parts)
     key = (tuple(tuple(p[0].shape) for p in parts), str(parts[0][0].dtype), dim, physical_out, views)
     found = _join_programs.get(key)
@@ -825,7 +822,7 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
     if length == 0 or start + length > n:
         return None
     # the bucket the input was padded to (odd ones in the test mode "all")
-    physical_out = max(_padding.bucket(n, _config.current().dynamic_shapes == "all"), arr.shape[dim])
+    physical_out = max(_padding.room(n, _config.current().dynamic_shapes == "all"), arr.shape[dim])
     key = (tuple(arr.shape), str(arr.dtype), dim, physical_out)
     program = _placing_programs.get(key)
     if program is None:
@@ -889,7 +886,7 @@ def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
     # the same bucket while the new length fits it, so that the padded
     # labels line up with the rows they label
     physical_out = arr.shape[dim] if total <= arr.shape[dim] else \
-        _padding.bucket(total, _config.current().dynamic_shapes == "all")
+        _padding.room(total, _config.current().dynamic_shapes == "all")
     if x.dtype == torch.bool:
         value = bool(value)
     elif not (x.dtype.is_floating_point or x.dtype.is_complex):

@@ -82,6 +82,18 @@ def bucket(n: int, odd: bool = False) -> int:
     return b
 
 
+def room(n: int, odd: bool = False) -> int:
+    """The bucket an eager storage's dynamic dim of logical size ``n`` is
+    padded to: the smallest strictly above ``n``.  A storage whose size is
+    its bucket's would hold no padding, and an unpadded storage is an exact
+    one (``Storage.padded`` is None): a length landing on its bucket's end
+    (32 of 32) would run exact and compile a program set of its own at the
+    end of every bucket -- a cache growing by a token a step, a mask built
+    from its length.  (Compiled graphs key their programs by :func:`bucket`
+    of a symbolic size, where a full bucket is no other program.)"""
+    return bucket(n + 1, odd) if n > 1 else n
+
+
 def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:
     """Inside a trace: ``arr`` with every element outside the logical box
     (``masks`` per dim, with the run-time ``sizes`` in order) set to
@@ -244,7 +256,7 @@ def pad_storage(storage: Any, dims: set, odd: bool = False, padding: tuple | Non
     if storage.padded is not None or type(storage.place) is not int or storage._array is None or storage.numel == 0:
         return False
     shape = storage.shape
-    return pad_storage_as(storage, tuple((padding if padding is not None else ((bucket(n, odd), n, True),))
+    return pad_storage_as(storage, tuple((padding if padding is not None else ((room(n, odd), n, True),))
                                          if d in dims else ((n, n, False),) for d, n in enumerate(shape)))
 
 
