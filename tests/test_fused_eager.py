@@ -86,6 +86,25 @@ def test_a_repeated_segment_reuses_its_program():
     assert after["programs"] == before["programs"], "the same segment compiled again"
 
 
+def test_an_op_of_ever_new_shapes_keeps_the_signatures_it_uses(monkeypatch):
+    # a full op cache forgets its least used half, not every entry: the
+    # shape used all along stays built (and fused eager's scripts, which
+    # know ops by identity, keep matching it)
+    from pjrt_host._torch import _dispatch, _engine
+
+    monkeypatch.setattr(_engine, "CACHE_ENTRIES", 8)
+    with pjrt_host.config(dynamic_shapes=False, eager="op"):
+        hot = torch.ones(3, 5, device="jax")
+        hot.neg()
+        op = _dispatch._handlers[torch.ops.aten.neg.default].__self__
+        for k in range(4, 24):  # 20 new shapes through a cache of 8
+            torch.ones(k, 7, device="jax").neg()
+            before = op.misses
+            torch.testing.assert_close(hot.neg().cpu(), -torch.ones(3, 5))
+            assert op.misses == before, f"the shape used all along was dropped after {k - 3} new ones"
+        assert len(op.cache) <= 8
+
+
 def test_the_recompile_log_says_why_a_segment_compiled_a_new_program(caplog):
     w = torch.randn(8, 8, device="jax")
 

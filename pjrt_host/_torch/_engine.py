@@ -76,6 +76,7 @@ class _Entry(NamedTuple):
     raw: Any = None  #: the traceable function, for an in-place / out= op that may donate what it overwrites
     donating: dict | None = None  #: donated positions in dyn -> fn jitted with them donated (built on first use)
     fusable: Traceable | None = None  #: what fused eager records for the op (tensor results, or writes)
+    used: list | None = None  #: [the op's hit count at this entry's last use]: which entries a full cache keeps
 
 
 #: An in-place or out= op donates the storage array it overwrites when
@@ -86,6 +87,9 @@ class _Entry(NamedTuple):
 #: storage's attribute, the call's argument list, the local below and
 #: getrefcount's own argument.
 _SOLE_REFS = 4
+
+#: The most signatures an op keeps built at once (:meth:`CompiledOp._forget_least_used`).
+CACHE_ENTRIES = 512
 
 
 def _sole_positions(dyn: list, storages: list) -> tuple[int, ...]:
@@ -179,6 +183,7 @@ class CompiledOp:
         entry = self.cache.get(key)
         if entry is not None:
             self.hits += 1
+            entry.used[0] = self.hits
             if self.dynamic and self.lowering.needs_rng:
                 _scalar_trials.check_scalars(self, args, kwargs)
         else:
@@ -292,6 +297,7 @@ class CompiledOp:
                 return self._exact(args, kwargs, "its program could not be built")  # the exact call raises torch's error, if there is one
         else:
             self.hits += 1
+            entry.used[0] = self.hits
         shapes = _dynamic_dims.logical_shapes(self, key, args, kwargs)
         plan = entry.plan
         if shapes is None or plan.outputs is None or any(o.kind not in ("tensor", "none") for o in plan.outputs):
@@ -598,13 +604,24 @@ class CompiledOp:
                        plan,
                        fn if (jitted and writes and DONATE) else None,
                        {} if (jitted and writes and DONATE) else None,
-                       fusable)
+                       fusable,
+                       [self.hits])
         with _lock:
-            if len(self.cache) > 512:  # shapes that never repeat: bound the memory
-                self.cache.clear()
+            if len(self.cache) >= CACHE_ENTRIES:
+                self._forget_least_used()
             self.cache[key] = entry
         return entry
 
+
+    def _forget_least_used(self) -> None:
+        """Bound the memory of an op of ever new shapes: keep the half of
+        its entries used last.  Clearing them all dropped the hot ones too
+        (a model's steady shapes, after a few hundred others), which then
+        traced again, and fused eager's recorded segments, which know the
+        ops by identity, no longer matched: each replayed segment was
+        recorded and keyed again."""
+        kept = sorted(self.cache.items(), key=lambda item: item[1].used[0])[len(self.cache) // 2:]
+        self.cache = dict(kept)
 
     def _traced(self, key: tuple, args: tuple, kwargs: dict, out_targets: list, cfg: _config.Config, known: bool,
                 meta: Any, cpu_accepts: bool) -> tuple[Any, _meta.OutputPlan]:
