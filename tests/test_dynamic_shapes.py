@@ -115,6 +115,54 @@ def test_a_length_equal_to_its_bucket_runs_padded():
     assert _padding.room(32) == 48 and _padding.room(31) == 32 and _padding.room(1) == 1
 
 
+def _positions_and_mask(t: int, device: str) -> torch.Tensor:
+    # what a model makes from a sequence's length: position ids and a
+    # causal mask (the same line each call: the factories' place)
+    pos = torch.arange(t, device=device)
+    mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    return torch.where(mask, pos * 1.0, -1.0).sum(1)
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_factories_of_a_changing_length_make_padded_tensors(eager):
+    # from the third length at the line, arange / ones make their result
+    # padded to the bucket: a later length of the bucket compiles nothing
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for t in (20, 23, 27, 29, 21, 30, 18):
+            before = _compiled()
+            got = _positions_and_mask(t, "jax").cpu()
+            compiled.append(_compiled() - before)
+            torch.testing.assert_close(got, _positions_and_mask(t, "cpu"))
+        padded = torch.arange(25, device="jax")  # (another line: exact)
+        assert padded._storage.padded is None
+    assert compiled[3:] == [0] * 4, compiled
+
+
+def test_a_random_draw_of_a_changing_length_is_padded_and_draws_the_same_numbers():
+    # a small draw is made flat in a power-of-two bucket; of a changing
+    # length, its elements are placed padded at their logical flat index:
+    # the numbers the exact draw gives, one program per bucket
+    def draws(dynamic: bool) -> tuple[list, list]:
+        torch.manual_seed(7)
+        out, compiled = [], []
+        with pjrt_host.config(dynamic_shapes=dynamic, eager="op"):
+            for t in (20, 23, 27, 29, 25, 30, 22):  # (from 23, 3 * t draws in the bucket of 128)
+                before = _compiled()
+                x = torch.rand(3, t, device="jax")
+                ids = torch.randint(0, 50, (3, t), device="jax")
+                out.append(((x * 2).cpu(), (ids + 1).cpu(), x._storage.padded is not None))
+                compiled.append(_compiled() - before)
+        return out, compiled
+
+    exact, _ = draws(False)
+    padded, compiled = draws(True)
+    assert [p[2] for p in padded] == [False, False, True, True, True, True, True]
+    for (a, b, _), (c, d, _) in zip(exact, padded):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    assert compiled[3:] == [0] * 4, compiled
+
+
 class EmbeddedBlock(Block):
     """The block over an embedding of token ids: the index checks of the
     embedding and of the loss's targets read their indices padded too."""

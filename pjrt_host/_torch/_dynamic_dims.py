@@ -28,7 +28,6 @@ op cost before buckets, never a wrong value.
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -74,6 +73,20 @@ def _joined_dim(args: tuple, kwargs: dict) -> dict:
     return {0: {dim % ndim if ndim else 0}}
 
 
+def _one_component_corner(args: tuple, kwargs: dict) -> dict:
+    """tril / triu keep or zero a position by its row and column, which a
+    padded input holds at its own logical indices only where each of its
+    last two dims is one component (its padding at its end): a dim that
+    merged a batch dim with a padded one must run exact."""
+    t = args[0] if args else None
+    if type(t) is not JaxTensor or t._storage.padded is None or t.dim() < 2:
+        return {}
+    r = read_of(t)
+    if r is not None and all(len(r.comps[d]) == 1 for d in (-2, -1)):
+        return {}
+    return {0: {t.dim() - 2, t.dim() - 1}}
+
+
 _SUMS = Rule(fill=0)
 _RULES: dict[str, Rule] = {
     # sums and contractions: zeros add nothing
@@ -91,6 +104,10 @@ _RULES: dict[str, Rule] = {
     "aten::native_layer_norm_backward": Rule(fill=0, exact=_normalised_dims((0, 1), 2, (5, 6))),
     # an index of 0 is always in range; its gradient rows are zeros
     "aten::embedding": _SUMS, "aten::embedding_dense_backward": _SUMS,
+    # a position kept or zeroed by its row and column: the same at a
+    # padded array's logical positions
+    "aten::tril": Rule(fill=None, exact=_one_component_corner),
+    "aten::triu": Rule(fill=None, exact=_one_component_corner),
     # joined along an exact dim, padded ones line up
     "aten::cat": Rule(fill=None, exact=_joined_dim),
     # padded targets are ignored, as the loss's own ignore_index
@@ -573,11 +590,7 @@ def _mark_expanded(t: JaxTensor, dims: set, odd: bool = False) -> bool:
     return True
 
 
-#: The distinct sizes a dim takes at one place before it is dynamic: three,
-#: not dynamo's two, because an eager op's place (a line of code) is coarser
-#: than dynamo's sources: one line that runs layers of two widths sees two
-#: sizes of a dim that never changes, a sequence length keeps taking new ones.
-_SIZES = 3
+_SIZES = _padding.SIZES
 
 
 def _is_parameter(t: JaxTensor) -> bool:
@@ -585,32 +598,7 @@ def _is_parameter(t: JaxTensor) -> bool:
     return bool(t.__dict__.get("_is_param", False))
 
 
-def _library_dirs() -> tuple[str, ...]:
-    import contextlib
-    import functools
-    import os
-
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # pjrt_host/
-    return (os.path.dirname(torch.__file__) + os.sep, package + os.sep, contextlib.__file__, functools.__file__)
-
-
-_skipped: tuple[str, ...] = ()
-
-
-def _caller(instruction: bool = False) -> tuple:
-    """Where the op was called from: the first frame outside torch,
-    pjrt_host and the standard library's decorators (file, line; with
-    ``instruction``, the bytecode offset too: one expression of a line)."""
-    global _skipped
-    if not _skipped:
-        _skipped = _library_dirs()
-    frame = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(_skipped) and not name.startswith("<frozen"):
-            return (name, frame.f_lineno, frame.f_lasti) if instruction else (name, frame.f_lineno)
-        frame = frame.f_back
-    return ("", 0)
+_caller = _padding.caller
 
 
 def padded_values(t: JaxTensor) -> tuple | None:

@@ -29,12 +29,13 @@ import torch
 
 from .. import _lowerings, _program_cache
 from .._lowerings._dtypes import jax_dtype
-from . import _config, _memory, _meta, _rng
+from . import _config, _memory, _meta, _padding, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, jax_device, sharding
 from ._dtype_policy import device_dtype
 from ._lowering_context import lowering_context
-from ._tensor import new_tensor, wrap_array
+from ._sync import note_result
+from ._tensor import new_tensor, result_tensor, wrap_array
 
 __all__ = ["bucket", "factory_lowering", "run", "run_factory"]
 
@@ -98,11 +99,15 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         return _on_cpu(op, args, kwargs, index)
     numel = math.prod(shape)
     drawn = shape
+    padded = None
     if lowering.per_element and 0 < numel <= _BUCKETED:
         drawn = (bucket(numel),)
-    try:  # a bucketed draw is keyed without its size (its only list argument)
-        key = (name, _freeze(args if drawn == shape else tuple(a for a in args if not isinstance(a, (list, tuple)))),
-               dtype, drawn, index)
+    elif name in _SIZED and shape and _config.current().dynamic_shapes is True:
+        padded = _padded_layout(name, shape)
+        if padded is not None:
+            drawn = _padding.physical_shape(padded)
+    try:  # a bucketed or padded result is keyed without its size
+        key = (name, _freeze(args if drawn == shape else _unsized(name, args)), dtype, drawn, index)
         fn = _compiled.get(key)
     except TypeError:
         key, fn = None, None
@@ -116,9 +121,45 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
                          lowering.where, lowering_context(_config.current(), True))
             fn = _compiled[key] = _program_cache.compiled(f"aten::{name}", signature, fn, draw, jax_device(index))
     arr = fn(*draw)
+    if padded is None and drawn != shape and _config.current().dynamic_shapes is True:
+        # a bucketed draw of a changing size: its elements placed padded
+        # (each at its logical flat index, the numbers an exact draw gives),
+        # one program per bucket instead of a cut per shape
+        padded = _padded_layout(name, shape)
+        if padded is not None:
+            arr = _placed(arr, padded, index)
+    if padded is not None:
+        note_result(index, arr)
+        return result_tensor(arr, shape, dtype, index, None, padded)
     if drawn != shape:
         arr = _cut(arr, shape, index)
     return wrap_array(arr, index, dtype)
+
+
+#: Factories whose value at a position does not depend on the result's
+#: size (the lowering reads only the shape it is given), and the position
+#: of the argument that sets the size where it is not the size list.
+_SIZED = {"zeros": None, "ones": None, "full": None, "arange": 0, "arange.start": 1, "arange.start_step": 1}
+
+
+def _padded_layout(name: str, shape: tuple) -> tuple | None:
+    """A factory whose result's dims took a third size at its place (the
+    line that called it: position ids' ``arange(t)``, a mask's ``ones(t,
+    t)``) makes its result padded along them, to their buckets, as an op's
+    dynamic inputs are (``_dynamic_dims.on_miss``): one program per bucket
+    instead of one per length, and the ops after it read it padded.  None:
+    none did."""
+    dims = _padding.changing_dims(("factory", name, _padding.caller()), shape)
+    if not dims:
+        return None
+    return tuple(((_padding.room(n), n, True),) if d in dims else ((n, n, False),) for d, n in enumerate(shape))
+
+
+def _unsized(name: str, args: tuple) -> tuple:
+    """``args`` without what sets the result's size (its size list, or
+    ``arange``'s end), which a bucketed or padded result is not keyed by."""
+    at = _SIZED.get(name)
+    return tuple(a for i, a in enumerate(args) if i != at and not isinstance(a, (list, tuple)))
 
 
 def factory_lowering(op: Any) -> Any:
@@ -170,6 +211,33 @@ def _cut(flat: Any, shape: tuple[int, ...], index: int) -> Any:
         fn = _cuts[shape] = _program_cache.Kept("pjrt_host.cut", functools.partial(_first_elements, shape=shape),
                                                 shape)
     return fn(flat)
+
+
+_placings: dict[tuple, Any] = {}
+
+
+def _placed(flat: Any, padded: tuple, index: int) -> Any:
+    """A bucketed draw ``flat`` laid out as ``padded`` (per dim its
+    components): each logical element is the one of its logical flat index,
+    the padding any of them.  One program per bucket and layout, the
+    logical sizes passed at run time."""
+    physical = _padding.physical_shape(padded)
+    comps = tuple(tuple((c[0], c[2]) for c in dim) for dim in padded)
+    key = (tuple(flat.shape), str(flat.dtype), physical, comps)
+    fn = _placings.get(key)
+    if fn is None:
+        if len(_placings) > 256:
+            _placings.clear()
+
+        def body(flat: Any, *sizes: Any) -> Any:
+            import jax.numpy as jnp
+
+            at = _padding.positions(physical, comps, sizes)
+            return flat[jnp.minimum(at, flat.shape[0] - 1)]
+
+        fn = _placings[key] = _program_cache.Kept("pjrt_host.placed_draw", body, key[1:])
+    sizes = [_padding.device_scalar(c[1], index) for dim in padded for c in dim if c[2]]
+    return fn(flat, *sizes)
 
 
 def _first_elements(flat: Any, shape: tuple[int, ...]) -> Any:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import math
+import sys
 from typing import Any, NamedTuple
 
 from .. import _program_cache
@@ -92,6 +93,67 @@ def room(n: int, odd: bool = False) -> int:
     from its length.  (Compiled graphs key their programs by :func:`bucket`
     of a symbolic size, where a full bucket is no other program.)"""
     return bucket(n + 1, odd) if n > 1 else n
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import contextlib
+    import functools
+    import os
+
+    import torch
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # pjrt_host/
+    return (os.path.dirname(torch.__file__) + os.sep, package + os.sep, contextlib.__file__, functools.__file__)
+
+
+_skipped: tuple[str, ...] = ()
+
+
+def caller(instruction: bool = False) -> tuple:
+    """Where the op was called from: the first frame outside torch,
+    pjrt_host and the standard library's decorators (file, line; with
+    ``instruction``, the bytecode offset too: one expression of a line).
+    A dynamic dim's *place* is made of it (``_dynamic_dims.on_miss``)."""
+    global _skipped
+    if not _skipped:
+        _skipped = _library_dirs()
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_skipped) and not name.startswith("<frozen"):
+            return (name, frame.f_lineno, frame.f_lasti) if instruction else (name, frame.f_lineno)
+        frame = frame.f_back
+    return ("", 0)
+
+
+#: The distinct sizes a dim takes at one place before it is dynamic: three,
+#: not dynamo's two, because an eager op's place (a line of code) is coarser
+#: than dynamo's sources: one line that runs layers of two widths sees two
+#: sizes of a dim that never changes, a sequence length keeps taking new ones.
+SIZES = 3
+
+#: The sizes each dim of a factory's result took at a place (see :func:`changing_dims`).
+_place_sizes: dict = {}
+
+
+def changing_dims(place: Any, shape: tuple) -> set:
+    """The dims of ``shape`` that took a third size at ``place`` (a
+    factory's name and the line that called it), as an op's inputs' dims
+    become dynamic (``_dynamic_dims.on_miss``): a position ids' ``arange``
+    or a mask's ``ones`` of a sequence's length."""
+    sizes = _place_sizes.get((place, len(shape)))
+    if sizes is None:
+        if len(_place_sizes) > 4096:
+            _place_sizes.clear()
+        sizes = _place_sizes[(place, len(shape))] = [set() for _ in shape]
+    dims = set()
+    for d, n in enumerate(shape):
+        seen = sizes[d]
+        if len(seen) < SIZES:
+            seen.add(n)
+        if len(seen) >= SIZES and n > 1:
+            dims.add(d)
+    return dims
 
 
 def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:
