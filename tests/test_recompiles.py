@@ -66,6 +66,16 @@ def test_by_default_a_changing_length_compiles_once_per_bucket():
     assert "(padded to buckets along dims [1])" in after
 
 
+def test_a_length_crossing_many_buckets_after_warm_up_does_not_warn():
+    # each new bucket compiles once: bounded, and the warning's advice (pad
+    # or bucket the sizes) is what the padded route already does
+    growing = SCRIPT.replace("for n in range(9, 20):", "for n in range(9, 300):")
+    proc = run_python(["-c", growing, "warn"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before, after = proc.stdout.split("warm\n")
+    assert "WARNING" not in after, after
+
+
 LISTS = r"""
 import logging, sys, torch
 logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")

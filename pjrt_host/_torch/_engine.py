@@ -290,7 +290,7 @@ class CompiledOp:
                 self.misses += 1
                 return _scalar_trials.trial(self, *given)
             self.misses += 1
-            note_miss(self, key)
+            note_miss(self, key, bucketed=True)
             try:
                 entry = self._build(key, args, kwargs, [], cfg, kwargs)
             except Exception:

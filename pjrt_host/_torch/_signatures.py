@@ -243,11 +243,16 @@ _WARM_HITS = 64
 _LATE_MISSES_WARN = 8
 
 
-def note_miss(op: Any, key: tuple) -> None:
+def note_miss(op: Any, key: tuple, bucketed: bool = False) -> None:
+    """Log a new signature of ``op`` (at INFO), and warn once when the op
+    keeps compiling after running warm.  ``bucketed``: a padded call's,
+    whose dynamic dims are in buckets already -- bounded, and no advice to
+    pad applies (a length entering a new bucket is not a shape changing
+    every step)."""
     prev, op.last_key = op.last_key, key
     if prev is None:
         return
-    if op.hits >= _WARM_HITS:
+    if op.hits >= _WARM_HITS and not bucketed:
         if not op.late_misses:
             op.warm_hits = op.hits  # -1 once warned
         op.late_misses += 1
