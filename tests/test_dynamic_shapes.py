@@ -139,6 +139,29 @@ def test_factories_of_a_changing_length_make_padded_tensors(eager):
     assert compiled[3:] == [0] * 4, compiled
 
 
+def _mask_checks(t: int, device: str) -> list:
+    # what generate() asks of an attention mask of the prompt's length,
+    # and other reductions a padding value would change
+    mask = torch.ones(1, t, dtype=torch.long, device=device)
+    x = torch.arange(t, device=device) * 0.5 - 3
+    return [mask.all(), (mask == 0).any(-1), x.amin(), x.max(), x.min(), (x / 8 + 1).prod(), mask.bool().all(1)]
+
+
+def test_any_all_min_max_prod_run_padded():
+    _padding.reset()
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True, eager="op"):
+        for t in (20, 23, 27, 29, 21, 30):
+            before = _compiled()
+            got = [v.cpu() for v in _mask_checks(t, "jax")]
+            compiled.append(_compiled() - before)
+            for a, b in zip(got, _mask_checks(t, "cpu")):
+                torch.testing.assert_close(a, b)
+    stats = torch.jax.dynamic_shape_stats()
+    assert not stats["cuts_by_op"], stats["cuts_by_op"]
+    assert compiled[3:] == [0] * 3, compiled
+
+
 def test_a_random_draw_of_a_changing_length_is_padded_and_draws_the_same_numbers():
     # a small draw is made flat in a power-of-two bucket; of a changing
     # length, its elements are placed padded at their logical flat index:

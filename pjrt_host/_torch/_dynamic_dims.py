@@ -97,7 +97,12 @@ _RULES: dict[str, Rule] = {
     # their backwards are sums of products with the (zeroed) output
     "aten::_softmax": Rule(fill="min"), "aten::_log_softmax": Rule(fill="min"), "aten::_safe_softmax": Rule(fill="min"),
     "aten::_softmax_backward_data": _SUMS, "aten::_log_softmax_backward_data": _SUMS,
-    "aten::amax": Rule(fill="min"),
+    "aten::amax": Rule(fill="min"), "aten::max": Rule(fill="min"),
+    "aten::amin": Rule(fill="max"), "aten::min": Rule(fill="max"),
+    # any / all / prod: what adds no True, no False, no factor
+    "aten::any": _SUMS, "aten::any.dim": _SUMS, "aten::any.dims": _SUMS,
+    "aten::all": Rule(fill=1), "aten::all.dim": Rule(fill=1), "aten::all.dims": Rule(fill=1),
+    "aten::prod": Rule(fill=1), "aten::prod.dim_int": Rule(fill=1),
     # layer norm over exact dims: padded rows are normalised alone; the
     # backward's weight and bias gradients sum over rows (zeros)
     "aten::native_layer_norm": Rule(fill=None, exact=_normalised_dims((0,), 1, (2, 3))),

@@ -152,6 +152,7 @@ def _padded_layout(name: str, shape: tuple) -> tuple | None:
     dims = _padding.changing_dims(("factory", name, _padding.caller()), shape)
     if not dims:
         return None
+    _padding.live = True  # (the ops' padded route is looked at from now on)
     return tuple(((_padding.room(n), n, True),) if d in dims else ((n, n, False),) for d, n in enumerate(shape))
 
 

@@ -178,8 +178,14 @@ def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:
             mask = inside if mask is None else mask & inside
     if mask is None:
         return arr
-    if value == "min":
-        value = -jnp.inf if jnp.issubdtype(arr.dtype, jnp.floating) else jnp.iinfo(arr.dtype).min
+    if value == "min" or value == "max":
+        low = value == "min"
+        if arr.dtype == jnp.bool_:
+            value = not low
+        elif jnp.issubdtype(arr.dtype, jnp.floating):
+            value = -jnp.inf if low else jnp.inf
+        else:
+            value = jnp.iinfo(arr.dtype).min if low else jnp.iinfo(arr.dtype).max
     return jnp.where(mask, arr, jnp.asarray(value, dtype=arr.dtype))
 
 
