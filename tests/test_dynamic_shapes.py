@@ -139,6 +139,19 @@ def test_factories_of_a_changing_length_make_padded_tensors(eager):
     assert compiled[3:] == [0] * 4, compiled
 
 
+def test_an_optimizers_state_made_at_one_line_is_never_padded():
+    # zeros_like of every parameter comes from one line (opt.step()): its
+    # sizes are the parameters', not a length changing at that line
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 24), torch.nn.Linear(24, 8)).to("jax")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True):
+        model(torch.randn(4, 16, device="jax")).sum().backward()
+        opt.step()
+    # (a padded state would be cut by the optimizer's foreach ops)
+    assert not torch.jax.dynamic_shape_stats()["cuts_by_op"]
+
+
 def _mask_checks(t: int, device: str) -> list:
     # what generate() asks of an attention mask of the prompt's length,
     # and other reductions a padding value would change

@@ -18,11 +18,13 @@ and must not import jax); tests/test_torch_factories.py keeps the two equal.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import math
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 import jax
 import torch
@@ -142,6 +144,23 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
 _SIZED = {"zeros": None, "ones": None, "full": None, "arange": 0, "arange.start": 1, "arange.start_step": 1}
 
 
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def shaped_after_a_tensor() -> Iterator[None]:
+    """Factories made here take their sizes from a tensor (``zeros_like``:
+    an optimizer's state, one line making every parameter's): their
+    sizes changing at a line says nothing of a length, so they are never
+    padded by :func:`_padded_layout`."""
+    before = getattr(_local, "after_a_tensor", False)
+    _local.after_a_tensor = True
+    try:
+        yield
+    finally:
+        _local.after_a_tensor = before
+
+
 def _padded_layout(name: str, shape: tuple) -> tuple | None:
     """A factory whose result's dims took a third size at its place (the
     line that called it: position ids' ``arange(t)``, a mask's ``ones(t,
@@ -149,6 +168,8 @@ def _padded_layout(name: str, shape: tuple) -> tuple | None:
     dynamic inputs are (``_dynamic_dims.on_miss``): one program per bucket
     instead of one per length, and the ops after it read it padded.  None:
     none did."""
+    if getattr(_local, "after_a_tensor", False):
+        return None
     dims = _padding.changing_dims(("factory", name, _padding.caller()), shape)
     if not dims:
         return None

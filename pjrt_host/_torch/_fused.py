@@ -613,7 +613,7 @@ def _signature(v: Any) -> Any:
     shape = getattr(v, "shape", None)
     if shape is None:
         return type(v)
-    return (tuple(shape), str(v.dtype))
+    return (tuple(shape), v.dtype)  # (a numpy dtype: its str() costs more than the rest of the check)
 
 
 def _resolved(p: Pending) -> Any:

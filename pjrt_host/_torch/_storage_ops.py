@@ -29,7 +29,7 @@ from ._devices import DEVICE_NAME, device_index, jax_device
 from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import check_out_overlap, meta_view_of
-from . import _dynamic_dims, _meta, _sharding, _storage_bridge
+from . import _dynamic_dims, _factories, _meta, _sharding, _storage_bridge
 from ._sync import names_failed_collectives, run_deferred_checks
 from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, view_for, wrap_array,
                       write)
@@ -536,7 +536,8 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
     if "generator" in kwargs:
         factory_kwargs["generator"] = kwargs["generator"]
     shape = tuple(meta.shape)
-    out = factory(shape, args[fill], **factory_kwargs) if fill is not None else factory(shape, **factory_kwargs)
+    with _factories.shaped_after_a_tensor():  # (its sizes are that tensor's, not a length changing at a line)
+        out = factory(shape, args[fill], **factory_kwargs) if fill is not None else factory(shape, **factory_kwargs)
     storage = self._storage
     if type(storage.place) is not int and self._view is None and device == self.device and shape == storage.shape:
         # Shaped like a sharded tensor (an optimizer's state of a sharded
