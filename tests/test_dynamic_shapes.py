@@ -139,6 +139,23 @@ def test_factories_of_a_changing_length_make_padded_tensors(eager):
     assert compiled[3:] == [0] * 4, compiled
 
 
+def test_a_view_of_a_padded_tensor_reads_to_the_host_without_a_program():
+    # generate()'s new tokens, out[0, n:].tolist(): cut on the host through
+    # the view's logical strides, no cut program per length
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True, eager="op"):
+        x = torch.zeros(2, 20, dtype=torch.long, device="jax")
+        for t in range(20, 30):
+            x = torch.cat([x, torch.full((2, 1), t, device="jax")], dim=1)
+            c = torch.cat([torch.zeros(2, 20, dtype=torch.long), torch.arange(20, t + 1).expand(2, -1)], dim=1)
+            before = _compiled()
+            assert x[1, 5:].tolist() == c[1, 5:].tolist()
+            assert torch.equal(x.t()[::3].cpu(), c.t()[::3])
+            if x._storage.padded is not None:
+                assert _compiled() == before
+    assert torch.jax.dynamic_shape_stats()["cuts"] == 0
+
+
 def test_an_optimizers_state_made_at_one_line_is_never_padded():
     # zeros_like of every parameter comes from one line (opt.step()): its
     # sizes are the parameters', not a length changing at that line

@@ -135,15 +135,27 @@ def _host_tensor(host: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(flat.view(np.uint8).copy()).view(dtype).reshape(host.shape)
 
 
+#: A view of a padded storage of at most this many bytes is read to the
+#: host whole and cut there (no program per size); of a larger one, only
+#: the view's values are computed on the device and moved.
+HOST_CUT_BYTES = 16 << 20
+
+
 @names_failed_collectives
 def to_torch(t: JaxTensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A torch tensor on ``device`` (not 'jax') with the values of ``t``."""
     storage = t._storage
-    if storage.padded is not None and t._view is None and device.type == "cpu" and type(storage.place) is int:
-        # cut on the host, where it costs no program per size
+    view = t._view
+    if storage.padded is not None and device.type == "cpu" and type(storage.place) is int and (
+            view is None or (view.elem is None and storage.computed().nbytes <= HOST_CUT_BYTES)):
+        # cut on the host, where it costs no program per size (a view of
+        # it, generate()'s new tokens out[0, n:], read through its logical
+        # strides there)
         run_deferred_checks()
         out = _host_tensor(_padding.host_cut(np.asarray(storage.computed()), storage.padded, storage.shape),
                            torch_dtype(storage._array.dtype))
+        if view is not None:
+            out = out.as_strided(tuple(t.shape), t.stride(), t.storage_offset()).clone()
         if out.dtype != t.dtype:
             out = out.to(t.dtype)
         return out if dtype is None else out.to(dtype)
