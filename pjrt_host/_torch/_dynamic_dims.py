@@ -50,6 +50,12 @@ class Rule(NamedTuple):
     fill: Any = None
     fills: dict | None = None
     exact: Callable[[tuple, dict], dict] | None = None
+    #: (args, kwargs -> ``(position, dim)`` -> the ``(position, dim)`` of
+    #: other arguments it lines up with): for a contraction, which dims
+    #: meet, so that an exact operand is padded along the dim its partner
+    #: holds padded -- not along any dim of the same size (a head dim as
+    #: long as the key/value length)
+    align: Callable[[tuple, dict], dict] | None = None
 
 
 def _normalised_dims(inputs: tuple, shape_pos: int, params: tuple) -> Callable[[tuple, dict], dict]:
@@ -87,12 +93,39 @@ def _one_component_corner(args: tuple, kwargs: dict) -> dict:
     return {0: {t.dim() - 2, t.dim() - 1}}
 
 
+def _meeting(*pairs: tuple) -> Callable[[tuple, dict], dict]:
+    """A contraction's :attr:`Rule.align`: ``pairs`` of ``((position,
+    dim), (position, dim))`` that meet (a negative dim counts from the end:
+    a broadcast input, addmm's bias)."""
+    def align(args: tuple, kwargs: dict) -> dict:
+        out: dict = {}
+        for ends in pairs:
+            found = []
+            for pos, d in ends:
+                t = args[pos] if pos < len(args) else None
+                if type(t) is not JaxTensor or not -t.dim() <= d < t.dim():
+                    break
+                found.append((pos, d % t.dim()))
+            else:
+                a, b = found
+                out.setdefault(a, []).append(b)
+                out.setdefault(b, []).append(a)
+        return out
+
+    return align
+
+
 _SUMS = Rule(fill=0)
 _RULES: dict[str, Rule] = {
     # sums and contractions: zeros add nothing
     "aten::sum": _SUMS, "aten::sum.dim_IntList": _SUMS, "aten::cumsum": _SUMS,
-    "aten::mm": _SUMS, "aten::bmm": _SUMS, "aten::addmm": _SUMS, "aten::baddbmm": _SUMS, "aten::mv": _SUMS,
-    "aten::dot": _SUMS,
+    "aten::mm": Rule(fill=0, align=_meeting(((0, 1), (1, 0)))),
+    "aten::bmm": Rule(fill=0, align=_meeting(((0, 0), (1, 0)), ((0, 2), (1, 1)))),
+    "aten::addmm": Rule(fill=0, align=_meeting(((1, 1), (2, 0)), ((0, -2), (1, 0)), ((0, -1), (2, 1)))),
+    "aten::baddbmm": Rule(fill=0, align=_meeting(((1, 0), (2, 0)), ((1, 2), (2, 1)), ((0, -3), (1, 0)),
+                                                 ((0, -2), (1, 1)), ((0, -1), (2, 2)))),
+    "aten::mv": Rule(fill=0, align=_meeting(((0, 1), (1, 0)))),
+    "aten::dot": Rule(fill=0, align=_meeting(((0, 0), (1, 0)))),
     # softmax: padding never wins the max and adds exp(-inf) = 0 to the sum;
     # their backwards are sums of products with the (zeroed) output
     "aten::_softmax": Rule(fill="min"), "aten::_log_softmax": Rule(fill="min"), "aten::_safe_softmax": Rule(fill="min"),
@@ -374,6 +407,8 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
         exact_sizes.update(n for p, n in zip(r.psize, t.shape) if p == n and n > 1)
         reads[id(t)] = r
     elementwise = rule.fill is None and not rule.fills
+    meets = rule.align(args, kwargs) if rule.align is not None else None
+    at = {pos: t for pos, t in tensors} if meets is not None else None
     swaps: dict = {}
     for pos, t in tensors:
         own = reads.get(id(t))
@@ -395,6 +430,17 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
                 if any(u.shape[-back] != n for u in aligned):
                     return None  # sizes that do not broadcast: the exact run raises torch's error
                 found = {reads[id(u)].comps[u.dim() - back] for u in aligned}
+            elif meets is not None and (pos, d) in meets:
+                # a dim that meets others (a contraction's): padded alike
+                # where they are; its size says nothing (a head dim as long
+                # as the key/value length).  A free dim (a row, a column)
+                # lines up by its size, below
+                found = set()
+                for pos2, d2 in meets.get((pos, d), ()):
+                    u = at[pos2]
+                    r2 = reads.get(id(u))
+                    if r2 is not None and u.shape[d2] == n and r2.psize[d2] != n:
+                        found.add(r2.comps[d2])
             else:
                 found = {c for (p, size), c in dims.items() if size == n}
                 if found and n in exact_sizes:
