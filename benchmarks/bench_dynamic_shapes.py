@@ -7,12 +7,13 @@ program cache: torch CPU eager, then 'jax' op-by-op eager with dynamic
 shapes off and on (``PJRT_HOST_DYNAMIC_SHAPES``), with the model's default
 dropout and with dropout 0.  Then greedy ``generate()`` (default
 DynamicCache) of 4 prompts of different lengths, 24 new tokens each, then 4
-more prompts of nearby new lengths, and the
+more prompts of nearby new lengths (GPT-2, then a tiny Llama: 2 layers, width
+64, grouped-query attention), and the
 steady-state cost of padding: a warm step at a length that just fills a
 bucket (128: 100 %) and one just past it (129 in the bucket of 160: 81 %),
 against the same steps with dynamic shapes off (warm too).
 
-    python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|steady|compile|lengths]
+    python benchmarks/bench_dynamic_shapes.py [--steps 16] [--only train|generate|generate-llama|steady|compile|lengths]
                                               [--dropout 0.1 0.0]
                                               [--eager op|fused]
 
@@ -50,9 +51,16 @@ import torch, transformers
 device, job, steps, pdrop = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 LENGTHS = [40, 45, 35, 47, 38, 42, 44, 34, 46]
 transformers.set_seed(0)
-config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=256,
-                                 resid_pdrop=pdrop, embd_pdrop=pdrop, attn_pdrop=pdrop)
-model = transformers.GPT2LMHeadModel(config).to(device)
+if job == "generate-llama":  # a tiny Llama (rotary positions, grouped-query attention, its own mask code)
+    job = "generate"
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                      max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = transformers.LlamaForCausalLM(config).to(device)
+else:
+    config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=256,
+                                     resid_pdrop=pdrop, embd_pdrop=pdrop, attn_pdrop=pdrop)
+    model = transformers.GPT2LMHeadModel(config).to(device)
 out = {}
 if job == "train":
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -195,7 +203,8 @@ def run(device: str, job: str, steps: int, pdrop: float, dynamic: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--only", choices=("train", "generate", "steady", "compile", "lengths", "steady-ops"))
+    parser.add_argument("--only", choices=("train", "generate", "generate-llama", "steady", "compile", "lengths",
+                                           "steady-ops"))
     parser.add_argument("--dropout", type=float, nargs="+", default=[0.1, 0.0])
     parser.add_argument("--eager", choices=("op", "fused"), default="op")
     args = parser.parse_args()
@@ -232,12 +241,14 @@ def main() -> None:
                 print(f"    step times (s): {[round(t, 3) for t in r['times']]}")
             print(f"  dynamic on / off: total {rows['1']['total'] / rows['0']['total']:.2f}, "
                   f"last 4 {rows['1']['last4'] / rows['0']['last4']:.2f}")
-    if args.only in (None, "generate"):
-        cpu = run("cpu", "generate", 0, 0.0, "0")
-        print(f"generate, 4 prompts x 24 tokens: cpu {cpu['total']:.2f} s, 4 more of nearby lengths "
+    for job, model in (("generate", "GPT-2"), ("generate-llama", "a tiny Llama")):
+        if args.only not in (None, job):
+            continue
+        cpu = run("cpu", job, 0, 0.0, "0")
+        print(f"generate ({model}), 4 prompts x 24 tokens: cpu {cpu['total']:.2f} s, 4 more of nearby lengths "
               f"{cpu['again']:.2f} s")
         for dynamic in ("0", "1"):
-            r = run("jax", "generate", 0, 0.0, dynamic)
+            r = run("jax", job, 0, 0.0, dynamic)
             print(f"  jax dynamic={dynamic}: {r['total']:.2f} s ({r['total'] / cpu['total']:.0f}x cpu), 4 more "
                   f"{r['again']:.2f} s ({r['again'] / cpu['again']:.0f}x cpu), same tokens: "
                   f"{r['tokens'] == cpu['tokens']}; {r['stats']}; cuts {r['cuts_by_op']}")
