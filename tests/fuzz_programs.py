@@ -102,6 +102,12 @@ class Program:
     #: shared storage, a 'jax' storage cannot grow, so the out tensor gets a
     #: storage of its own (listed in docs/fuzzing.md); not compared.
     grown: frozenset[str] = frozenset()
+    #: name -> the largest finite magnitude among the values it was
+    #: computed from (itself included): a value left small by a
+    #: cancellation (``a - b`` of two near values) carries the rounding
+    #: error of its large operands, which a tolerance relative to the small
+    #: result does not cover.
+    magnitude: dict = dataclasses.field(default_factory=dict)
 
     @property
     def skipped(self) -> frozenset[str]:
@@ -118,7 +124,7 @@ class Program:
                 continue
             kept.append(s)
         return Program(self.seed, kept, self.flags, tuple(g for g in self.grads if g not in gone), self.precision,
-                       self.unspecified, self.grown)
+                       self.unspecified, self.grown, self.magnitude)
 
     def source(self) -> str:
         return "\n".join(s.text for s in self.stmts)
@@ -182,6 +188,7 @@ class Gen:
         self.unspecified: set[str] = set()
         self.grown: set[str] = set()
         self.precision: dict[str, torch.dtype] = {}
+        self.magnitude: dict[str, float] = {}
         #: storages a computing op laid out other than row-major on CPU
         #: (their tensors may look contiguous later, after t_())
         self.odd_layout: set[int] = set()
@@ -275,10 +282,12 @@ class Gen:
             if isinstance(t, torch.Tensor) and t._base is None and not t.is_contiguous():
                 self.odd_layout.add(t.untyped_storage()._cdata)
         inputs = [self.precision[u] for u in stmt.uses if u in self.precision]
+        largest = max([self.magnitude.get(u, 0.0) for u in stmt.uses], default=0.0)
         for n in stmt.defines:
             self.flags[n] = (rnd, ex and _looks_exact(self.ns[n]))
             if isinstance(self.ns[n], torch.Tensor):
                 self.precision[n] = _loosest(inputs + [self.ns[n].dtype])
+                self.magnitude[n] = max(largest, _largest(self.ns[n]))
         for n, t in before.items():
             resized = tuple(t.shape) != shapes[n] and not stmt.text.startswith(f"{n}.")  # an out= resize
             key = t.untyped_storage()._cdata
@@ -295,6 +304,7 @@ class Gen:
                     r0, e0 = self.flags[n]
                     self.flags[n] = (r0 or rnd, e0 and ex and _looks_exact(t))
                     self.precision[n] = _loosest(inputs + [self.precision.get(n, t.dtype)])
+                    self.magnitude[n] = max(largest, self.magnitude.get(n, 0.0), _largest(t))
         return True
 
     def finish_backward(self) -> None:
@@ -306,6 +316,16 @@ class Gen:
 def _storage(t: torch.Tensor):
     s = t.untyped_storage()
     return s.data_ptr() if s.nbytes() else None
+
+
+def _largest(t: torch.Tensor) -> float:
+    """The largest finite magnitude in ``t`` (0 for a non-float or empty one)."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return 0.0
+    with torch.no_grad():
+        a = t.detach().abs()
+        a = a[torch.isfinite(a)]
+        return float(a.max()) if a.numel() else 0.0
 
 
 def _loosest(dtypes: list) -> torch.dtype:
@@ -701,7 +721,7 @@ def generate(seed: int, min_ops: int = 5, max_ops: int = 30) -> Program:
         if g.grads and g.rng.random() < 0.8:
             g.finish_backward()
     return Program(seed, g.stmts, g.flags, tuple(g.grads), g.precision, frozenset(g.unspecified),
-                   frozenset(g.grown))
+                   frozenset(g.grown), g.magnitude)
 
 
 # ---------------------------------------------------------------------------
@@ -876,10 +896,14 @@ def _groups(tensors: dict[str, Snap], skip: frozenset[str] = frozenset()) -> set
 
 
 def _values_differ(got: torch.Tensor, want: torch.Tensor, exact: bool, loose: bool = False,
-                   precision: torch.dtype | None = None) -> str:
+                   precision: torch.dtype | None = None, magnitude: float = 0.0) -> str:
     if want.is_floating_point() and not exact:
-        # the tolerance of the least precise float the value went through
-        tol = TOLERANCES.get(_loosest([want.dtype, precision or want.dtype]), {})
+        # the tolerance of the least precise float the value went through,
+        # absolute to the largest value it was computed from (a cancellation
+        # keeps its operands' rounding error)
+        tol = dict(TOLERANCES.get(_loosest([want.dtype, precision or want.dtype]), {}))
+        if tol:
+            tol["atol"] = max(tol["atol"], tol["rtol"] * magnitude)
         if loose:
             tol = {k: v * 10 for k, v in tol.items()}
     else:
@@ -966,7 +990,8 @@ def compare(program: Program, cpu: Outcome, dev: Outcome, mode: str, reference: 
         if got.shape != want.shape:
             continue
         if not rnd:
-            why = _values_differ(got.values, want.values, exact, precision=program.precision.get(base))
+            why = _values_differ(got.values, want.values, exact, precision=program.precision.get(base),
+                                 magnitude=program.magnitude.get(base, 0.0))
             if why:
                 out.append(f"values: {name} ({'exact' if exact else 'inexact'} {want.dtype}): {why}")
         elif reference is not None and name in reference.tensors:
