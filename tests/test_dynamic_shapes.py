@@ -569,6 +569,24 @@ def test_a_padded_input_beside_one_that_does_not_broadcast_raises_cpus_error():
     assert raised["jax", "add"] == raised["cpu", "add"]
 
 
+def test_an_embedding_gradient_scaled_by_frequency_counts_no_padded_index():
+    # scale_grad_by_freq divides each row's gradient by how often its index
+    # occurs; the padded indices (filled 0) counted as more occurrences of
+    # row 0 and shrank its gradient (found by the oracle: every dim padded)
+    torch.manual_seed(0)
+    idx = torch.tensor([[0, 1, 0, 2, 3], [0, 4, 1, 0, 2]])
+    w, g = torch.randn(6, 3), torch.randn(2, 5, 3)
+    grads = {}
+    with pjrt_host.config(dynamic_shapes="all"):
+        for dev in ("cpu", "jax"):
+            for scale in (True, False):
+                weight = w.clone().to(dev).requires_grad_()
+                F.embedding(idx.to(dev), weight, scale_grad_by_freq=scale).backward(g.to(dev))
+                grads[dev, scale] = weight.grad.cpu()
+    for scale in (True, False):
+        torch.testing.assert_close(grads["jax", scale], grads["cpu", scale])
+
+
 # ------------------------------------------------------------ torch.compile(backend='jax')
 #
 # dynamo's symbolic graphs (automatic dynamic at the second size,
