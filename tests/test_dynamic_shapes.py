@@ -587,6 +587,24 @@ def test_an_embedding_gradient_scaled_by_frequency_counts_no_padded_index():
         torch.testing.assert_close(grads["jax", scale], grads["cpu", scale])
 
 
+def test_a_16_bit_mean_of_a_padded_tensor_sums_in_float32_as_cpu():
+    # torch CPU's mean of float16 / bfloat16 sums in float32 and rounds once;
+    # the padded mean (its sum over the logical count) summed in the 16-bit
+    # dtype: a float16 row of 60000s overflowed to inf, and other rows were
+    # rounded twice (found by the oracle: every dim padded)
+    x = torch.full((4, 10), 60000.0, dtype=torch.float16)
+    x[:, 0] = 30000.0
+    y = (torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3 + 7).to(torch.bfloat16)
+    with pjrt_host.config(dynamic_shapes="all"):
+        for t in (x, y):
+            d = t.to("jax") * 1  # padded from here on
+            assert d._storage.padded is not None
+            for dim in (1, (0, 1)):
+                got = d.mean(dim)
+                assert got.dtype == t.dtype
+                torch.testing.assert_close(got.cpu(), t.mean(dim), rtol=0, atol=0)
+
+
 # ------------------------------------------------------------ torch.compile(backend='jax')
 #
 # dynamo's symbolic graphs (automatic dynamic at the second size,
