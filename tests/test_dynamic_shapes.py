@@ -683,6 +683,42 @@ def test_a_padded_input_beside_one_that_does_not_broadcast_raises_cpus_error():
     assert raised["jax", "add"] == raised["cpu", "add"]
 
 
+def test_an_embedding_gradient_scaled_by_frequency_counts_no_padded_index():
+    # scale_grad_by_freq divides each row's gradient by how often its index
+    # occurs; the padded indices (filled 0) counted as more occurrences of
+    # row 0 and shrank its gradient (found by the oracle: every dim padded)
+    torch.manual_seed(0)
+    idx = torch.tensor([[0, 1, 0, 2, 3], [0, 4, 1, 0, 2]])
+    w, g = torch.randn(6, 3), torch.randn(2, 5, 3)
+    grads = {}
+    with pjrt_host.config(dynamic_shapes="all"):
+        for dev in ("cpu", "jax"):
+            for scale in (True, False):
+                weight = w.clone().to(dev).requires_grad_()
+                F.embedding(idx.to(dev), weight, scale_grad_by_freq=scale).backward(g.to(dev))
+                grads[dev, scale] = weight.grad.cpu()
+    for scale in (True, False):
+        torch.testing.assert_close(grads["jax", scale], grads["cpu", scale])
+
+
+def test_a_16_bit_mean_of_a_padded_tensor_sums_in_float32_as_cpu():
+    # torch CPU's mean of float16 / bfloat16 sums in float32 and rounds once;
+    # the padded mean (its sum over the logical count) summed in the 16-bit
+    # dtype: a float16 row of 60000s overflowed to inf, and other rows were
+    # rounded twice (found by the oracle: every dim padded)
+    x = torch.full((4, 10), 60000.0, dtype=torch.float16)
+    x[:, 0] = 30000.0
+    y = (torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3 + 7).to(torch.bfloat16)
+    with pjrt_host.config(dynamic_shapes="all"):
+        for t in (x, y):
+            d = t.to("jax") * 1  # padded from here on
+            assert d._storage.padded is not None
+            for dim in (1, (0, 1)):
+                got = d.mean(dim)
+                assert got.dtype == t.dtype
+                torch.testing.assert_close(got.cpu(), t.mean(dim), rtol=0, atol=0)
+
+
 # ------------------------------------------------------------ torch.compile(backend='jax')
 #
 # dynamo's symbolic graphs (automatic dynamic at the second size,

@@ -537,6 +537,7 @@ def _viewed_when_padded(func: Any, handler: Handler) -> Handler:
 #: A mean of a padded tensor: its sum (which knows padding) over the count of
 #: logical elements, a run-time scalar (the count changes with every size).
 _MEANS = frozenset({"aten::mean.dim"})
+_HALVES = (torch.float16, torch.bfloat16)
 
 
 def _summed_when_padded(handler: Handler) -> Handler:
@@ -550,6 +551,13 @@ def _summed_when_padded(handler: Handler) -> Handler:
             count = 1
             for d in set(reduced):
                 count *= x.shape[d]
+            out = dtype if dtype is not None else x.dtype
+            if out in _HALVES:
+                # as torch CPU's mean of a 16-bit float: summed in float32,
+                # divided, rounded once (a sum in the 16-bit dtype overflows
+                # where the mean does not, and rounds twice)
+                total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=torch.float32)
+                return torch.ops.aten.div.Tensor(total, float(count)).to(out)
             total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=dtype)
             return torch.ops.aten.div.Tensor(total, float(count))
         return handler(args, kwargs)

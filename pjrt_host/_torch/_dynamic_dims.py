@@ -115,6 +115,20 @@ def _meeting(*pairs: tuple) -> Callable[[tuple, dict], dict]:
     return align
 
 
+def _counted_indices(args: tuple, kwargs: dict) -> dict:
+    """embedding_dense_backward's exact dims when it scales each row's
+    gradient by how often its index occurs (``scale_grad_by_freq``): every
+    dim of the indices, and the gradient's along them.  A padded index is
+    filled 0, one more occurrence of row 0, which would shrink that row's
+    gradient; exact, the call counts only the logical indices."""
+    scale = args[4] if len(args) > 4 else kwargs.get("scale_grad_by_freq", False)
+    if not scale:
+        return {}
+    indices = args[1] if len(args) > 1 else kwargs["indices"]
+    dims = set(range(indices.dim()))
+    return {0: dims, 1: dims}
+
+
 _SUMS = Rule(fill=0)
 _RULES: dict[str, Rule] = {
     # sums and contractions: zeros add nothing
@@ -140,8 +154,9 @@ _RULES: dict[str, Rule] = {
     # backward's weight and bias gradients sum over rows (zeros)
     "aten::native_layer_norm": Rule(fill=None, exact=_normalised_dims((0,), 1, (2, 3))),
     "aten::native_layer_norm_backward": Rule(fill=0, exact=_normalised_dims((0, 1), 2, (5, 6))),
-    # an index of 0 is always in range; its gradient rows are zeros
-    "aten::embedding": _SUMS, "aten::embedding_dense_backward": _SUMS,
+    # an index of 0 is always in range; its gradient rows are zeros (unless
+    # the backward counts the indices: then they stay exact)
+    "aten::embedding": _SUMS, "aten::embedding_dense_backward": Rule(fill=0, exact=_counted_indices),
     # a position kept or zeroed by its row and column: the same at a
     # padded array's logical positions
     "aten::tril": Rule(fill=None, exact=_one_component_corner),
