@@ -237,7 +237,7 @@ def _outs_on_the_device(handler: Handler, outs: tuple[str, ...]) -> Handler:
                                  if isinstance(u, _tensor.JaxTensor)), None)
                     if here is not None:
                         raise RuntimeError(f"Expected out tensor to have device {here}, but got {t.device} instead "
-                                           "(pass out= tensors on the inputs' device)")
+                                           "(out= tensors must be on the same device as the inputs)")
         return handler(args, kwargs)
 
     return handle
