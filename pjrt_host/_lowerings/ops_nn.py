@@ -33,7 +33,14 @@ def _matmul(a, b):
     (``jax.default_matmul_precision``, set by the dispatcher), not fixed here."""
     if a.dtype == jnp.bool_:
         return jnp.matmul(a.astype(jnp.int64), b.astype(jnp.int64)).astype(jnp.bool_)
-    return jnp.matmul(a, b, preferred_element_type=_accumulate(a, b))
+    wide = _accumulate(a, b)
+    if wide is not None and jax.default_backend() == "cpu":
+        # XLA:CPU's runtime refuses some bfloat16 x bfloat16 = float32 dots
+        # inside larger programs ("Unsupported element type for
+        # DotThunk::Execute", a padded backward under bf16 autocast): the
+        # same values, the operands widened first (exact for 16-bit floats)
+        return jnp.matmul(a.astype(wide), b.astype(wide))
+    return jnp.matmul(a, b, preferred_element_type=wide)
 
 
 def _scaled(x, factor):
