@@ -711,19 +711,10 @@ def grows(tensors: list, dim: int) -> bool:
         d = dim % t.dim()
         if place is None:
             place = ("cat", _caller(), d)
-        sizes = _cat_sizes.get((place, i, t.dim()))
-        if sizes is None:
-            if len(_cat_sizes) > 4096:
-                _cat_sizes.clear()
-            sizes = _cat_sizes[(place, i, t.dim())] = set()
-        n = t.shape[d]
-        sizes.add(n)
-        if len(sizes) >= _SIZES and n > 1 and _pad_storage(t, {d}):
+        # the sizes along the cat's dim at the tensor's position in the list
+        if _padding.changing_dims((place, i, t.dim()), (t.shape[d],)) and _pad_storage(t, {d}):
             padded_any = True
     return padded_any
-
-
-_cat_sizes: dict = {}  # (place, position in the list, rank) -> the sizes seen along the cat's dim
 
 
 def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor | None:
