@@ -92,9 +92,14 @@ def float_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def cast(x: Any, dtype: torch.dtype) -> jax.Array:
-    """x (array or Python scalar) as a jax array of torch dtype ``dtype``."""
+    """x (array or Python scalar) as a jax array of torch dtype ``dtype``.
+    A Python integer wraps into a narrower integer dtype as C++'s cast
+    wraps it (``uint8_tensor + (-1)`` adds 255, ``uint8_tensor < 300``
+    compares with 44, as torch's kernels do); jax refuses it instead."""
     jd = jax_dtype(dtype)
     if isinstance(x, (bool, int, float, complex)):
+        if type(x) is int and jnp.issubdtype(jd, jnp.integer) and not jnp.iinfo(jd).min <= x <= jnp.iinfo(jd).max:
+            return jnp.asarray(np.asarray(x, np.int64 if x < 0 else np.uint64).astype(jd))
         return jnp.asarray(x, dtype=jd)
     return x if x.dtype == jd else x.astype(jd)
 

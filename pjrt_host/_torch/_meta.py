@@ -438,6 +438,7 @@ _KERNEL_REFUSALS = re.compile("|".join((
     r"not intended to support complex",
     r"only supports? (floating|bool)",
     r"unsupported input type",
+    r"value cannot be converted to type \S+ without overflow",
     r"can't be cast to the desired output type",
     r"can't be safely cast to passed dtype",
     r"expected a long tensor for index",
@@ -610,9 +611,11 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
 def check_cpu_factory(op: Any, args: tuple, kwargs: dict) -> None:
     """torch CPU's refusal of a factory call's dtype or parameters
     (``rand(dtype=torch.bool)``: ``"check_uniform_bounds" not implemented
-    for 'Bool'``), for the first call of each signature: the factory runs
-    on CPU with every size list made of ones (its values are not the
-    question).  Errors of the kinds in ``_KERNEL_REFUSALS`` are raised as
+    for 'Bool'``, ``full((2,), 1e5, dtype=torch.float16)``: the value does
+    not fit), for the first call of each signature: the factory runs on CPU
+    at the call's own sizes where its result is small, else with every size
+    list made of ones (CPU's fill of a single element converts its value
+    unchecked).  Errors of the kinds in ``_KERNEL_REFUSALS`` are raised as
     torch raises them; CPU's random state is kept."""
     import warnings
 
@@ -626,10 +629,13 @@ def check_cpu_factory(op: Any, args: tuple, kwargs: dict) -> None:
     try:
         with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
             warnings.simplefilter("ignore")
-            meta = op(*[ones(a) for a in args], **dict(cpu_kwargs, device="meta"))
-            if isinstance(meta, torch.Tensor) and meta.numel() > _PROBE_ELEMENTS:
-                return
-            op(*[ones(a) for a in args], **cpu_kwargs)
+            meta = op(*args, **dict(cpu_kwargs, device="meta"))
+            if not (isinstance(meta, torch.Tensor) and meta.numel() <= _PROBE_ELEMENTS):
+                args = tuple([ones(a) for a in args])
+                meta = op(*args, **dict(cpu_kwargs, device="meta"))
+                if isinstance(meta, torch.Tensor) and meta.numel() > _PROBE_ELEMENTS:
+                    return
+            op(*args, **cpu_kwargs)
     except (NotImplementedError, RuntimeError, TypeError, ValueError) as err:
         text = str(err).split("\n")[0]
         if _KERNEL_REFUSALS.search(text):
