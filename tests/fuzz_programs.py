@@ -805,26 +805,11 @@ def _is_leaf(s: Stmt) -> bool:
     return len(s.defines) == 1 and s.text.startswith(f"{s.defines[0]} = make(")
 
 
-_COMPARISON = re.compile(r"\b(v\d+) (>=|<=|==|!=|>|<) (-?\d+|v\d+)\b")
-_COMPARISON_OPS = {">=": "ge", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", "<": "lt"}
-
-
-def compiled_text(text: str) -> str:
-    """A statement as compile mode runs it: comparison operators between
-    'jax' tensors as torch.gt(...) and friends.  Dynamo loses the operator
-    form's result class (``x > 0`` in a compiled function raises NameError
-    ``__subclass_Tensor_...``: torch's dynamo bug, which a plain subclass of
-    torch.Tensor meets too; docs/fuzzing.md, tests/test_compile.py), so the operator
-    form would stop every compiled program that compares; the method form
-    is the same op."""
-    return _COMPARISON.sub(lambda m: f"torch.{_COMPARISON_OPS[m.group(2)]}({m.group(1)}, {m.group(3)})", text)
-
-
 def compile_source(program: Program) -> str:
     """The program as ``program(DEV, *leaves)``: its leaves are made
     eagerly and passed in, as a model's inputs are; the rest is the body."""
     leaves = [s.defines[0] for s in program.stmts if _is_leaf(s)]
-    body = [compiled_text(s.text) for s in program.stmts if not s.post and not _is_leaf(s)]
+    body = [s.text for s in program.stmts if not s.post and not _is_leaf(s)]
     names = _defined(Program(program.seed, [s for s in program.stmts if not s.post], program.flags))
     ret = "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"
     return (f"def program({', '.join(['DEV'] + leaves)}):\n"
@@ -1160,7 +1145,7 @@ def reproducer(program: Program, mode: str, diffs: list[str], cpu: Outcome, dev:
     if mode == "compile":
         leaves = [st for st in program.stmts if _is_leaf(st)]
         names_l = [st.defines[0] for st in leaves]
-        lines = [compiled_text(ln) for ln in lines if not any(ln == st.text for st in leaves)]
+        lines = [ln for ln in lines if not any(ln == st.text for st in leaves)]
         body = textwrap.indent("\n".join(lines + ["return {" + ", ".join(f"{n!r}: {n}" for n in names) + "}"]),
                                "    ")
         head = "def program(DEV, " + ", ".join(names_l) + "):\n" if names_l else "def program(DEV):\n"

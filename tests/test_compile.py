@@ -476,24 +476,34 @@ class _NoTorchFunction(torch.Tensor):
 
 def test_comparison_operators_under_compile_are_a_dynamo_gap_torchs_own_subclasses_meet():
     """Fuzz finding 2 (docs/fuzzing.md): ``x > 0`` inside torch.compile on a
-    'jax' tensor raises NameError ``__subclass_Tensor_..._c1``.  Dynamo's
-    ``_comparison_with_tensor`` wraps the result as a
-    TensorWithTFOverrideVariable without installing its class as a global,
-    and a subclass of torch.Tensor with its torch-function layer off meets
-    it without pjrt_host, with the ``eager`` backend: torch's bug.  The
-    method and function forms trace.  When a torch release fixes it, this
-    test fails: drop the fuzzer's rewrite of comparisons in compile mode
-    (``compiled_text`` in tests/fuzz_programs.py) and the docs' entry."""
+    subclass of torch.Tensor with its torch-function layer off raises
+    NameError ``__subclass_Tensor_..._c1`` without pjrt_host, with the
+    ``eager`` backend: dynamo's ``TensorVariable.richcompare_impl`` wraps
+    the result as a TensorWithTFOverrideVariable without installing its
+    class as a global -- torch's bug.  'jax' tensors' comparisons trace as
+    ``torch.gt(x, 0)`` instead (the ``dynamo_attributes`` patch,
+    ``_hiding.comparisons_as_functions``).  When a torch release fixes it,
+    this test fails: drop that replacement."""
     plain = torch.ones(3).as_subclass(_NoTorchFunction)
     torch._dynamo.reset()
     with pytest.raises(NameError, match="__subclass_Tensor_"):
         torch.compile(lambda t: t > 0, backend="eager", fullgraph=True)(plain)
+
+
+def test_comparison_operators_on_jax_tensors_compile():
+    def f(x, y):
+        return (x > 0, 0 < x, x <= 1.5, x == y, x != 1, -1 >= x, (x > y).float() * x, y.masked_fill(x == 0, -1.0))
+
+    x = torch.tensor([-1.0, 0.0, 2.0, 1.0])
+    y = torch.tensor([-1.0, 1.0, 0.0, 1.0])
+    want = f(x, y)
     torch._dynamo.reset()
-    with pytest.raises(NameError, match="__subclass_Tensor_"):
-        torch.compile(lambda t: t > 0, backend="jax")(torch.ones(3, device="jax"))
-    torch._dynamo.reset()
-    got = torch.compile(lambda t: (torch.gt(t, 0), t.le(1)), backend="jax")(torch.tensor([-1.0, 1.0, 2.0], device="jax"))
-    assert [g.cpu().tolist() for g in got] == [[False, True, True], [True, True, False]]
+    got = torch.compile(f, backend="jax", fullgraph=True)(x.to("jax"), y.to("jax"))
+    for g, w in zip(got, want):
+        assert g.device.type == "jax"
+        torch.testing.assert_close(g.cpu(), w)
+    # the tensor's class is 'jax''s own in eager after a compiled comparison
+    assert torch.compile(lambda t: t > 0, backend="jax")(x.to("jax")).is_jax
 
 
 def test_fullgraph_with_eager_backend():

@@ -217,6 +217,42 @@ def attributes_under_modes(owner: type) -> Callable[[Callable], Callable]:
     return make
 
 
+#: A comparison's dunder (as dynamo passes it, the tensor's side: ``0 < x``
+#: reaches ``x``'s ``__gt__``) -> torch's function.
+_COMPARISONS = {"__gt__": "gt", "__lt__": "lt", "__ge__": "ge", "__le__": "le", "__eq__": "eq", "__ne__": "ne"}
+
+
+def comparisons_as_functions(owner: type) -> Callable[[Callable], Callable]:
+    """The maker of dynamo's ``TensorWithTFOverrideVariable.richcompare_impl``
+    for 'jax' tensors (class ``owner``): ``x > 0``, ``mask == 0``, ``0 < x``
+    are traced as ``torch.gt(x, 0)``, ``torch.eq(mask, 0)``, ``torch.gt(x, 0)``.
+
+    Dynamo's own (``TensorVariable.richcompare_impl``) wraps the result with
+    the type of the operand's variable, a ``TensorWithTFOverrideVariable``
+    for a subclass, without installing the class it names as a global: the
+    compiled frame then raised ``NameError: name '__subclass_Tensor_..._c1'
+    is not defined`` (any backend; a subclass of torch.Tensor with torch's
+    disabled ``__torch_function__`` meets it without pjrt_host: torch's bug,
+    tests/test_compile.py pins it).  The function forms trace.  It applies
+    only to 'jax' tensors; every other comparison takes dynamo's own."""
+
+    def make(original: Callable) -> Callable:
+        def richcompare_impl(self: Any, tx: Any, other: Any, op: str) -> Any:
+            name = _COMPARISONS.get(op)
+            if name is not None and issubclass(self.class_type, owner):
+                from torch._dynamo.variables import ConstantVariable, SymNodeVariable, TensorVariable
+                from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+                if isinstance(other, (SymNodeVariable, ConstantVariable, TensorVariable)):
+                    return TorchInGraphFunctionVariable(getattr(torch, name)).call_function(tx, [self, other], {})
+            return original(self, tx, other, op)
+
+        richcompare_impl.__wrapped__ = original  # type: ignore[attr-defined]
+        return richcompare_impl
+
+    return make
+
+
 #: Backends that run real ops on the graph's devices while compiling, which
 #: 'jax' tensors cannot take (inductor generates code per device type).
 _NEEDS_REAL_DEVICE = ("inductor",)

@@ -150,6 +150,15 @@ def _replace_dynamo_attributes(owner: type) -> None:
         logger.warning("pjrt_host: torch %s's dynamo has no TensorWithTFOverrideVariable.var_getattr (%s: %s); "
                        "compiling under torch.device('jax') or set_default_device may fail",
                        torch.__version__, type(err).__name__, err)
+    try:
+        from torch._dynamo.variables import torch_function as tf
+
+        cls = tf.TensorWithTFOverrideVariable
+        _replace(cls, "richcompare_impl", cls.richcompare_impl, _hiding.comparisons_as_functions(owner))
+    except Exception as err:  # pragma: no cover - depends on the torch build
+        logger.warning("pjrt_host: torch %s's dynamo has no TensorWithTFOverrideVariable.richcompare_impl (%s: %s); "
+                       "comparison operators on 'jax' tensors inside torch.compile may raise NameError "
+                       "(torch.gt(x, 0) and x.gt(0) trace)", torch.__version__, type(err).__name__, err)
 
 
 def _install_aot_compile_session() -> None:
@@ -201,7 +210,11 @@ INVENTORY: tuple[Patch, ...] = (
                                          "or set_default_device",
           (("torch._dynamo.variables.torch_function.TensorWithTFOverrideVariable.var_getattr (at the first compile)",
             "dynamo calls a tensor subclass's own __torch_function__ for an attribute under a mode, and 'jax' "
-            "tensors have torch's disabled one (_hiding.attributes_under_modes)"),),
+            "tensors have torch's disabled one (_hiding.attributes_under_modes)"),
+           ("torch._dynamo.variables.torch_function.TensorWithTFOverrideVariable.richcompare_impl (at the first "
+            "compile)",
+            "dynamo's handler of `x > 0` on a tensor subclass names a class it never installs (NameError at run "
+            "time); 'jax' tensors' comparisons trace as torch.gt(x, 0) (_hiding.comparisons_as_functions)")),
           _install_dynamo_attributes),
     Patch("aot_compile", "import", "torch.compile(..., backend='jax').aot_compile (an import hook: dynamo is not "
                                    "imported)",
