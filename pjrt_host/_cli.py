@@ -275,6 +275,7 @@ def _plugin_members(record: PluginRecord) -> dict[str, Any]:
         "jaxlib_backend": plugin.jaxlib_backend if record.library is None else None,
         "dense_gather_factor": plugin.dense_gather_factor,
         "conv_as_matmul_max_positions": plugin.conv_as_matmul_max_positions,
+        "widen_16bit_matmul_operands": plugin.widen_16bit_matmul_operands,
         "unsupported_dtypes": dict(plugin.unsupported_dtypes),
         "zero_copy_torch_devices": list(plugin.zero_copy_torch_devices),
         "is_host_cpu": bool(plugin.is_host_cpu),

@@ -110,6 +110,15 @@ class DevicePlugin:
     #: convolution.  (XLA:CPU, the reference plugin: 64.)
     conv_as_matmul_max_positions: ClassVar[int] = 0
 
+    #: Whether the compiler cannot run a matrix product of 16-bit float
+    #: operands with a float32 result (XLA:CPU's runtime refuses some such
+    #: dots inside larger programs: "Unsupported element type for
+    #: DotThunk::Execute: BF16 x BF16 = F32").  True: the matmul family
+    #: widens 16-bit operands to float32 before the product -- the same
+    #: values, as a 16-bit float is exact in float32.  Default False: the
+    #: product takes the 16-bit operands and accumulates in float32.
+    widen_16bit_matmul_operands: ClassVar[bool] = False
+
     #: dtypes the device cannot hold, mapped to the dtype used instead, by
     #: torch dtype name without the ``torch.`` prefix, e.g.
     #: ``{"float64": "float32"}``.  The host maps such tensors and warns once
@@ -327,9 +336,13 @@ def kernel_problems(plugin: Any) -> list[str]:
 #: The DevicePlugin members that tune lowerings: each an int >= 0 (0: off).
 INT_LOWERING_OPTIONS = ("dense_gather_factor", "conv_as_matmul_max_positions")
 
+#: The DevicePlugin members that tune lowerings: each a bool.
+BOOL_LOWERING_OPTIONS = ("widen_16bit_matmul_operands",)
+
 #: What the device passes every lowering (``LoweringContext`` fields of these
-#: names): the int options and the plugin's :attr:`DevicePlugin.declared_kernels`.
-LOWERING_OPTIONS = (*INT_LOWERING_OPTIONS, "declared_kernels")
+#: names): the int and bool options and the plugin's
+#: :attr:`DevicePlugin.declared_kernels`.
+LOWERING_OPTIONS = (*INT_LOWERING_OPTIONS, *BOOL_LOWERING_OPTIONS, "declared_kernels")
 
 
 def lowering_option_problems(plugin: Any) -> list[str]:
@@ -341,4 +354,8 @@ def lowering_option_problems(plugin: Any) -> list[str]:
         value = getattr(plugin, attr, 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             problems.append(f"{attr} is {value!r}, expected an int >= 0 (0 turns it off)")
+    for attr in BOOL_LOWERING_OPTIONS:
+        value = getattr(plugin, attr, False)
+        if not isinstance(value, bool):
+            problems.append(f"{attr} is {value!r}, expected True or False")
     return problems

@@ -25,6 +25,7 @@ def test_defaults_are_those_of_the_simplest_device():
     assert plugin.configure_multiprocess(0, 2) is None
     assert plugin.host_index() is None
     assert plugin.dense_gather_factor == 0 and plugin.conv_as_matmul_max_positions == 0
+    assert plugin.widen_16bit_matmul_operands is False
     assert dict(plugin.unsupported_dtypes) == {} and plugin.zero_copy_torch_devices == ()
     assert plugin.is_host_cpu is False
     assert plugin.priority == 100 and plugin.describe() == "DevicePlugin"
@@ -38,7 +39,7 @@ def test_every_public_member_is_documented():
             assert member.__doc__, f"DevicePlugin.{name} has no docstring"
     source = (REPO / "pjrt_host" / "_plugin.py").read_text()
     for attr in ("display_name", "priority", "jaxlib_backend", "dense_gather_factor",
-                 "conv_as_matmul_max_positions", "unsupported_dtypes", "zero_copy_torch_devices", "is_host_cpu"):
+                 "conv_as_matmul_max_positions", "widen_16bit_matmul_operands", "unsupported_dtypes", "zero_copy_torch_devices", "is_host_cpu"):
         assert f"#: " in source.split(f"    {attr}:")[0].rsplit("\n\n", 1)[-1], f"{attr} has no doc comment"
 
 

@@ -417,6 +417,36 @@ def test_convolution_as_matmul_equals_the_convolution(shape, kernel, stride, pad
         np.testing.assert_allclose(np.asarray(g_mm), np.asarray(g_xla), rtol=1e-4, atol=1e-3)
 
 
+def test_a_plugin_that_cannot_dot_16bit_operands_gets_them_widened():
+    """``DevicePlugin.widen_16bit_matmul_operands`` reaches the matmul
+    family through the context: True, the dot takes float32 operands (what
+    XLA:CPU's runtime needs inside larger programs); False, the 16-bit
+    operands with a float32 accumulation.  The values are the same."""
+    from pjrt_host._lowerings import ops_nn
+    from pjrt_host._plugin import lowering_option_problems
+
+    _lowerings.load_all()
+    a = jnp.asarray(np.arange(12, dtype=np.float32).reshape(3, 4) / 7, dtype=jnp.bfloat16)
+    b = jnp.asarray(np.arange(8, dtype=np.float32).reshape(4, 2) / 5, dtype=jnp.bfloat16)
+    results = {}
+    for widen in (False, True):
+        ctx = _lowerings.LoweringContext(widen_16bit_matmul_operands=widen)
+        # (a fresh function per context: jax caches a function's traces by its arguments alone)
+        traced = jax.make_jaxpr(lambda x, y: ops_nn._matmul(x, y))
+        probe = _lowerings.Lowering(lambda: (ops_nn._matmul(a, b), traced(a, b)), ("probe",))
+        results[widen] = _lowerings.invoke(probe, (), {}, ctx)
+    dots = {w: [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"] for w, (_, jaxpr) in results.items()}
+    assert [str(v.aval.dtype) for v in dots[False][0].invars] == ["bfloat16", "bfloat16"]
+    assert str(dots[False][0].outvars[0].aval.dtype) == "float32"
+    assert [str(v.aval.dtype) for v in dots[True][0].invars] == ["float32", "float32"]
+    np.testing.assert_array_equal(np.asarray(results[True][0]), np.asarray(results[False][0]))
+
+    class Wrong:
+        widen_16bit_matmul_operands = 1
+
+    assert lowering_option_problems(Wrong()) == ["widen_16bit_matmul_operands is 1, expected True or False"]
+
+
 SPECIAL_FUNCTIONS = ("airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_k0",
                      "modified_bessel_k1", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1")
 

@@ -53,6 +53,9 @@ class LoweringContext:
     dense_gather_factor: int = 0
     #: The plugin's ``conv_as_matmul_max_positions`` (0: never).
     conv_as_matmul_max_positions: int = 0
+    #: The plugin's ``widen_16bit_matmul_operands``: 16-bit float matmul
+    #: operands are widened to float32 before the product.
+    widen_16bit_matmul_operands: bool = False
     #: A jax PRNG key for lowerings that need one (drawn per call by the
     #: caller from the device's random state); None where no random op runs.
     rng_key: Any = None

@@ -34,11 +34,10 @@ def _matmul(a, b):
     if a.dtype == jnp.bool_:
         return jnp.matmul(a.astype(jnp.int64), b.astype(jnp.int64)).astype(jnp.bool_)
     wide = _accumulate(a, b)
-    if wide is not None and jax.default_backend() == "cpu":
-        # XLA:CPU's runtime refuses some bfloat16 x bfloat16 = float32 dots
-        # inside larger programs ("Unsupported element type for
-        # DotThunk::Execute", a padded backward under bf16 autocast): the
-        # same values, the operands widened first (exact for 16-bit floats)
+    if wide is not None and current_context().widen_16bit_matmul_operands:
+        # the plugin's compiler refuses 16-bit x 16-bit = float32 dots
+        # (XLA:CPU inside larger programs: a padded backward under bf16
+        # autocast): the same values, the operands widened first
         return jnp.matmul(a.astype(wide), b.astype(wide))
     return jnp.matmul(a, b, preferred_element_type=wide)
 

@@ -31,7 +31,8 @@ def _lowering_options() -> dict:
         raise PluginLoadError(record.name, record.distribution,
                               f"pjrt_host: plugin {record.name!r} ({type(record.plugin).__qualname__}) cannot lower "
                               f"ops: {'; '.join(problems)}. Fix the class attribute in the plugin.")
-    return {name: getattr(record.plugin, name, 0) for name in _plugin.LOWERING_OPTIONS}
+    return {name: getattr(record.plugin, name, False if name in _plugin.BOOL_LOWERING_OPTIONS else 0)
+            for name in _plugin.LOWERING_OPTIONS}
 
 
 def lowering_context(cfg: _config.Config, one_device: bool = False) -> LoweringContext:

@@ -53,6 +53,7 @@ def contract(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
             raise AssertionError("; ".join(problems))
         info["detail"] = (f"priority {plugin.priority}, dense_gather_factor {plugin.dense_gather_factor}, "
                           f"conv_as_matmul_max_positions {plugin.conv_as_matmul_max_positions}, "
+                          f"widen_16bit_matmul_operands {plugin.widen_16bit_matmul_operands}, "
                           f"unsupported_dtypes {dict(plugin.unsupported_dtypes)}, zero_copy_torch_devices "
                           f"{list(plugin.zero_copy_torch_devices)}, physical_chip_count {chips}")
 

@@ -42,13 +42,13 @@ def kernels(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
     import torch
 
     import pjrt_host
-    from ... import _lowerings
+    from ... import _lowerings, _plugin
     from ..._lowerings import _kernels
 
     device = pjrt_host.devices()[0]
     # every declared kernel, whatever PJRT_HOST_PLUGIN_KERNELS says, in strict mode
     declared = declared._replace(mode="on", dropped=())
-    options = {n: getattr(record.plugin, n, 0) for n in ("dense_gather_factor", "conv_as_matmul_max_positions")}
+    options = {n: getattr(record.plugin, n) for n in (*_plugin.INT_LOWERING_OPTIONS, *_plugin.BOOL_LOWERING_OPTIONS)}
     reference_ctx = _lowerings.LoweringContext(**options)
     for op_name, kernel in declared.kernels:
         title = f"{op_name} -> {kernel.fn}"

@@ -44,6 +44,10 @@ class CpuRefPlugin(DevicePlugin):
     # forward against 0.4 ms as patches x kernel); up to 8x8 output positions
     # the matmul form is as fast or faster (benchmarks/bench_lowering.py).
     conv_as_matmul_max_positions = 64
+    # XLA:CPU's runtime refuses some bfloat16 x bfloat16 = float32 dots inside
+    # larger programs ("Unsupported element type for DotThunk::Execute"):
+    # the matmul family widens 16-bit operands first (the same values).
+    widen_16bit_matmul_operands = True
     # Vendor kernels, by strings: nothing is imported (or compiled) until the
     # client exists and an op is lowered (pjrt_host_cpu_ref/_kernels).
     kernels = {
