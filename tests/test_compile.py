@@ -195,6 +195,33 @@ def test_outputs_that_alias_each_other_share_storage_as_in_eager(name):
     assert seen["jax"] == seen["cpu"]
 
 
+def _no_grad_views_beside_a_gradient(x):
+    y = (x > 0).long()
+    return x * 3, y, y.view(-1), y[1]
+
+
+@pytest.mark.parametrize("f", [lambda x: ((y := x * 2), y.float()), _no_grad_views_beside_a_gradient],
+                         ids=["the same tensor twice", "views that need no gradient beside one that does"])
+def test_outputs_of_a_training_graph_that_alias_each_other_share_storage_as_in_eager(f):
+    """Fuzz finding 3 in training graphs (the inputs need a gradient):
+    ``y, y.float()`` came back as two tensors, and views of a value that
+    needs no gradient did not see each other's writes.  The forward graph's
+    outputs AOTAutograd leaves to it are made again from one result, as an
+    inference graph's are; gradients flow as on CPU."""
+    seen = {}
+    for dev in ("cpu", "jax"):
+        torch._dynamo.reset()
+        x = torch.tensor([[1.0], [-2.0], [3.0]], device=dev, requires_grad=True)
+        outs = torch.compile(f, backend="jax")(x) if dev == "jax" else f(x)
+        if outs[-1].dtype == torch.long:
+            outs[2][0] = 7
+        sum(o.sum() for o in outs if o.requires_grad).backward()
+        seen[dev] = ([o.detach().cpu().tolist() for o in outs], [o._is_view() for o in outs],
+                     [[_same_storage(o, p) for p in outs] for o in outs],
+                     [[o is p for p in outs] for o in outs], x.grad.cpu().tolist())
+    assert seen["jax"] == seen["cpu"]
+
+
 def test_an_aliasing_output_the_devices_layout_cannot_view_keeps_its_values():
     """A view traced on CPU's layout of a result (``x.t() * 2`` keeps the
     transposed strides on CPU, so ``.t().view(-1)`` is a view there) that the

@@ -62,7 +62,7 @@ def _short(op: Any) -> str:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, what: str) -> Any:
     """fw / bw / inference compiler: the ATen graph as a callable."""
     aliases, added = (), 0
-    if what == "inference":
+    if what != "backward":
         aliases, added = _output_aliases(gm)
     # A backward graph's indices are the forward's (saved or recomputed from
     # its inputs), checked there: it runs unchecked.
@@ -85,13 +85,14 @@ def _graph_outputs(gm: torch.fx.GraphModule) -> list:
 
 
 def _output_aliases(gm: torch.fx.GraphModule) -> tuple:
-    """The outputs of an inference graph to make again from another's result
-    after the call (``_graph_runtime.output_aliases``), read against
-    AOTAutograd's metadata of the graph being compiled: which outputs it
-    regenerates itself.  The graph's outputs are the input mutations it
-    returns (none kept in the graph: ``num_mutated_inp_runtime_indices``),
-    then the user's outputs (``output_info``, one each), then intermediate
-    bases.  Without that metadata (AOTAutograd called outside torch.compile,
+    """The outputs of an inference or forward graph to make again from
+    another's result after the call (``_graph_runtime.output_aliases``),
+    read against AOTAutograd's metadata of the graph being compiled: which
+    outputs it regenerates itself.  The graph's outputs are the input
+    mutations it returns (none kept in the graph:
+    ``num_mutated_inp_runtime_indices``), then the user's outputs
+    (``output_info``, one each), then intermediate bases (a forward graph's
+    saved values after them).  Without that metadata (AOTAutograd called outside torch.compile,
     no TracingContext) outputs come back as the program returns them."""
     from torch._guards import TracingContext
 

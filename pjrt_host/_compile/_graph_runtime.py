@@ -176,8 +176,11 @@ def _view_step(node: Any) -> Any:
 
 
 def output_aliases(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tuple[tuple[OutputAlias, ...], int]:
-    """Outputs of an inference graph that share storage in eager, to be made
-    again after the call from one result (fuzz finding 3, docs/fuzzing.md).
+    """Outputs of an inference or forward graph that share storage in eager,
+    to be made again after the call from one result (fuzz finding 3,
+    docs/fuzzing.md).  In a forward graph the outputs AOTAutograd leaves to
+    it are those that need no gradient or are the same tensor: views that
+    need one it regenerates itself.
 
     One jitted program returns each output as an array of its own, so
     ``y, y.view(-1)`` would come back as two tensors a write to one does not
