@@ -42,6 +42,33 @@ def test_a_fixed_sample_of_programs_agrees_with_cpu_in_every_mode(tmp_path):
     print(f"{stats['programs']} programs, {stats['statements']} statements in {time.monotonic() - started:.1f} s")
 
 
+_PADDED_SAMPLE = """
+import json, sys
+sys.path.insert(0, "tests")
+import fuzz_programs, torch
+stats = fuzz_programs.fuzz(9000, 40, (), sys.argv[1], schedule=("op", "fused"), min_ops=5, max_ops=10,
+                           shrink_budget=40, log=lambda line: None)
+padded = torch.jax.dynamic_shape_stats()["padded_calls"]
+print(json.dumps({"programs": stats["programs"], "found": len(stats["found"]), "padded": padded,
+                  "summary": fuzz_programs.summary(stats)}))
+"""
+
+
+def test_a_fixed_sample_of_programs_agrees_with_cpu_with_every_dim_padded(tmp_path):
+    """The padded route (dynamic dimensions, docs/dynamic-shapes.md) under
+    the fuzzer: every dim of every tensor dynamic, with the oracle's odd
+    buckets, op by op and fused, in a process of its own (the setting is
+    read at start)."""
+    import json
+
+    proc = run_python(["-c", _PADDED_SAMPLE, str(tmp_path)], env={"PJRT_HOST_DYNAMIC_SHAPES": "all"}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["programs"] == 40
+    assert result["padded"] > 100, result  # the programs ran padded
+    assert result["found"] == 0, result["summary"]
+
+
 @pytest.mark.slow
 def test_a_long_sample_agrees_with_cpu_in_every_mode(tmp_path):
     stats = fuzz_programs.fuzz(8000, 600, fuzz_programs.MODES, str(tmp_path), compile_every=4,
