@@ -132,3 +132,23 @@ def test_a_number_the_dtype_cannot_hold_raises_cpus_overflow_error(expr):
     with pytest.raises(RuntimeError, match="without overflow") as error:
         eval(expr, {"torch": torch, "D": DEV})
     assert str(error.value) == str(cpu_error.value)
+
+
+def test_numbers_that_change_at_one_line_are_checked_against_the_dtype_each_time():
+    """One line called with ever new numbers traces them as run-time values
+    (one program for every value): a value of another range is still
+    refused as CPU refuses it, a value CPU accepts still computes what CPU
+    computes, and an integer that wraps to 0 still divides by zero."""
+    def calls(dev):
+        x = torch.tensor([0, 1, 3, 100], dtype=torch.uint8, device=dev)
+        h = torch.ones(3, dtype=torch.float16, device=dev)
+        for v in (1, 2, 5, 7, 200, 300, -1, -70000, 2**33, 3):
+            for name, call in (("fill", lambda: x.clone().fill_(v)), ("masked_fill", lambda: x.masked_fill(x > 2, v)),
+                               ("pow", lambda: x ** (v % 3)), ("floor_divide", lambda: x // v),
+                               ("half fill", lambda: h.clone().fill_(v * 1000.5))):
+                try:
+                    yield name, v, call().cpu().tolist()
+                except RuntimeError as err:
+                    yield name, v, str(err)
+
+    assert list(calls(DEV)) == list(calls("cpu"))

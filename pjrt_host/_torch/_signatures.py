@@ -50,6 +50,30 @@ class DynamicScalar(NamedTuple):
     call, such as an optimizer's step size)."""
 
     type: type
+    #: The range the value falls in (:func:`scalar_span`): torch converts
+    #: some Scalar arguments into the tensor's dtype with a check (``fill_``,
+    #: ``masked_fill``, ``addcmul``'s value), so a value of another range is
+    #: another signature, whose first call CPU's kernel is asked about.  A
+    #: string, never a number: a key entry ``(int, 0)`` is the constant 0.
+    span: str = ""
+
+
+_INT_SPANS = ((7, "7"), (8, "8"), (15, "15"), (16, "16"), (31, "31"), (32, "32"))
+
+
+def scalar_span(v: Any) -> str:
+    """The range of a traced scalar: for an int, the bits of its magnitude
+    in steps that match int8/uint8, int16/uint16, int32/uint32, and its
+    sign; for a float, whether float16, bfloat16 or float32 holds it (inf
+    and NaN convert to every float dtype)."""
+    if type(v) is int:
+        bits = abs(v).bit_length()
+        span = next((name for limit, name in _INT_SPANS if bits <= limit), "64")
+        return span if v >= 0 else "-" + span
+    a = abs(v)
+    if a <= 65504.0 or a != a or a == float("inf"):
+        return ""
+    return "bf16" if a <= 3.3895313892515355e38 else "f32" if a <= 3.4028234663852886e38 else "f64"
 
 
 class HostScalar(NamedTuple):
@@ -115,7 +139,7 @@ def encode_dynamic(v: Any, dyn: list, devs: list) -> Any:
     t = type(v)
     if t is float or t is int:
         dyn.append(v)
-        return DynamicScalar(t)
+        return DynamicScalar(t, scalar_span(v))
     if t is list or t is tuple:  # a Scalar[] (a foreach op's per-tensor step sizes)
         return SequenceArg([encode_dynamic(x, dyn, devs) for x in v])
     return encode(v, dyn, devs)

@@ -223,8 +223,8 @@ def _integer_division(op: str) -> Callable[[Any, tuple, dict], None]:
     """``floor_divide`` / ``remainder`` / ``fmod`` / ``div`` with a rounding
     mode, of integer operands: torch CPU's kernels refuse a zero divisor
     ("ZeroDivisionError"); jax divides and gives a value (-1, 0, the
-    dividend).  A Python 0 is refused at the call, a tensor holding a zero
-    at the next synchronisation."""
+    dividend).  A Python number that is 0 in the dtype is refused at the
+    call, a tensor holding a zero at the next synchronisation."""
     def check(mode: Any, args: tuple, kwargs: dict) -> None:
         a, b = _arg(args, kwargs, 0, "self"), _arg(args, kwargs, 1, "other")
         if op == "div" and _arg(args, kwargs, 2, "rounding_mode") is None:
@@ -237,7 +237,8 @@ def _integer_division(op: str) -> Callable[[Any, tuple, dict], None]:
         if a.numel() == 0 or isinstance(b, torch.Tensor) and b.numel() == 0:
             return  # no element is divided: CPU's kernel raises nothing (take_along_dim of empty tensors)
         if not isinstance(b, torch.Tensor):
-            if b == 0:
+            # (the number wraps into the dtype first: 256 divides a uint8 by 0)
+            if int(b) % (1 << torch.iinfo(dtype).bits) == 0:
                 _refuse(f"aten::{op}", RuntimeError("ZeroDivisionError"))
         elif type(b) is torch.Tensor and b.device.type == "cpu":  # a CPU scalar tensor (not a trace's fake)
             if b.numel() and bool((b == 0).any()):
