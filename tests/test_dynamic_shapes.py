@@ -590,6 +590,37 @@ def test_a_cache_that_only_a_cat_sees_grow_becomes_dynamic(eager):
     assert sum(1 for n in compiled[3:] if n) <= 10, text
 
 
+def test_a_cache_join_reads_its_views_inside_its_own_program(monkeypatch):
+    """A key/value cache as transformers grows it: the new token's keys are
+    a view (split, view, transpose) of a projection, the cache a view of a
+    padded storage.  The join reads both through their views inside its
+    program: one dispatch per token, where each view's read was a program
+    of its own before (3 of the 4 programs a GPT-2 layer ran per token for
+    its cache)."""
+    from pjrt_host import _program_cache
+
+    calls = []
+    original = _program_cache.Kept.__call__
+    monkeypatch.setattr(_program_cache.Kept, "__call__", lambda self, *a: (calls.append(self.name), original(self, *a))[1])
+    results = {}
+    for dev in ("cpu", "jax"):
+        torch.manual_seed(0)
+        qkv = torch.randn(1, 12, 3 * 8)
+        cache = qkv[:, :4].to(dev).split(8, dim=2)[1].view(1, 4, 2, 4).transpose(1, 2)
+        with pjrt_host.config(dynamic_shapes=True, eager="op"):
+            for step in range(8):
+                token = qkv[:, 4 + step: 5 + step].to(dev)
+                key = token.split(8, dim=2)[1].view(1, 1, 2, 4).transpose(1, 2)
+                if step == 5:
+                    calls.clear()
+                cache = torch.cat([cache, key], dim=-2)
+            results[dev] = cache.cpu()
+            if dev == "jax":
+                assert cache._storage.padded is not None
+                assert "pjrt_host.read" not in calls and calls.count("pjrt_host.join") == 3, calls
+    torch.testing.assert_close(results["jax"], results["cpu"])
+
+
 def test_a_growing_cat_beside_an_empty_part_joins_the_rest():
     """block_diag's decomposition cats each block between zeros, some of
     them empty along the cat's dim: once the growing part is padded, the

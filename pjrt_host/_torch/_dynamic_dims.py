@@ -747,27 +747,36 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
             return None
         exact = tuple(((n, n, False),) for n in t.shape)
         view = t._view
+        # each part: (array, its padding, its length along dim, the view the
+        # join reads it through, or None, its run-time offset, the shape read);
+        # a view is read inside the join's program, not by a program of its own
         if record is not None and storage.pending and (view is None or (storage.padded is None and view.elem is None)):
             # recorded as it is: a pending whole storage, or a view of an exact one read in the join
             static, offset = (None, 0) if view is None else (view.static, view.run_offset)
-            parts.append((storage._array, storage.padded or exact, t.shape[dim], static, offset))
+            parts.append((storage._array, storage.padded or exact, t.shape[dim], static, offset,
+                          tuple(storage.shape if view is None else t.shape)))
         elif storage.padded is not None:
-            found = padded_values(t)
-            if found is None:
+            if not _config.current().dynamic_shapes:
                 return None
-            arr, padded = found
-            parts.append((arr, padded or exact, t.shape[dim], None, 0))
+            r = read_of(t)
+            if r is None:
+                return None
+            padded = None if r.psize == tuple(t.shape) else r.comps
+            arr = storage.computed()
+            parts.append((arr, padded or exact, t.shape[dim], r.view, r.offset if r.view is not None else 0,
+                          tuple(r.psize if r.view is not None else arr.shape)))
+        elif view is not None and view.elem is None:
+            parts.append((storage.get(), exact, t.shape[dim], view.static, view.run_offset, tuple(t.shape)))
         else:
             arr = read_through(storage.get(), view.static, view.run_offset) if view is not None else storage.get()
-            parts.append((arr, exact, t.shape[dim], None, 0))
+            parts.append((arr, exact, t.shape[dim], None, 0, tuple(arr.shape)))
     if not any(p[1][dim][0][2] for p in parts if len(p[1][dim]) == 1) or any(len(p[1][dim]) != 1 for p in parts):
         return None  # nothing padded along dim, or a merged dim there
     others = [tuple(c for d, c in enumerate(p[1]) if d != dim) for p in parts]
     if any(o != others[0] for o in others) or any(p[0].dtype != parts[0][0].dtype for p in parts):
         return None
     total = sum(p[2] for p in parts)
-    # each part's shape as the join reads it (a recorded view: its size, of the storage's array)
-    shapes = [tuple(t.shape) if p[3] is not None else tuple(p[0].shape) for p, t in zip(parts, tensors)]
+    shapes = [p[5] for p in parts]  # each part's shape as the join reads it
     physical_out = max(_padding.room(total), max(shape[dim] for shape in shapes))
     views = tuple(p[3] for p in parts)
     key = (tuple(tuple(p[0].shape) for p in parts), str(parts[0][0].dtype), dim, physical_out, views)
