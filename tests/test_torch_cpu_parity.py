@@ -311,3 +311,16 @@ def test_bad_arguments_raise_cpus_error_type_and_text(program):
     the latter."""
     (cpu_type, cpu_text), (jax_type, jax_text) = _errors(program)
     assert jax_type is cpu_type and jax_text.replace(" ", "") == cpu_text.replace(" ", "")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_sign_of_nan_and_negative_zero_is_cpus(dtype):
+    """Fuzz seed 7000708: torch's sign is ``(0 < x) - (x < 0)``, 0 for NaN
+    and +0 for -0; jnp.sign keeps both, and ``y / sign(-0.0 * x)`` gave
+    -inf where CPU gives inf."""
+    x = torch.tensor([-0.0, 0.0, float("nan"), -2.0, 3.0, float("inf"), -float("inf")], dtype=dtype)
+    for fn in (torch.sign, torch.sgn):
+        want, got = fn(x), cpu(fn(x.to(DEV)))
+        assert got.tolist()[3:] == want.tolist()[3:]
+        assert torch.equal(got[:3], want[:3]) and torch.signbit(got).tolist() == torch.signbit(want).tolist()
+    assert cpu(1.0 / torch.sign(x.to(DEV)[:1])).tolist() == [float("inf")]

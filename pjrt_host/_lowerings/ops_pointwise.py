@@ -153,7 +153,14 @@ def abs_(x):
 
 @lowering("aten::sign")
 def sign(x):
-    return x if x.dtype == jnp.bool_ else jnp.sign(x)
+    if x.dtype == jnp.bool_:
+        return x
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        # torch's kernels compute (0 < x) - (x < 0): 0 for NaN and +0 for
+        # -0, where jnp.sign keeps NaN and -0 (a division by the result
+        # then gave -inf where CPU gives inf)
+        return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+    return jnp.sign(x)
 
 
 @lowering("aten::sgn")
