@@ -12,6 +12,8 @@ pytest.importorskip("jax")
 
 import pjrt_host  # noqa: E402  (registers the device if autoload is off)
 
+F = torch.nn.functional
+
 DEV = "jax"
 
 
@@ -324,3 +326,19 @@ def test_sign_of_nan_and_negative_zero_is_cpus(dtype):
         assert got.tolist()[3:] == want.tolist()[3:]
         assert torch.equal(got[:3], want[:3]) and torch.signbit(got).tolist() == torch.signbit(want).tolist()
     assert cpu(1.0 / torch.sign(x.to(DEV)[:1])).tolist() == [float("inf")]
+
+
+@pytest.mark.parametrize("fn", [F.hardshrink, F.softshrink, torch.digamma, torch.special.entr,
+                                torch.special.spherical_bessel_j0],
+                         ids=["hardshrink", "softshrink", "digamma", "entr", "spherical_bessel_j0"])
+def test_nan_infinities_and_signed_zeros_give_cpus_values(fn):
+    """A sweep of torch's unary ufuncs over -0, NaN and the infinities found
+    these: hardshrink and softshrink turned NaN into 0, spherical_bessel_j0
+    was NaN at +-inf (torch: 0), digamma(-0.0) was -inf (torch: +inf),
+    entr(0) and softshrink's band gave the other zero."""
+    x = torch.tensor([-0.0, 0.0, float("nan"), float("inf"), -float("inf"), -0.3, 0.3, -2.5, 2.5])
+    want, got = fn(x), cpu(fn(x.to(DEV)))
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    keep = ~torch.isnan(want)
+    torch.testing.assert_close(got[keep], want[keep])
+    assert torch.signbit(got[keep]).tolist() == torch.signbit(want[keep]).tolist()

@@ -241,10 +241,13 @@ _FLOAT_UNARY = {
     "lgamma": jsp.gammaln,
     "i0": jsp.i0, "special_i0e": jsp.i0e, "special_i1": jsp.i1, "special_i1e": jsp.i1e,
     "special_ndtr": jsp.ndtr, "special_ndtri": jsp.ndtri, "special_log_ndtr": jsp.log_ndtr,
-    "special_entr": jsp.entr,
+    # torch's entr is 0 at 0 (jax's: -0 * log 0 = -0)
+    "special_entr": lambda x: jnp.where(x == 0, jnp.zeros((), x.dtype), jsp.entr(x)),
     "sinc": jnp.sinc, "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg,
     "special_modified_bessel_i0": jsp.i0, "special_modified_bessel_i1": jsp.i1,
-    "special_spherical_bessel_j0": lambda x: jnp.where(x == 0, jnp.ones((), x.dtype), jnp.sin(x) / x),
+    # (torch's: 0 at +-inf, where sin(x) / x is NaN)
+    "special_spherical_bessel_j0": lambda x: jnp.where(
+        x == 0, jnp.ones((), x.dtype), jnp.where(jnp.isinf(x), jnp.zeros((), x.dtype), jnp.sin(x) / x)),
 }
 for _name, _fn in _FLOAT_UNARY.items():
     if _fn is not None:
@@ -253,13 +256,14 @@ for _name, _fn in _FLOAT_UNARY.items():
 
 @lowering("aten::digamma", "aten::special_digamma", "aten::special_psi")
 def digamma(x):
-    """digamma with torch's values at the poles: -inf at 0, NaN at negative
-    integers; negative arguments by reflection, which jax's does not do."""
+    """digamma with torch's values at the poles: -inf at 0 (+inf at -0),
+    NaN at negative integers; negative arguments by reflection, which
+    jax's does not do."""
     x = as_float(x)
     reflected = jsp.digamma(1 - x) - jnp.pi / jnp.tan(jnp.pi * x)
     out = jnp.where(x < 0, reflected, jsp.digamma(jnp.where(x < 0, 1.0, x).astype(x.dtype)))
     out = jnp.where((x < 0) & (x == jnp.floor(x)), jnp.nan, out)
-    return jnp.where(x == 0, -jnp.inf, out).astype(x.dtype)
+    return jnp.where(x == 0, jnp.where(jnp.signbit(x), jnp.inf, -jnp.inf), out).astype(x.dtype)
 
 
 @lowering("aten::frexp.Tensor")
@@ -670,12 +674,14 @@ def hardswish(x):
 @lowering("aten::hardshrink")
 def hardshrink(x, lambd=0.5):
     lambd = as_stored(jnp.asarray(lambd, x.dtype))  # torch compares with lambd in the tensor's dtype
-    return jnp.where(jnp.abs(x) > lambd, x, jnp.zeros((), x.dtype))
+    # torch's test is "inside [-lambd, lambd]": NaN is outside, and stays NaN
+    return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros((), x.dtype), x)
 
 
 @lowering("aten::softshrink")
 def softshrink(x, lambd=0.5):
-    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, jnp.zeros((), x.dtype))).astype(x.dtype)
+    # torch's x * 0 inside the band: NaN stays NaN, a negative x gives -0
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0)).astype(x.dtype)
 
 
 @lowering("aten::threshold")
