@@ -716,6 +716,19 @@ def test_a_16_bit_mean_of_a_padded_tensor_sums_in_float32_as_cpu():
                 torch.testing.assert_close(got.cpu(), t.mean(dim), rtol=0, atol=0)
 
 
+def test_a_dim_longer_than_an_int32_stays_exact():
+    # a dynamic dim's logical size travels as an int32: a lazy randn of 2**42
+    # elements, padded by the oracle at its sum, raised an OverflowError
+    # where the exact route raises torch's OutOfMemoryError (found by the
+    # oracle: test_torch_habits.py's out-of-memory test)
+    with pjrt_host.config(dynamic_shapes="all"):
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.randn(2**42, device="jax").sum().item()
+        assert (torch.ones(3, device="jax") * 2).sum().item() == 6
+    assert _padding.dynamic_ok(2**30) and not _padding.dynamic_ok(2**31 - 2)  # (its bucket is 2263057008)
+    assert _padding.dynamic_ok(2**31 - 9, odd=True) and not _padding.dynamic_ok(2**31 - 3, odd=True)
+
+
 # ------------------------------------------------------------ torch.compile(backend='jax')
 #
 # dynamo's symbolic graphs (automatic dynamic at the second size,
