@@ -747,6 +747,34 @@ def test_a_16_bit_mean_of_a_padded_tensor_sums_in_float32_as_cpu():
                 torch.testing.assert_close(got.cpu(), t.mean(dim), rtol=0, atol=0)
 
 
+def test_a_dim_longer_than_an_int32_stays_exact():
+    # a dynamic dim's logical size travels as an int32: a lazy randn of 2**42
+    # elements, padded by the oracle at its sum, raised an OverflowError
+    # where the exact route raises torch's OutOfMemoryError (found by the
+    # oracle: test_torch_habits.py's out-of-memory test)
+    with pjrt_host.config(dynamic_shapes="all"):
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.randn(2**42, device="jax").sum().item()
+        assert (torch.ones(3, device="jax") * 2).sum().item() == 6
+    assert _padding.dynamic_ok(2**30) and not _padding.dynamic_ok(2**31 - 2)  # (its bucket is 2263057008)
+    assert _padding.dynamic_ok(2**31 - 9, odd=True) and not _padding.dynamic_ok(2**31 - 3, odd=True)
+
+
+def test_sync_mode_waits_for_a_padded_result_without_cutting_it():
+    # eager="sync" waited for each op's result through Storage.array, which
+    # cuts a padded array for good: every padded result was cut at its op,
+    # the next op padded it again, and sync ran other programs than op by op
+    # (test_eager_modes.py's bit-for-bit weights; found by the oracle)
+    x = torch.randn(4, 10)
+    with pjrt_host.config(dynamic_shapes="all", eager="sync"):
+        d = x.to("jax") * 2  # padded from here on
+        assert d._storage.padded is not None
+        cuts = torch.jax.dynamic_shape_stats()["cuts"]
+        y = (d + 1).sum(1)
+        assert d._storage.padded is not None and torch.jax.dynamic_shape_stats()["cuts"] == cuts
+        torch.testing.assert_close(y.cpu(), (x * 2 + 1).sum(1))
+
+
 # ------------------------------------------------------------ torch.compile(backend='jax')
 #
 # dynamo's symbolic graphs (automatic dynamic at the second size,

@@ -604,7 +604,7 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
         shape = tuple(t.shape)
         dims = set()
         if mode == "all":
-            dims = {d for d, n in enumerate(shape) if n > 1}
+            dims = {d for d, n in enumerate(shape) if _padding.dynamic_ok(n, True)}
         else:
             if place is None:
                 place = (_caller(), params)
@@ -615,11 +615,11 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
                 sizes = seen[(place, pos, len(shape))] = [set() for _ in shape]
             for d, n in enumerate(shape):
                 sizes[d].add(n)
-                if len(sizes[d]) >= _SIZES and n > 1:
+                if len(sizes[d]) >= _SIZES and _padding.dynamic_ok(n):
                     dims.add(d)
             marked = getattr(t, "_dynamo_dynamic_indices", None)
             if marked:
-                dims |= {d for d in marked if d < len(shape) and shape[d] > 1}
+                dims |= {d for d in marked if d < len(shape) and _padding.dynamic_ok(shape[d])}
         if dims and op.rule.exact is not None:
             dims -= op.rule.exact(args, kwargs).get(pos, set())
         if dims and (_mark_expanded(t, dims, odd=mode == "all")

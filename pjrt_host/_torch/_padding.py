@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 from .. import _program_cache
 
-__all__ = ["PaddedSpec", "bucket", "counts", "cut", "fill", "note", "note_cut", "note_padded_call", "pad_as", "physical_shape",
+__all__ = ["PaddedSpec", "bucket", "counts", "cut", "dynamic_ok", "fill", "note", "note_cut", "note_padded_call", "pad_as", "physical_shape",
            "reset"]
 
 
@@ -81,6 +81,18 @@ def bucket(n: int, odd: bool = False) -> int:
     while b < n:
         b = -(-int(b * 1.25) // 16) * 16
     return b
+
+
+#: The largest physical size a dynamic dim may have: its logical size and
+#: the positions that mask it travel as int32 (:func:`device_scalar`, the
+#: masks' iotas), so a longer dim stays exact.
+MAX_SIZE = 2**31 - 1
+
+
+def dynamic_ok(n: int, odd: bool = False) -> bool:
+    """Whether a dim of logical size ``n`` can be dynamic: more than one
+    element, and its bucket (:func:`room`) an int32."""
+    return n > 1 and room(n, odd) <= MAX_SIZE
 
 
 def room(n: int, odd: bool = False) -> int:
@@ -151,7 +163,7 @@ def changing_dims(place: Any, shape: tuple) -> set:
         seen = sizes[d]
         if len(seen) < SIZES:
             seen.add(n)
-        if len(seen) >= SIZES and n > 1:
+        if len(seen) >= SIZES and dynamic_ok(n):
             dims.add(d)
     return dims
 

@@ -675,7 +675,7 @@ def finish_op(result: Any) -> None:
     the deferred checks found so far (the op's own are already run at it)."""
     for t in result if isinstance(result, (tuple, list)) else (result,):
         if isinstance(t, JaxTensor):
-            arr = t._storage.array
+            arr = t._storage.computed()  # as laid out: ``array`` would cut a padded result
             if arr is not None:
                 arr.block_until_ready()
     wait_queued()
