@@ -621,6 +621,30 @@ def test_a_cache_join_reads_its_views_inside_its_own_program(monkeypatch):
     torch.testing.assert_close(results["jax"], results["cpu"])
 
 
+def test_a_join_past_the_int32_limit_runs_exact(monkeypatch):
+    """A join, a gradient placed in its bucket and a pad at the end carry
+    lengths as int32 scalars: one whose bucket would pass the limit runs
+    exact instead (the limit lowered here to 40 elements, as a cat of more
+    than 2**31 rows cannot be made on this machine)."""
+    monkeypatch.setattr(_padding, "MAX_SIZE", 40)
+    results = {}
+    for dev in ("cpu", "jax"):
+        torch.manual_seed(0)
+        steps = [torch.randn(2, 3) for _ in range(16)]
+        cache = torch.randn(2, 20).to(dev)
+        with pjrt_host.config(dynamic_shapes=True, eager="op"):
+            for i, s in enumerate(steps):
+                cache = torch.cat([cache, s.to(dev)], dim=1)
+                if dev == "jax" and cache.shape[1] < 32 and i >= 3:
+                    assert cache._storage.padded is not None  # in its bucket while the bucket fits
+            padded = F.pad(cache, (0, 3))
+        results[dev] = (cache.cpu(), padded.cpu())
+        if dev == "jax":
+            assert cache._storage.padded is None and padded._storage.padded is None
+    for got, want in zip(results["jax"], results["cpu"]):
+        torch.testing.assert_close(got, want)
+
+
 def test_a_growing_cat_beside_an_empty_part_joins_the_rest():
     """block_diag's decomposition cats each block between zeros, some of
     them empty along the cat's dim: once the growing part is padded, the

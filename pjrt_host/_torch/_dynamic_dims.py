@@ -778,6 +778,8 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
     total = sum(p[2] for p in parts)
     shapes = [p[5] for p in parts]  # each part's shape as the join reads it
     physical_out = max(_padding.room(total), max(shape[dim] for shape in shapes))
+    if physical_out > _padding.MAX_SIZE:
+        return None  # its length could not travel as an int32: the exact cat
     views = tuple(p[3] for p in parts)
     key = (tuple(tuple(p[0].shape) for p in parts), str(parts[0][0].dtype), dim, physical_out, views)
     found = _join_programs.get(key)
@@ -877,6 +879,8 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
         return None
     # the bucket the input was padded to (odd ones in the test mode "all")
     physical_out = max(_padding.room(n, _config.current().dynamic_shapes == "all"), arr.shape[dim])
+    if physical_out > _padding.MAX_SIZE:
+        return None  # (as in join)
     key = (tuple(arr.shape), str(arr.dtype), dim, physical_out)
     program = _placing_programs.get(key)
     if program is None:
@@ -941,6 +945,8 @@ def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
     # labels line up with the rows they label
     physical_out = arr.shape[dim] if total <= arr.shape[dim] else \
         _padding.room(total, _config.current().dynamic_shapes == "all")
+    if physical_out > _padding.MAX_SIZE:
+        return None  # (as in join)
     if x.dtype == torch.bool:
         value = bool(value)
     elif not (x.dtype.is_floating_point or x.dtype.is_complex):
