@@ -880,6 +880,28 @@ def test_compiled_automatic_dynamic_runs_one_program_per_bucket():
     assert torch.jax.dynamic_shape_stats()["fallbacks"] == 0
 
 
+def test_a_compiled_size_whose_bucket_passes_the_int32_limit_runs_per_shape(monkeypatch):
+    """Symbolic sizes travel into a bucket's program as int32 scalars: a
+    call whose bucket would pass the limit (lowered here to 40, as a size
+    past 2**31 cannot be made on this machine) runs its per-shape program,
+    and the graph's other calls still run in buckets."""
+    torch._dynamo.reset()
+    _padding.reset()
+    monkeypatch.setattr(_padding, "MAX_SIZE", 40)
+
+    def f(x):
+        return torch.softmax(x * 2, dim=0).sum(1)
+
+    g = torch.compile(f, backend="jax", dynamic=True)
+    with pjrt_host.config(dynamic_shapes=True), torch.no_grad():
+        for n in (5, 7, 50, 11):
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(g(x.to("jax")).cpu(), f(x), rtol=1e-5, atol=1e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["graph_programs"] == 1, stats  # 5, 7 and 11 in the bucket of 16
+    assert list(stats["fallbacks_by_reason"].values()) == [1], stats  # 50 alone
+
+
 def test_compiled_off_compiles_per_shape():
     _padding.reset()
     with pjrt_host.config(dynamic_shapes=False):

@@ -29,7 +29,7 @@ __all__ = [
     "note_result", "our_trace", "out_of_memory", "put_storage", "read", "storage", "storage_of", "to_device_array",
     "to_torch", "torch_device", "torch_dtype", "value_sites", "wrap", "write",
     # dynamic dimensions (_padded_graph)
-    "bucket", "device_scalar", "fill", "fill_of", "note_fallback", "note_padded", "pad_as", "padded_array",
+    "bucket", "device_scalar", "fill", "fill_of", "max_bucket", "note_fallback", "note_padded", "pad_as", "padded_array",
     "padded_rule", "place_of", "positions", "wrap_padded",
 ]
 
@@ -362,6 +362,12 @@ def check_results_fit(arrays: Any, index: int, what: str) -> None:
 def bucket(n: int, odd: bool = False) -> int:
     """The physical size a logical size ``n`` is padded to (eager's buckets)."""
     return _padding.bucket(n, odd)
+
+
+def max_bucket() -> int:
+    """The largest bucket a size may have: sizes travel as int32 scalars
+    (``_padding.MAX_SIZE``, read at each call)."""
+    return _padding.MAX_SIZE
 
 
 def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:

@@ -436,7 +436,8 @@ class CompiledGraph:
         try:
             bindings, bkey, buckets, comps = _padded_graph.input_padding(plan, args, cfg.dynamic_shapes == "all")
         except _padded_graph.Unpaddable as why:
-            self._give_up(str(why))
+            if not isinstance(why, _padded_graph.BucketTooLarge):  # (that one is this call's sizes alone)
+                self._give_up(str(why))
             _door.note_fallback(f"torch.compile {self.what} graph", str(why))
             return None
         statics = tuple(a if spec[0] == "value" else None for a, spec in zip(args, plan.inputs))

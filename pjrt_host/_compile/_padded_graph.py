@@ -52,12 +52,18 @@ import torch
 from .._lowerings import invoke, op_name
 from . import _door
 
-__all__ = ["Plan", "Unpaddable", "concrete_padding", "concrete_value", "input_metas", "input_padding", "logical_shape",
+__all__ = ["BucketTooLarge", "Plan", "Unpaddable", "concrete_padding", "concrete_value", "input_metas", "input_padding", "logical_shape",
            "physical", "plan", "run"]
 
 
 class Unpaddable(Exception):
     """The graph cannot run on padded values: ``str(self)`` says why."""
+
+
+class BucketTooLarge(Unpaddable):
+    """This call's sizes have a bucket past what an int32 holds (sizes
+    travel into the program as int32 scalars): it runs per shape; the
+    graph's other sizes still run in buckets."""
 
 
 #: Data movement done here on physical arrays, by kind.
@@ -213,6 +219,8 @@ def input_padding(the_plan: Plan, args: list, odd: bool) -> tuple:
     except KeyError:
         missing = [s for s in the_plan.symbols if s not in bindings]
         raise Unpaddable(f"the sizes {missing} are not an input's size") from None
+    if key and max(key) > _door.max_bucket():
+        raise BucketTooLarge(f"a size whose bucket ({max(key)}) does not fit an int32")
     found = the_plan.layouts.get(key)
     if found is None:
         buckets = dict(zip(the_plan.symbols, key))
