@@ -585,3 +585,23 @@ def test_a_process_exits_cleanly_with_compiles_in_the_background():
                       "with pjrt_host.config(eager='fused'): (x + 1).cpu()"],
                      env={"PJRT_HOST_FUSED_COMPILE": "later"})
     assert bad.returncode != 0 and "PJRT_HOST_FUSED_COMPILE='later'" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_the_recompile_log_names_a_join_whose_parts_changed(caplog):
+    """A recorded join's key is not an engine key: the log, asked why a
+    segment holding one compiled, says what changed instead of raising
+    from inside the segment's run (it did, with the log at INFO, in GPT-2's
+    generate())."""
+    torch.manual_seed(0)
+    rows = [torch.randn(2, 1, 4) for _ in range(40)]
+    expected = cache = torch.randn(2, 3, 4)
+    for r in rows:
+        expected = torch.cat([expected, r + 1], dim=1)
+    cache = cache.to("jax")
+    with fused(), pjrt_host.config(dynamic_shapes=True), caplog.at_level("INFO", logger="pjrt_host.recompiles"):
+        for r in rows:  # through the buckets of 16, 32 and 48 rows
+            cache = torch.cat([cache, r.to("jax") + 1], dim=1)  # a pending part: the join is recorded
+            (cache * 2).sum().item()
+    torch.testing.assert_close(cache.cpu(), expected)
+    lines = [r.getMessage() for r in caplog.records if "pjrt_host.join" in r.getMessage()]
+    assert lines and all("->" in line for line in lines), lines

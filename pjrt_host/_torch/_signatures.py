@@ -297,7 +297,10 @@ def note_miss(op: Any, key: tuple, bucketed: bool = False) -> None:
 
 
 def difference(prev: tuple, key: tuple) -> str:
-    """What differs between two keys of one op, in a user's terms."""
+    """What differs between two keys of one op, in a user's terms (keys
+    the engine did not build, as a join's: both, shortened)."""
+    if not (_engine_key(prev) and _engine_key(key)):
+        return f"{_shortened(prev)} -> {_shortened(key)}"
     changes = []
     (pa, pk, pt, pc, pp), (a, k, t, c, p) = prev, key
     for where, old, new in [(f"argument {i}", x, y) for i, (x, y) in enumerate(zip(pa, a))] + \
@@ -321,6 +324,18 @@ def difference(prev: tuple, key: tuple) -> str:
     if pp != p:
         changes.append(f"the device ({pp} -> {p})")
     return "; ".join(changes) or "the same arguments (the earlier program was evicted)"
+
+
+def _engine_key(key: Any) -> bool:
+    """Whether ``key`` has the engine's form: (args, ((name, value), ...),
+    out= targets, configuration, place)."""
+    return type(key) is tuple and len(key) == 5 and type(key[0]) is tuple and type(key[1]) is tuple and all(
+        type(item) is tuple and len(item) == 2 for item in key[1])
+
+
+def _shortened(key: Any) -> str:
+    text = repr(key)
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def describe(part: Any) -> str:
