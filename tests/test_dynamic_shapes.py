@@ -338,6 +338,29 @@ def test_the_gradient_of_a_slice_of_a_padded_dim_is_placed_at_its_start():
     assert _dynamic_dims._placing_programs, "the gradients were placed padded"
 
 
+def test_a_gradient_whose_input_bucket_passes_the_int32_limit_is_placed_exact(monkeypatch):
+    """slice_backward's placing program takes the start and length as int32
+    scalars: where the input's bucket would pass the limit (lowered here to
+    10 elements: the sliced dim's bucket is 14 in the odd buckets, the
+    slice's 7), the gradient is placed by the exact route instead."""
+    from pjrt_host._torch import _dynamic_dims
+
+    monkeypatch.setattr(_padding, "MAX_SIZE", 10)
+    _dynamic_dims._placing_programs.clear()
+    torch.manual_seed(2)
+    x, w = torch.randn(3, 11, 4), torch.randn(3, 3, 4)
+    with pjrt_host.config(dynamic_shapes="all"):
+        xd = x.to("jax").requires_grad_()
+        product = (xd * 1.5)[:, 2:5] * w.to("jax")
+        assert product._storage.padded is not None  # the slice's gradient comes padded
+        product.sum().backward()
+    xc = x.clone().requires_grad_()
+    ((xc * 1.5)[:, 2:5] * w).sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad)
+    assert not [k for k in _dynamic_dims._placing_programs if k[3] > _padding.MAX_SIZE], \
+        list(_dynamic_dims._placing_programs)
+
+
 def test_an_index_check_reads_a_padded_index_within_its_logical_sizes():
     # every dim padded, to odd buckets: the indices' padding holds -1 (their
     # logical values less 1), which the checks must not read, while a bad
