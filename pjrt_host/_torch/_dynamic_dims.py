@@ -672,16 +672,26 @@ def padded_values(t: JaxTensor) -> tuple | None:
     storage's array itself when ``t`` is all of it) with their padding, or
     None: ``t`` is not over a padded storage, or its view is not a physical
     one, or dynamic shapes are off."""
-    storage = t._storage
-    if storage.padded is None or not _config.current().dynamic_shapes:
+    if t._storage.padded is None or not _config.current().dynamic_shapes:
         return None
+    found = _padded_read(t)
+    if found is None:
+        return None
+    r, arr, padding = found
+    if r.view is not None:
+        arr = read_through(arr, r.view, r.offset)
+    return arr, padding
+
+
+def _padded_read(t: JaxTensor) -> tuple | None:
+    """How ``t`` reads its padded storage (its :class:`PaddedRead`), the
+    storage's computed array, and ``t``'s padding (None where ``t`` reads a
+    box of its own logical shape); None where its view is not a physical
+    one."""
     r = read_of(t)
     if r is None:
         return None
-    arr = storage.computed()
-    if r.view is not None:
-        arr = read_through(arr, r.view, r.offset)
-    return arr, (None if r.psize == tuple(t.shape) else r.comps)
+    return r, t._storage.computed(), (None if r.psize == tuple(t.shape) else r.comps)
 
 
 _join_programs: dict = {}
@@ -756,13 +766,10 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
             parts.append((storage._array, storage.padded or exact, t.shape[dim], static, offset,
                           tuple(storage.shape if view is None else t.shape)))
         elif storage.padded is not None:
-            if not _config.current().dynamic_shapes:
+            found = _padded_read(t)
+            if found is None:
                 return None
-            r = read_of(t)
-            if r is None:
-                return None
-            padded = None if r.psize == tuple(t.shape) else r.comps
-            arr = storage.computed()
+            r, arr, padded = found
             parts.append((arr, padded or exact, t.shape[dim], r.view, r.offset if r.view is not None else 0,
                           tuple(r.psize if r.view is not None else arr.shape)))
         elif view is not None and view.elem is None:
