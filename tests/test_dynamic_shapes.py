@@ -415,7 +415,8 @@ def test_off_every_length_compiles_its_own_programs():
     with pjrt_host.config(dynamic_shapes=False):
         compiled = _run_lengths([20, 23, 27], check=False)
     # op by op, each op's programs (more than 10); fused, each segment's
-    assert all(c >= 5 for c in compiled), compiled
+    # (its factories and index checks recorded into them: 3 or more)
+    assert all(c >= 3 for c in compiled), compiled
 
 
 def test_odd_buckets_on_every_dim_never_show_in_a_value():

@@ -528,6 +528,7 @@ def test_a_segment_that_fails_names_its_failure_to_every_later_reader():
     unrelated error on an uncomputed value). The failure here: an input's
     jax array deleted through interop after the op was recorded."""
     x = torch.arange(4.0, device="jax")
+    torch.jax.synchronize()  # (a factory is recorded too: x computed before the segment that reads it)
     # unpadded: jax_view of a padded x would cut it to a new array, and the
     # segment would read the padded one, which stays
     with fused(), pjrt_host.config(dynamic_shapes=False):
@@ -605,3 +606,110 @@ def test_the_recompile_log_names_a_join_whose_parts_changed(caplog):
     torch.testing.assert_close(cache.cpu(), expected)
     lines = [r.getMessage() for r in caplog.records if "pjrt_host.join" in r.getMessage()]
     assert lines and all("->" in line for line in lines), lines
+
+
+def test_a_factory_is_recorded_into_the_segment_that_reads_it():
+    """A factory that draws nothing is an op without inputs in the segment:
+    a mask's ones, the position ids' arange and a fill value are made inside
+    the program of the ops that read them, with no program of their own."""
+    from pjrt_host._torch import _factories
+
+    with fused(), pjrt_host.config(dynamic_shapes=False):  # (the oracle's padding reads some values first)
+        before, programs = _fused.stats()["ops"], set(_factories._compiled)
+        mask = torch.ones(5, 7, device="jax", dtype=torch.bool).tril()
+        pos = torch.arange(2, 9, device="jax")
+        out = torch.where(mask, pos * 1.5, torch.full((), -1.0, device="jax"))
+        assert mask._storage.pending and pos._storage.pending
+        recorded = _fused.stats()["ops"] - before
+        got = out.cpu()
+    want = torch.where(torch.ones(5, 7, dtype=torch.bool).tril(), torch.arange(2, 9) * 1.5, torch.full((), -1.0))
+    torch.testing.assert_close(got, want)
+    assert recorded == 6, recorded  # ones, tril, arange, mul, full, where
+    assert set(_factories._compiled) == programs, "a factory ran a program of its own"
+
+
+def test_a_factory_of_a_changing_length_is_recorded_padded():
+    # position ids of a new length at the same line: from the third length
+    # on, made in the bucket of the length (padded) inside the segment
+    with fused(), pjrt_host.config(dynamic_shapes=True):
+        for n in (20, 23, 27, 29, 21):
+            pos = torch.arange(n, device="jax")
+            total = (pos * 2).sum()
+            if n in (29, 21):
+                assert pos._storage.pending and pos._storage.padded is not None
+            assert total.item() == n * (n - 1)
+
+
+def test_a_copy_of_a_view_is_recorded_into_the_segment():
+    """clone() of a view and _to_copy (a cast, or a copy of a view) read
+    their storage through the view inside the segment: the copies are
+    pending, made by no read program of their own, with CPU's values."""
+    from pjrt_host import _program_cache
+
+    base = torch.randn(6, 5)
+    ints = torch.randint(-9, 9, (4, 6))
+    calls = []
+    original = _program_cache.Kept.__call__
+    try:
+        _program_cache.Kept.__call__ = lambda self, *a: (calls.append(self.name), original(self, *a))[1]
+        with fused(), pjrt_host.config(dynamic_shapes=False):  # (the oracle's padding reads some values first)
+            x = base.to("jax") * 2
+            i = ints.to("jax")
+            copies = [x.t().contiguous(), x[1:4, ::2].clone(), x[:, -1].to(torch.float64, copy=True),
+                      i[:, 1:4].to(torch.float32), i.to(torch.bfloat16), x.t()[2].clone()]
+            assert all(c._storage.pending for c in copies)
+            got = [c.cpu() for c in copies]
+    finally:
+        _program_cache.Kept.__call__ = original
+    want = [(base * 2).t().contiguous(), (base * 2)[1:4, ::2].clone(), (base * 2)[:, -1].to(torch.float64),
+            ints[:, 1:4].to(torch.float32), ints.to(torch.bfloat16), (base * 2).t()[2].clone()]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride()
+        torch.testing.assert_close(g, w)
+    assert "pjrt_host.read" not in calls and "pjrt_host.cast" not in calls, calls
+
+
+def test_a_copy_of_a_view_of_a_padded_storage_is_recorded_padded():
+    # generate()'s input_ids[..., -n:].clone() over ids grown in their bucket
+    torch.manual_seed(0)
+    rows = [torch.randint(0, 50, (2, 1)) for _ in range(24)]
+    expected = ids = torch.randint(0, 50, (2, 3))
+    ids = ids.to("jax")
+    with fused(), pjrt_host.config(dynamic_shapes=True):
+        for step, r in enumerate(rows):
+            ids = torch.cat([ids, r.to("jax")], dim=1)
+            expected = torch.cat([expected, r], dim=1)
+            tail = ids[:, -5:].clone()
+            whole = ids.to(torch.float32)
+            if step > 8:
+                assert ids._storage.padded is not None and tail._storage.pending
+            torch.testing.assert_close(tail.cpu(), expected[:, -5:])
+            torch.testing.assert_close(whole.cpu(), expected.float())
+
+
+def test_an_index_check_is_recorded_into_the_segment():
+    """A deferred index check in fused eager is an op of the segment (the
+    ids' min and max computed inside its program, read at the next
+    synchronisation point): no program of its own, no early run of the
+    segment that makes the ids, and a bad id still raises CPU's error."""
+    from pjrt_host import _program_cache
+
+    w = torch.randn(10, 4)
+    ids = torch.tensor([[1, 2, 9], [0, 3, 3]])
+    calls = []
+    original = _program_cache.Kept.__call__
+    try:
+        _program_cache.Kept.__call__ = lambda self, *a: (calls.append(self.name), original(self, *a))[1]
+        with fused(), pjrt_host.config(dynamic_shapes=False):
+            wd = w.to("jax")
+            made = ids.to("jax") * 1  # pending: its segment also computes the check
+            out = torch.nn.functional.embedding(made, wd) * 2
+            assert made._storage.pending and out._storage.pending
+            got = out.cpu()
+            assert not [c for c in calls if c.startswith("pjrt_host.minmax")], calls
+            bad = torch.nn.functional.embedding(made + 5, wd)
+            with pytest.raises(IndexError, match="index out of range in self"):
+                bad.cpu()
+    finally:
+        _program_cache.Kept.__call__ = original
+    torch.testing.assert_close(got, torch.nn.functional.embedding(ids, w) * 2)

@@ -551,8 +551,11 @@ def test_identical_layers_under_their_own_assume_pure_compile_once():
     compiles = _xla_compiles()
     # Two other layers first: the first layer's programs (its input needs no
     # gradient), the next one's (it does), and the loss's eager ops.
+    # Its output held as the real run holds it: the loss's segment then
+    # donates the same inputs (a variant of its own otherwise).
     warm = torch.nn.Sequential(*[pjrt_host.assume_pure(_Scaled(1.0).to(DEV)) for _ in range(2)])
-    warm(x.to(DEV)).square().sum().backward()
+    held = warm(x.to(DEV))
+    held.square().sum().backward()
     first = len(compiles)
     out = dev(x.to(DEV))
     out.square().sum().backward()

@@ -192,6 +192,7 @@ def test_programs_kept_untraced_run_on_their_device_and_survive_a_new_version(tm
 SAME_MODULE = r"""
 import json, torch
 x = torch.arange(5.0, device="jax")
+torch.jax.synchronize()  # x made first: each mul is a program of its own (fused eager records a factory too)
 values = [torch.mul(x, 2).tolist(), torch.mul(x, 2.0).tolist()]
 print(json.dumps({"values": values, "stats": torch.jax.program_cache_stats()}))
 """

@@ -43,9 +43,12 @@ layer  module                           job
                                         accelerator plugin (through an import hook)
 6      ``_engine``                      an op compiled per signature, run through
                                         ``_lowerings.invoke`` with ``lowering_context``
+6      ``_factories``                   ``torch.zeros(..., device='jax')`` and friends: the
+                                        storage side of the factory lowerings (recorded
+                                        into fused eager's segments)
+6      ``_index_checks``                out-of-range indices raise torch CPU's error (in
+                                        fused eager, checks recorded into the segment)
 6      ``_boot._torch_jax``             ``torch.jax`` (device count, current device, seeds)
-5      ``_factories``                   ``torch.zeros(..., device='jax')`` and friends: the
-                                        storage side of the factory lowerings
 5      ``_boot._autograd_kernels``      dense sparse-gradient formulas, checked composites
 5      ``_patches._c10d_registration``  the 'pjrt' backend registered with
                                         torch.distributed
@@ -58,7 +61,6 @@ layer  module                           job
 4      ``_meta``                        torch's meta kernels: result shapes, dtypes, errors
 4      ``_conversion``                  torch <-> device transfers (DLPack where allowed)
 4      ``_memory``                      memory figures as ``torch.cuda`` reports them; OOM
-4      ``_index_checks``                out-of-range indices raise torch CPU's error
 4      ``_value_checks``                argument values torch CPU refuses, refused here too
 4      ``_c10d/``                       torch.distributed's 'pjrt' process group and its
                                         collectives (docs/distributed.md)

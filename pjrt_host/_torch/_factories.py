@@ -31,10 +31,11 @@ import torch
 
 from .. import _lowerings, _program_cache
 from .._lowerings._dtypes import jax_dtype
-from . import _config, _memory, _meta, _padding, _rng
+from . import _config, _fused, _memory, _meta, _padding, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, jax_device, sharding
 from ._dtype_policy import device_dtype
+from ._signatures import Traceable
 from ._lowering_context import lowering_context
 from ._sync import note_result
 from ._tensor import new_tensor, result_tensor, wrap_array
@@ -113,15 +114,19 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         fn = _compiled.get(key)
     except TypeError:
         key, fn = None, None
+    if (key is not None and not lowering.needs_rng and (drawn == shape or padded is not None)
+            and _config.current().eager == "fused"):
+        recorded = _recorded(op, key, name, lowering, args, kwargs, dtype, shape, drawn, padded, index)
+        if recorded is not None:
+            return recorded
     draw = _rng.next_key_args(index, kwargs.get("generator")) if lowering.needs_rng else ()
     if fn is None:
         _meta.check_cpu_factory(op, args, kwargs)  # once per signature: CPU's kernel refusals
         fn = _compile(name, lowering, args, kwargs, jax_dtype(dtype), drawn, index)
         if key is not None:
             # compiled for this call (from disk, untraced, when made before)
-            signature = (key, sorted((k, "GENERATOR" if k == "generator" else v) for k, v in kwargs.items()),
-                         lowering.where, lowering_context(_config.current(), True))
-            fn = _compiled[key] = _program_cache.compiled(f"aten::{name}", signature, fn, draw, jax_device(index))
+            fn = _compiled[key] = _program_cache.compiled(f"aten::{name}", _disk_signature(key, kwargs, lowering), fn,
+                                                          draw, jax_device(index))
     arr = fn(*draw)
     if padded is None and drawn != shape and _config.current().dynamic_shapes is True:
         # a bucketed draw of a changing size: its elements placed padded
@@ -190,17 +195,60 @@ def factory_lowering(op: Any) -> Any:
     return found if found is not None and found.factory else None
 
 
+def _disk_signature(key: tuple, kwargs: dict, lowering: Any) -> tuple:
+    """What the program cache keeps a factory's program (and what it found
+    out about it) under on disk."""
+    return (key, sorted((k, "GENERATOR" if k == "generator" else v) for k, v in kwargs.items()), lowering.where,
+            lowering_context(_config.current(), True))
+
+
+_traceables: dict[Any, Traceable] = {}
+
+
+def _recorded(op: Any, key: tuple, name: str, lowering: Any, args: tuple, kwargs: dict, dtype: torch.dtype,
+              shape: tuple, drawn: tuple, padded: tuple | None, index: int) -> torch.Tensor | None:
+    """Fused eager: a factory that draws nothing recorded into the thread's
+    segment as an op without inputs (its result pending), so that a mask's
+    ``ones`` or the position ids' ``arange`` is made inside the program of
+    the ops that read it instead of by a program call of its own (a GPT-2
+    ``generate()`` made 238 such calls per call).  None: it runs now."""
+    op_traceable = _traceables.get(key)
+    if op_traceable is None:
+        _meta.check_cpu_factory(op, args, kwargs)  # once per signature: CPU's kernel refusals
+        body = _body(name, lowering, args, kwargs, jax_dtype(dtype), drawn)
+        signature = (_program_cache.Spelt((f"aten::{name}", _disk_signature(key, kwargs, lowering)))
+                     if _program_cache.directory() is not None else None)
+        if len(_traceables) > 1024:  # signatures long gone: bound the memory
+            _traceables.clear()
+        op_traceable = _traceables[key] = Traceable(body, f"aten::{name}", key, signature,
+                                                    jax.jit(body, out_shardings=sharding(index)))
+    plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
+    return _fused.record(op_traceable, [], plan, index, index,
+                         padded=None if padded is None else [(shape, drawn, padded)])
+
+
+def _body(name: str, lowering: Any, args: tuple, kwargs: dict, dtype: Any, shape: tuple) -> Any:
+    """The factory's traceable function of nothing (its arguments static)."""
+    ctx = lowering_context(_config.current(), True)  # a factory makes its tensor on one device
+
+    def body():
+        return _lowerings.invoke(lowering, args, kwargs, ctx, dtype, shape)
+
+    body.__name__ = body.__qualname__ = f"aten.{name}"  # what jax's compile logs and events name
+    return body
+
+
 def _compile(name: str, lowering: Any, args: tuple, kwargs: dict, dtype: Any, shape: tuple, index: int) -> Any:
     """The factory's lowering jitted on the target device, its arguments
     static (what the key in ``_compiled`` holds)."""
+    if not lowering.needs_rng:
+        return jax.jit(_body(name, lowering, args, kwargs, dtype, shape), out_shardings=sharding(index))
     ctx = lowering_context(_config.current(), True)  # a factory makes its tensor on one device
-    if lowering.needs_rng:
-        def body(key_data, counter):
-            key = _rng.draw_key(key_data, counter)
-            return _lowerings.invoke(lowering, args, kwargs, dataclasses.replace(ctx, rng_key=key), dtype, shape)
-    else:
-        def body():
-            return _lowerings.invoke(lowering, args, kwargs, ctx, dtype, shape)
+
+    def body(key_data, counter):
+        key = _rng.draw_key(key_data, counter)
+        return _lowerings.invoke(lowering, args, kwargs, dataclasses.replace(ctx, rng_key=key), dtype, shape)
+
     body.__name__ = body.__qualname__ = f"aten.{name}"  # what jax's compile logs and events name
     return jax.jit(body, out_shardings=sharding(index))
 

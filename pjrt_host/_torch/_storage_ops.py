@@ -29,7 +29,8 @@ from ._devices import DEVICE_NAME, device_index, jax_device
 from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import check_out_overlap, meta_view_of
-from . import _dynamic_dims, _factories, _meta, _sharding, _storage_bridge
+from . import _config, _dynamic_dims, _factories, _fused, _meta, _sharding, _storage_bridge, _strided
+from ._signatures import Traceable
 from ._sync import names_failed_collectives, run_deferred_checks
 from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, view_for, wrap_array,
                       write)
@@ -91,6 +92,10 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     index = device_index(device)
     dtype = device_dtype(dtype)
     storage = self._storage
+    if index == storage.device_index and strides_for(self, kwargs.get("memory_format", torch.preserve_format)) is None:
+        recorded = _recorded_read(self, dtype, func)
+        if recorded is not None:
+            return recorded
     if storage.padded is not None and index == storage.device_index and \
             strides_for(self, kwargs.get("memory_format", torch.preserve_format)) is None:
         found = _dynamic_dims.padded_values(self)  # cast padded: one program per bucket
@@ -109,6 +114,65 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         return wrap_array(arr, index, dtype)
     return laid_out(arr, index, dtype, self._storage.place,
                     strides_for(self, kwargs.get("memory_format", torch.preserve_format)))
+
+
+_read_ops: dict[tuple, Traceable] = {}
+
+
+def _recorded_read(t: JaxTensor, dtype: torch.dtype | None = None, to_copy: Any = None) -> JaxTensor | None:
+    """Fused eager: a row-major copy of ``t`` in ``dtype`` (a ``clone`` of a
+    view, a ``_to_copy``) recorded into the thread's segment, as an op that
+    reads ``t``'s storage through its view (and casts), so that the copy is
+    made inside the program of the ops around it instead of by a read
+    program of its own (GPT-2's ``generate()`` ran 94 per call: the last
+    token's logits, the ids' clones).  A padded storage's copy is padded as
+    its view reads it.  ``dtype`` None: a copy in ``t``'s dtype (a clone,
+    which never casts).  None: it runs now (another mode, a mesh, a view
+    that reads other elements than the storage's, or nothing to read or
+    cast: the copy shares the storage's array)."""
+    if _config.current().eager != "fused":
+        return None
+    storage, view = t._storage, t._view
+    if type(storage.place) is not int or (view is not None and view.elem is not None):
+        return None
+    shape = tuple(t.shape)
+    padded = None
+    if storage.padded is not None:
+        r = _dynamic_dims.read_of(t) if _config.current().dynamic_shapes else None
+        if r is None:
+            return None
+        static, offset, physical = r.view, (r.offset if r.view is not None else 0), r.psize
+        padded = None if r.psize == shape else r.comps
+    else:
+        static, offset, physical = (None, 0, shape) if view is None else (view.static, view.run_offset, shape)
+    if dtype is None:  # (a storage held in another width than t's dtype says: not recorded)
+        if jax_dtype(t.dtype) != storage.jax_dtype:
+            return None
+        dtype = t.dtype
+    cast = jax_dtype(dtype) if jax_dtype(dtype) != storage.jax_dtype else None
+    if static is None and cast is None:
+        return None
+    key = (static, str(storage.jax_dtype), None if cast is None else str(dtype))
+    op = _read_ops.get(key)
+    if op is None:
+        lowering = _lowerings.lookup(to_copy) if cast is not None else None
+        ctx = _lowerings.LoweringContext()  # a cast does no matmul and draws nothing
+
+        def body(a: Any, off: Any) -> Any:
+            if static is not None:
+                a = _strided.read(a, static, off)
+            if cast is not None:
+                a = _lowerings.invoke(lowering, (a,), {"dtype": dtype}, ctx, cast)
+            return a
+
+        if len(_read_ops) > 1024:  # view layouts long gone: bound the memory
+            _read_ops.clear()
+        signature = _program_cache.Spelt(("pjrt_host.read", key)) if _program_cache.directory() is not None else None
+        op = _read_ops[key] = Traceable(body, "pjrt_host.read", key, signature, jax.jit(body))
+    plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
+    array = storage._array if storage.pending else (storage.computed() if storage.padded is not None else storage.get())
+    return _fused.record(op, [array, offset], plan, storage.device_index, storage.place,
+                         padded=None if padded is None else [(shape, physical, padded)])
 
 
 _cast_cache: dict[torch.dtype, Any] = {}
@@ -199,6 +263,10 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
         copy = Storage(storage.computed(), storage.shape, storage.jax_dtype, storage.device_index, storage.place,
                        storage.padded)
         return make(copy, tuple(self.shape), self.dtype, stride, 0, view_for(copy, view.size, stride, 0))
+    if stride is None and (view is not None or storage.padded is not None):
+        recorded = _recorded_read(self)
+        if recorded is not None:
+            return recorded
     if storage.padded is not None and stride is None:
         found = _dynamic_dims.padded_values(self)  # a padded copy, when the view is a physical one
         if found is not None:
