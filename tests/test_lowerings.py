@@ -356,8 +356,19 @@ def _sampling_step() -> None:
     out.pow(2).sum().backward()
 
 
-@pytest.mark.parametrize("program", [_mlp_step, _cnn_step, _transformer_step, _segment_step, _sampling_step],
-                         ids=["mlp", "cnn", "transformer", "segments", "sampling"])
+def _weight_norm_step() -> None:
+    """Weight normalisation over the first and over the last dimension (the
+    fused op torch._weight_norm takes for those: wav2vec2's positional
+    convolution), forward and backward."""
+    torch.manual_seed(0)
+    v = torch.randn(4, 3, 5, requires_grad=True)
+    for dim, g in ((0, torch.rand(4, 1, 1, requires_grad=True)), (2, torch.rand(1, 1, 5, requires_grad=True))):
+        (torch._weight_norm(v, g, dim) * torch.randn(4, 3, 5)).sum().backward()
+
+
+@pytest.mark.parametrize("program", [_mlp_step, _cnn_step, _transformer_step, _segment_step, _sampling_step,
+                                     _weight_norm_step],
+                         ids=["mlp", "cnn", "transformer", "segments", "sampling", "weight_norm"])
 def test_model_forward_and_backward(program: Any) -> None:
     mode = check(program, jit=False)
     # CPU-only fused kernels (oneDNN attention) never reach the 'jax' device.

@@ -430,6 +430,33 @@ def native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, group
             gb if output_mask[2] and weight is not None else None)
 
 
+def _weight_norm_axes(v, dim):
+    # torch._weight_norm takes the fused op only for dim 0 or the last one;
+    # the norm is over every other dimension, kept (g's shape)
+    dim = dim % v.ndim if v.ndim else 0
+    return tuple(i for i in range(v.ndim) if i != dim)
+
+
+@lowering("aten::_weight_norm_interface")
+def weight_norm_interface(v, g, dim=0):
+    norm = jnp.sqrt(jnp.sum(jnp.square(v), axis=_weight_norm_axes(v, dim), keepdims=True))
+    return v * (g / norm), norm
+
+
+@lowering("aten::_weight_norm_interface_backward")
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """Closed form with the forward's saved norms, as torch's kernels: for
+    w = v * g / |v|, dg = sum(dw * v) / |v| and
+    dv = g / |v| * (dw - v * sum(dw * v) / |v|^2), sums over every dimension
+    but ``dim``.  (The autograd engine asks for it whenever the backward
+    itself is not differentiated; without it a weight-normed layer -- the
+    positional convolution of wav2vec2 / HuBERT -- could not train.)"""
+    dot = jnp.sum(grad_w * saved_v, axis=_weight_norm_axes(saved_v, dim), keepdims=True)
+    grad_g = dot / saved_norms
+    grad_v = (saved_g / saved_norms) * (grad_w - saved_v * (dot / jnp.square(saved_norms)))
+    return grad_v, grad_g
+
+
 # ------------------------------------------------------------------ embedding
 
 
