@@ -136,6 +136,29 @@ def test_weight_norm_in_bfloat16_matches_cpu():
         torch.testing.assert_close(on_jax, cpu)
 
 
+def test_backward_ops_without_a_torch_decomposition_match_cpu():
+    # replication_pad*_backward, _cdist_backward, _pdist_backward and
+    # masked_scatter_backward: each raised NotImplementedError in backward
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 3, 5, 6), torch.randn(4, 6)
+    mask = torch.rand(2, 3, 5, 6) > 0.5
+    weights = torch.randn(2 * 3 * 5 * 6)
+
+    def loss(x, y, mask, weights):
+        padded = torch.nn.functional.pad(x, (1, 2, 2, 0), mode="replicate")
+        total = padded.pow(2).sum()
+        total = total + torch.cdist(x[0], y).sum() + torch.nn.functional.pdist(y).sum()
+        return total + (x.masked_scatter(mask, (y * 3).expand(45, 4, 6)[:, :2]) * weights.view(x.shape)).sum()
+
+    grads = []
+    for device in ("cpu", "jax"):
+        xd, yd = x.to(device).detach().requires_grad_(), y.to(device).detach().requires_grad_()
+        loss(xd, yd, mask.to(device), weights.to(device)).backward()
+        grads.append((xd.grad.cpu(), yd.grad.cpu()))
+    for cpu, on_jax in zip(*grads):
+        torch.testing.assert_close(on_jax, cpu, rtol=1e-4, atol=1e-4)
+
+
 def test_grad_clipping_and_no_grad_eval():
     torch.manual_seed(0)
     model = nn.Linear(4, 4).to("jax")
