@@ -356,8 +356,42 @@ def _sampling_step() -> None:
     out.pow(2).sum().backward()
 
 
-@pytest.mark.parametrize("program", [_mlp_step, _cnn_step, _transformer_step, _segment_step, _sampling_step],
-                         ids=["mlp", "cnn", "transformer", "segments", "sampling"])
+def _weight_norm_step() -> None:
+    """Weight normalisation over the first and over the last dimension (the
+    fused op torch._weight_norm takes for those: wav2vec2's positional
+    convolution), forward and backward."""
+    torch.manual_seed(0)
+    v = torch.randn(4, 3, 5, requires_grad=True)
+    for dim, g in ((0, torch.rand(4, 1, 1, requires_grad=True)), (2, torch.rand(1, 1, 5, requires_grad=True))):
+        (torch._weight_norm(v, g, dim) * torch.randn(4, 3, 5)).sum().backward()
+
+
+def _backward_only_ops_step() -> None:
+    """Backward ops torch has no decomposition for: replicate padding (1-3
+    spatial dims), cdist / pdist for every p (a zero distance, batch dims
+    broadcast) and masked_scatter's source gradient (fewer True elements
+    than source elements)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, 6, requires_grad=True)
+    for k in (1, 2, 3):
+        planes = x[0, :, 0, 0] if k == 1 else x[:, :, 0] if k == 2 else x
+        F.pad(planes, (2, 1, 1, 3, 0, 2)[:2 * k], mode="replicate").pow(2).sum().backward()
+    a, b = torch.randn(1, 5, 3), torch.randn(3, 4, 3)
+    a[0, 1] = b[0, 2]
+    a.requires_grad_(), b.requires_grad_()
+    for p in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")):
+        dist = torch.cdist(a, b, p=p, compute_mode="donot_use_mm_for_euclid_dist")
+        (dist * torch.randn(3, 5, 4)).sum().backward()
+        rows = torch.cat([a[0], a[0, :1]])
+        (F.pdist(rows, p=p) * torch.randn(15)).sum().backward()
+    base, source = torch.randn(2, 4, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    mask = torch.tensor([True, False, True, True])
+    (base.masked_scatter(mask, source) * torch.randn(2, 4)).sum().backward()
+
+
+@pytest.mark.parametrize("program", [_mlp_step, _cnn_step, _transformer_step, _segment_step, _sampling_step,
+                                     _weight_norm_step, _backward_only_ops_step],
+                         ids=["mlp", "cnn", "transformer", "segments", "sampling", "weight_norm", "backward_only"])
 def test_model_forward_and_backward(program: Any) -> None:
     mode = check(program, jit=False)
     # CPU-only fused kernels (oneDNN attention) never reach the 'jax' device.

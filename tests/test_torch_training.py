@@ -110,6 +110,55 @@ def test_transformer_sgd():
                          rtol=1e-3, atol=1e-4, lr=0.1, momentum=0.9)
 
 
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_normed_convolution_trains_like_cpu(dim):
+    # wav2vec2 / HuBERT's positional convolution: the backward asks for
+    # aten::_weight_norm_interface_backward, which has no decomposition
+    torch.manual_seed(0)
+    conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3, padding=1, groups=2), dim=dim)
+    model = nn.Sequential(conv, nn.GELU(), nn.Flatten(), nn.Linear(6 * 8, 1))
+    batch = batches((3, 4, 8))
+    assert_same_training(model, lambda step: batch(0), nn.functional.mse_loss, torch.optim.Adam, lr=1e-2)
+
+
+def test_weight_norm_in_bfloat16_matches_cpu():
+    torch.manual_seed(0)
+    v, g = torch.randn(4, 3, 5, dtype=torch.bfloat16), torch.rand(1, 1, 5, dtype=torch.bfloat16)
+    grad = torch.randn(4, 3, 5, dtype=torch.bfloat16)
+    results = []
+    for device in ("cpu", "jax"):
+        vd, gd = v.to(device).detach().requires_grad_(), g.to(device).detach().requires_grad_()
+        w = torch._weight_norm(vd, gd, 2)
+        w.backward(grad.to(device))
+        results.append([t.cpu() for t in (w, vd.grad, gd.grad)])
+    for cpu, on_jax in zip(*results):
+        assert on_jax.dtype == cpu.dtype
+        torch.testing.assert_close(on_jax, cpu)
+
+
+def test_backward_ops_without_a_torch_decomposition_match_cpu():
+    # replication_pad*_backward, _cdist_backward, _pdist_backward and
+    # masked_scatter_backward: each raised NotImplementedError in backward
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 3, 5, 6), torch.randn(4, 6)
+    mask = torch.rand(2, 3, 5, 6) > 0.5
+    weights = torch.randn(2 * 3 * 5 * 6)
+
+    def loss(x, y, mask, weights):
+        padded = torch.nn.functional.pad(x, (1, 2, 2, 0), mode="replicate")
+        total = padded.pow(2).sum()
+        total = total + torch.cdist(x[0], y).sum() + torch.nn.functional.pdist(y).sum()
+        return total + (x.masked_scatter(mask, (y * 3).expand(45, 4, 6)[:, :2]) * weights.view(x.shape)).sum()
+
+    grads = []
+    for device in ("cpu", "jax"):
+        xd, yd = x.to(device).detach().requires_grad_(), y.to(device).detach().requires_grad_()
+        loss(xd, yd, mask.to(device), weights.to(device)).backward()
+        grads.append((xd.grad.cpu(), yd.grad.cpu()))
+    for cpu, on_jax in zip(*grads):
+        torch.testing.assert_close(on_jax, cpu, rtol=1e-4, atol=1e-4)
+
+
 def test_grad_clipping_and_no_grad_eval():
     torch.manual_seed(0)
     model = nn.Linear(4, 4).to("jax")

@@ -128,6 +128,38 @@ def cdist(x1, x2, p, compute_mode=None):
     return jnp.sum(diff**p, axis=-1) ** (1 / p)
 
 
+def _cdist_grad_terms(grad, x1, x2, p, dist):
+    """d dist[i, j] / d x1[i] times grad[i, j], per (i, j, k), in torch's
+    closed forms (Distance.cpp): zero where the distance is zero (jax's
+    derivative of the norm there is NaN)."""
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    g, d = grad[..., None], dist[..., None]
+    zero = jnp.zeros((), diff.dtype)
+    safe = jnp.where(d == 0, jnp.ones((), d.dtype), d)
+    if p == 0:
+        return jnp.zeros_like(diff * g)
+    if p == 1:
+        return jnp.sign(diff) * g
+    if p == float("inf"):
+        return jnp.sign(diff) * (jnp.abs(diff) == d) * g
+    if p == 2:
+        return jnp.where(d == 0, zero, g * diff / safe)
+    if p < 2:
+        small = (d == 0) | ((diff == 0) & (p < 1))
+        return jnp.where(small, zero,
+                         jnp.sign(diff) * jnp.abs(diff) ** (p - 1) * g / safe ** (p - 1))
+    return jnp.where(d == 0, zero, diff * jnp.abs(diff) ** (p - 2) * g / safe ** (p - 1))
+
+
+@lowering("aten::_cdist_backward")
+def cdist_backward(grad, x1, x2, p, dist):
+    """x1's gradient (autograd asks again with x1 and x2 swapped for x2's);
+    torch has no decomposition, so torch.cdist could not train."""
+    # batch dims broadcast against x2's stay broadcast, as torch's kernel
+    # gives them (autograd sums them back to x1's shape)
+    return jnp.sum(_cdist_grad_terms(grad, x1, x2, p, dist), axis=-2).astype(x1.dtype)
+
+
 # ---------------------------------------------------------------- convolution
 
 
@@ -428,6 +460,33 @@ def native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, group
     gb = jnp.sum(grad_out, axis=(0,) + tuple(range(2, x.ndim)))
     return (gx if output_mask[0] else None, gw if output_mask[1] and weight is not None else None,
             gb if output_mask[2] and weight is not None else None)
+
+
+def _weight_norm_axes(v, dim):
+    # torch._weight_norm takes the fused op only for dim 0 or the last one;
+    # the norm is over every other dimension, kept (g's shape)
+    dim = dim % v.ndim if v.ndim else 0
+    return tuple(i for i in range(v.ndim) if i != dim)
+
+
+@lowering("aten::_weight_norm_interface")
+def weight_norm_interface(v, g, dim=0):
+    norm = jnp.sqrt(jnp.sum(jnp.square(v), axis=_weight_norm_axes(v, dim), keepdims=True))
+    return v * (g / norm), norm
+
+
+@lowering("aten::_weight_norm_interface_backward")
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """Closed form with the forward's saved norms, as torch's kernels: for
+    w = v * g / |v|, dg = sum(dw * v) / |v| and
+    dv = g / |v| * (dw - v * sum(dw * v) / |v|^2), sums over every dimension
+    but ``dim``.  (The autograd engine asks for it whenever the backward
+    itself is not differentiated; without it a weight-normed layer -- the
+    positional convolution of wav2vec2 / HuBERT -- could not train.)"""
+    dot = jnp.sum(grad_w * saved_v, axis=_weight_norm_axes(saved_v, dim), keepdims=True)
+    grad_g = dot / saved_norms
+    grad_v = (saved_g / saved_norms) * (grad_w - saved_v * (dot / jnp.square(saved_norms)))
+    return grad_v, grad_g
 
 
 # ------------------------------------------------------------------ embedding
@@ -1024,6 +1083,19 @@ def pdist(x, p=2):
     n = x.shape[0]
     rows, cols = np.triu_indices(n, 1)
     return cdist(x, x, p)[rows, cols]
+
+
+@lowering("aten::_pdist_backward")
+def pdist_backward(grad, x, p, dist):
+    """Each pair's gradient reaches both its rows, with opposite signs: the
+    condensed gradient and distances spread over the upper triangle, and
+    cdist's closed forms applied from either side."""
+    n = x.shape[0]
+    rows, cols = np.triu_indices(n, 1)
+    g = jnp.zeros((n, n), grad.dtype).at[rows, cols].set(grad)
+    d = jnp.zeros((n, n), dist.dtype).at[rows, cols].set(dist)
+    return (jnp.sum(_cdist_grad_terms(g, x, x, p, d), axis=-2)
+            + jnp.sum(_cdist_grad_terms(g.T, x, x, p, d.T), axis=-2)).astype(x.dtype)
 
 
 @lowering("aten::_trilinear")

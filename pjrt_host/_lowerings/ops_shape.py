@@ -637,6 +637,20 @@ def masked_scatter(x, mask, source):
     return jnp.where(mask, picked.astype(x.dtype), x.reshape(-1)).reshape(shape)
 
 
+@lowering("aten::masked_scatter_backward")
+def masked_scatter_backward(grad_output, mask, sizes):
+    """``source``'s gradient: the k-th True element's gradient goes to
+    ``source.flatten()[k]``, zeros past the mask's count (torch's
+    masked_select padded to ``sizes``, without a data-dependent shape)."""
+    numel = math.prod(sizes)
+    shape = jnp.broadcast_shapes(grad_output.shape, mask.shape)
+    mask = jnp.broadcast_to(mask, shape).reshape(-1)
+    grad = jnp.broadcast_to(grad_output, shape).reshape(-1)
+    position = jnp.where(mask, jnp.cumsum(mask) - 1, numel)
+    out = jnp.zeros((numel,), grad.dtype).at[position].add(grad, mode="drop")
+    return out.reshape(tuple(sizes))
+
+
 @lowering("aten::masked_select", data_dependent=True)
 def masked_select(x, mask):
     if mask.dtype != jnp.bool_:
@@ -791,6 +805,16 @@ def _index_pad(mode):
 lowering("aten::reflection_pad1d", "aten::reflection_pad2d", "aten::reflection_pad3d")(_index_pad("reflect"))
 lowering("aten::replication_pad1d", "aten::replication_pad2d", "aten::replication_pad3d")(_index_pad("edge"))
 lowering("aten::_pad_circular")(_index_pad("wrap"))
+
+
+@lowering("aten::replication_pad1d_backward", "aten::replication_pad2d_backward",
+          "aten::replication_pad3d_backward")
+def replication_pad_backward(grad_output, x, padding):
+    """The edge padding's gradient (torch has no decomposition for it: a
+    replicate-padded convolution could not train): each edge element
+    gathers the gradients of its copies."""
+    _, pullback = jax.vjp(lambda t: _index_pad("edge")(t, padding), x)
+    return pullback(grad_output.astype(x.dtype))[0]
 
 
 @lowering("aten::channel_shuffle", "aten::native_channel_shuffle")
