@@ -437,6 +437,21 @@ def test_a_jax_refusal_is_a_torch_error_naming_the_op():
         F.glu(torch.ones(2, 1 << 15, dtype=torch.bool, device="jax")).cpu()
 
 
+def test_histc_of_integers_bins_them_as_an_accelerator_does():
+    """torch CPU refuses histc of integers, its CUDA kernel bins them, and
+    transformers' mixture-of-experts routing calls it with int32 expert
+    indices on every device but the CPU: 'jax' takes CUDA's side (the
+    counts CPU gives the same values as floats, in the input's dtype)."""
+    with pytest.raises(NotImplementedError, match="histogram_cpu"):
+        torch.histc(torch.tensor([0, 1], dtype=torch.int32), bins=2, min=0, max=1)
+    for dtype in (torch.int32, torch.int64, torch.uint8):
+        values = torch.tensor([0, 1, 1, 3, 2, 2, 2, 7], dtype=dtype)
+        for bins, lo, hi in ((4, 0, 3), (3, 0, 0), (8, 0, 7)):
+            got = torch.histc(values.to("jax"), bins=bins, min=lo, max=hi)
+            assert got.dtype == dtype
+            assert got.cpu().tolist() == torch.histc(values.float(), bins=bins, min=lo, max=hi).long().tolist()
+
+
 def test_cpu_refusals_are_found_at_the_calls_own_sizes():
     """torch CPU's kernel refusals that its meta kernels let through are
     torch CPU's errors: found by running the call once per signature on CPU

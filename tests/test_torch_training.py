@@ -159,6 +159,56 @@ def test_backward_ops_without_a_torch_decomposition_match_cpu():
         torch.testing.assert_close(on_jax, cpu, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_mm_in_each_form_matches_cpu(dtype):
+    """torch._grouped_mm (transformers' mixture-of-experts layers call it
+    off the CPU): rows, contraction or columns in groups, or a batch, with
+    CPU's values and errors, and its backward (which calls the 2-d x 2-d
+    form); float32 too, which torch's meta kernel (CUDA's bf16-only
+    checks) refuses and CPU computes."""
+    torch.manual_seed(0)
+    offs = torch.tensor([2, 3, 8], dtype=torch.int32)
+    for a, b, o in [((8, 8), (3, 8, 8), offs), ((8, 8), (8, 16), offs), ((3, 8, 8), (8, 8), offs),
+                    ((3, 8, 8), (3, 8, 16), None)]:
+        x, w = torch.randn(a, dtype=dtype), torch.randn(b, dtype=dtype)
+        want = torch._grouped_mm(x, w, offs=o)
+        got = torch._grouped_mm(x.to("jax"), w.to("jax"), offs=None if o is None else o.to("jax"))
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    x, w, g = torch.randn(8, 8, dtype=dtype), torch.randn(3, 8, 16, dtype=dtype), torch.randn(8, 16, dtype=dtype)
+    grads = {}
+    for dev in ("cpu", "jax"):
+        xd, wd = x.detach().to(dev).requires_grad_(), w.detach().to(dev).requires_grad_()
+        torch._grouped_mm(xd, wd, offs=offs.to(dev)).backward(g.to(dev))
+        grads[dev] = (xd.grad.cpu(), wd.grad.cpu())
+    for got, want in zip(grads["jax"], grads["cpu"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="strides should be multiple of 16 bytes"):  # CPU's own rule
+        torch._grouped_mm(torch.randn(8, 3, device="jax"), torch.randn(3, 3, 8, device="jax"), offs=offs.to("jax"))
+
+
+def test_a_mixture_of_experts_model_trains_and_generates_like_cpu():
+    # transformers' MoE layers count experts with histc of int32 indices and
+    # multiply with torch._grouped_mm on any device but the CPU
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=32)
+    cpu = transformers.MixtralForCausalLM(config).eval()
+    dev = copy.deepcopy(cpu).to("jax")
+    ids = torch.randint(0, 64, (2, 8))
+    want, got = cpu(ids, labels=ids), dev(ids.to("jax"), labels=ids.to("jax"))
+    torch.testing.assert_close(got.loss.cpu(), want.loss, rtol=1e-5, atol=1e-5)
+    want.loss.backward()
+    got.loss.backward()
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        tokens = dev.generate(ids[:1].to("jax"), max_new_tokens=4, do_sample=False).cpu()
+    assert tokens.tolist() == cpu.generate(ids[:1], max_new_tokens=4, do_sample=False).tolist()
+
+
 def test_grad_clipping_and_no_grad_eval():
     torch.manual_seed(0)
     model = nn.Linear(4, 4).to("jax")

@@ -54,6 +54,53 @@ def _beta_input(x, beta):
 # ------------------------------------------------------------ matrix products
 
 
+@lowering("aten::_grouped_mm")
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """torch's grouped matrix product (``torch._grouped_mm``, what
+    transformers' mixture-of-experts layers call off the CPU), in its four
+    forms; ``offs`` holds each group's end along the dim it splits:
+
+    - 2-d x 3-d: the rows of ``a`` in groups, group g times ``b[g]``
+      (rows past the last end: zeros);
+    - 2-d x 2-d: the contraction dim in groups, one product per group (its
+      backward's weight gradient);
+    - 3-d x 2-d: the columns of ``b`` in groups, ``a[g]`` times group g;
+    - 3-d x 3-d: one product per group (no ``offs``).
+
+    Static shapes: each form computes every group's product over masked
+    operands (a group's elements zero elsewhere) and adds them, G times the
+    work of the grouped kernel and no data-dependent shape."""
+    if bias is not None:
+        raise NotImplementedError("pjrt_host: torch._grouped_mm with bias= has no lowering (torch's own kernels "
+                                  "take none either); add the bias after the product")
+    if a.ndim == 3 and b.ndim == 3:
+        out = _matmul(a, b)
+    else:
+        if offs is None:
+            raise RuntimeError("grouped gemm 2D inputs require offsets")  # torch's text
+        ends = offs.astype(jnp.int32)
+        starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+
+        def member(n):  # [G, n]: whether position i of a split dim of n lies in group g
+            i = jnp.arange(n, dtype=jnp.int32)[None, :]
+            return (i >= starts[:, None]) & (i < ends[:, None])
+
+        zero = jnp.zeros((), a.dtype)
+        if a.ndim == 2 and b.ndim == 3:  # rows in groups
+            rows = member(a.shape[0])
+            out = _matmul(jnp.where(rows[:, :, None], a[None], zero), b).sum(0)
+        elif a.ndim == 2 and b.ndim == 2:  # the contraction dim in groups
+            inner = member(a.shape[1])
+            out = _matmul(jnp.where(inner[:, None, :], a[None], zero), b)
+        elif a.ndim == 3 and b.ndim == 2:  # the columns of b in groups
+            cols = member(b.shape[1])
+            out = jnp.where(cols[:, None, :], _matmul(a, b), jnp.zeros((), _matmul(a[:1, :1], b[:, :1]).dtype)).sum(0)
+        else:
+            raise RuntimeError(f"grouped gemm takes 2-d or 3-d inputs, got {a.ndim}-d and {b.ndim}-d")
+    dtype = a.dtype if out_dtype is None else None
+    return out.astype(dtype) if dtype is not None else cast(out, out_dtype)
+
+
 @lowering("aten::mm", "aten::bmm", "aten::matmul", "aten::mv", "aten::dot", opmath=False)
 def mm(a, b):
     return _matmul(a, b)

@@ -131,10 +131,10 @@ class CompiledOp:
         self.lowering = lowering
         self.inplace = inplace
         self.out_names = out_names
-        self.meta_op = meta_op if meta_op is not None else func
         self.cache: dict[Any, _Entry] = {}
         self.eager = lowering.data_dependent
         self.name = op_name(func)
+        self.meta_op = meta_op if meta_op is not None else _meta.META_STAND_INS.get(self.name, func)
         # Arguments typed Scalar / float: an optimizer passes a new value every
         # step (Adam's step size), which must not mean a new compile every step.
         self.scalar_slots = scalar_slots(func)

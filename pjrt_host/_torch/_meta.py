@@ -37,6 +37,40 @@ def _to_meta(v: Any) -> Any:
 _DATA_DEPENDENT = ("DynamicOutputShapeException", "DataDependentOutputException", "GuardOnDataDependentSymNode")
 
 
+def _grouped_mm_shapes(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
+    """``_grouped_mm``'s result on meta tensors: torch's meta kernel checks
+    CUDA's grouped kernel (bfloat16 only, 16-byte strides), where CPU's
+    kernel and the device's lowering take every float dtype (CPU's own
+    refusals, such as its stride rule, come from its probe at the call)."""
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise RuntimeError(f"mat_a has to be 2 or 3d, mat_b has to be 2 or 3d, got {a.dim()}d and {b.dim()}d")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"Expected mat_a and mat_b to have the same dtype, but got {a.dtype} and {b.dtype}")
+    if (a.dim() == 2 or b.dim() == 2) and offs is None:
+        raise RuntimeError("Have to provide offsets if there is a 2d matrix")
+    if a.shape[-1] != b.shape[-2] and not (a.dim() == 2 and b.dim() == 2):
+        raise RuntimeError(f"contraction dimension of mat_a and mat_b must match, got {a.shape[-1]} and {b.shape[-2]}")
+    if a.dim() == 2 and b.dim() == 2:
+        if a.shape[1] != b.shape[0]:
+            raise RuntimeError(f"contraction dimension of mat_a and mat_b must match, got {a.shape[1]} and {b.shape[0]}")
+        shape = (offs.shape[0], a.shape[0], b.shape[1])
+    elif a.dim() == 2:
+        shape = (a.shape[0], b.shape[2])
+    elif b.dim() == 2:
+        shape = (a.shape[1], b.shape[1])
+    else:
+        if a.shape[0] != b.shape[0]:
+            raise RuntimeError(f"batch dimension has to match, got {a.shape[0]} and {b.shape[0]}")
+        shape = (a.shape[0], a.shape[1], b.shape[2])
+    return torch.empty(shape, dtype=a.dtype if out_dtype is None else out_dtype, device="meta")
+
+
+#: Ops whose meta kernel refuses what CPU's kernel and the device's lowering
+#: compute: a stand-in gives their results' shapes (op name -> function of
+#: the call's meta arguments).
+META_STAND_INS = {"aten::_grouped_mm": _grouped_mm_shapes}
+
+
 def run_meta(func: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
     """(known, result): ``func`` on meta versions of the arguments; known is
     False when the op has no meta kernel or a data-dependent shape."""
@@ -537,6 +571,16 @@ def inside_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+#: Ops whose accelerator kernels take input dtypes CPU's refuse, which
+#: libraries call on any device that is not the CPU (overload name -> the
+#: dtypes): transformers' mixture-of-experts routing counts experts with
+#: ``histc`` of int32 indices off the CPU (float ones on it), which torch's
+#: CUDA kernel bins and CPU's refuses ("histogram_cpu" not implemented for
+#: 'Int'). Not refused here, so Mixtral and its kin run; the lowering bins
+#: integers as CUDA does.
+_ACCELERATOR_DTYPES = {"histc.default": (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}
+
+
 def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
     """torch CPU's refusal of this call where its meta kernel (or the
     device's lowering) accepts it: a dtype its kernel has no code for
@@ -552,6 +596,9 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
     kept.  True when CPU ran the call's own layouts without an error."""
     import warnings
 
+    accepts = _ACCELERATOR_DTYPES.get(getattr(func, "__name__", None))
+    if accepts is not None and any(isinstance(a, torch.Tensor) and a.dtype in accepts for a in args[:1]):
+        return False
     if inside_backward():
         # autograd's engine: the inputs are what the device's forward saved,
         # in the dtypes of torch's meta kernels (layer norm's float32
