@@ -212,6 +212,10 @@ def _recorded(op: Any, key: tuple, name: str, lowering: Any, args: tuple, kwargs
     ``ones`` or the position ids' ``arange`` is made inside the program of
     the ops that read it instead of by a program call of its own (a GPT-2
     ``generate()`` made 238 such calls per call).  None: it runs now."""
+    # a size the device can never hold fails at the call, as the factory's
+    # own program (and cuda) fails there, not at the read that runs the segment
+    _memory.check_fits(math.prod(drawn) * dtype.itemsize, index,
+                       f"aten::{name}")
     op_traceable = _traceables.get(key)
     if op_traceable is None:
         _meta.check_cpu_factory(op, args, kwargs)  # once per signature: CPU's kernel refusals
