@@ -713,3 +713,20 @@ def test_an_index_check_is_recorded_into_the_segment():
     finally:
         _program_cache.Kept.__call__ = original
     torch.testing.assert_close(got, torch.nn.functional.embedding(ids, w) * 2)
+
+
+def test_atan2_of_zeros_made_inside_a_segment_is_cpus():
+    """XLA:CPU's atan2 gives NaN at two zeros when its inputs are made in
+    the same program (an arange recorded into the segment; fuzz seed
+    8001783), 0 or pi otherwise: the lowering gives C's answers there."""
+    ys = torch.tensor([0.0, -0.0, 0.0, -0.0, 1.0])
+    xs = torch.tensor([0.0, 0.0, -0.0, -0.0, 0.0])
+    with fused():
+        a = torch.arange(2, device="jax")
+        got = torch.atan2(a, a).cpu()
+        signed = torch.atan2(ys.to("jax") * 1, xs.to("jax") * 1).cpu()
+    want = torch.atan2(torch.arange(2), torch.arange(2))
+    torch.testing.assert_close(got, want)
+    expected = torch.atan2(ys, xs)
+    torch.testing.assert_close(signed, expected)
+    assert torch.equal(torch.signbit(signed), torch.signbit(expected))

@@ -348,8 +348,19 @@ def _float_binary(fn):
     return lower
 
 
+def _atan2(y, x):
+    """atan2 with C's answers at two zeros (±0 for +0, ±pi for -0, the sign
+    of y's zero), which XLA:CPU gives or not depending on the program: NaN
+    where the inputs are made inside it (``atan2(arange(2), arange(2))`` in
+    a fused segment)."""
+    zeros = (y == 0) & (x == 0)
+    pi, zero = jnp.asarray(jnp.pi, y.dtype), jnp.zeros((), y.dtype)
+    at_zeros = jnp.where(jnp.signbit(x), jnp.copysign(pi, y), jnp.copysign(zero, y))
+    return jnp.where(zeros, at_zeros, jnp.arctan2(y, x))
+
+
 for _names, _fn in (
-    (("atan2.default", "arctan2.default"), jnp.arctan2),
+    (("atan2.default", "arctan2.default"), _atan2),
     (("hypot.default",), jnp.hypot),
     (("logaddexp.default",), jnp.logaddexp),
     (("logaddexp2.default",), jnp.logaddexp2),
