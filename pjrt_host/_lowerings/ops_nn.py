@@ -94,11 +94,11 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
             out = _matmul(jnp.where(inner[:, None, :], a[None], zero), b)
         elif a.ndim == 3 and b.ndim == 2:  # the columns of b in groups
             cols = member(b.shape[1])
-            out = jnp.where(cols[:, None, :], _matmul(a, b), jnp.zeros((), _matmul(a[:1, :1], b[:, :1]).dtype)).sum(0)
+            products = _matmul(a, b)
+            out = jnp.where(cols[:, None, :], products, jnp.zeros((), products.dtype)).sum(0)
         else:
             raise RuntimeError(f"grouped gemm takes 2-d or 3-d inputs, got {a.ndim}-d and {b.ndim}-d")
-    dtype = a.dtype if out_dtype is None else None
-    return out.astype(dtype) if dtype is not None else cast(out, out_dtype)
+    return out.astype(a.dtype) if out_dtype is None else cast(out, out_dtype)
 
 
 @lowering("aten::mm", "aten::bmm", "aten::matmul", "aten::mv", "aten::dot", opmath=False)

@@ -34,11 +34,10 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _lowerings, _program_cache
+from .. import _lowerings
 from . import (_backward, _config, _dynamic_dims, _fused, _index_checks, _memory, _meta, _profile, _sdpa, _sequences,
                _storage_ops, _sync, _tensor, _value_checks)
 from ._cpu_fallback import run_on_cpu
-from ._signatures import Traceable
 from ._engine import CompiledOp, missing_lowering, op_name
 from ._view_ops import run_inplace_view, run_same_view, run_view
 
@@ -636,11 +635,7 @@ def _record_join(body: Callable, key: tuple, inputs: list, shape: tuple, physica
     recorded into the segment instead of running it first, as one op whose
     traceable function is the join's (one per key, so that the segments
     of a bucket repeat)."""
-    op = _join_ops.get(key)
-    if op is None:
-        if len(_join_ops) > 1024:
-            _join_ops.clear()
-        op = _join_ops[key] = Traceable(body, "pjrt_host.join", key, _program_cache.Spelt(("pjrt_host.join", key)))
+    op = _fused.host_op(_join_ops, "pjrt_host.join", key, lambda: (body, None))
     plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
     return _fused.record(op, inputs, plan, index, index, padded=[(shape, physical, padded)])
 

@@ -214,18 +214,14 @@ def _recorded(op: Any, key: tuple, name: str, lowering: Any, args: tuple, kwargs
     ``generate()`` made 238 such calls per call).  None: it runs now."""
     # a size the device can never hold fails at the call, as the factory's
     # own program (and cuda) fails there, not at the read that runs the segment
-    _memory.check_fits(math.prod(drawn) * dtype.itemsize, index,
-                       f"aten::{name}")
-    op_traceable = _traceables.get(key)
-    if op_traceable is None:
+    _memory.check_fits(math.prod(drawn) * dtype.itemsize, index, f"aten::{name}")
+    def make() -> tuple:
         _meta.check_cpu_factory(op, args, kwargs)  # once per signature: CPU's kernel refusals
         body = _body(name, lowering, args, kwargs, jax_dtype(dtype), drawn)
-        signature = (_program_cache.Spelt((f"aten::{name}", _disk_signature(key, kwargs, lowering)))
-                     if _program_cache.directory() is not None else None)
-        if len(_traceables) > 1024:  # signatures long gone: bound the memory
-            _traceables.clear()
-        op_traceable = _traceables[key] = Traceable(body, f"aten::{name}", key, signature,
-                                                    jax.jit(body, out_shardings=sharding(index)))
+        return body, jax.jit(body, out_shardings=sharding(index))
+
+    op_traceable = _fused.host_op(_traceables, f"aten::{name}", key, make,
+                                  _disk_signature(key, kwargs, lowering) if _program_cache.directory() else None)
     plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
     return _fused.record(op_traceable, [], plan, index, index,
                          padded=None if padded is None else [(shape, drawn, padded)])

@@ -449,6 +449,23 @@ def _as_planned(shapes: Any, plan: Any) -> bool:
         tuple(r.shape) == tuple(spec.shape) for r, spec in zip(results, plan.outputs))
 
 
+def host_op(table: dict, name: str, key: Any, make: Any, spelt: Any = None) -> Traceable:
+    """The op of one of the host's own recorded computations (a factory, a
+    copy through a view, an index check's bounds, a join), one per ``key``
+    in ``table`` (bounded): ``make()`` gives its traceable function and its
+    own program (or None).  Kept on disk under ``(name, spelt or key)``
+    while the program cache is on."""
+    op = table.get(key)
+    if op is None:
+        fn, run = make()
+        if len(table) > 1024:  # signatures long gone: bound the memory
+            table.clear()
+        signature = (_program_cache.Spelt((name, key if spelt is None else spelt))
+                     if _program_cache.directory() is not None else None)
+        op = table[key] = Traceable(fn, name, key, signature, run)
+    return op
+
+
 def abstract(v: Any) -> Any:
     return jax.ShapeDtypeStruct(v.shape, v.dtype) if type(v) is Pending else v
 

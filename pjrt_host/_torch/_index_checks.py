@@ -38,7 +38,6 @@ from .. import _program_cache
 from .._lowerings._dtypes import jax_dtype
 from . import _config, _fused, _padding
 from ._meta import OutputPlan, OutputSpec
-from ._signatures import Traceable
 from ._sync import defer_check
 from ._tensor import JaxTensor, read
 
@@ -137,7 +136,10 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
         if _local.deferred and _config.current().eager == "fused":
             recorded = _recorded_bounds(index, ignore)
             if recorded is not None:
-                defer_check(_recorded_verdict(recorded, low, size, dim, ignore, error, _local.op, index.device))
+                bounds, values = recorded  # pending until their segment runs
+                defer_check(_verdict(lambda: not bounds._storage.pending and bounds._storage._array.is_ready(),
+                                     lambda: read(bounds), lambda: read(values), low, size, dim, ignore, error,
+                                     _local.op, index.device))
                 return
         values = read(index)
         bounds = _minmax(values) if ignore is None else _minmax_except(values, int(ignore))
@@ -146,19 +148,27 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
         if lo < low or hi >= size:
             raise error(_first_bad(values, low, size, ignore), dim, size)
         return
-    op, device = _local.op, index.device
+    defer_check(_verdict(bounds.is_ready, lambda: bounds, lambda: values, low, size, dim, ignore, error, _local.op,
+                         index.device))
 
+
+def _verdict(ready: Callable[[], bool], bounds: Callable[[], Any], values: Callable[[], Any], low: int, size: int,
+             dim: int, ignore: int | None, error: Callable[[int, int, int], Exception], op: str,
+             device: Any) -> Callable[[bool], bool]:
+    """A deferred check's verdict: not ready while ``ready()`` says so
+    (unless ``wait``), then torch's error for the first bad value, if the
+    ``bounds()`` (min, max) show one."""
     def verdict(wait: bool) -> bool:
-        if not wait and not bounds.is_ready():
+        if not wait and not ready():
             return False
-        lo, hi = np.asarray(bounds).tolist()
+        lo, hi = np.asarray(bounds()).tolist()
         if lo < low or hi >= size:
-            raise failure(error, _first_bad(values, low, size, ignore), dim, size, op, f"on {device}",
+            raise failure(error, _first_bad(values(), low, size, ignore), dim, size, op, f"on {device}",
                           "found at the next synchronisation point; pjrt_host.config(checks='sync'), or "
                           "the debugging mode PJRT_HOST_EAGER=sync, raises at the op itself")
         return True
 
-    defer_check(verdict)
+    return verdict
 
 
 _bounds_ops: dict = {}
@@ -179,8 +189,7 @@ def _recorded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
         return None
     static = None if view is None else view.static
     key = (static, str(storage.jax_dtype), ignore)
-    op = _bounds_ops.get(key)
-    if op is None:
+    def make() -> tuple:
         from . import _strided
 
         def body(a: Any, off: Any) -> tuple:
@@ -189,36 +198,14 @@ def _recorded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
             kept = a if ignore is None else jnp.where(a == ignore, 0, a)
             return jnp.stack([jnp.min(kept), jnp.max(kept)]).astype(jnp.int64), a
 
-        if len(_bounds_ops) > 1024:  # view layouts long gone: bound the memory
-            _bounds_ops.clear()
-        signature = (_program_cache.Spelt(("pjrt_host.minmax", key)) if _program_cache.directory() is not None
-                     else None)
-        op = _bounds_ops[key] = Traceable(body, "pjrt_host.minmax", key, signature, jax.jit(body))
+        return body, jax.jit(body)
+
+    op = _fused.host_op(_bounds_ops, "pjrt_host.minmax", key, make)
     plan = OutputPlan("tuple", (OutputSpec("tensor", (2,), torch.int64),
                                 OutputSpec("tensor", tuple(index.shape), index.dtype)))
     array = storage._array if storage.pending else storage.get()
     return _fused.record(op, [array, 0 if view is None else view.run_offset], plan, storage.device_index,
                          storage.place)
-
-
-def _recorded_verdict(recorded: tuple, low: int, size: int, dim: int, ignore: int | None,
-                      error: Callable[[int, int, int], Exception], op: str, device: Any) -> Callable[[bool], bool]:
-    """The deferred verdict of a recorded check: not ready while its
-    segment has not run (unless ``wait``)."""
-    bounds, values = recorded
-
-    def verdict(wait: bool) -> bool:
-        storage = bounds._storage
-        if not wait and (storage.pending or not storage._array.is_ready()):
-            return False
-        lo, hi = np.asarray(read(bounds)).tolist()
-        if lo < low or hi >= size:
-            raise failure(error, _first_bad(read(values), low, size, ignore), dim, size, op, f"on {device}",
-                          "found at the next synchronisation point; pjrt_host.config(checks='sync'), or "
-                          "the debugging mode PJRT_HOST_EAGER=sync, raises at the op itself")
-        return True
-
-    return verdict
 
 
 #: The distinct sizes a dim of an embedding's indices takes before they are

@@ -92,12 +92,12 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     index = device_index(device)
     dtype = device_dtype(dtype)
     storage = self._storage
-    if index == storage.device_index and strides_for(self, kwargs.get("memory_format", torch.preserve_format)) is None:
+    stride = strides_for(self, kwargs.get("memory_format", torch.preserve_format))
+    if index == storage.device_index and stride is None:
         recorded = _recorded_read(self, dtype, func)
         if recorded is not None:
             return recorded
-    if storage.padded is not None and index == storage.device_index and \
-            strides_for(self, kwargs.get("memory_format", torch.preserve_format)) is None:
+    if storage.padded is not None and index == storage.device_index and stride is None:
         found = _dynamic_dims.padded_values(self)  # cast padded: one program per bucket
         if found is not None:
             arr, padded = found
@@ -112,8 +112,7 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         # To another device: a sharded tensor is gathered there.
         arr = _sharding.device_put(arr, jax_device(index))
         return wrap_array(arr, index, dtype)
-    return laid_out(arr, index, dtype, self._storage.place,
-                    strides_for(self, kwargs.get("memory_format", torch.preserve_format)))
+    return laid_out(arr, index, dtype, self._storage.place, stride)
 
 
 _read_ops: dict[tuple, Traceable] = {}
@@ -153,8 +152,7 @@ def _recorded_read(t: JaxTensor, dtype: torch.dtype | None = None, to_copy: Any 
     if static is None and cast is None:
         return None
     key = (static, str(storage.jax_dtype), None if cast is None else str(dtype))
-    op = _read_ops.get(key)
-    if op is None:
+    def make() -> tuple:
         lowering = _lowerings.lookup(to_copy) if cast is not None else None
         ctx = _lowerings.LoweringContext()  # a cast does no matmul and draws nothing
 
@@ -165,10 +163,9 @@ def _recorded_read(t: JaxTensor, dtype: torch.dtype | None = None, to_copy: Any 
                 a = _lowerings.invoke(lowering, (a,), {"dtype": dtype}, ctx, cast)
             return a
 
-        if len(_read_ops) > 1024:  # view layouts long gone: bound the memory
-            _read_ops.clear()
-        signature = _program_cache.Spelt(("pjrt_host.read", key)) if _program_cache.directory() is not None else None
-        op = _read_ops[key] = Traceable(body, "pjrt_host.read", key, signature, jax.jit(body))
+        return body, jax.jit(body)
+
+    op = _fused.host_op(_read_ops, "pjrt_host.read", key, make)
     plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
     array = storage._array if storage.pending else (storage.computed() if storage.padded is not None else storage.get())
     return _fused.record(op, [array, offset], plan, storage.device_index, storage.place,
