@@ -419,6 +419,32 @@ def test_the_steps_after_the_first_compile_next_to_nothing():
     assert first > 0 and second <= (8 if oracle else 2) and third == 0, (first, second, third)
 
 
+def test_a_segment_does_not_depend_on_the_values_of_its_python_scalars():
+    """A random draw's counter, a view's offset and the like go into a
+    segment as Python scalars.  Each takes its own input: shared by
+    identity (CPython shares the ints -5..256), the segment's ops read
+    one input where the counter had reached the offset's value, and a
+    GPT-2 training step compiled three new programs at its 9th and 18th
+    steps, where its draws' counter passed 128 and 256 (the offsets of
+    the key and value in its fused attention projection)."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 12, device="jax")
+
+    def compiled() -> int:
+        stats = torch.jax.program_cache_stats()
+        return stats["compiled"] + stats["disk_hits"] + _fused.stats()["programs"]
+
+    made = []
+    with fused():
+        for _ in range(10):  # the draw's counter goes 1, 2, 3, ... past the view's offset of 5
+            before = compiled()
+            y = torch.nn.functional.dropout(x[:, 5:] * 2.0, 0.5) + 1.0
+            y.sum().item()
+            made.append(compiled() - before)
+    # (the second call may still compile: the first learns which ops fuse)
+    assert made[0] > 0 and made[2:] == [0] * 8, made
+
+
 def _replay_counts(run) -> tuple[int, int, int]:
     before = _fused.stats()
     run()

@@ -53,6 +53,7 @@ _validated: set = set()  # traceable op functions known to trace with pending (a
 _refused: set = set()  # those that do not (they need concrete values), or trace to other shapes than planned
 _counts = {"segments": 0, "ops": 0, "programs": 0, "op_by_op": 0, "replayed": 0}
 _recompiles = logging.getLogger("pjrt_host.recompiles")
+_SCALARS = (int, float, bool, complex)
 
 
 class Segment:
@@ -504,10 +505,19 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
                     continue
                 v.segment.flush()
                 v = _resolved(v)
-            i = seg.ext_ids.get(id(v))
-            if i is None:
-                i = seg.ext_ids[id(v)] = len(seg.externals)
+            if type(v) in _SCALARS:
+                # a Python scalar takes a slot of its own: shared by identity,
+                # the segment's structure would depend on its value (CPython
+                # shares the ints -5..256, so a random draw's counter that
+                # reached a view's offset of 128 changed the segment, and a
+                # training step compiled new programs every few hundred draws)
+                i = len(seg.externals)
                 seg.externals.append(v)
+            else:
+                i = seg.ext_ids.get(id(v))
+                if i is None:
+                    i = seg.ext_ids[id(v)] = len(seg.externals)
+                    seg.externals.append(v)
             refs.append(i)
         refs_t = tuple(refs)
         single = plan.container == "single" if into is None else returns_one
