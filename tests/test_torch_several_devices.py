@@ -51,7 +51,8 @@ def test_ops_that_only_overwrite_a_tensor_keep_it_on_its_device(eager):
     """An op whose program reads nothing of the tensor it writes (a random
     fill, fill_, zero_, nn.init) was placed by its other inputs, host
     values, on jax's default device: a layer made on jax:1 held its
-    weights on device 0 while reporting jax:1."""
+    weights on device 0 while reporting jax:1.  So was a fused segment
+    of factories alone (it reads no array): uncommitted, on device 0."""
     code = textwrap.dedent("""
         import jax, torch
         layer = torch.nn.Linear(4, 3, device='jax:1')
@@ -61,9 +62,14 @@ def test_ops_that_only_overwrite_a_tensor_keep_it_on_its_device(eager):
                 torch.ones(5, device='jax:1').zero_(), torch.empty(5, device='jax:1').bernoulli_(0.5),
                 torch.rand(5, device='jax:1'), layer(torch.ones(2, 4, device='jax:1'))]
         torch.nn.init.trunc_normal_(made[2])
+        for make in (lambda: torch.ones(3, device='jax:1'), lambda: torch.arange(4, device='jax:1'),
+                     lambda: torch.full((2,), 7.0, device='jax:1')):
+            made.append(make())
+            torch.jax.synchronize()  # (fused: a segment of the factory alone, which reads no array)
         for t in made:
             assert t.device == torch.device('jax:1'), t.device
-            assert t._storage.array.devices() == {one}, (t.shape, t._storage.array.devices())
+            array = t._storage.array
+            assert array.devices() == {one} and array.committed, (t.shape, array.devices(), array.committed)
         print('ok')
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PJRT_") or k == "PJRT_HOST_CACHE_DIR"}

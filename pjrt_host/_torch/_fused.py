@@ -152,7 +152,8 @@ class Segment:
             with warnings.catch_warnings():  # a donated buffer no output can reuse is freed all the same
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 # keep_unused: an input only overwritten still places the program (_engine._build)
-                jitted = jax.jit(_program(self.ops, live), donate_argnums=donated, keep_unused=True)
+                jitted = jax.jit(_program(self.ops, live), donate_argnums=donated, keep_unused=True,
+                                 **_placement(ext, self.device))
                 program = variant[2] = _kept(jitted, script, live, donated, ext, self.device)
                 outs = program(*ext)
         else:
@@ -290,6 +291,22 @@ def _kept(jitted: Any, script: Script, live: tuple, donated: tuple, ext: list, d
     return _program_cache.with_retrace(compiled, jitted)
 
 
+def _placement(ext: Any, device: int) -> dict:
+    """``jax.jit``'s options that place a segment's results on its device:
+    a segment that reads no array (factories only, as the seed of a
+    backward) would put them on jax's default device, uncommitted -- the
+    ones of ``jax:1`` on device 0, and the next program that read them
+    along with committed arrays compiled again, unseen."""
+    if _reads_arrays(ext):
+        return {}
+    return {"out_shardings": jax.sharding.SingleDeviceSharding(jax_device(device))}
+
+
+def _reads_arrays(ext: Any) -> bool:
+    """Whether a segment's inputs (or their shapes) hold a jax array."""
+    return any(isinstance(v, (jax.Array, jax.ShapeDtypeStruct)) for v in ext)
+
+
 def _disk_signature(script: Script, live: tuple, donated: tuple, ext: list) -> Any:
     """What the program cache keys a segment's program by on disk: its ops'
     signatures, how they are wired, and the argument types (shapes, dtypes;
@@ -302,7 +319,9 @@ def _disk_signature(script: Script, live: tuple, donated: tuple, ext: list) -> A
         if op.signature is None:
             return None
         ops.append((op.signature, refs))
-    return tuple(ops), live, donated, tuple(str(jax.typeof(x)) for x in ext)
+    types = tuple(str(jax.typeof(x)) for x in ext)
+    # (a segment that reads no array is compiled for its device: _placement)
+    return (tuple(ops), live, donated, types) + (() if _reads_arrays(ext) else ("placed",))
 
 
 def _only_here(ext: list) -> tuple[int, ...]:
@@ -386,7 +405,7 @@ def _compile(ops: tuple, live: tuple, donated: tuple, example: tuple, signature:
     has a ``signature`` there)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        jitted = jax.jit(_program(ops, live), donate_argnums=donated, keep_unused=True)
+        jitted = jax.jit(_program(ops, live), donate_argnums=donated, keep_unused=True, **_placement(example, device))
         if signature is None:
             return _program_cache.with_retrace(jitted.lower(*example).compile(), jitted)
         compiled = _program_cache.compiled("pjrt_host.fused", signature, jitted, example, jax_device(device))
