@@ -148,6 +148,29 @@ def test_out_tensors_are_resized_as_torch_resizes_them():
         assert x.resize_as_(torch.ones(1, 3, device=dev)).cpu().tolist() == [[0.0, 1.0, 2.0]]
 
 
+def test_resize_within_the_storage_and_from_an_empty_one_as_on_cpu():
+    """resize_ to more elements than the tensor has but no more than its
+    storage holds (a slice grown back over its base) sees the base's
+    values, as on CPU; it raised torch's setStorage error, the tensor's
+    own metadata spanning only its elements.  An empty tensor grows onto a
+    new storage; one that holds elements cannot grow, and says so."""
+    results = {}
+    for dev in ("cpu", DEV):
+        x = torch.arange(8.0, device=dev)
+        grown = x[0:2].resize_(6)
+        empty_view = x[4:4].resize_(2)
+        empty_view.fill_(-1.0)
+        e = torch.empty(0, device=dev)
+        e.resize_(2, 3)
+        e.fill_(2.0)
+        z = torch.ones(2, 2, 2, 2, device=dev).resize_(2, 2, 2, 2, memory_format=torch.channels_last)
+        results[dev] = (grown.cpu().tolist(), grown._version, x.cpu().tolist(), e.shape, e.stride(),
+                        e._version, e.cpu().sum().item(), z.stride())
+    assert results[DEV] == results["cpu"]
+    with pytest.raises(NotImplementedError, match="growing a 'jax' tensor of 2 elements in place"):
+        torch.ones(2, device=DEV).resize_(5)
+
+
 def test_an_out_view_resized_within_its_storage_writes_into_it_as_on_cpu():
     """An out= view resized to a larger result that fits its storage is
     resized there, as CPU resizes it: the base (and every view of that

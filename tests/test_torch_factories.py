@@ -50,6 +50,36 @@ def test_factory_matches_cpu(make):
     torch.testing.assert_close(cpu(got), want)
 
 
+@pytest.mark.parametrize("make", [
+    lambda d: torch.hann_window(5, device=d),
+    lambda d: torch.hamming_window(6, False, 0.5, 0.4, device=d),
+    lambda d: torch.bartlett_window(5, periodic=False, device=d),
+    lambda d: torch.blackman_window(6, dtype=torch.float64, device=d),
+    lambda d: torch.kaiser_window(7, False, 8.0, device=d),
+    lambda d: torch.kaiser_window(5, device=d),
+    lambda d: torch.fft.fftfreq(8, device=d),
+    lambda d: torch.fft.rfftfreq(9, d=0.5, device=d),
+    lambda d: torch.range(0, 4, 0.5, device=d),
+    lambda d: torch.stft(torch.arange(64.0, device=d), 16, window=torch.hann_window(16, device=d),
+                         return_complex=True).abs(),
+], ids=["hann", "hamming", "bartlett", "blackman", "kaiser-beta", "kaiser", "fftfreq", "rfftfreq", "range", "stft"])
+def test_torchs_composite_factories_match_cpu(make):
+    """Factories whose kernel is torch's composite for every device: the
+    window functions and fftfreq grow an ``empty(0)`` through an out= op
+    (they raised that a 'jax' tensor cannot grow), kaiser_window calls a
+    kernel only CPU and CUDA have (torch's internal assert), range looped
+    through its own out= form; so ``torch.stft`` with a window made on the
+    device failed."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.range is deprecated
+        got, want = make(DEV), make("cpu")
+    assert got.device.type == DEV
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(cpu(got), want)
+
+
 def test_empty_and_like_shapes():
     e = torch.empty(2, 5, device=DEV)
     assert e.shape == (2, 5) and e.device == torch.device("jax", 0)

@@ -12,7 +12,6 @@ callers that trace whole graphs; here eager adds what is about storage
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any, Callable
 
@@ -34,7 +33,6 @@ from ._signatures import Traceable
 from ._sync import names_failed_collectives, run_deferred_checks
 from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, view_for, wrap_array,
                       write)
-from ._view_ops import run_inplace_view
 
 __all__ = ["STORAGE_OPS", "storage_op"]
 
@@ -364,25 +362,41 @@ def record_stream(func: Any, args: tuple, kwargs: dict) -> Any:
 def resize_(func: Any, args: tuple, kwargs: dict) -> Any:
     """torch's resize_ within the tensor's storage (same or fewer elements):
     a contiguous reinterpretation of the same values (in ``memory_format``,
-    when given), as on CPU.  Growing a 'jax' tensor in place is not
-    supported (torch's metadata of a tensor without torch storage cannot
-    grow past it)."""
+    when given), as on CPU.  A storage that holds no elements grows onto
+    a new one: torch's composite factories make ``empty(0)`` and fill it
+    through an out= op that resizes it (``arange_out`` under every window
+    function, so ``torch.stft`` with a window made on the device), and
+    nothing can see an empty storage's elements.  Growing a storage that
+    holds elements is not supported (other views of it would have to see
+    the new ones, and a 'jax' storage cannot grow in place)."""
     self, size = args[0], tuple(args[1])
     memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
     if memory_format == torch.preserve_format:
         raise RuntimeError("Unsupported memory format preserve")
     if tuple(self.shape) == size and memory_format is None:
         return self
-    offset = self.storage_offset()
-    if offset + math.prod(size) > self._storage.numel:
-        raise NotImplementedError(
-            f"pjrt_host: growing a 'jax' tensor in place (resize_ from {tuple(self.shape)} to {size}) is not "
-            "supported; make a new tensor instead (e.g. pass no out= argument)")
     if memory_format is None or memory_format == torch.contiguous_format:
         stride = contiguous_strides(size)
     else:
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
-    return run_inplace_view(torch.ops.aten.as_strided_.default, (self, size, stride, offset), {})
+    offset = self.storage_offset()
+    extent = 0 if 0 in size else 1 + sum((n - 1) * st for n, st in zip(size, stride))
+    storage = self._storage
+    elem = self._view.elem if self._view is not None else None
+    whole = storage.numel if elem is None else storage.nbytes // np.dtype(elem).itemsize
+    if offset + extent > whole:
+        if whole != 0:
+            raise NotImplementedError(
+                f"pjrt_host: growing a 'jax' tensor of {whole} elements in place (resize_ from "
+                f"{tuple(self.shape)} to {size}) is not supported: other views of its storage would have to see "
+                "the new elements; make a new tensor instead (e.g. pass no out= argument, or resize_(0) first)")
+        # made on first use, as an empty tensor's
+        storage, elem = Storage(None, (offset + extent,), jax_dtype(device_dtype(self.dtype)), storage.device_index,
+                                storage.place), None
+    # (over the whole storage: the tensor's own torch metadata spans only
+    # its elements, which a view growing within the storage passes, as
+    # fftfreq's arange(out=) into a slice of its result)
+    return _set_metadata(self, storage, size, stride, offset, elem)
 
 
 @storage_op("aten::resize_as_")

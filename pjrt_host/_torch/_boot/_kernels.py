@@ -17,7 +17,7 @@ import torch
 
 from .. import _loader
 
-__all__ = ["DEVICE_OPS", "FACTORY_OPS", "aten_op", "never_traced", "register"]
+__all__ = ["CPU_FACTORY_OPS", "DEVICE_OPS", "FACTORY_OPS", "aten_op", "never_traced", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,19 @@ FACTORY_OPS = (
     "randperm.generator",
 )
 
+# Factories whose kernel for other devices is a composite that cannot run on
+# the device: kaiser_window's calls a DispatchStub only CPU and CUDA fill,
+# range's calls range.out, whose out= handler calls range again.  Computed on
+# torch CPU and moved, as the device-key fallback computes the factories
+# without a kernel (exact: torch CPU's own values).
+CPU_FACTORY_OPS = (
+    "kaiser_window",
+    "kaiser_window.periodic",
+    "kaiser_window.beta",
+    "range",
+    "range.step",
+)
+
 # Ops torch runs on the device key itself, with Python dispatch turned off
 # (``torch.tensor(data, device='jax')`` calls ``_to_copy`` that way).
 DEVICE_OPS = ("_to_copy", "copy_")
@@ -87,7 +100,8 @@ def register() -> torch.library.Library:
     _libraries.append(fallback)
     aten = torch.library.Library("aten", "IMPL")
     _libraries.append(aten)
-    for names, make_kernel in ((FACTORY_OPS, _factory_kernel), (DEVICE_OPS, _device_kernel)):
+    for names, make_kernel in ((FACTORY_OPS, _factory_kernel), (CPU_FACTORY_OPS, _cpu_factory_kernel),
+                               (DEVICE_OPS, _device_kernel)):
         for name in names:
             try:
                 aten.impl(name, never_traced(scoped(make_kernel(name))), "PrivateUse1")
@@ -98,6 +112,10 @@ def register() -> torch.library.Library:
 
 def _factory_kernel(name: str) -> Callable:
     return _kernel(name, lambda op, args, kwargs: _loader.factories().run_factory(op, name, args, kwargs))
+
+
+def _cpu_factory_kernel(name: str) -> Callable:
+    return _kernel(name, lambda op, args, kwargs: _loader.factories().run(op, args, kwargs))
 
 
 def _device_kernel(name: str) -> Callable:
