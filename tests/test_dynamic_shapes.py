@@ -406,9 +406,12 @@ def test_fused_eager_records_padded_ops_and_reuses_the_buckets_segments():
     assert stats["fallbacks"] == 0 and stats["cuts"] == 0, stats
     assert stats["padded_calls"] > 50
     assert after["ops"] - before["ops"] > 150
-    # (the 1st length's count is lower in a process that ran other models,
-    # and 0 where they left every segment's program)
-    assert all(c <= 4 for c in compiled[4:]) and (compiled[3] < compiled[0] or not any(compiled)), compiled
+    # (the 4th length compiles the segments the trial ends, 6-7 programs; the
+    # 1st's count depends on what the tests before left compiled: the op
+    # programs of these lengths, or every segment's.  Each model instance
+    # learns its own dynamic dims, so a model made before does not pad this
+    # one's first lengths)
+    assert all(c <= 4 for c in compiled[4:]), compiled
 
 
 def test_off_every_length_compiles_its_own_programs():
@@ -1027,5 +1030,43 @@ def test_an_embedding_that_meets_fixed_shapes_at_several_places_stays_exact():
             positions = table(encoder_positions).sum()
             positions = positions + table(decoder_positions).sum()
             (tokens + positions).item()
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["pads"] == 0 and stats["padded_calls"] == 0, stats
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """An attention function shared by every module (as transformers'
+    ``sdpa_attention_forward`` is)."""
+    return torch.softmax(q @ k.transpose(-1, -2) * 0.25, dim=-1).sum(-1)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        return _scores(self.proj(x), memory)
+
+
+def test_module_instances_of_fixed_sizes_on_one_line_stay_exact():
+    """Instances of one module class, each with its own fixed sizes (an
+    encoder's self-attention over 32 positions, a decoder's over 12, the
+    cross-attention between them, a pooled stage's over 16), run the same lines of code: each
+    instance is a place of its own, so no dim counts three sizes and
+    nothing pads.  With the line alone as the place, Whisper's training
+    step of fixed shapes ran padded (40 % more elements, 18 programs
+    compiled again in its second step)."""
+    _padding.reset()
+    torch.manual_seed(0)
+    encoder, decoder, cross, pooled = (_Attention().to("jax") for _ in range(4))
+    source = torch.randn(2, 32, 8, device="jax")
+    target = torch.randn(2, 12, 8, device="jax")
+    pooled_source = torch.randn(2, 16, 8, device="jax")
+    with pjrt_host.config(dynamic_shapes=True):
+        for _ in range(3):
+            total = encoder(source, source).sum() + decoder(target, target).sum() + cross(target, source).sum()
+            total = total + pooled(pooled_source, pooled_source).sum()
+            total.item()
     stats = torch.jax.dynamic_shape_stats()
     assert stats["pads"] == 0 and stats["padded_calls"] == 0, stats

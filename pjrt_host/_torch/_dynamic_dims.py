@@ -576,8 +576,9 @@ def result_padding(dims: dict, physical: tuple, shape: tuple) -> tuple | None:
 def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
     """A new signature of ``op``, which has a rule: the dims of its inputs
     that took a third size at the same place (the op's input position
-    called from the same line of code outside torch with the same
-    parameters, as dynamo's automatic dynamic goes by the frame and source;
+    called from the same line of code outside torch, by the same module
+    instance, with the same parameters, as dynamo's automatic dynamic goes
+    by the frame and source;
     see :data:`_SIZES`), the dims ``torch._dynamo.mark_dynamic`` marked, and
     with ``mode`` "all" every dim, become dynamic, and the inputs holding
     them are padded.  True when one was."""
@@ -610,7 +611,7 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
                 place = (_caller(), params)
             sizes = seen.get((place, pos, len(shape)))
             if sizes is None:
-                if len(seen) > 4096:
+                if len(seen) > 16384:  # (a place per module instance: room for a few hundred layers)
                     seen.clear()
                 sizes = seen[(place, pos, len(shape))] = [set() for _ in shape]
             for d, n in enumerate(shape):
