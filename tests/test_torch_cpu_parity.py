@@ -237,6 +237,34 @@ def test_a_mask_times_floats_gives_ieee_zeros_and_nans_as_cpu():
                 torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
 
 
+def test_a_mask_cast_to_floats_then_divided_or_multiplied_gives_ieee_values_as_cpu():
+    """A mask cast to a float dtype and then divided or multiplied in the
+    same program: 0 / 0 is NaN, 0 * inf NaN, 0 * -y -0.0, as on CPU.
+    XLA rewrote the cast and the arithmetic into a select wherever they met
+    (a division of a bool by a float, a mask's .float() then a division
+    in one fused segment: 0 where CPU has NaN; fuzz seed 9000360)."""
+    mask = torch.tensor([[True, False], [False, False]])
+    zero = torch.tensor([0.0])
+    y = torch.tensor([float("inf"), float("nan"), -1.0, 2.0])
+    flags = torch.tensor([False, False, False, True])
+    cases = [
+        lambda d: torch.div(mask.to(d), zero.to(d)),
+        lambda d: mask.to(d).float() / zero.to(d),
+        lambda d: mask.to(d).float() / 0.0,
+        lambda d: flags.to(d).float() * y.to(d),
+        lambda d: flags.to(d).to(torch.float64) * y.to(d).double(),
+        lambda d: flags.to(d).to(torch.bfloat16) * y.to(d).to(torch.bfloat16),
+        lambda d: flags.to(d).float() * y.to(d)[0],
+    ]
+    for mode in ("op", "fused", "sync"):
+        with pjrt_host.config(eager=mode):
+            for i, case in enumerate(cases):
+                want, got = case("cpu"), case(DEV).cpu()
+                assert torch.equal(got.isnan(), want.isnan()), (mode, i, got, want)
+                assert torch.equal(got.nan_to_num().view(-1).signbit(), want.nan_to_num().view(-1).signbit()), (mode, i)
+                torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
 def test_softmax_of_a_0dim_tensor_as_cpu_computes_it():
     """softmax / log_softmax of one element: 1 / 0, or NaN for NaN and
     +-inf as CPU's exp(x - x) gives; its backward runs (the sum over the

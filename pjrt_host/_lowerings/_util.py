@@ -101,7 +101,15 @@ def cast(x: Any, dtype: torch.dtype) -> jax.Array:
         if type(x) is int and jnp.issubdtype(jd, jnp.integer) and not jnp.iinfo(jd).min <= x <= jnp.iinfo(jd).max:
             return jnp.asarray(np.asarray(x, np.int64 if x < 0 else np.uint64).astype(jd))
         return jnp.asarray(x, dtype=jd)
-    return x if x.dtype == jd else x.astype(jd)
+    if x.dtype == jd:
+        return x
+    if x.dtype == jnp.bool_ and (jnp.issubdtype(jd, jnp.floating) or jnp.issubdtype(jd, jnp.complexfloating)):
+        # XLA rewrites convert(mask) * y and convert(mask) / y into selects
+        # that lose IEEE's 0 * inf and 0 / 0 (NaN; -0.0 for 0 * -y) wherever
+        # the cast and the arithmetic meet in one program (a mask's .float()
+        # then a division, fused): a select of constants it leaves alone
+        return jnp.where(x, jnp.ones((), jd), jnp.zeros((), jd))
+    return x.astype(jd)
 
 
 def promote(*operands: Any, scalars_in_opmath: bool = False) -> tuple[torch.dtype, list[jax.Array]]:
