@@ -780,6 +780,25 @@ def test_an_embedding_gradient_scaled_by_frequency_counts_no_padded_index():
         torch.testing.assert_close(grads["jax", scale], grads["cpu", scale])
 
 
+def test_a_contraction_of_dims_padded_in_two_ways_runs_exact_without_tracing():
+    # mm of a merged [B*T] view (padding between its rows) against a
+    # [B*T, D] tensor padded at its end: the contracted dims are laid out
+    # differently, and the padded route traced a program that failed on
+    # every call (dot_general of 49 against 14) before it ran exact; it now
+    # sees they do not line up (found by the oracle, op by op: the
+    # weight gradients of tests/test_torch_training.py's transformers)
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 5, 4), torch.randn(10, 3)
+    with pjrt_host.config(dynamic_shapes="all", eager="op"):
+        _padding.reset()
+        aj, bj = a.to("jax") * 1, b.to("jax") * 1  # padded by the mul
+        got = (aj.view(-1, 4).t() @ bj).cpu()
+        reasons = torch.jax.dynamic_shape_stats()["fallbacks_by_reason"]
+    torch.testing.assert_close(got, a.view(-1, 4).t() @ b)
+    assert not any("program failed" in r for r in reasons), reasons
+    assert reasons.get("aten::mm: inputs that do not line up") == 1, reasons
+
+
 def test_a_16_bit_mean_of_a_padded_tensor_sums_in_float32_as_cpu():
     # torch CPU's mean of float16 / bfloat16 sums in float32 and rounds once;
     # the padded mean (its sum over the logical count) summed in the 16-bit

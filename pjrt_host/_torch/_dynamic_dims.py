@@ -424,6 +424,18 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
     elementwise = rule.fill is None and not rule.fills
     meets = rule.align(args, kwargs) if rule.align is not None else None
     at = {pos: t for pos, t in tensors} if meets is not None else None
+    if meets is not None:
+        # dims that meet in a contraction, both read padded, must be laid out
+        # alike (a merged [B*T] dim's rows against a dim padded at its end
+        # are different lengths: the program could not be traced)
+        for (pos, d), partners in meets.items():
+            r = reads.get(id(at.get(pos)))
+            if r is None:
+                continue
+            for pos2, d2 in partners:
+                r2 = reads.get(id(at.get(pos2)))
+                if r2 is not None and (r.psize[d] != r2.psize[d2] or r.comps[d] != r2.comps[d2]):
+                    return None
     swaps: dict = {}
     for pos, t in tensors:
         own = reads.get(id(t))
