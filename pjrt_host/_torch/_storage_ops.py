@@ -389,7 +389,8 @@ def resize_(func: Any, args: tuple, kwargs: dict) -> Any:
             raise NotImplementedError(
                 f"pjrt_host: growing a 'jax' tensor of {whole} elements in place (resize_ from "
                 f"{tuple(self.shape)} to {size}) is not supported: other views of its storage would have to see "
-                "the new elements; make a new tensor instead (e.g. pass no out= argument, or resize_(0) first)")
+                "the new elements (resize_(0) keeps the storage); make a new tensor instead (e.g. pass no out= "
+                "argument)")
         # made on first use, as an empty tensor's
         storage, elem = Storage(None, (offset + extent,), jax_dtype(device_dtype(self.dtype)), storage.device_index,
                                 storage.place), None
