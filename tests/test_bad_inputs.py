@@ -422,6 +422,19 @@ def test_a_value_check_names_the_op_when_found_later():
     torch.ones(2, device="jax").cpu()  # reported once: the device keeps working
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_checks_sync_waits_for_a_verdict_still_being_computed(eager):
+    """``checks='sync'`` raises at the op even when the rates are the end of
+    a product the device is still computing: a verdict not yet ready is no
+    pass (it was, so a negative Poisson rate sometimes drew)."""
+    big = torch.ones(1000, 1000, device="jax")
+    with pjrt_host.config(eager=eager), pjrt_host.config(checks="sync"):
+        for _ in range(3):
+            rates = torch.tensor([1.0, -1.0], device="jax") + (big @ big @ big).sum() * 0
+            with pytest.raises(RuntimeError, match=r"^invalid Poisson rate, expected rate to be non-negative$"):
+                torch.poisson(rates)
+
+
 def test_checks_off_gives_the_unchecked_values():
     with pjrt_host.config(checks=False):
         row = F.one_hot(torch.tensor([-1], device="jax"), 3).cpu()

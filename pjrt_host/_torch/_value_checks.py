@@ -558,16 +558,16 @@ def _run(op: str, spec: _Check, tensor: Any, mode: Any, *static: Any, text: str 
         value = int(np.asarray(code))
         if value:
             exc, message = spec.error(value)
-            message = text or message
-            if wait is None:  # at the op itself
-                raise exc(message)
-            raise exc(f"{message} (raised by {op} on {device}, found at the next synchronisation point; "
-                      "pjrt_host.config(checks='sync'), or the debugging mode PJRT_HOST_EAGER=sync, raises "
-                      "at the op itself)")
+            raise exc(f"{text or message} (raised by {op} on {device}, found at the next synchronisation "
+                      "point; pjrt_host.config(checks='sync'), or the debugging mode PJRT_HOST_EAGER=sync, "
+                      "raises at the op itself)")
         return True
 
-    if mode == "sync":
-        verdict(None)  # type: ignore[arg-type]
+    if mode == "sync":  # at the op itself: wait for the verdict (a program still running is no pass)
+        value = int(np.asarray(code))
+        if value:
+            exc, message = spec.error(value)
+            raise exc(text or message)
     else:
         defer_check(verdict)
 
