@@ -37,9 +37,8 @@ def _train(mode: str, steps: int = 4) -> tuple[list[float], list[torch.Tensor]]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Dropout(0.1),
                                 torch.nn.LayerNorm(32), torch.nn.Linear(32, 5)).to("jax")
-    # The per-parameter step, which fuses with the rest of the step (the
-    # default foreach step's list ops each end a segment; test_eager_modes
-    # trains with it in every mode).
+    # The per-parameter step (test_eager_modes trains with the default
+    # foreach step in every mode).
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
     gen = torch.Generator().manual_seed(1)
     losses = []
@@ -248,6 +247,64 @@ def test_in_place_writes_and_views_see_each_other():
         assert torch.equal(y.cpu(), expected.t() + 1)
         expected.add_(1)
         assert torch.equal(x.cpu(), expected)
+
+
+def test_a_foreach_optimizer_step_stays_in_one_segment_and_equals_cpu():
+    """A foreach in-place op runs as its functional op and writes each
+    result back; the targets take the results still pending, so AdamW's
+    whole foreach step is one segment (it was one program per foreach op,
+    each write reading its result), with CPU's values and versions."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+    dev = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("jax")
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1, foreach=True) for m in (cpu, dev)]
+    x = torch.randn(5, 6)
+    with fused():
+        for _ in range(3):
+            for m, opt, d in zip((cpu, dev), opts, ("cpu", "jax")):
+                m(x.to(d)).square().sum().backward()
+                torch.jax.synchronize()
+                versions = [p._version for p in m.parameters()]
+                before = _fused.stats()["segments"]
+                opt.step()
+                writes = [p._version - v for p, v in zip(m.parameters(), versions)]
+                if d == "jax":
+                    assert _fused.stats()["segments"] == before, "the step ran a segment before anything read it"
+                    assert all(p._storage.pending for p in m.parameters())
+                    assert writes == cpu_writes
+                else:
+                    cpu_writes = writes
+                    assert all(writes)
+                opt.zero_grad()
+    for a, b in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1e-5, atol=1e-6)
+    state = opts[1].state[next(dev.parameters())]
+    torch.testing.assert_close(state["exp_avg_sq"].cpu(), opts[0].state[next(cpu.parameters())]["exp_avg_sq"])
+
+
+def test_a_foreach_write_into_views_other_dtypes_and_held_results_stays_right():
+    """Targets the pending hand-over does not take (a view, another dtype)
+    are written through copy_, and a value read between the op and its
+    segment's run, or after the target is written again, is the right one."""
+    def run(d):
+        base = torch.arange(8.0, device=d)
+        half = torch.ones(4, dtype=torch.float16, device=d)
+        plain = torch.zeros(4, device=d)
+        torch._foreach_add_([base[2:6], half, plain], [torch.ones(4, device=d)] * 3)
+        first = plain.clone()
+        torch._foreach_mul_([plain], 3.0)
+        plain.add_(1)
+        return [base, half, first, plain]
+
+    want = run("cpu")
+    with fused():
+        got = run("jax")
+        torch.jax.synchronize()
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g.cpu(), w)
 
 
 def test_a_value_recorded_in_one_thread_is_read_in_another():

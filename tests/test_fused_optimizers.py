@@ -217,7 +217,11 @@ def test_the_default_step_is_foreach_and_a_schedule_stops_compiling():
     clip_grad_norm_'s: torch picks it by the tensor type, which pjrt_host
     adds to torch's lists as DTensor does.  Its bias corrections and
     step sizes, Python floats that change every step, are traced: a
-    schedule stops compiling after the first step; the steps are CPU's."""
+    schedule stops compiling after the first steps; the steps are CPU's.
+    (Under fused eager the whole step is one segment; at the third step
+    the thread's ops repeat the step before, the segment ends at the
+    step's last op, and its program returns one more list the optimizer
+    still holds there: one program more, once.)"""
     params = _params("jax")
     opt = torch.optim.AdamW(params, lr=0.05, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
@@ -232,7 +236,7 @@ def test_the_default_step_is_foreach_and_a_schedule_stops_compiling():
         torch.jax.synchronize()
         compiled.append(torch.jax.program_cache_stats()["programs"] - before)
         sched.step()
-    assert compiled[2:] == [0, 0, 0, 0], compiled
+    assert compiled[3:] == [0, 0, 0], compiled
     single_tensor_step = {"aten::lerp_.Scalar", "aten::addcmul_", "aten::addcdiv_", "aten::sqrt"}
     assert not single_tensor_step & set(log.ops), log.ops
     assert {"aten::_foreach_addcdiv_.ScalarList", "aten::_foreach_norm.Scalar"} <= set(log.ops), log.ops

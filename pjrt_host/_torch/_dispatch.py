@@ -889,6 +889,12 @@ def _kernel_counts_writes(name: str) -> bool:
 
 def _write_back_each(func: Any, functional_op: Any, schema: Any, mutable: list, count_writes: bool, args: tuple,
                      kwargs: dict) -> Any:
+    with _fused.writing_back():
+        return _write_back_each_held(func, functional_op, schema, mutable, count_writes, args, kwargs)
+
+
+def _write_back_each_held(func: Any, functional_op: Any, schema: Any, mutable: list, count_writes: bool,
+                          args: tuple, kwargs: dict) -> Any:
     out_names = {a.name for a in mutable if a.kwarg_only}
     results = functional_op(*args, **{k: v for k, v in kwargs.items() if k not in out_names})
     if len(mutable) == 1 or not isinstance(results, (tuple, list)):
@@ -937,7 +943,18 @@ def _swapped_in(target: Any, value: Any) -> bool:
             or value._view is not None or value.shape != target.shape \
             or value._storage.place != target._storage.place:
         return False
-    _tensor.write(target, value._storage.get())
+    source, storage = value._storage, target._storage
+    pending = source._array
+    if type(pending) is _tensor.Pending:
+        # fused eager: the target takes the result still pending, so that
+        # an optimizer's step stays one segment (reading it here ran the
+        # segment after each foreach op: 8 programs an AdamW step)
+        if target._view is None and storage.padded is None and source.padded is None \
+                and storage.jax_dtype == source.jax_dtype and type(storage.place) is int \
+                and pending.segment.share(pending, storage):
+            return True
+        return False  # copy_ records the write where it can
+    _tensor.write(target, source.get())
     return True
 
 

@@ -43,7 +43,7 @@ from ._signatures import Traceable, difference
 from ._sync import note_result, open_segments
 from ._tensor import DONATE, Pending, result_tensor
 
-__all__ = ["LIMIT", "Segment", "record", "resolve", "stats"]
+__all__ = ["LIMIT", "Segment", "record", "resolve", "stats", "writing_back"]
 
 #: A segment runs once it holds this many ops.
 LIMIT = 256
@@ -59,8 +59,8 @@ _SCALARS = (int, float, bool, complex)
 class Segment:
     """The ops one thread has recorded and not yet run."""
 
-    __slots__ = ("ops", "externals", "ext_ids", "results", "lock", "done", "device", "error", "after", "expect",
-                 "script", "ended", "__weakref__")
+    __slots__ = ("ops", "externals", "ext_ids", "results", "shared", "lock", "done", "device", "error", "after",
+                 "expect", "script", "ended", "__weakref__")
 
     def __init__(self, device: int, after: Script | None = None) -> None:
         # (the op's Traceable, argument refs, one result): with the
@@ -69,6 +69,8 @@ class Segment:
         self.externals: list[Any] = []  # arrays and run-time scalars the ops read
         self.ext_ids: dict[int, int] = {}
         self.results: list[tuple[Any, Pending]] = []  # (weakref to the Storage, its Pending)
+        #: None, or per result index the other storages given it (:meth:`share`)
+        self.shared: dict[int, list[Any]] | None = None
         self.lock = threading.RLock()
         self.done = False
         self.device = device
@@ -100,6 +102,10 @@ class Segment:
             if getattr(_local, "segment", None) is self:
                 _local.segment = None
             live = tuple(i for i, (ref, p) in enumerate(self.results) if (s := ref()) is not None and s._array is p)
+            if self.shared:
+                held = {i for i, refs in self.shared.items()
+                        if any((s := r()) is not None and s._array is self.results[i][1] for r in refs)}
+                live = tuple(sorted(held.union(live)))
             if not live:
                 self.externals = []
                 return
@@ -110,6 +116,21 @@ class Segment:
             except BaseException as err:
                 self.error = err
                 raise
+
+    def share(self, pending: Pending, storage: Any) -> bool:
+        """Give ``storage`` this segment's result ``pending`` too, still
+        pending: an in-place op written back as its functional op's result
+        (``_foreach_add_`` as ``_foreach_add``, an optimizer's whole step)
+        stays in the segment instead of running it for each write.  False
+        once the segment has run (the caller writes the array)."""
+        with self.lock:
+            if self.done:
+                return False
+            storage.commit(pending)
+            if self.shared is None:
+                self.shared = {}
+            self.shared.setdefault(pending.index, []).append(weakref.ref(storage))
+            return True
 
     def _run(self, ext: list, live: tuple[int, ...], donated: tuple[int, ...]) -> None:
         inputs = tuple([_signature(v) for v in ext])
@@ -162,8 +183,17 @@ class Segment:
         for i, arr in zip(live, outs):
             ref, p = self.results[i]
             storage = ref()
-            if storage is not None and storage._array is p:  # (a program of more results: those held)
+            given = storage is not None and storage._array is p
+            if given:  # (a program of more results: those held)
                 storage._array = arr
+            if self.shared and i in self.shared:
+                for r in self.shared[i]:
+                    s = r()
+                    if s is not None and s._array is p:
+                        s._array = arr
+                        if not given:  # the storage _resolved reads the result from
+                            self.results[i] = (r, p)
+                            given = True
         note_result(self.device, outs[-1])
 
 
@@ -576,8 +606,33 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
             full = n >= LIMIT or (period and (not _small_body(period) or (n % period == 0 and n >= REPEAT_SEGMENT)))
     if full:
         seg.ended = True
-        seg.flush()
+        if getattr(_local, "held", 0):
+            _local.ending = seg  # run once the caller has written the results back (:func:`writing_back`)
+        else:
+            seg.flush()
     return result
+
+
+class writing_back:
+    """Around an in-place op run as its functional op and a write of each
+    result into its target: a segment that ends itself at the functional
+    op runs after the writes, not before them.  Run before, it returned
+    the temporary results and the targets' old values, and the targets
+    read the arrays afterwards (one more program per step, a new one at
+    the first replay)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        _local.held = getattr(_local, "held", 0) + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.held -= 1
+        if not _local.held:
+            seg = getattr(_local, "ending", None)
+            if seg is not None:
+                _local.ending = None
+                seg.flush()
 
 
 #: A segment also ends where the ops recorded last repeat the ones before
