@@ -261,6 +261,7 @@ def test_a_foreach_optimizer_step_stays_in_one_segment_and_equals_cpu():
     dev.to("jax")
     opts = [torch.optim.AdamW(m.parameters(), lr=0.1, foreach=True) for m in (cpu, dev)]
     x = torch.randn(5, 6)
+    cpu_writes = None  # (CPU's step runs first)
     with fused():
         for _ in range(3):
             for m, opt, d in zip((cpu, dev), opts, ("cpu", "jax")):
