@@ -308,6 +308,30 @@ def test_a_foreach_write_into_views_other_dtypes_and_held_results_stays_right():
         torch.testing.assert_close(g.cpu(), w)
 
 
+def test_a_clone_of_a_pending_result_stays_in_the_segment():
+    """``clone()`` of a whole tensor shares its array; of a result still
+    pending it shares the pending result, instead of running the segment
+    (autograd clones each parameter's first gradient: a program each).
+    Writes to either side, and the source's end, leave the other as it was."""
+    with fused():
+        x = torch.arange(6.0, device="jax")
+        y = x * 2
+        before = _fused.stats()["segments"]
+        c = y.clone()
+        kept = y.clone()
+        assert _fused.stats()["segments"] == before and c._storage.pending
+        y.add_(1)
+        c.mul_(10)
+        z = y.clone()
+        del y
+        assert c.cpu().tolist() == [0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
+        assert z.cpu().tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+        assert kept.cpu().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+        w = torch.ones(3, 2, device="jax", requires_grad=True)
+        (w * 3).sum().backward()  # the gradient's first accumulation clones it
+        assert w.grad.cpu().tolist() == [[3.0, 3.0]] * 3
+
+
 def test_a_value_recorded_in_one_thread_is_read_in_another():
     out = {}
     x = torch.randn(8, device="jax")

@@ -31,7 +31,7 @@ from ._meta import check_out_overlap, meta_view_of
 from . import _config, _dynamic_dims, _factories, _fused, _meta, _sharding, _storage_bridge, _strided
 from ._signatures import Traceable
 from ._sync import names_failed_collectives, run_deferred_checks
-from ._tensor import (JaxTensor, Storage, contiguous_strides, make, read, view_for, wrap_array,
+from ._tensor import (JaxTensor, Pending, Storage, contiguous_strides, make, read, view_for, wrap_array,
                       write)
 
 __all__ = ["STORAGE_OPS", "storage_op"]
@@ -269,6 +269,14 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
             return make(Storage(arr, tuple(self.shape), storage.jax_dtype, storage.device_index, storage.place,
                                 padded), tuple(self.shape), self.dtype)
     if view is None and stride is None:
+        pending = storage._array
+        if type(pending) is Pending and storage.padded is None and type(storage.place) is int:
+            # fused eager: the copy shares the result still pending (reading it
+            # ran the segment: autograd clones each parameter's first gradient,
+            # 13 programs more a GPT-2 backward)
+            copy = Storage(None, storage.shape, storage.jax_dtype, storage.device_index)
+            if pending.segment.share(pending, copy):
+                return make(copy, tuple(self.shape), self.dtype)
         return make(Storage(storage.array, storage.shape, storage.jax_dtype, storage.device_index, storage.place),
                     tuple(self.shape), self.dtype)
     if view is not None and view.kind == "perm" and view.elem is None and stride == tuple(self.stride()):
