@@ -31,6 +31,23 @@ def test_to_and_back():
     assert torch.equal(j.to("cpu", torch.float64), c.double())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+def test_empty_tensors_come_to_the_device_as_cpu_has_them(dtype):
+    """An empty tensor has no values to move (transformers' DynamicCache
+    makes two a layer a forward: ``torch.tensor([], device=...)``, then
+    cats the keys onto it); it is made on the device, in the dtype and
+    shape asked for, and grows and reads as CPU's does."""
+    for shape in [(0,), (2, 0), (0, 3, 1)]:
+        c = torch.empty(shape, dtype=dtype)
+        j = c.to(DEV)
+        assert j.shape == c.shape and j.dtype == dtype and j.device.type == DEV
+        assert j.cpu().shape == c.shape and j.cpu().dtype == dtype
+    data = torch.ones(1, 2, 3, 4).to(dtype)
+    grown = torch.cat([torch.tensor([], dtype=dtype, device=DEV), data.to(DEV)], dim=-2)
+    assert torch.equal(grown.cpu(), torch.cat([torch.tensor([], dtype=dtype), data], dim=-2))
+    assert torch.tensor([], dtype=torch.float64, device=DEV).to(torch.float16).dtype == torch.float16
+
+
 @pytest.mark.parametrize("make_view", [
     lambda t: t, lambda t: t.t(), lambda t: t[1:, ::2], lambda t: t.view(torch.int32), lambda t: t[0].expand(3, 4),
     lambda t: t.reshape(12)[3:9],

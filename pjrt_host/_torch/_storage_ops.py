@@ -31,8 +31,8 @@ from ._meta import check_out_overlap, meta_view_of
 from . import _config, _dynamic_dims, _factories, _fused, _meta, _sharding, _storage_bridge, _strided
 from ._signatures import Traceable
 from ._sync import names_failed_collectives, run_deferred_checks
-from ._tensor import (JaxTensor, Pending, Storage, contiguous_strides, make, read, view_for, wrap_array,
-                      write)
+from ._tensor import (JaxTensor, Pending, Storage, contiguous_strides, make, new_tensor, read, view_for,
+                      wrap_array, write)
 
 __all__ = ["STORAGE_OPS", "storage_op"]
 
@@ -84,6 +84,8 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         # A torch tensor coming to the device (torch.tensor(data, device='jax')).
         index = device_index(device)
         dtype = device_dtype(dtype)
+        if self.numel() == 0:  # no values to move (transformers' DynamicCache makes two a layer a forward)
+            return new_tensor(tuple(self.shape), dtype, index)
         return wrap_array(to_jax_array(self, index, dtype), index, dtype)
     if device.type != DEVICE_NAME:
         return to_torch(self, device, dtype)
