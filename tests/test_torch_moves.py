@@ -48,6 +48,24 @@ def test_empty_tensors_come_to_the_device_as_cpu_has_them(dtype):
     assert torch.tensor([], dtype=torch.float64, device=DEV).to(torch.float16).dtype == torch.float16
 
 
+@pytest.mark.parametrize("mode", ["op", "fused"])
+def test_tensors_of_no_elements_stay_apart(mode):
+    """Tensors of no elements share one device array per shape and dtype;
+    in-place ops on one (given its array), or growing one, leave the others
+    as they were."""
+    with pjrt_host.config(eager=mode):
+        a, b = torch.empty(0, 3, device=DEV), torch.zeros(0, 3, device=DEV)
+        c = torch.tensor([], device=DEV).reshape(0, 3)
+        a.add_(1)
+        b.mul_(2)
+        grown = torch.tensor([], device=DEV)
+        grown.resize_(3).fill_(1.0)
+        torch.jax.synchronize()
+        assert torch.cat([a, b, c]).cpu().shape == (0, 3)
+        assert torch.tensor([], device=DEV).add(1).cpu().shape == (0,)
+        assert grown.cpu().tolist() == [1.0, 1.0, 1.0]
+
+
 @pytest.mark.parametrize("make_view", [
     lambda t: t, lambda t: t.t(), lambda t: t[1:, ::2], lambda t: t.view(torch.int32), lambda t: t[0].expand(3, 4),
     lambda t: t.reshape(12)[3:9],

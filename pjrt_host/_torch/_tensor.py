@@ -138,8 +138,11 @@ class Storage:
         """The array, made (zeros) on first use for an ``empty`` tensor."""
         if self.array is None:
             place = self.place
-            target = jax_device(place) if type(place) is int else place.replicated
-            self.array = _sharding.device_put(np.zeros(self.shape, dtype=self.jax_dtype), target)
+            if type(place) is int and 0 in self.shape:
+                self.array = _no_elements(self.shape, self.jax_dtype, place)
+            else:
+                target = jax_device(place) if type(place) is int else place.replicated
+                self.array = _sharding.device_put(np.zeros(self.shape, dtype=self.jax_dtype), target)
         return self.array
 
     @property
@@ -170,6 +173,23 @@ class Storage:
         self._array = array
         if type(array) is not Pending:
             note_result(self.device_index, array)
+
+
+_empty_arrays: dict[tuple, Any] = {}
+
+
+def _no_elements(shape: tuple[int, ...], dtype: Any, place: int) -> Any:
+    """An array of no elements, shared by every storage of its shape, dtype
+    and device (nothing can be written into it): a transfer costs about 35
+    us, and transformers' DynamicCache cats its keys onto an empty tensor
+    per layer in every forward."""
+    key = (shape, dtype, place)
+    arr = _empty_arrays.get(key)
+    if arr is None or arr.is_deleted():  # (a program given it as donated deletes it)
+        if len(_empty_arrays) > 256:
+            _empty_arrays.clear()
+        arr = _empty_arrays[key] = _sharding.device_put(np.zeros(shape, dtype=dtype), jax_device(place))
+    return arr
 
 
 class Pending:
