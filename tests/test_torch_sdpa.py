@@ -93,3 +93,97 @@ def test_cpu_keeps_its_own_choice():
     with sdpa_kernel([B.EFFICIENT_ATTENTION]), pytest.raises(RuntimeError) as err:
         F.scaled_dot_product_attention(q, k, v)
     assert str(err.value).startswith(NO_BACKEND) and "pjrt_host" not in str(err.value)
+
+
+def _count_ops(fn):
+    """The ATen (and pjrt_host) ops the device runs in ``fn()``, by name."""
+    from pjrt_host._torch import _profile
+
+    names = []
+
+    class Scope:
+        def __init__(self, name):
+            names.append(name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    saved = _profile.op_scope, _profile.active
+    _profile.op_scope, _profile.active = Scope, True
+    try:
+        fn()
+    finally:
+        _profile.op_scope, _profile.active = saved
+    return names
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
+@pytest.mark.parametrize("case", ["plain", "causal", "scale", "float mask", "broadcast bool mask", "gqa"])
+def test_attention_is_one_op_each_way_with_cpus_values_and_gradients(mode, case):
+    """On the device's own tensors sdpa is one op forward and one backward
+    (torch's composite ran about 20 and 30, each paying the per-op cost),
+    with CPU's values and gradients."""
+    import pjrt_host
+
+    g = torch.Generator().manual_seed(1)
+    q0, k0, v0 = torch.randn(2, 4, 5, 8, generator=g), torch.randn(2, 4, 7, 8, generator=g), \
+        torch.randn(2, 4, 7, 6, generator=g)
+    kwargs = {"causal": {"is_causal": True}, "scale": {"scale": 0.3}}.get(case, {})
+    mask = {"float mask": torch.randn(5, 7, generator=g),
+            "broadcast bool mask": torch.rand(2, 1, 5, 7, generator=g) > 0.3}.get(case)
+    if case == "gqa":
+        k0, v0, kwargs = k0[:, :2], v0[:, :2], {"enable_gqa": True}
+    results, ops = {}, {}
+    for device in ("cpu", "jax"):
+        q, k, v = (t.clone().to(device).requires_grad_() for t in (q0, k0, v0))
+        weights = torch.arange(2 * 4 * 5 * 6.0).reshape(2, 4, 5, 6).sin().to(device)
+        with pjrt_host.config(eager=mode):
+            def run():
+                out = F.scaled_dot_product_attention(q, k, v, None if mask is None else mask.to(device), **kwargs)
+                (out * weights).sum().backward()
+                return out
+            if device == "jax":
+                ops[device] = _count_ops(run)
+                out = F.scaled_dot_product_attention(q, k, v, None if mask is None else mask.to(device), **kwargs)
+            else:
+                out = run()
+        results[device] = [out.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()]
+    for got, want in zip(results["jax"], results["cpu"]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    attention = [n for n in ops["jax"] if "attention" in n or n.startswith("aten::bmm")]
+    assert attention == ["pjrt_host::attention", "pjrt_host::attention_backward"], ops["jax"]
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
+def test_attention_dropout_backward_sees_the_forwards_mask_and_double_backward_is_cpus(mode):
+    """Dropout's mask is drawn once and read by the forward and the
+    backward (a value of the identity makes the output the dropped
+    weights); a gradient taken with create_graph differentiates again,
+    equal to CPU's math backend's (CPU's flash kernel has none)."""
+    import pjrt_host
+
+    with pjrt_host.config(eager=mode):
+        q = torch.randn(3, 6, 4, device="jax", requires_grad=True)
+        k = torch.randn(3, 6, 4, device="jax")
+        v = torch.eye(6).expand(3, 6, 6).contiguous().to("jax").requires_grad_()
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+        g = torch.randn(3, 6, 6, device="jax")
+        (out * g).sum().backward()
+        torch.testing.assert_close(v.grad.cpu(), (out.detach().transpose(-1, -2) @ g).cpu())
+        dropped = out.detach().cpu()
+        assert (dropped == 0).any() and (dropped != 0).any()
+        results = {}
+        gen = torch.Generator().manual_seed(2)
+        inputs = [torch.randn(2, 2, 5, 8, generator=gen) for _ in range(3)]
+        for device in ("cpu", "jax"):
+            q, k, v = (t.clone().to(device).requires_grad_() for t in inputs)
+            with sdpa_kernel([B.MATH]):  # (CPU's flash kernel has no double backward)
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                grad_q, = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+                grad_q.square().sum().backward()
+            results[device] = [grad_q.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()]
+        for got, want in zip(results["jax"], results["cpu"]):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

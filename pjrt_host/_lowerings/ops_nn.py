@@ -1060,18 +1060,39 @@ def scaled_dot_product_attention(rng, query, key, value, attn_mask=None, dropout
     """Reached undecomposed in inference mode (autograd decomposes it
     otherwise), where dropout still applies as torch's math kernel applies
     it: to the attention weights, the kept ones scaled by 1 / (1 - p)."""
+    keep = dropout_mask
+    if dropout_p > 0 and keep is None:
+        shape = query.shape[:-1] + (key.shape[-2],)
+        keep = draw(lambda k, s: jax.random.bernoulli(k, 1 - dropout_p, s), rng, shape)
+    return _attend(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa)
+
+
+def _attend(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa):
+    """torch's math formulation of attention; dropout keeps the weights
+    where ``keep`` holds, scaled by 1 / (1 - p)."""
     scores = _attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa)
     masked_rows = jnp.all(scores == -jnp.inf, axis=-1, keepdims=True)
     weights = jnp.where(masked_rows, 0, jax.nn.softmax(scores, axis=-1)).astype(query.dtype)
     if dropout_p > 0:
-        keep = dropout_mask
-        if keep is None:
-            keep = draw(lambda k, s: jax.random.bernoulli(k, 1 - dropout_p, s), rng, weights.shape)
         weights = jnp.where(keep, weights / (1 - dropout_p), 0).astype(query.dtype)
     if enable_gqa and value.shape[-3] != query.shape[-3]:
         value = jnp.repeat(value, query.shape[-3] // value.shape[-3], axis=-3)
-    out = _matmul(weights, value)
-    return out
+    return _matmul(weights, value)
+
+
+@lowering("pjrt_host::attention")
+def attention(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa):
+    """scaled_dot_product_attention as one op (``_boot._autograd_kernels``):
+    the dropout mask drawn before, so that the backward sees it."""
+    return _attend(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa)
+
+
+@lowering("pjrt_host::attention_backward")
+def attention_backward(grad_out, query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa):
+    """The gradients of :func:`attention` for query, key and value, as one op."""
+    _, pullback = jax.vjp(lambda q, k, v: _attend(q, k, v, attn_mask, keep, dropout_p, is_causal, scale,
+                                                  enable_gqa), query, key, value)
+    return pullback(grad_out.astype(query.dtype))
 
 
 @lowering("aten::_scaled_dot_product_flash_attention_for_cpu")

@@ -48,15 +48,113 @@ def _one_hot_checked(self, num_classes=-1):
     return (self.unsqueeze(-1) == torch.arange(num_classes, dtype=self.dtype, device=self.device)).to(torch.int64)
 
 
-def _sdpa_checked(*args, **kwargs):
-    """scaled_dot_product_attention's own composite kernel (the math
-    formulation on this device), after the check that sdpa_kernel allows
-    the math backend: torch asks no backend choice of a PrivateUse1 device
-    without a C++ stub (``_sdpa``)."""
+def _sdpa_checked(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """scaled_dot_product_attention in torch's math formulation, after the
+    check that sdpa_kernel allows the math backend: torch asks no backend
+    choice of a PrivateUse1 device without a C++ stub (``_sdpa``).
+
+    On the device's own tensors it is one op forward and one backward
+    (:class:`_Attention`); torch's composite ran about 20 ops forward and
+    30 backward, each paying the per-op cost (2.4 ms a call, 4 heads of 64
+    tokens, fused eager).  Tracing for torch.compile, padded inputs
+    (dynamic dims) and a mask that takes a gradient take torch's composite.  A backward with ``create_graph``
+    differentiates torch's math formulation again."""
     from .. import _sdpa
 
     _sdpa.check_backends()
-    return torch.ops.aten.scaled_dot_product_attention.default.decompose(*args, **kwargs)
+    if _one_op(query, key, value, attn_mask):
+        return _Attention.apply(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale,
+                                bool(enable_gqa))
+    return torch.ops.aten.scaled_dot_product_attention.default.decompose(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _one_op(query, key, value, attn_mask) -> bool:
+    from .._tensor import JaxTensor
+
+    if _library is None or torch.compiler.is_compiling():
+        return False
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    # (padded inputs -- dynamic dims in buckets -- take the composite, whose
+    # ops mask the padding: the one op would read them cut, per size)
+    return all(type(t) is JaxTensor and t._storage.padded is None for t in tensors) and query.dim() >= 2 \
+        and (attn_mask is None or not attn_mask.requires_grad)
+
+
+class _Attention(torch.autograd.Function):
+    """Attention as ``pjrt_host::attention`` and its backward as
+    ``pjrt_host::attention_backward`` (``jax.vjp`` of the same lowering);
+    dropout's mask is drawn first, as the math formulation draws it, and
+    kept for the backward."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        keep = None
+        if dropout_p > 0:
+            shape = tuple(query.shape[:-1]) + (key.shape[-2],)
+            keep = torch.empty(shape, dtype=torch.bool, device=query.device).bernoulli_(1 - dropout_p)
+        ctx.save_for_backward(query, key, value, attn_mask, keep)
+        ctx.args = (dropout_p, is_causal, scale, enable_gqa)
+        return torch.ops.pjrt_host.attention(query, key, value, attn_mask, keep, dropout_p, is_causal, scale,
+                                             enable_gqa)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, attn_mask, keep = ctx.saved_tensors
+        if torch.is_grad_enabled():  # backward(create_graph=True): a gradient that differentiates again
+            needed = [t for t in (query, key, value) if t.requires_grad]
+            out = _math_attention(query, key, value, attn_mask, keep, *ctx.args)
+            found = iter(torch.autograd.grad(out, needed, grad_out, create_graph=True))
+            grads = [next(found) if t.requires_grad else None for t in (query, key, value)]
+        else:
+            grads = torch.ops.pjrt_host.attention_backward(grad_out.contiguous(), query, key, value, attn_mask,
+                                                           keep, *ctx.args)
+        return (*grads, None, None, None, None, None)
+
+
+def _math_attention(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa):
+    """torch's math formulation in torch ops (autograd records them), with
+    dropout's mask ``keep``: what a gradient of the gradient differentiates."""
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
+        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
+    scores = query @ key.transpose(-2, -1) * scale
+    if is_causal:
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    empty = torch.isneginf(scores).all(-1, keepdim=True)  # a row masked whole attends to nothing (0, not NaN)
+    weights = torch.where(empty, 0, torch.softmax(torch.where(empty, 0, scores), -1))
+    if dropout_p > 0:
+        weights = torch.where(keep, weights / (1 - dropout_p), 0)
+    return weights @ value
+
+
+_ATTENTION_ARGS = ("Tensor query, Tensor key, Tensor value, Tensor? attn_mask, Tensor? keep, float dropout_p, "
+                   "bool is_causal, float? scale, bool enable_gqa")
+
+
+def _attention_meta(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa):
+    return query.new_empty(tuple(query.shape[:-1]) + (value.shape[-1],))
+
+
+def _attention_backward_meta(grad_out, query, key, value, *args):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+_library = None
+
+
+def _define_attention() -> None:
+    """The two ops of :class:`_Attention` (lowered in ``ops_nn``)."""
+    global _library
+    _library = torch.library.Library("pjrt_host", "FRAGMENT")
+    _library.define(f"attention({_ATTENTION_ARGS}) -> Tensor")
+    _library.define(f"attention_backward(Tensor grad_out, {_ATTENTION_ARGS}) -> (Tensor, Tensor, Tensor)")
+    _library.impl("attention", _attention_meta, "Meta")
+    _library.impl("attention_backward", _attention_backward_meta, "Meta")
 
 
 #: Composite ops whose 'jax' form checks argument values first.
@@ -65,6 +163,10 @@ CHECKED_COMPOSITE_OPS = (("one_hot", _one_hot_checked), ("scaled_dot_product_att
 
 def register(aten: torch.library.Library) -> None:
     """Register both tables' kernels in ``aten`` on AutogradPrivateUse1."""
+    try:
+        _define_attention()
+    except Exception as err:  # (sdpa then stays torch's composite)
+        logger.debug("pjrt_host::attention not defined: %s", err)
     for name, kernel in DENSE_GRADIENT_OPS + CHECKED_COMPOSITE_OPS:
         try:
             aten.impl(name, kernel, "AutogradPrivateUse1")
