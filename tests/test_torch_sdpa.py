@@ -2,7 +2,9 @@
 the device has the MATH backend (torch's math formulation), which runs
 whenever the backends allowed include it, with CPU's results; allowing
 only backends it lacks raises torch's "No viable backend" error, as CPU
-does for the ones it lacks.  CPU's own behaviour is unchanged."""
+does for the ones it lacks.  CPU's own behaviour is unchanged.  On the
+device's own tensors it is one op each way, with CPU's values, gradients
+and double backward."""
 
 from __future__ import annotations
 

@@ -13,7 +13,10 @@ CPU does when the backends allowed are ones it lacks.
 
 Checked by a kernel at ``AutogradPrivateUse1`` (the composite's entry with
 autograd on) and by the dispatcher in inference mode, where the op reaches
-the device undecomposed.
+the device undecomposed.  That kernel runs the math formulation as one op
+forward and one backward on the device's own tensors
+(``_boot._autograd_kernels._Attention``), and as torch's composite of ops
+elsewhere.
 """
 
 from __future__ import annotations
