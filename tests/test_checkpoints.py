@@ -69,7 +69,21 @@ def _model_and_optimizer():
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
-def test_training_checkpoint_resumes_to_exactly_the_next_step(tmp_path):
+@pytest.mark.parametrize("mode", ["op", "fused"])
+def test_training_checkpoint_resumes_to_exactly_the_next_step(tmp_path, mode):
+    """Op by op, the resumed step is the uninterrupted one bit for bit.  In
+    fused eager, to rounding: torch.load puts the optimizer's step counts on
+    the device (they stayed on the CPU in the first run), so the resumed
+    optimizer step is a segment of other ops, and XLA rounds a program's
+    arithmetic by what else it holds (``x / sqrt(y)`` becomes ``x *
+    rsqrt(y)`` inside one program)."""
+    import pjrt_host
+
+    with pjrt_host.config(eager=mode):
+        _resume_and_compare(tmp_path, exact=mode == "op")
+
+
+def _resume_and_compare(tmp_path, exact):
     x = torch.randn(5, 8).to(DEV)
 
     def step(model, opt):
@@ -91,7 +105,10 @@ def test_training_checkpoint_resumes_to_exactly_the_next_step(tmp_path):
     resumed_opt.load_state_dict(ckpt["opt"])
     step(resumed, resumed_opt)
     for want, got in zip(expected, resumed.parameters()):
-        assert torch.equal(want, got.detach().cpu())
+        if exact:
+            assert torch.equal(want, got.detach().cpu())
+        else:
+            torch.testing.assert_close(got.detach().cpu(), want, rtol=1e-6, atol=1e-7)
 
 
 def test_untyped_storage_of_jax_tensors():

@@ -945,17 +945,34 @@ def _swapped_in(target: Any, value: Any) -> bool:
         return False
     source, storage = value._storage, target._storage
     pending = source._array
-    if type(pending) is _tensor.Pending:
+    if type(pending) is _tensor.Pending and storage.padded is None and source.padded is None \
+            and storage.jax_dtype == source.jax_dtype and type(storage.place) is int:
         # fused eager: the target takes the result still pending, so that
         # an optimizer's step stays one segment (reading it here ran the
         # segment after each foreach op: 8 programs an AdamW step)
-        if target._view is None and storage.padded is None and source.padded is None \
-                and storage.jax_dtype == source.jax_dtype and type(storage.place) is int \
-                and pending.segment.share(pending, storage):
-            return True
-        return False  # copy_ records the write where it can
+        view = target._view
+        if view is None:
+            if pending.segment.share(pending, storage):
+                return True
+        elif view.kind == "reshape" and view.elem is None and storage.numel == value.numel():
+            # a tensor over a storage of its own, as torch.load makes an
+            # optimizer's state: the result reshaped into it, recorded
+            storage.check_writable()
+            if _fused.record(_reshape_into(pending.shape, storage.shape, pending.dtype), [pending], None,
+                             storage.device_index, storage.place, into=[storage]):
+                return True
     _tensor.write(target, source.get())
     return True
+
+
+_reshapes: dict = {}
+
+
+def _reshape_into(shape: tuple, into: tuple, dtype: Any) -> Any:
+    """The recorded op that gives a storage of shape ``into`` an array of
+    ``shape`` (the same elements, row-major)."""
+    return _fused.host_op(_reshapes, "pjrt_host.reshape_into", (shape, into, str(dtype)),
+                          lambda: (lambda a: a.reshape(into), None))
 
 
 def _last_resort(func: Any, args: tuple, kwargs: dict) -> Any:
