@@ -64,6 +64,15 @@ CASES = {
     "embedding_bag decreasing offsets": lambda d: F.embedding_bag(
         torch.tensor([1, 2, 4, 5], device=d), torch.ones(10, 3, device=d), torch.tensor([0, 3, 1], device=d)),
     "poisson of a negative rate": lambda d: torch.poisson(torch.tensor([1.0, -1.0], device=d)),
+    # attention's own op takes only what torch accepts; the rest, torch's errors
+    "sdpa of a mask that does not broadcast": lambda d: F.scaled_dot_product_attention(
+        torch.ones(2, 3, 4, 8, device=d), torch.ones(2, 3, 5, 8, device=d), torch.ones(2, 3, 5, 6, device=d),
+        attn_mask=torch.ones(3, 3, dtype=torch.bool, device=d)),
+    "sdpa of mixed dtypes": lambda d: F.scaled_dot_product_attention(
+        torch.ones(2, 4, 8, device=d), torch.ones(2, 5, 8, dtype=torch.float64, device=d), torch.ones(2, 5, 6, device=d)),
+    "sdpa gqa of heads that do not divide": lambda d: F.scaled_dot_product_attention(
+        torch.ones(1, 3, 4, 8, device=d), torch.ones(1, 2, 5, 8, device=d), torch.ones(1, 2, 5, 6, device=d),
+        enable_gqa=True),
     # a sorter index outside the sequence: a clipped read gave a position
     "searchsorted sorter past the sequence": lambda d: torch.searchsorted(
         torch.tensor([3.0, 1.0, 2.0], device=d), torch.tensor([1.5, 2.5], device=d),

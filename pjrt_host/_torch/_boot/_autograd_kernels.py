@@ -62,14 +62,17 @@ def _sdpa_checked(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     from .. import _sdpa
 
     _sdpa.check_backends()
-    if _one_op(query, key, value, attn_mask):
+    if _one_op(query, key, value, attn_mask, enable_gqa):
         return _Attention.apply(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale,
                                 bool(enable_gqa))
     return torch.ops.aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def _one_op(query, key, value, attn_mask) -> bool:
+def _one_op(query, key, value, attn_mask, enable_gqa) -> bool:
+    """Whether the call takes :class:`_Attention`: the device's own tensors
+    of shapes and dtypes torch accepts (anything else takes the composite,
+    which raises torch's own errors for them)."""
     from .._tensor import JaxTensor
 
     if _library is None or torch.compiler.is_compiling():
@@ -77,8 +80,22 @@ def _one_op(query, key, value, attn_mask) -> bool:
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     # (padded inputs -- dynamic dims in buckets -- take the composite, whose
     # ops mask the padding: the one op would read them cut, per size)
-    return all(type(t) is JaxTensor and t._storage.padded is None for t in tensors) and query.dim() >= 2 \
-        and (attn_mask is None or not attn_mask.requires_grad)
+    if not all(type(t) is JaxTensor and t._storage.padded is None for t in tensors) or query.dim() < 3 \
+            or not query.dim() == key.dim() == value.dim() or not query.dtype == key.dtype == value.dtype \
+            or query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2] \
+            or not query.shape[:-3] == key.shape[:-3] == value.shape[:-3] or key.shape[-3] != value.shape[-3]:
+        return False
+    heads, kv_heads = query.shape[-3], key.shape[-3]
+    if heads != kv_heads and not (enable_gqa and kv_heads and heads % kv_heads == 0):
+        return False
+    if attn_mask is not None:
+        if attn_mask.requires_grad or attn_mask.dtype not in (torch.bool, query.dtype):
+            return False
+        try:
+            torch.broadcast_shapes(attn_mask.shape, tuple(query.shape[:-1]) + (key.shape[-2],))
+        except RuntimeError:
+            return False
+    return True
 
 
 class _Attention(torch.autograd.Function):
