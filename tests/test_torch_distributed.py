@@ -61,6 +61,7 @@ def _check_collectives(results: dict[int, dict]) -> None:
         if r == 1:
             assert got["recv"] == [0.0, 5.0, 10.0]
         assert got["subgroup"] == [3.0, 3.0]
+        assert got["two_threads"] == [3.0 * 2 ** 19] * 3  # 1 + 2, then doubled 19 times
 
 
 def test_collectives_ddp_dtensor_fsdp2_under_pjrt_host_launch(tmp_path):

@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 
 
@@ -55,6 +56,16 @@ def collectives(dist, torch) -> dict:
     out["view"] = v.tolist()
     work = dist.all_reduce(x.clone(), async_op=True)
     work.wait()
+    # Issued from two threads in turn, as DDP's bucket all_reduce (from
+    # autograd's device thread) and then the loss's (from the main thread):
+    # every rank's device runs them in the order they were issued.
+    big, small = torch.full((4096,), 1.0 + r, device="jax"), torch.full((1,), 1.0 + r, device="jax")
+    for _ in range(20):
+        thread = threading.Thread(target=dist.all_reduce, args=(big,), kwargs={"async_op": True})
+        thread.start()
+        thread.join()
+        dist.all_reduce(small, async_op=True)
+    out["two_threads"] = [big[0].item(), big[-1].item(), small.item()]
     # uneven all_to_all_single: rank r sends s + 1 rows to rank s
     rows = torch.cat([torch.full((s + 1, 2), 100.0 * r + s, device="jax") for s in range(n)])
     uneven = torch.empty((r + 1) * n, 2, device="jax")

@@ -85,6 +85,27 @@ def wait_for(held: list) -> None:
         del result
 
 
+# Collectives run in the order this process issues them.  The device
+# would not keep it by itself: XLA:CPU runs programs dispatched from two
+# threads (autograd's device thread issues DDP's bucket all_reduce, the main
+# thread the next collective) side by side, so two collectives met another
+# rank's in the other order -- a gloo abort, or, at equal sizes, each rank
+# reducing the wrong tensor.  Every collective program takes an order token
+# and returns the next: the last one issued over the same devices, until
+# that collective has finished.  The lock makes "take the token, dispatch,
+# keep the new one" one step between threads.
+_order_lock = threading.Lock()
+_last_token: dict[frozenset, Any] = {}  # the devices of a group -> the token its last collective returned
+_fresh_tokens: dict[Any, Any] = {}  # device -> a token nothing waits on
+
+
+def _ordered(body: Any) -> Any:
+    def program(g: Any, token: Any) -> tuple:
+        return body(g), token + 1
+
+    return program
+
+
 class GroupMesh:
     """The group's devices as a one-axis mesh, and its compiled collectives."""
 
@@ -186,18 +207,46 @@ class GroupMesh:
         if fn is None:
             self._agree(key)
             spec = PartitionSpec("ranks") if split else PartitionSpec()
-            fn = self._cache[key] = jax.jit(body, out_shardings=NamedSharding(self.mesh, spec))
-        run = self._runs
-        self._runs += 1
-        try:
-            result = fn(self._global(local)).addressable_data(0)
-        except Exception as err:
-            raise self._failure(run, key, err) from err
+            fn = self._cache[key] = jax.jit(
+                _ordered(body), keep_unused=True,
+                out_shardings=(NamedSharding(self.mesh, spec), NamedSharding(self.mesh, PartitionSpec())))
+        with _order_lock:
+            run = self._runs
+            self._runs += 1
+            try:
+                result, token = fn(self._global(local), self._token())
+                _last_token[self._clique] = token.addressable_data(0)
+                failed = None
+            except Exception as err:
+                failed = err
+        if failed is not None:
+            raise self._failure(run, key, failed) from failed
+        result = result.addressable_data(0)
         held = getattr(_held, "results", None)
         if held is not None:
             held.append((self, run, key, result))
         _recent.append((self, run, key, weakref.ref(result)))
         return result
+
+    @functools.cached_property
+    def _clique(self) -> frozenset:
+        return frozenset(d.id for d in self.mesh.devices.flat)
+
+    def _token(self) -> Any:
+        """The order token for the next collective over this group's
+        devices: the last one's, while that collective may still be running
+        (so the next waits for it), else a fresh one (nothing to wait for,
+        and a failed collective's error is not passed on to the next)."""
+        import jax
+        import numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        last = _last_token.get(self._clique)
+        if last is None or last.is_deleted() or last.is_ready():
+            last = _fresh_tokens.get(self.local_device)
+            if last is None:
+                last = _fresh_tokens[self.local_device] = jax.device_put(np.zeros((), np.int32), self.local_device)
+        return jax.make_array_from_single_device_arrays((), NamedSharding(self.mesh, PartitionSpec()), [last])
 
     def wait(self, run: int, key: tuple, result: Any, started: float | None = None) -> None:
         """Wait for collective number ``run``'s result, at most the group's
