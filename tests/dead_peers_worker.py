@@ -110,6 +110,10 @@ def main() -> None:
             json.dump(report, f)
         print(f"rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         time.sleep(args.linger)
+        # The job is known broken: this waits for the device's queue (the
+        # pending optimizer step, computed from the failed collective) and
+        # does not raise the failure again.  DCP's writer calls it too.
+        torch.jax.synchronize()
         _save_survivor(torch, good, os.path.join(args.outdir, f"survivor{rank}"))
         with open(os.path.join(args.outdir, f"error{rank}.json"), "w") as f:
             json.dump({**report, "saved": time.time()}, f)

@@ -142,10 +142,18 @@ def names_failed_collectives(fn: Callable) -> Callable:
 
 
 @names_failed_collectives
+def _wait(arr: Any) -> None:
+    arr.block_until_ready()
+
+
 def synchronize(index: int | None = None) -> None:
     """Block until the computations queued so far on the device (all devices
     with None) have finished, as torch.cuda.synchronize: also those whose
-    results were already dropped (a timing loop that discards its outputs)."""
+    results were already dropped (a timing loop that discards its outputs).
+    A failed collective raises here, named, unless its process group has
+    raised a failure already: the job is known broken, and a survivor that
+    caught it and saves its state (DCP's writer synchronizes) must not get
+    it again.  Reading a value computed from the failure still raises."""
     if open_segments:
         flush_segments()
     for i, ref in list(_last.items()):
@@ -155,7 +163,14 @@ def synchronize(index: int | None = None) -> None:
             # failed, donated): its computation maybe not
             if arr is None or arr.is_deleted():
                 arr = _barrier(i)
-            arr.block_until_ready()
+            try:
+                _wait(arr)
+            except Exception as err:
+                mesh = sys.modules.get("pjrt_host._torch._c10d._mesh")
+                if mesh is None or not mesh.known_failure(err):
+                    raise
+                _last.pop(i, None)
+                _barrier(i).block_until_ready()
     run_deferred_checks()
 
 

@@ -68,6 +68,20 @@ def named_failure(err: BaseException) -> RuntimeError | None:
     return None
 
 
+#: Whether a collective of any group of this process has failed.
+_any_failed = False
+
+
+def known_failure(err: BaseException) -> bool:
+    """Whether ``err``, raised where a device value was waited for, repeats
+    a collective failure this process was told of before: a failure named
+    again after its group had raised one, or an unnamed error of a program
+    that took a failed collective's result, once one has failed."""
+    if getattr(err, "pjrt_known_failure", False):
+        return True
+    return _any_failed and not str(err).startswith("pjrt_host: ")
+
+
 def is_holding() -> bool:
     """Whether this thread is inside :func:`holding_results`."""
     return getattr(_held, "results", None) is not None
@@ -263,10 +277,17 @@ class GroupMesh:
     def _failure(self, run: int, key: tuple, err: BaseException) -> RuntimeError:
         """The error for collective number ``run`` failing with ``err``:
         which ranks are gone, found by a roll call in the group's store."""
+        # Whether this group had raised a failure before this one (or this
+        # one before): synchronize() does not raise it again -- a survivor
+        # that caught it saves its state, and DCP's writer synchronizes.
+        global _any_failed
+        known, _any_failed = bool(self._failed), True
         if run in self._failed:  # named before (a value computed from it read again): no second roll call
-            return RuntimeError(self._failed[run])
-        error = self._name_failure(run, key, err)
-        self._failed[run] = str(error)
+            error = RuntimeError(self._failed[run])
+        else:
+            error = self._name_failure(run, key, err)
+            self._failed[run] = str(error)
+        error.pjrt_known_failure = known
         return error
 
     def _name_failure(self, run: int, key: tuple, err: BaseException) -> RuntimeError:
