@@ -738,6 +738,9 @@ class Snap:
     storage: Any
     values: torch.Tensor
     base_stride: tuple | None = None
+    #: the tensor a view is of (itself if none), by identity: views of an
+    #: empty tensor share no storage address
+    root: int | None = None
 
 
 @dataclasses.dataclass
@@ -770,7 +773,8 @@ def _snapshot(ns: dict, program: Program, names: list[str]) -> dict[str, Snap]:
 def _snap(t: torch.Tensor) -> Snap:
     base = t._base
     return Snap(t.dtype, tuple(t.shape), tuple(t.stride()), t._is_view(), t._version, t.requires_grad,
-                _storage(t), t.detach().cpu().clone(), None if base is None else tuple(base.stride()))
+                _storage(t), t.detach().cpu().clone(), None if base is None else tuple(base.stride()),
+                id(t if base is None else base))
 
 
 def _defined(program: Program) -> list[str]:
@@ -945,6 +949,13 @@ def compare(program: Program, cpu: Outcome, dev: Outcome, mode: str, reference: 
             elif want is not None and (got is None or not issubclass(got, want)):
                 out.append(f"error: statement {i} `{program.stmts[i].text}`: CPU raised {want.__name__}, the "
                            f"device {'ran it' if got is None else 'raised ' + got.__name__}")
+        # ... and what shares storage with them (a view written through its base)
+        roots: dict[Any, set[str]] = {}
+        for n, snap in cpu.tensors.items():
+            roots.setdefault(snap.root, set()).add(n.split(".")[0])
+        for group in [*_groups(cpu.tensors), *roots.values()]:
+            if after_known.intersection(group):
+                after_known.update(group)
     else:
         for i in sorted(set(cpu.errors) | set(dev.errors)):
             if cpu.errors.get(i) is not dev.errors.get(i) and not (
