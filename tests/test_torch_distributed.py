@@ -178,6 +178,19 @@ def test_ranks_calling_different_shapes_raise_on_every_rank(tmp_path):
         assert "(4,)" in got["error"] and "(5,)" in got["error"]
 
 
+def test_collectives_called_in_another_order_raise_under_torch_distributed_debug_detail(tmp_path):
+    """Signatures every rank has run before, called in another order:
+    launched, they would end a process inside XLA:CPU's transport (a size
+    mismatch aborts in gloo).  With TORCH_DISTRIBUTED_DEBUG=DETAIL, as
+    torch's own wrapper group does, each collective is compared first, and
+    both ranks raise, naming both."""
+    results = _run(["-m", "pjrt_host", "launch", "--nproc-per-node", "2"], "order", tmp_path,
+                   TORCH_DISTRIBUTED_DEBUG="DETAIL")
+    for got in results.values():
+        assert "called different collectives" in got["error"], got
+        assert "(4,)" in got["error"] and "(6,)" in got["error"], got
+
+
 def _run_ranks(mode: str, outdir: Path) -> tuple[dict[int, int], str]:
     """Two ranks as plain processes (no launcher agent, which would stop
     the other rank at once: this is the view of a rank on another host);

@@ -4,7 +4,8 @@ test module).
     python tests/torch_distributed_worker.py MODE OUTDIR
 
 MODE: ``all`` (collectives, DDP, DTensor, FSDP2, DCP), ``collectives``,
-``mismatch`` (rank 1 all-reduces another shape), ``killed`` (rank 1 exits
+``mismatch`` (rank 1 all-reduces another shape), ``order`` (the ranks call
+two collectives in another order), ``killed`` (rank 1 exits
 while rank 0 is inside an all_reduce), ``stuck`` (rank 1 never joins rank
 0's all_reduce) or ``cpu`` (a CPU-only program: init_process_group() with no
 backend, gloo collectives, jax never imported).  Each rank writes
@@ -288,6 +289,18 @@ def main(mode: str, outdir: str) -> None:
         x = torch.ones(4 + dist.get_rank(), device="jax")  # rank 1 passes another shape
         try:
             dist.all_reduce(x)
+            result["error"] = None
+        except RuntimeError as err:
+            result["error"] = str(err)
+    elif mode == "order":
+        # both signatures agreed already; then the ranks call them in
+        # another order (run under TORCH_DISTRIBUTED_DEBUG=DETAIL)
+        a, b = torch.ones(4, device="jax"), torch.ones(6, device="jax")
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+        try:
+            for t in ((a, b) if dist.get_rank() == 0 else (b, a)):
+                dist.all_reduce(t)
             result["error"] = None
         except RuntimeError as err:
             result["error"] = str(err)

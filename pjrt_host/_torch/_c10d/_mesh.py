@@ -113,6 +113,12 @@ _last_token: dict[frozenset, Any] = {}  # the devices of a group -> the token it
 _fresh_tokens: dict[Any, Any] = {}  # device -> a token nothing waits on
 
 
+def _debug_detail() -> bool:
+    import torch.distributed as dist
+
+    return dist.get_debug_level() == dist.DebugLevel.DETAIL
+
+
 def _ordered(body: Any) -> Any:
     def program(g: Any, token: Any) -> tuple:
         return body(g), token + 1
@@ -138,6 +144,12 @@ class GroupMesh:
         self._runs = 0  # collectives run so far: the same count on every rank
         self._failed: dict[int, str] = {}  # run -> its named error, once known (one roll call per failure)
         self.global_ranks: list[int] | None = None  # the job's rank of each group rank (set by the group)
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL: every collective is compared across
+        # the ranks before it runs, not only a new signature (as torch's
+        # wrapper group checks each collective's fingerprint then), so
+        # collectives called in another order raise instead of ending a
+        # process inside the transport.  A round trip through the store each.
+        self._agree_each = _debug_detail()
 
     @classmethod
     def meet(cls, store: Any, rank: int, size: int, index: int, timeout: datetime.timedelta,
@@ -200,6 +212,9 @@ class GroupMesh:
                 f"pjrt_host: the ranks of a process group called different collectives: rank {self.rank} called "
                 f"{mine} and rank {r} called {t} ((collective, ..., shape, dtype)). Every rank must call the same "
                 "collectives in the same order with the same shapes and dtypes.")
+        if self._agree_each and n:
+            # every rank has set key n, so every rank has read all of n - 1
+            self._store.delete_key(f"{self._prefix}/{n - 1}/{self.rank}")
 
     def _global(self, local: Any) -> Any:
         import jax
@@ -218,8 +233,9 @@ class GroupMesh:
 
         key = kind + (tuple(local.shape), str(local.dtype))
         fn = self._cache.get(key)
-        if fn is None:
+        if fn is None or self._agree_each:
             self._agree(key)
+        if fn is None:
             spec = PartitionSpec("ranks") if split else PartitionSpec()
             fn = self._cache[key] = jax.jit(
                 _ordered(body), keep_unused=True,
