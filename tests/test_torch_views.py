@@ -58,6 +58,18 @@ def _p_unsqueeze_expand_read(x):
     return [x, e.clone()]
 
 
+def _p_index_put_into_expanded(x):
+    # torch (with a deprecation warning) writes only the indexed elements of
+    # an expanded tensor: an element it left must not write its old value
+    # back over the memory it shares with a written one
+    e = x[0].expand(3, 6)
+    e[torch.tensor([1], device=x.device)] = -1
+    one = x[1, 2].expand(5)
+    one[torch.tensor([0, 3], device=x.device)] = 0.5
+    x[2, :3].expand(2, 3).index_fill_(1, torch.tensor([1], device=x.device), 9)
+    return [x, e.clone(), one.clone()]
+
+
 def _p_diagonal(x):
     sq = x[:, :4]
     torch.diagonal(sq).copy_(torch.tensor([9.0, 8.0, 7.0, 6.0], device=x.device))
@@ -315,6 +327,7 @@ _UNFOLD_BACKWARDS = [  # (values, input sizes, dim, size, step): windows of a 1-
     (torch.tensor([7]), [], 0, 1, 1),
     (torch.arange(24).reshape(2, 3, 2, 2), [2, 4, 2], 1, 2, 1),
     (torch.arange(24).reshape(2, 2, 3, 2), [2, 2, 4], -1, 2, 1),
+    (torch.zeros(2, 0, 1, dtype=torch.int64), [2, 0], 0, 1, 1),  # empty (fuzz seed 11000575, compiled)
 ]
 
 

@@ -59,8 +59,42 @@ def write(array: Any, static: tuple | None, offset: Any, value: Any) -> Any:
         return jnp.transpose(value, forward).reshape(array.shape)
     if kind == "range":
         return lax.dynamic_update_slice_in_dim(array.reshape(-1), value.reshape(-1), offset, 0).reshape(array.shape)
-    flat = array.reshape(-1).at[gather_index(size, stride, offset)].set(value)
-    return flat.reshape(array.shape)
+    flat = array.reshape(-1)
+    index = gather_index(size, stride, offset)
+    if may_overlap(size, stride):
+        # Several of the view's elements are one memory location (an
+        # expanded tensor, which index_put_, fill_ and a few other kernels
+        # write into): torch's kernel writes the elements the op wrote, so
+        # an element it left as it was must not write its old value back
+        # over another's new one.  Only the elements whose bits changed are
+        # written (an unchanged one holds its location's old value).
+        changed = ~_same_bits(value, flat[index])
+        index = jnp.where(changed, index, flat.shape[0])  # past the end: dropped
+        return flat.at[index].set(value, mode="drop").reshape(array.shape)
+    return flat.at[index].set(value).reshape(array.shape)
+
+
+def may_overlap(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether two elements of a view of these sizes and strides may be one
+    memory location (False only when they surely are not): each dim's
+    stride, smallest first, must pass the extent of the dims before it."""
+    extent = 0
+    for st, n in sorted((abs(st), n) for n, st in zip(size, stride) if n > 1):
+        if st <= extent:
+            return True
+        extent += st * (n - 1)
+    return False
+
+
+def _same_bits(a: Any, b: Any) -> Any:
+    """Elementwise: whether ``a`` and ``b`` (one dtype) hold the same bits
+    (NaN equals NaN, -0.0 differs from 0.0)."""
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        return _same_bits(jnp.real(a), jnp.real(b)) & _same_bits(jnp.imag(a), jnp.imag(b))
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        unit = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[np.dtype(a.dtype).itemsize]
+        return lax.bitcast_convert_type(a, unit) == lax.bitcast_convert_type(b, unit)
+    return a == b
 
 
 def as_elements(array: Any, dtype: Any) -> Any:
