@@ -683,6 +683,22 @@ def test_a_growing_cat_beside_an_empty_part_joins_the_rest():
             torch.testing.assert_close(got.cpu(), torch.cat([a, torch.zeros(2, 0), b], dim=1))
 
 
+def test_a_padded_cat_promotes_over_the_empty_parts_it_skips():
+    """torch skips an empty 1-d part of a cat for its shape but not for its
+    dtype: int64 values and an empty float64 give float64, also once the
+    call's place has taken three sizes (fuzz seed 11000187 gave int64)."""
+    def cat(parts):
+        return torch.cat(parts, -1)
+
+    with pjrt_host.config(dynamic_shapes=True):
+        a = torch.randn(8, device="jax")
+        assert cat([a, a]).dtype == torch.float32
+        empty = torch.zeros(0, dtype=torch.float64, device="jax")
+        assert cat([empty, empty]).dtype == torch.float64
+        got = cat([torch.arange(4, device="jax"), empty])
+        assert got.dtype == torch.float64 and got.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 # ---------------------------------------------------------------- the oracle: the suite with every dim padded
 
 def _passes_padded(args: list[str], extra_env: dict | None = None) -> str:

@@ -754,6 +754,9 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
     result (None: the values are computed and the join runs now)."""
     if not _config.current().dynamic_shapes or not all(type(t) is JaxTensor for t in tensors):
         return None
+    # one dtype only: torch promotes over every tensor, the skipped ones below too
+    if any(t.dtype != tensors[0].dtype for t in tensors):
+        return None
     # torch skips an empty 1-d tensor in a cat (a cache's initial torch.tensor([]))
     tensors = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
     if not tensors:
