@@ -399,7 +399,8 @@ def unfold_backward(grad_in, input_sizes, dim, size, step):
     where = (jnp.arange(g.shape[-2])[:, None] * step + jnp.arange(size)[None, :]).reshape(-1)
     acc = jnp.int32 if grad_in.dtype == jnp.bool_ else grad_in.dtype
     moved = sizes[:dim] + sizes[dim + 1:] + (sizes[dim],)
-    out = jnp.zeros(moved, acc).at[..., where].add(g.reshape(g.shape[:-2] + (-1,)).astype(acc))
+    # the windows' elements in a row (spelt out: jax cannot infer a -1 beside an empty dim)
+    out = jnp.zeros(moved, acc).at[..., where].add(g.reshape(g.shape[:-2] + (g.shape[-2] * g.shape[-1],)).astype(acc))
     out = jnp.moveaxis(out, -1, dim).reshape(tuple(input_sizes))
     return out != 0 if grad_in.dtype == jnp.bool_ else out
 
