@@ -255,6 +255,10 @@ def test_a_mask_cast_to_floats_then_divided_or_multiplied_gives_ieee_values_as_c
         lambda d: flags.to(d).to(torch.float64) * y.to(d).double(),
         lambda d: flags.to(d).to(torch.bfloat16) * y.to(d).to(torch.bfloat16),
         lambda d: flags.to(d).float() * y.to(d)[0],
+        # a draw is a mask's cast too (fuzz seed 12000501); p of 0 draws zeros on every device
+        lambda d: torch.bernoulli(torch.zeros(4, device=d)) / zero.to(d),
+        lambda d: torch.zeros(4, device=d).bernoulli_(0.0) / zero.to(d),
+        lambda d: torch.zeros(4, device=d).bernoulli_(torch.zeros(4, device=d)) * y.to(d),
     ]
     for mode in ("op", "fused", "sync"):
         with pjrt_host.config(eager=mode):

@@ -21,7 +21,7 @@ from ._invoke import REDUCED_FLOATS, current_context, stored_dtype
 
 __all__ = [
     "as_float", "broadcast_shapes_or_raise", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "draw",
-    "float_dtype", "index_of_max", "index_of_min", "linspace_values", "arange_values",
+    "float_dtype", "index_of_max", "index_of_min", "linspace_values", "arange_values", "mask_as",
     "optional_jax_dtype", "promote", "result_type", "take", "torch_dtype_of", "to_jax",
 ]
 
@@ -108,8 +108,17 @@ def cast(x: Any, dtype: torch.dtype) -> jax.Array:
         # that lose IEEE's 0 * inf and 0 / 0 (NaN; -0.0 for 0 * -y) wherever
         # the cast and the arithmetic meet in one program (a mask's .float()
         # then a division, fused): a select of constants it leaves alone
-        return jnp.where(x, jnp.ones((), jd), jnp.zeros((), jd))
+        return mask_as(x, jd)
     return x.astype(jd)
+
+
+def mask_as(mask: jax.Array, dtype: Any) -> jax.Array:
+    """A bool array as jax ``dtype``: for floats a select of constants, as
+    :func:`cast` makes it (a mask's convert, meeting a division in one
+    program, would lose IEEE's 0 / 0), else a plain convert."""
+    if jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating):
+        return jnp.where(mask, jnp.ones((), dtype), jnp.zeros((), dtype))
+    return mask.astype(dtype)
 
 
 def promote(*operands: Any, scalars_in_opmath: bool = False) -> tuple[torch.dtype, list[jax.Array]]:

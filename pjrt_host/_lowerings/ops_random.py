@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from . import lowering
-from ._util import draw, widened
+from ._util import draw, mask_as, widened
 
 __all__: list[str] = []
 
@@ -67,23 +67,23 @@ def geometric_(key, self, p, *, generator=None):
 
 @random_lowering("aten::bernoulli_.float", per_element=True)
 def bernoulli_float_(key, self, p=0.5, *, generator=None):
-    return draw(lambda k, s: jax.random.bernoulli(k, p, s), key, self.shape).astype(self.dtype)
+    return mask_as(draw(lambda k, s: jax.random.bernoulli(k, p, s), key, self.shape), self.dtype)
 
 
 @random_lowering("aten::bernoulli_.Tensor", "aten::bernoulli.Tensor")
 def bernoulli_tensor_(key, self, p, *, generator=None):
     p = jnp.broadcast_to(p, self.shape)
-    return draw(lambda k, s: jax.random.bernoulli(k, p.reshape(s), s), key, self.shape).astype(self.dtype)
+    return mask_as(draw(lambda k, s: jax.random.bernoulli(k, p.reshape(s), s), key, self.shape), self.dtype)
 
 
 @random_lowering("aten::bernoulli")
 def bernoulli(key, self, *, generator=None):
-    return draw(lambda k, s: jax.random.bernoulli(k, self.reshape(s), s), key, self.shape).astype(self.dtype)
+    return mask_as(draw(lambda k, s: jax.random.bernoulli(k, self.reshape(s), s), key, self.shape), self.dtype)
 
 
 @random_lowering("aten::bernoulli.p")
 def bernoulli_p(key, self, p, *, generator=None):
-    return draw(lambda k, s: jax.random.bernoulli(k, p, s), key, self.shape).astype(self.dtype)
+    return mask_as(draw(lambda k, s: jax.random.bernoulli(k, p, s), key, self.shape), self.dtype)
 
 
 def _random_range(key, shape, dtype, low, high):
