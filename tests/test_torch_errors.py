@@ -151,6 +151,57 @@ def test_a_device_error_inside_backward_raises_at_backward():
     assert "AFTER [2.0, 2.0, 2.0]" in lines and "FALLBACK True" in lines, proc.stdout
 
 
+_RAISING_HOOKS = """
+import torch, pjrt_host
+
+def bad(*args):
+    raise ValueError("a hook refused the gradient")
+
+def run(dev):
+    seen = []
+    for hook in ("tensor", "post_accumulate", "grad"):
+        x = torch.ones(3, device=dev, requires_grad=True)
+        y = x * 2
+        try:
+            if hook == "tensor":
+                y.register_hook(bad)
+                (y * y).sum().backward()
+            elif hook == "post_accumulate":
+                x.register_post_accumulate_grad_hook(bad)
+                (y * y).sum().backward()
+            else:
+                y.register_hook(bad)
+                torch.autograd.grad((y * y).sum(), x)
+            seen.append("no error")
+        except Exception as err:
+            seen.append((type(err).__name__, str(err)))
+    z = torch.ones(3, device=dev, requires_grad=True)
+    (z * 3).sum().backward()  # the device goes on
+    seen.append(z.grad.cpu().tolist())
+    return seen
+
+cpu, dev = run("cpu"), run("jax")
+for c, d in zip(cpu, dev):
+    print("SAME" if c == d else "DIFF", c, d)
+print("ALL SAME", cpu == dev)
+"""
+
+
+def test_a_hook_that_raises_inside_backward_raises_as_on_cpu():
+    """A tensor hook (or a post-accumulate-grad hook) that raises inside a
+    backward over 'jax' tensors ended the process: torch's Python device
+    guard called back into Python from a stream guard's destructor while
+    the hook's exception was still pending ('terminate called without an
+    active exception'; the fuzzer met the same through a fake kernel that
+    raised while torch.compile traced a backward).  The guard now takes
+    the pending exception and backward() / autograd.grad() raise it, as
+    on CPU.  In a child process: a regression must fail this test, not end
+    the test run."""
+    proc = run_python(["-c", _RAISING_HOOKS])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ALL SAME True" in proc.stdout, proc.stdout
+
+
 _REFUSED_BACKWARD_FORMULA = """
 import torch, pjrt_host
 

@@ -54,6 +54,25 @@ _pending_task = -1
 _made: dict[int, Any] = {}
 #: ``_placeholders``' answer where the schema says nothing it can give
 CANNOT = object()
+#: an exception that was unwinding autograd's engine when torch's device
+#: guard called into Python (taken from CPython there: ``_privateuse1``)
+_unwound: BaseException | None = None
+
+
+def unwinding(err: BaseException) -> None:
+    """Keep ``err``, the exception a C++ frame was unwinding with (a hook's,
+    a fake kernel's), for backward() to raise: the first one is the cause."""
+    global _unwound
+    with _lock:
+        if _unwound is None:
+            _unwound = err
+
+
+def _take_unwound() -> BaseException | None:
+    global _unwound
+    with _lock:
+        err, _unwound = _unwound, None
+    return err
 
 
 #: set while this thread makes placeholders (the ops that making them takes run unskipped)
@@ -238,6 +257,7 @@ def wrap_engine_run_backward(run: Any) -> Any:
     @functools.wraps(run)
     def _engine_run_backward(*args: Any, **kwargs: Any) -> Any:
         _take()  # nothing stale from an earlier call
+        _take_unwound()
         if args:
             _memory.note_backward(args[0])  # the forward's activations are all alive now: a peak
         try:
@@ -245,6 +265,10 @@ def wrap_engine_run_backward(run: Any) -> Any:
                 result = run(*args, **kwargs)
         except Exception as err:
             pending = _take(args[0] if args else ())
+            unwound = _take_unwound()
+            if pending is None and unwound is not None:
+                # what torch reports for it has lost it (the device guard took it from CPython)
+                raise unwound.with_traceback(unwound.__traceback__)
             if pending is None:
                 if "device_ready_queues_" in str(err):
                     raise _one_device_only(err) from err

@@ -10,6 +10,7 @@ no plugin code, no op tables.  The kernels are thin and load the device
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import sys
 import threading
@@ -17,7 +18,7 @@ import threading
 import torch
 
 from . import _autocast, _autograd_kernels, _torch_jax, _kernels
-from .. import _patches
+from .. import _backward, _patches
 from .._devices import DEVICE_NAME
 
 __all__ = ["is_registered", "register"]
@@ -43,8 +44,26 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
+#: CPython's PyErr_Occurred through ctypes' Python API, which raises the
+#: pending exception when one is set
+_error_pending = ctypes.pythonapi.PyErr_Occurred
+_error_pending.restype = ctypes.c_void_p
+_error_pending.argtypes = []
+
+
 class _DeviceGuard(torch._C._acc.DeviceGuard):
     def type_(self):  # noqa: D401 - torch's name
+        # torch's guard calls this from noexcept C++ (a stream guard's
+        # destructor in autograd's engine), also while a Python exception
+        # unwinds it: a hook or a fake kernel that raised inside a backward.
+        # CPython refuses a call while an exception is pending, and the
+        # failed call ended the process ("terminate called without an active
+        # exception").  The pending exception is taken here instead and
+        # raised by backward() (``_backward.unwinding``).
+        try:
+            _error_pending()
+        except BaseException as err:  # noqa: BLE001 - the pending exception itself
+            _backward.unwinding(err)
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
