@@ -37,7 +37,10 @@ def run_chunk(first: int, count: int, args: argparse.Namespace, deadline: float)
                "--compile-every", str(args.compile_every), "--shrink-budget", str(args.shrink_budget),
                "--save", str(out / "repros"), "--json", str(stats_file), "--trace", "--quiet",
                "--time-limit", str(max(1.0, deadline - time.monotonic()))]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(REPO))
+        # faulthandler: a child that a signal ends (an abort inside jaxlib or
+        # torch) prints every thread's Python stack, kept with its crash
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(REPO),
+                              env={**os.environ, "PYTHONFAULTHANDLER": "1"})
         started = [int(line.split()[-1]) for line in proc.stderr.splitlines() if line.startswith("start seed ")]
         if stats_file.exists():
             stats = json.loads(stats_file.read_text())
@@ -49,7 +52,10 @@ def run_chunk(first: int, count: int, args: argparse.Namespace, deadline: float)
             break
         # the child ended without its counts: the last seed it started ended it
         crashed = started[-1] if started else seed
-        tail = "\n".join(proc.stderr.strip().splitlines()[-3:])
+        lines = proc.stderr.strip().splitlines()
+        # from the seed's start: what it printed and, after a signal, every thread's stack
+        begun = max((i for i, line in enumerate(lines) if line.startswith("start seed ")), default=len(lines) - 3)
+        tail = "\n".join(lines[max(0, begun - 2):][-120:])
         totals["crashes"].append({"seed": crashed, "returncode": proc.returncode, "stderr": tail})
         totals["programs"] += crashed - seed  # those before it ran (their mismatches are lost with the child)
         left -= crashed + 1 - seed
