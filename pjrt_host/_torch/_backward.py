@@ -32,6 +32,12 @@ the stored exception: the leaves hold what they hold on CPU, the sums of
 the nodes before the failing one.  Both hooks are torch internals;
 tests/test_torch_errors.py pins them (in a child process, as a regression
 would end the process).
+
+Exceptions that do not come from the device (a hook's, a fake kernel's
+while torch.compile traces a backward) unwind the engine as they are: the
+device guard's ``type_`` (``_boot._privateuse1``) takes the pending one
+from CPython when the stream guard's destructor calls it, keeps it here
+(:func:`unwinding`), and the same wrapper raises it.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CANNOT", "defer", "failed_here", "skip", "wrap_engine_run_backward"]
+__all__ = ["CANNOT", "defer", "failed_here", "skip", "unwinding", "wrap_engine_run_backward"]
 
 _lock = threading.Lock()
 _pending: BaseException | None = None
