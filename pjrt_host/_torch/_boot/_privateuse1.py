@@ -44,11 +44,10 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
-#: CPython's PyErr_Occurred through ctypes' Python API, which raises the
-#: pending exception when one is set
-_error_pending = ctypes.pythonapi.PyErr_Occurred
-_error_pending.restype = ctypes.c_void_p
-_error_pending.argtypes = []
+#: CPython's PyErr_Occurred, called as Python's own API (a prototype of our
+#: own: ctypes.pythonapi's shared function is left as it is), which raises
+#: the pending exception when one is set
+_error_pending = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyErr_Occurred", ctypes.pythonapi))
 
 
 class _DeviceGuard(torch._C._acc.DeviceGuard):
