@@ -225,6 +225,39 @@ def test_torch_accelerator_answers_for_the_device():
     assert isinstance(stream, torch.Stream) and stream.device == torch.device("jax:0")
 
 
+def test_events_finish_in_the_order_they_were_recorded():
+    """An event whose work is already done still finishes after the events
+    recorded before it, which the watcher thread has not stamped yet: CI
+    once saw end.query() true and start's time not stamped, so
+    start.elapsed_time(end) raised (a watcher thread late under load).  The
+    watcher is held here by a point that waits on a gate."""
+    import threading
+
+    from pjrt_host._torch._boot import _streams
+
+    x = torch.randn(8, device=DEV)
+    x.cpu()  # the device's last result is ready
+    gate = threading.Event()
+
+    class Held:
+        def is_deleted(self):
+            return False
+
+        def block_until_ready(self):
+            gate.wait(30)
+
+    _streams._watch_until_done(Held(), _streams._Done())
+    start, end = torch.jax.Event(enable_timing=True), torch.jax.Event(enable_timing=True)
+    start.record()
+    end.record()
+    try:
+        assert not start.query() and not end.query()  # behind the held point
+    finally:
+        gate.set()
+    end.synchronize()
+    assert start.query() and end.query() and start.elapsed_time(end) >= 0.0
+
+
 def test_streams_and_events():
     s = torch.jax.current_stream()
     assert s == torch.jax.Stream() == torch.jax.default_stream() and isinstance(s, torch.Stream)

@@ -61,6 +61,13 @@ def _watcher(q: "queue.Queue[tuple[Any, Any]]") -> None:
             pass
         done.finish(time.perf_counter())
         del array, done
+        q.task_done()
+
+
+def _watching() -> bool:
+    """Whether the watcher has points it has not stamped yet: a later point
+    must wait its turn, or it would finish (and be stamped) before them."""
+    return _watch is not None and _watch.unfinished_tasks > 0
 
 
 def _watch_until_done(array: Any, done: "_Done") -> None:
@@ -175,7 +182,7 @@ class Event(torch.Event):
             self._index = stream.device_index
         array = _pending(self._index)
         self._done = done = _Done()
-        if _is_ready(array):
+        if _is_ready(array) and not _watching():
             done.finish(time.perf_counter())
         else:
             _watch_until_done(array, done)
