@@ -151,6 +151,14 @@ def test_a_device_error_inside_backward_raises_at_backward():
     assert "AFTER [2.0, 2.0, 2.0]" in lines and "FALLBACK True" in lines, proc.stdout
 
 
+#: The end of the scripts below: run(dev) on CPU and on 'jax', compared.
+_COMPARE_WITH_CPU = """
+cpu, dev = run("cpu"), run("jax")
+for c, d in zip(cpu, dev):
+    print("SAME" if c == d else "DIFF", c, d)
+print("ALL SAME", cpu == dev)
+"""
+
 _RAISING_HOOKS = """
 import torch, pjrt_host
 
@@ -179,11 +187,6 @@ def run(dev):
     (z * 3).sum().backward()  # the device goes on
     seen.append(z.grad.cpu().tolist())
     return seen
-
-cpu, dev = run("cpu"), run("jax")
-for c, d in zip(cpu, dev):
-    print("SAME" if c == d else "DIFF", c, d)
-print("ALL SAME", cpu == dev)
 """
 
 
@@ -197,7 +200,7 @@ def test_a_hook_that_raises_inside_backward_raises_as_on_cpu():
     the pending exception and backward() / autograd.grad() raise it, as
     on CPU.  In a child process: a regression must fail this test, not end
     the test run."""
-    proc = run_python(["-c", _RAISING_HOOKS])
+    proc = run_python(["-c", _RAISING_HOOKS + _COMPARE_WITH_CPU])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ALL SAME True" in proc.stdout, proc.stdout
 
@@ -227,11 +230,6 @@ def run(dev):
     (y * y).sum().backward()  # the device goes on
     seen.append(y.grad.cpu().tolist())
     return seen
-
-cpu, dev = run("cpu"), run("jax")
-for c, d in zip(cpu, dev):
-    print("SAME" if c == d else "DIFF", c, d)
-print("ALL SAME", cpu == dev)
 """
 
 
@@ -246,7 +244,7 @@ def test_a_backward_formula_torch_refuses_raises_as_on_cpu():
     kept; a leaf reached only after it has none).  In a child process: a
     regression must fail this test, not end the test run (fuzz finding 1,
     docs/fuzzing.md)."""
-    proc = run_python(["-c", _REFUSED_BACKWARD_FORMULA])
+    proc = run_python(["-c", _REFUSED_BACKWARD_FORMULA + _COMPARE_WITH_CPU])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ALL SAME True" in proc.stdout, proc.stdout
     assert "Negation, the `-` operator, on a bool tensor" in proc.stdout, proc.stdout
