@@ -35,6 +35,7 @@ It is in rank 0's process group, so a launcher that stops rank 0's group
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import select
 import selectors
@@ -50,6 +51,11 @@ __all__ = ["LIVENESS_KEY", "keep_alive", "leave", "start"]
 #: Key in jax's key-value store under which rank 0 publishes the child's
 #: liveness address.
 LIVENESS_KEY = "pjrt_host/coordination_service_liveness"
+
+#: Seconds the service keeps running after its start-up deadline, so that
+#: the registration barrier's error reaches the clients, and the most its
+#: shutdown may take.
+_ANSWER_GRACE = 5.0
 
 _kept: list[Any] = []  # this process's liveness connection, and the child's handle
 
@@ -124,8 +130,14 @@ def _listen(sock: socket.socket, me: int) -> None:
 def _serve(bind_address: str, num_processes: int, heartbeat_timeout: int, timeout: float, host: str) -> int:
     from jaxlib import _jax  # the extension alone: no need for all of jax here
 
+    # The registration barrier gets the job's start-up timeout (XLA's
+    # default is an hour): when a process never comes, the service answers
+    # the others' RegisterTask with an error at the deadline, while it still
+    # runs.  Shutting it down with registrations pending instead can leave
+    # a registering client waiting for an answer that never comes.
     service = _jax.get_distributed_runtime_service(
-        bind_address, num_processes, heartbeat_timeout=heartbeat_timeout, recoverable=True)
+        bind_address, num_processes, heartbeat_timeout=heartbeat_timeout,
+        cluster_register_timeout=max(1, math.ceil(timeout)), recoverable=True)
     listener = _listener(host)
     print(f"ready {listener.getsockname()[1]}", flush=True)
     sys.stdout.close()
@@ -136,8 +148,9 @@ def _serve(bind_address: str, num_processes: int, heartbeat_timeout: int, timeou
     last_change = time.monotonic()
     while True:
         # Every rank came and all have gone: the job is over.  Or nobody
-        # has been here for the start-up timeout.
-        if not ranks and (seen >= num_processes or time.monotonic() - last_change > timeout):
+        # has been here for the start-up timeout, and the registration
+        # barrier's error has had time to reach those who came.
+        if not ranks and (seen >= num_processes or time.monotonic() - last_change > timeout + _ANSWER_GRACE):
             break
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
@@ -172,8 +185,18 @@ def _serve(bind_address: str, num_processes: int, heartbeat_timeout: int, timeou
                         except OSError:
                             pass
             last_change = time.monotonic()
-    service.shutdown()
+    _shutdown(service)
     return 0
+
+
+def _shutdown(service: Any) -> None:
+    """Shut the service down, but never wait for it longer than
+    ``_ANSWER_GRACE`` seconds: XLA's server can wait forever on a call it
+    will not answer, and a process that exits closes every connection, so
+    its clients fail instead of waiting."""
+    done = threading.Thread(target=service.shutdown, name="pjrt_host service shutdown", daemon=True)
+    done.start()
+    done.join(_ANSWER_GRACE)
 
 
 def _listener(host: str) -> socket.socket:
