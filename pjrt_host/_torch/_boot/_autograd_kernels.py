@@ -174,8 +174,41 @@ def _define_attention() -> None:
     _library.impl("attention_backward", _attention_backward_meta, "Meta")
 
 
-#: Composite ops whose 'jax' form checks argument values first.
-CHECKED_COMPOSITE_OPS = (("one_hot", _one_hot_checked), ("scaled_dot_product_attention", _sdpa_checked))
+def _matmul_out(self, other, *, out):
+    """``matmul(out=)`` where an operand has 3 or more dims: the product,
+    then one write into ``out``, as CPU's composite gives it.
+
+    torch's composite writes those products into a view of ``out`` and
+    copies back unless the view ``is_alias_of(out)``, which C++ answers from
+    the tensors' own storages; a 'jax' view's C++ storage is not its
+    base's, so the composite copied once more (``_version`` 2 or 3 where
+    CPU has 1) and, where it folds the batch into the rows, raised from
+    that copy.  Other ranks, other devices, an ``out`` of another dtype
+    and calls that need a gradient take the composite (its errors are
+    CPU's)."""
+    from .._tensor import JaxTensor
+
+    if (self.dim() < 3 and other.dim() < 3) or not all(type(t) is JaxTensor for t in (self, other, out)) \
+            or torch.is_grad_enabled() and (self.requires_grad or other.requires_grad) \
+            or not self.dtype == other.dtype == out.dtype or torch.compiler.is_compiling():
+        # (the C++ composite: OpOverload.decompose would take torch._refs'
+        # Python form, which counts its resize as a write)
+        return torch.ops.aten.matmul.out._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, self, other, out=out)
+    result = torch.matmul(self, other)
+    # One write, as an out= kernel below autograd makes it: a resize is not
+    # counted in the version.
+    from .._storage_ops import write_out
+
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        write_out(out, result, stacklevel=4)
+    torch.autograd.graph.increment_version(out)
+    return out
+
+
+#: Composite ops whose 'jax' form checks argument values first, or writes
+#: its ``out=`` as CPU's does.
+CHECKED_COMPOSITE_OPS = (("one_hot", _one_hot_checked), ("scaled_dot_product_attention", _sdpa_checked),
+                         ("matmul.out", _matmul_out))
 
 
 def register(aten: torch.library.Library) -> None:
