@@ -129,8 +129,9 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         names=("torch._C.DispatchKey", "torch._C.DispatchKeySet", "torch._C._ExcludeDispatchKeyGuard",
-               "torch._C._dispatch_has_kernel_for_dispatch_key", "._op_dk"),
-        files=("pjrt_host/_torch/_dispatch.py", "pjrt_host/_torch/_boot/_autocast.py"),
+               "torch._C._dispatch_has_kernel_for_dispatch_key", "._op_dk", "torch.ops.aten.matmul.out._op_dk"),
+        files=("pjrt_host/_torch/_dispatch.py", "pjrt_host/_torch/_boot/_autocast.py",
+               "pjrt_host/_torch/_boot/_autograd_kernels.py"),
         why="kernels registered per dispatch key, torch's own kernels of a key for a composite op "
             "(`OpOverload._op_dk`, what `OpOverload.decompose` uses), re-dispatch below the device's key, "
             "and whether an in-place op has an ADInplaceOrView kernel (the foreach ops have none: the "
@@ -138,7 +139,8 @@ INTERNALS: tuple[Internal, ...] = (
         fallback="none for the keys; without `_op_dk` composite ops fall to decompositions or the CPU "
                  "fallback (tests fail on the op counts).",
         pins=("tests/test_compile.py::test_a_users_custom_op_runs_eagerly_and_inside_the_compiled_graph",
-              "tests/test_torch_errors.py::test_foreach_in_place_ops_count_their_writes_as_cpu_does"),
+              "tests/test_torch_errors.py::test_foreach_in_place_ops_count_their_writes_as_cpu_does",
+              "tests/test_torch_cpu_parity.py::test_matmul_out_writes_once_with_cpus_values_and_version"),
         probe="torch.ops.aten.add.Tensor",
     ),
     Internal(

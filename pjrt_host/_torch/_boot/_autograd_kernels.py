@@ -199,7 +199,7 @@ def _matmul_out(self, other, *, out):
     # counted in the version.
     from .._storage_ops import write_out
 
-    with torch._C._AutoDispatchBelowADInplaceOrView():
+    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView)):
         write_out(out, result, stacklevel=4)
     torch.autograd.graph.increment_version(out)
     return out
