@@ -235,6 +235,25 @@ def test_matmul_out_writes_once_with_cpus_values_and_version(shapes):
     assert results == {key: expected for key in results}
 
 
+def test_an_out_tensor_that_cpus_kernel_resizes_before_refusing_is_resized_so():
+    """``dot_out`` resizes its out to 0-d before it finds no kernel for
+    bool: CPU's out= tensor is 0-d after the refusal, and so is the
+    device's (fuzz run L, seed 11001059: it kept its shape)."""
+    import warnings
+
+    results = {}
+    for dev in ("cpu", DEV):
+        for mode in ("op", "fused"):
+            with pjrt_host.config(eager=mode), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = torch.zeros(3, dtype=torch.bool, device=dev)
+                ones = torch.ones(1, dtype=torch.bool, device=dev)
+                with pytest.raises(NotImplementedError) as refused:
+                    torch.matmul(ones, ones, out=out)
+                results[dev, mode] = (str(refused.value), tuple(out.shape), out._version)
+    assert results == {key: ('"dot" not implemented for \'Bool\'', (), 0) for key in results}
+
+
 def test_matmul_out_into_a_view_writes_its_base_and_keeps_cpus_errors():
     results = {}
     for dev in ("cpu", DEV):

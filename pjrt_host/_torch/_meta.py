@@ -648,11 +648,29 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
         # shapes cannot be multiplied")
         if _KERNEL_REFUSALS.search(text) or (real and (_LAYOUT_REFUSALS.search(text) or text == refused
                                                        or shape_refusal)):
+            if real:
+                _resized_before_refusal(kwargs, cpu_kwargs)
             raise type(err)(text) from None
         return False
     except Exception:
         return False
     return real
+
+
+def _resized_before_refusal(kwargs: dict, cpu_kwargs: dict) -> None:
+    """The out= tensors CPU's kernel resized before it refused the call
+    (``dot_out`` resizes its out to 0-d, then finds no kernel for bool):
+    the call's own are resized so too, where that shrinks them within their
+    storage (a refused call grows nothing)."""
+    for name, probe in cpu_kwargs.items():
+        target = kwargs.get(name)
+        if isinstance(target, JaxTensor) and isinstance(probe, torch.Tensor) and probe.shape != target.shape \
+                and probe.numel() <= target.numel():
+            try:
+                with torch.no_grad():
+                    target.resize_(probe.shape)
+            except Exception:  # pragma: no cover - the refusal is what matters
+                pass
 
 
 def check_cpu_factory(op: Any, args: tuple, kwargs: dict) -> None:
