@@ -32,6 +32,9 @@ def _ctc(d, inputs, labels, lengths=None, reduction="mean"):
 
 
 CASES = {
+    # an empty table's embedding is index_select's refusal on CPU (RuntimeError), not "index out of range"
+    "embedding of an empty table past its rows": lambda d: F.embedding(torch.tensor([3], device=d),
+                                                                       torch.zeros(2, 0, device=d)),
     # a class target out of range (a wrong class count): the loss was NaN or wrong
     "cross_entropy target too large": lambda d: F.cross_entropy(torch.zeros(2, 3, device=d), torch.tensor([0, 5], device=d)),
     "cross_entropy negative target": lambda d: F.cross_entropy(torch.zeros(2, 3, device=d), torch.tensor([-1, 0], device=d)),
@@ -333,7 +336,26 @@ GOOD = {
     "_unsafe_masked_index_put_accumulate float mask": lambda d: torch.ops.aten._unsafe_masked_index_put_accumulate(
         torch.zeros(3, device=d), torch.tensor([2.0, 0.0], device=d), [torch.tensor([0, 2], device=d)],
         torch.ones(2, device=d)),
+    # CPU's kernels touch no element of an empty tensor, so they check no index
+    # value (fuzz run N, seeds 13001886 and 13002141); each raised on 'jax'
+    "index an empty tensor out of range": lambda d: torch.zeros(1, 0, device=d)[torch.tensor([0, 1], device=d)],
+    "index an empty 3-d tensor out of range": lambda d: torch.zeros(1, 2, 0, device=d)[
+        torch.tensor([1, -3], device=d)],
+    "index an empty slice out of range": lambda d: torch.zeros(2, 3, device=d)[:, :0][torch.tensor([5], device=d)],
+    "index_put_ into an empty tensor out of range": lambda d: torch.zeros(2, 0, device=d).index_put_(
+        (torch.tensor([5], device=d),), torch.tensor(1.0, device=d)),
+    "setitem into an empty tensor out of range": lambda d: _setitem(torch.zeros(2, 0, device=d),
+                                                                    torch.tensor([5], device=d), 1.0),
+    "index_copy_ into an empty tensor out of range": lambda d: torch.zeros(1, 0, device=d).index_copy_(
+        0, torch.tensor([3], device=d), torch.zeros(1, 0, device=d)),
+    "index_fill_ of an empty tensor out of range": lambda d: torch.zeros(1, 0, device=d).index_fill_(
+        0, torch.tensor([3], device=d), 1.0),
 }
+
+
+def _setitem(x, index, value):
+    x[index] = value
+    return x
 
 
 def _outcome(fn, device):

@@ -106,6 +106,19 @@ def test_a_compiled_difference_torch_compile_makes_on_cpu_too_is_known_and_no_ot
     assert not fuzz_programs.torch_compiles_so(program, ref)
 
 
+def test_a_compiled_difference_aot_eager_makes_too_with_other_draws_is_known():
+    """Seed 13001433: after a graph break, a value written through a view
+    (``masked_fill_``) comes back as another output's value (``v21``, made
+    of a ``randn_like`` draw) under torch.compile with ``aot_eager`` on CPU
+    as with the jax backend; the draws differ between the backends, so the
+    wrong values do too.  torch's: the same tensors differ from eager CPU
+    the same way, so it is counted as ``compile-torch``."""
+    program = fuzz_programs.generate(13001433)
+    known: dict = {}
+    assert fuzz_programs.check(program, ("compile",), known_seen=known) == {}
+    assert len(known["compile"]) == 1 and fuzz_programs.KNOWN["compile-torch"] in known["compile"][0]
+
+
 def test_a_batched_matmul_torch_folds_for_the_device_is_a_known_difference():
     """Seed 5000315 (docs/fuzzing.md, 12): ``matmul`` of a bool and a
     bfloat16 batch, refused by CPU's bmm with NotImplementedError and by

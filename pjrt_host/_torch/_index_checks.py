@@ -397,6 +397,12 @@ def _size(x: Any, dim: int) -> tuple[int, int]:
 
 def _advanced(args: tuple, kwargs: dict) -> None:
     x = args[0]
+    if x.numel() == 0:
+        # CPU's kernels read or write no element of an empty tensor, so
+        # they check no index value (``zeros(1, 0)[[0, 5]]`` is an empty
+        # (2, 0) tensor); a nonempty index into a dimension of size 0 is
+        # refused at the call, whatever its values
+        return
     indices = args[1] if len(args) > 1 else kwargs.get("indices")
     dim = 0
     for idx in indices or ():
@@ -410,11 +416,12 @@ def _advanced(args: tuple, kwargs: dict) -> None:
 
 
 def _along(error: Callable[[int, int, int], Exception] | Callable[[tuple, dict, Any, int], Any],
-           chosen: bool = False) -> Callable[[tuple, dict], None]:
+           chosen: bool = False, empty_ok: bool = False) -> Callable[[tuple, dict], None]:
     """The check of an op taking ``(self, dim, index, ...)``: ``error``, or
     where ``chosen`` a function of ``(args, kwargs, self, dim)`` giving the
     error the CPU kernel's path for this call raises (None: it checks
-    nothing)."""
+    nothing).  ``empty_ok``: CPU checks nothing where ``self`` is empty
+    along another dimension than ``dim``."""
     def check(args: tuple, kwargs: dict) -> None:
         x = args[0]
         dim = args[1] if len(args) > 1 else kwargs["dim"]
@@ -422,6 +429,8 @@ def _along(error: Callable[[int, int, int], Exception] | Callable[[tuple, dict, 
         if isinstance(dim, str):
             return  # named dimensions: left to torch
         size, dim = _size(x, dim)
+        if x.numel() == 0 and size > 0 and empty_ok:
+            return  # CPU's kernel touches no element of an empty self, so checks no index
         err = error(args, kwargs, x, dim) if chosen else error
         if err is not None:
             _check(index, size, dim, False, err)
@@ -465,9 +474,12 @@ def _index_add_path(args: tuple, kwargs: dict, x: Any, dim: int) -> Any:
 
 
 def _embedding(args: tuple, kwargs: dict) -> None:
+    """CPU's embedding is ``index_select`` of the weight's rows: its error
+    is index_select's for an empty weight (RuntimeError, "INDICES element
+    is out of DATA bounds"), else "index out of range in self"."""
     weight = args[0]
     indices = args[1] if len(args) > 1 else kwargs["indices"]
-    _check(indices, weight.shape[0], 0, False, _embedding_error)
+    _check(indices, weight.shape[0], 0, False, _index_select_error if weight.numel() == 0 else _embedding_error)
 
 
 def _take(args: tuple, kwargs: dict) -> None:
@@ -502,8 +514,8 @@ _CHECKS: dict[str, Callable[[tuple, dict], None]] = {
     "scatter_add": _along(_runtime_error),
     "scatter_reduce": _along(_runtime_error),
     "index_add": _along(_index_add_path, chosen=True),
-    "index_copy": _along(_index_copy_error),
-    "index_fill": _along(_index_error),
+    "index_copy": _along(_index_copy_error, empty_ok=True),
+    "index_fill": _along(_index_error, empty_ok=True),
     "embedding": _embedding,
     "take": _take,
     "put": _take,  # put(self, index, source): the same flat index, the same error
