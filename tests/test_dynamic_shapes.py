@@ -486,6 +486,24 @@ def test_operands_padded_along_different_dims_run_padded(eager):
     assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_reshape_that_merges_part_of_an_exact_dim_with_a_padded_one_lines_up_with_exact_tensors(eager):
+    # (4, 2) padded along its last dim, viewed as (2, 4): the new last dim is
+    # two rows of the exact dim times the padded one.  Its read named the
+    # padded component only, so an exact (2, 4) tensor beside it in an
+    # elementwise op was padded to (2, 2) and the op raised numpy's
+    # ValueError (fuzz run N, seed 13003848 after 13003829: inside a backward)
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        x, y = torch.randn(4, 2), torch.randn(2, 4)
+        dx, dy = x.to("jax"), y.to("jax")
+        torch._dynamo.mark_dynamic(dx, 1)
+        dz = dx * 1
+        assert dz._storage.padded is not None
+        torch.testing.assert_close((dz.view(2, 4) * dy).cpu(), x.view(2, 4) * y)
+        torch.testing.assert_close((dy + dz.reshape(2, 4)).cpu(), y + x.reshape(2, 4))
+
+
 def test_a_head_dim_as_long_as_the_padded_length_is_not_padded():
     # attention over a growing key/value cache at a length equal to the
     # head dim (32, in the bucket of 48): the size alone matched the head

@@ -369,7 +369,10 @@ def _translate(padded: tuple, dtype: Any, size: tuple, stride: tuple, offset: in
         pstride.append(ps[j])
         masks.append(tuple(terms))
         sizes.append(tuple(logical))
-        vcomps.append(tuple(comps[a:j + 1]))
+        # (the exact outer factor is a component of the dim too: without
+        # it the components' sizes multiply to less than the dim's, and a
+        # tensor lined up with this one was padded to the wrong shape)
+        vcomps.append(((part, part, False),) * (part > 1) + tuple(comps[a:j + 1]))
     for j in range(m):
         if touched[j] > 1 or (extent[j] and coords[j] + extent[j] >= L[j]):
             return None
