@@ -350,7 +350,19 @@ GOOD = {
         0, torch.tensor([3], device=d), torch.zeros(1, 0, device=d)),
     "index_fill_ of an empty tensor out of range": lambda d: torch.zeros(1, 0, device=d).index_fill_(
         0, torch.tensor([3], device=d), 1.0),
+    # torch accepts an empty index of any rank: the lowerings of scatter raised
+    # IndexError for one of fewer dims than self (fuzz run N, seed 13006320:
+    # gather's gradient)
+    "scatter an empty 1-d index into a 2-d tensor": lambda d: torch.ones(2, 3, device=d).scatter_add(
+        1, torch.tensor([], dtype=torch.long, device=d), torch.ones(0, device=d)),
+    "gather's gradient through an empty 1-d index": lambda d: _gather_grad_of_empty(d),
 }
+
+
+def _gather_grad_of_empty(d):
+    x = torch.ones(2, 0, device=d, requires_grad=True)
+    torch.gather(x.movedim(0, -1), 1, torch.tensor([], dtype=torch.long, device=d)).sum().backward()
+    return x.grad
 
 
 def _setitem(x, index, value):

@@ -450,6 +450,11 @@ def _scatter_operands(x, dim, index, src):
     if x.ndim == 0:
         x, index, dim = x.reshape(1), index.reshape(-1), 0
     dim = canonical_dim(dim, x.ndim)
+    if index.size == 0:
+        # torch accepts an empty index of any rank (gather's gradient of
+        # one): nothing is written
+        empty = jnp.zeros((0,) * x.ndim, index.dtype)
+        return x, _index_grid(empty, dim), jnp.zeros(empty.shape, x.dtype)
     if not hasattr(src, "shape") or src.ndim == 0:
         values = jnp.broadcast_to(cast(src, torch_dtype_of(x)) if not hasattr(src, "dtype") else src.astype(x.dtype), index.shape)
     else:
