@@ -868,7 +868,7 @@ def _via_functional(decomposition: Callable, out_names: tuple[str, ...], args: t
     return self
 
 
-_write_out = _storage_ops.write_out
+_write_out = _meta.write_out
 
 
 @functools.lru_cache(maxsize=None)

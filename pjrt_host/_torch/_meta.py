@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from typing import Any
 
 import torch
@@ -16,7 +17,8 @@ import torch
 from ._tensor import JaxTensor
 
 __all__ = ["OutputPlan", "OutputSpec", "check_cpu_factory", "check_cpu_kernel", "inside_backward", "probe_key", "check_inplace", "check_out_dtypes", "check_out_overlap",
-           "decode_result", "encode_result", "kernel_error", "meta_view_of", "out_needs_resize", "output_plan", "resize_out", "run_meta"]
+           "decode_result", "encode_result", "kernel_error", "meta_view_of", "out_needs_resize", "output_plan", "resize_out", "resize_warning", "run_meta",
+           "write_out"]
 
 
 def meta_view_of(t: JaxTensor) -> torch.Tensor:
@@ -403,6 +405,28 @@ def out_needs_resize(meta: Any, targets: list) -> bool:
     if results is None or len(results) != len(targets) or not all(isinstance(r, torch.Tensor) for r in results):
         return False
     return any(tuple(r.shape) != tuple(t.shape) for r, t in zip(results, targets))
+
+
+def write_out(out: Any, result: Any, stacklevel: int = 6) -> None:
+    """``result`` into an out= tensor, as torch's out= contract has it: an
+    out tensor of another shape is resized to the result's (with torch's
+    warning when it held elements), not broadcast into."""
+    if isinstance(result, torch.Tensor) and tuple(out.shape) != tuple(result.shape):
+        if out.numel() != 0:
+            resize_warning(out.shape, result.shape, stacklevel=stacklevel)
+        resize_out(out, result)
+        return
+    out.copy_(result)
+
+
+def resize_warning(shape: Any, wanted: Any, stacklevel: int) -> None:
+    """torch's warning for an out= tensor with elements that is resized."""
+    warnings.warn(
+        f"An output with one or more elements was resized since it had shape {list(shape)}, which does "
+        f"not match the required output shape {list(wanted)}. This behavior is deprecated, and in a "
+        "future PyTorch release outputs will not be resized unless they have zero elements. You can "
+        "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
+        UserWarning, stacklevel=stacklevel)
 
 
 def resize_out(out: Any, result: Any) -> None:

@@ -12,7 +12,6 @@ callers that trace whole graphs; here eager adds what is about storage
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable
 
 import jax
@@ -672,28 +671,6 @@ def native_batch_norm(func: Any, args: tuple, kwargs: dict) -> Any:
     return out, mean, rstd
 
 
-def write_out(out: Any, result: Any, stacklevel: int = 6) -> None:
-    """``result`` into an out= tensor, as torch's out= contract has it: an
-    out tensor of another shape is resized to the result's (with torch's
-    warning when it held elements), not broadcast into."""
-    if isinstance(result, torch.Tensor) and tuple(out.shape) != tuple(result.shape):
-        if out.numel() != 0:
-            resize_warning(out.shape, result.shape, stacklevel=stacklevel)
-        _meta.resize_out(out, result)
-        return
-    out.copy_(result)
-
-
-def resize_warning(shape: Any, wanted: Any, stacklevel: int) -> None:
-    """torch's warning for an out= tensor with elements that is resized."""
-    warnings.warn(
-        f"An output with one or more elements was resized since it had shape {list(shape)}, which does "
-        f"not match the required output shape {list(wanted)}. This behavior is deprecated, and in a "
-        "future PyTorch release outputs will not be resized unless they have zero elements. You can "
-        "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
-        UserWarning, stacklevel=stacklevel)
-
-
 _BATCH_NORM_OUTS = ("out", "save_mean", "save_invstd")
 _batch_norm_out_probed: set = set()
 
@@ -724,7 +701,7 @@ def native_batch_norm_out(func: Any, args: tuple, kwargs: dict) -> Any:
     functional = func.overloadpacket.no_stats if func.name().endswith("no_stats_out") else func.overloadpacket.default
     results = functional(*args, **inputs)
     for o, r in zip(outs, results):
-        write_out(o, r)
+        _meta.write_out(o, r)
     return tuple(outs)
 
 

@@ -197,7 +197,7 @@ def _matmul_out(self, other, *, out):
     result = torch.matmul(self, other)
     # One write, as an out= kernel below autograd makes it: a resize is not
     # counted in the version.
-    from .._storage_ops import write_out
+    from .._meta import write_out
 
     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView)):
         write_out(out, result, stacklevel=4)
