@@ -538,14 +538,7 @@ class CompiledOp:
         for t, v in zip(out_targets, values):
             if tuple(t.shape) != tuple(v.shape):
                 if t.numel() != 0:
-                    import warnings
-
-                    warnings.warn(
-                        f"An output with one or more elements was resized since it had shape {list(t.shape)}, which "
-                        f"does not match the required output shape {list(v.shape)}. This behavior is deprecated, "
-                        "and in a future PyTorch release outputs will not be resized unless they have zero "
-                        "elements. You can explicitly reuse an out tensor t by resizing it, inplace, to zero "
-                        "elements with t.resize_(0).", UserWarning, stacklevel=4)
+                    _meta.resize_warning(t.shape, v.shape, stacklevel=5)
                 _meta.resize_out(t, v)
             else:
                 with torch.no_grad():
