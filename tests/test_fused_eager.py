@@ -585,6 +585,31 @@ def test_a_loop_replays_its_segments_and_gives_op_by_ops_values():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_segment_whose_results_all_died_is_still_replayed_after():
+    """A segment that ends with none of its results held computes nothing,
+    but it is still what the next segment follows: the ops after it replay
+    their script (they recorded afresh every time, and a loop of ops whose
+    results die never replayed at all)."""
+    x = torch.randn(128, device="jax")
+
+    def run():
+        for _ in range(30):
+            x * 1.0001
+        torch.jax.synchronize()  # ends a segment that holds no result: it computes nothing
+        return (x.tanh() + 1).cpu()
+
+    with pjrt_host.config(eager="op"):
+        expected = run()
+    torch.jax.synchronize()
+    with fused():
+        for _ in range(3):
+            run()
+        segments, replayed, programs = _replay_counts(run)
+        got = run()
+    assert (segments, replayed, programs) == (1, 1, 0)
+    torch.testing.assert_close(got, expected)
+
+
 def test_a_replay_that_stops_matching_records_the_rest_and_a_read_ends_only_its_own_script():
     """A segment whose ops stop matching its script (another op, other
     inputs) is recorded from there on as new, with the right values, and the

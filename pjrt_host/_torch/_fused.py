@@ -106,13 +106,16 @@ class Segment:
                 held = {i for i, refs in self.shared.items()
                         if any((s := r()) is not None and s._array is self.results[i][1] for r in refs)}
                 live = tuple(sorted(held.union(live)))
-            if not live:
-                self.externals = []
-                return
             ext, self.externals = self.externals, []
+            script, replayed = self._noted(ext)
+            if not live:
+                # nothing to compute, but the next segment replays after
+                # this one all the same (a loop whose results die before a
+                # read recorded every op afresh, every time)
+                return
             donated = _only_here(ext) if DONATE else ()
             try:
-                self._run(ext, live, donated)  # takes ext's arrays: the list is emptied there
+                self._run(script, replayed, ext, live, donated)  # takes ext's arrays: the list is emptied there
             except BaseException as err:
                 self.error = err
                 raise
@@ -132,12 +135,14 @@ class Segment:
             self.shared.setdefault(pending.index, []).append(weakref.ref(storage))
             return True
 
-    def _run(self, ext: list, live: tuple[int, ...], donated: tuple[int, ...]) -> None:
+    def _noted(self, ext: list) -> tuple[Script, bool]:
+        """The script of the recorded ops reading ``ext``, noted as what
+        follows the segment before, and whether it is the one this segment
+        replayed (every op matched: no key to build)."""
         inputs = tuple([_signature(v) for v in ext])
         script = self.expect
-        if script is not None and script.n == len(self.ops) and script.inputs == inputs:
-            _counts["replayed"] += 1  # every op matched the script: no key to build
-        else:
+        replayed = script is not None and script.n == len(self.ops) and script.inputs == inputs
+        if not replayed:
             ops = tuple(self.ops)
             script = _scripts.get((ops, inputs))
             if script is None:
@@ -148,7 +153,12 @@ class Segment:
         script.cut = script.cut or self.ended
         if self.after is not None:
             self.after.followed_by(script)  # what a segment after the one before expects next time
+        return script, replayed
+
+    def _run(self, script: Script, replayed: bool, ext: list, live: tuple[int, ...],
+             donated: tuple[int, ...]) -> None:
         _counts["segments"] += 1
+        _counts["replayed"] += replayed
         variant = script.variant(live, donated)
         if variant is None:
             if script.variants:  # another set of held results: one program for them all
