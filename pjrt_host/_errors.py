@@ -3,7 +3,9 @@ message says what was expected, what the choices are and how to fix it."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 __all__ = [
     "ClientCreationError",
@@ -13,6 +15,7 @@ __all__ = [
     "PluginNotFoundError",
     "SelectionError",
     "cause_text",
+    "user_stacklevel",
 ]
 
 
@@ -68,3 +71,35 @@ class SelectionError(PjrtHostError):
 class ClientCreationError(PluginLoadError):
     """The PJRT client of a plugin could not be created (no device, a
     library that fails to initialise, bad create options...)."""
+
+
+_OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes the ``warnings.warn`` of the function
+    calling this name the first frame outside pjrt_host: the line of the
+    user's code whose torch call led there, as torch's own C++ warnings
+    name it (a CPU tensor's warning points at the same line, so filters by
+    module and ``-W error`` treat both alike).  torch frames between two
+    of pjrt_host's (a decomposition dispatching back to the device) are
+    passed over too; torch frames the user's call went through first are
+    not."""
+    torch = sys.modules.get("torch")
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep if torch is not None else None
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_OWN):
+            frame, level = frame.f_back, level + 1
+            continue
+        if torch_dir is not None and name.startswith(torch_dir):
+            above, k = frame, level
+            while above is not None and above.f_code.co_filename.startswith(torch_dir):
+                above, k = above.f_back, k + 1
+            if above is not None and above.f_code.co_filename.startswith(_OWN):
+                frame, level = above, k
+                continue
+        break
+    return level

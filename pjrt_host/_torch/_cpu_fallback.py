@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .._errors import user_stacklevel
 from ._devices import torch_device
 from ._engine import op_name
 from ._tensor import JaxTensor
@@ -22,7 +23,8 @@ def run_on_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
     name = op_name(func)
     if name not in _warned:
         _warned.add(name)
-        warnings.warn(f"pjrt_host: {name} has no lowering; running it on torch CPU (warned once)", stacklevel=4)
+        warnings.warn(f"pjrt_host: {name} has no lowering; running it on torch CPU (warned once)",
+                      stacklevel=user_stacklevel())
     index = None
 
     def to_cpu(v: Any) -> Any:

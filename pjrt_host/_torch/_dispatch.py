@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _lowerings
+from .._errors import user_stacklevel
 from . import (_backward, _config, _dynamic_dims, _fused, _index_checks, _memory, _meta, _profile, _sdpa, _sequences,
                _storage_ops, _sync, _tensor, _value_checks)
 from ._cpu_fallback import run_on_cpu
@@ -103,7 +104,7 @@ def _indices_as_torch_reads_them(handler: Handler, name: str) -> Handler:
                     if isinstance(i, torch.Tensor):
                         if i.dtype == torch.uint8:
                             warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
-                                          "torch.bool instead.", UserWarning, stacklevel=3)
+                                          "torch.bool instead.", UserWarning, stacklevel=user_stacklevel())
                             i = i.bool()
                         if not isinstance(i, _tensor.JaxTensor) and i.device.type == "cpu":
                             i = i.to(args[0].device)

@@ -9,6 +9,7 @@ import warnings
 import torch
 
 from .. import _runtime
+from .._errors import user_stacklevel
 
 __all__ = ["device_dtype"]
 
@@ -63,5 +64,5 @@ def device_dtype(dtype: torch.dtype) -> torch.dtype:
         _warned.add(dtype)
         warnings.warn(
             f"pjrt_host: the {_runtime.runtime().record.name!r} device does not support {dtype}; "
-            f"such tensors are {mapped} on it (warned once)", stacklevel=3)
+            f"such tensors are {mapped} on it (warned once)", stacklevel=user_stacklevel())
     return mapped

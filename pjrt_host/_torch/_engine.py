@@ -538,7 +538,7 @@ class CompiledOp:
         for t, v in zip(out_targets, values):
             if tuple(t.shape) != tuple(v.shape):
                 if t.numel() != 0:
-                    _meta.resize_warning(t.shape, v.shape, stacklevel=5)
+                    _meta.resize_warning(t.shape, v.shape)
                 _meta.resize_out(t, v)
             else:
                 with torch.no_grad():

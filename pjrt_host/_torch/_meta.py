@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .._errors import user_stacklevel
 from ._tensor import JaxTensor
 
 __all__ = ["OutputPlan", "OutputSpec", "check_cpu_factory", "check_cpu_kernel", "inside_backward", "probe_key", "check_inplace", "check_out_dtypes", "check_out_overlap",
@@ -407,26 +408,27 @@ def out_needs_resize(meta: Any, targets: list) -> bool:
     return any(tuple(r.shape) != tuple(t.shape) for r, t in zip(results, targets))
 
 
-def write_out(out: Any, result: Any, stacklevel: int = 6) -> None:
+def write_out(out: Any, result: Any) -> None:
     """``result`` into an out= tensor, as torch's out= contract has it: an
     out tensor of another shape is resized to the result's (with torch's
     warning when it held elements), not broadcast into."""
     if isinstance(result, torch.Tensor) and tuple(out.shape) != tuple(result.shape):
         if out.numel() != 0:
-            resize_warning(out.shape, result.shape, stacklevel=stacklevel)
+            resize_warning(out.shape, result.shape)
         resize_out(out, result)
         return
     out.copy_(result)
 
 
-def resize_warning(shape: Any, wanted: Any, stacklevel: int) -> None:
-    """torch's warning for an out= tensor with elements that is resized."""
+def resize_warning(shape: Any, wanted: Any) -> None:
+    """torch's warning for an out= tensor with elements that is resized,
+    at the user's line, as CPU's."""
     warnings.warn(
         f"An output with one or more elements was resized since it had shape {list(shape)}, which does "
         f"not match the required output shape {list(wanted)}. This behavior is deprecated, and in a "
         "future PyTorch release outputs will not be resized unless they have zero elements. You can "
         "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
-        UserWarning, stacklevel=stacklevel)
+        UserWarning, stacklevel=user_stacklevel())
 
 
 def resize_out(out: Any, result: Any) -> None:

@@ -200,7 +200,7 @@ def _matmul_out(self, other, *, out):
     from .._meta import write_out
 
     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView)):
-        write_out(out, result, stacklevel=4)
+        write_out(out, result)
     torch.autograd.graph.increment_version(out)
     return out
 
