@@ -310,14 +310,11 @@ def check_out(func: Any, args: tuple, kwargs: dict, out_names: tuple, targets: l
     kernel with meta out tensors; worded as torch's CPU kernels word them.
     Other meta complaints are left to the op (a resize is no error)."""
     import re
-    import warnings
 
     meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
     meta_kwargs.update({n: _to_meta(t) for n, t in zip(out_names, targets)})
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the op warns about resizing itself
-            func(*_to_meta(args), **meta_kwargs)
+        without_warnings(lambda: func(*_to_meta(args), **meta_kwargs))  # the op warns about resizing itself
     except (RuntimeError, TypeError) as err:
         text = str(err)
         cast = re.match(r"Attempting to cast from torch\.(\w+) to out tensor with dtype torch\.(\w+), but this "
@@ -607,6 +604,50 @@ def inside_backward() -> bool:
 _ACCELERATOR_DTYPES = {"histc.default": (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}
 
 
+class _WarningsFlushed(torch.autograd.Function):
+    """Runs ``box[1]()`` into ``box[0]`` inside ``Function.apply``: a C++
+    entry that hands torch's C++ warnings to Python's ``warnings`` when it
+    returns.  An op called through its OpOverload has none, so its C++
+    warnings wait for the user's own torch call to return, and reach the
+    user after it (a probe's resize warning came out as a second copy of
+    the device's own)."""
+
+    @staticmethod
+    def forward(ctx: Any, box: list) -> None:
+        box[2] = True
+        box[0] = box[1]()
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> None:  # pragma: no cover - never differentiated
+        return None
+
+
+def without_warnings(fn: Any) -> Any:
+    """``fn()`` with every warning it gives dropped, torch's C++ warnings
+    included: for the host's own probes, which run an op to learn what
+    torch says and must not say it to the user."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        box = [None, fn, False]  # (the result, the function, whether it ran)
+        try:
+            with torch.no_grad():
+                _WarningsFlushed.apply(box)
+        except SystemError as err:
+            # fn raised while torch's C++ warnings were pending: handing them
+            # over with the error set fails with CPython's "returned a result
+            # with an exception set", the error as its cause
+            if box[2] and isinstance(err.__cause__, Exception):
+                raise err.__cause__ from None
+            raise
+        except Exception:
+            if box[2]:
+                raise  # fn's own error
+            return fn()  # apply refused to run (a functorch transform asks for a vmap rule)
+        return box[0]
+
+
 def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
     """torch CPU's refusal of this call where its meta kernel (or the
     device's lowering) accepts it: a dtype its kernel has no code for
@@ -620,7 +661,6 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
     be large, or its shapes do not fit).  An error of the kinds in
     ``_KERNEL_REFUSALS`` is raised as torch raises it; CPU's random state is
     kept.  True when CPU ran the call's own layouts without an error."""
-    import warnings
 
     accepts = _ACCELERATOR_DTYPES.get(getattr(func, "__name__", None))
     if accepts is not None and any(isinstance(a, torch.Tensor) and a.dtype in accepts for a in args[:1]):
@@ -643,9 +683,7 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
         return False  # arguments a probe cannot copy (sparse tensors)
     refused, shape_refusal = None, False
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            shaped = func(*meta_args, **meta_kwargs)
+        shaped = without_warnings(lambda: func(*meta_args, **meta_kwargs))
     except Exception as err:
         refused = str(err).split("\n")[0]
         if not real:
@@ -662,9 +700,8 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
         if sum(o.numel() for o in outs if isinstance(o, torch.Tensor)) > _PROBE_ELEMENTS:
             return False
     try:
-        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
-            warnings.simplefilter("ignore")
-            func(*cpu_args, **cpu_kwargs)
+        with torch.random.fork_rng(devices=[]):
+            without_warnings(lambda: func(*cpu_args, **cpu_kwargs))
     except (NotImplementedError, RuntimeError, TypeError, IndexError, ValueError) as err:
         text = str(err).split("\n")[0]
         # a refusal of the kinds CPU's kernels make alone; or, at the call's
@@ -708,7 +745,6 @@ def check_cpu_factory(op: Any, args: tuple, kwargs: dict) -> None:
     list made of ones (CPU's fill of a single element converts its value
     unchecked).  Errors of the kinds in ``_KERNEL_REFUSALS`` are raised as
     torch raises them; CPU's random state is kept."""
-    import warnings
 
     def ones(v: Any) -> Any:
         if isinstance(v, (list, tuple)) and v and all(type(x) is int for x in v):
@@ -717,16 +753,20 @@ def check_cpu_factory(op: Any, args: tuple, kwargs: dict) -> None:
 
     cpu_kwargs = {k: v for k, v in kwargs.items() if k not in ("pin_memory", "generator")}
     cpu_kwargs["device"] = "cpu"
-    try:
-        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
-            warnings.simplefilter("ignore")
+
+    def probe() -> None:
+        nonlocal args
+        meta = op(*args, **dict(cpu_kwargs, device="meta"))
+        if not (isinstance(meta, torch.Tensor) and meta.numel() <= _PROBE_ELEMENTS):
+            args = tuple([ones(a) for a in args])
             meta = op(*args, **dict(cpu_kwargs, device="meta"))
-            if not (isinstance(meta, torch.Tensor) and meta.numel() <= _PROBE_ELEMENTS):
-                args = tuple([ones(a) for a in args])
-                meta = op(*args, **dict(cpu_kwargs, device="meta"))
-                if isinstance(meta, torch.Tensor) and meta.numel() > _PROBE_ELEMENTS:
-                    return
-            op(*args, **cpu_kwargs)
+            if isinstance(meta, torch.Tensor) and meta.numel() > _PROBE_ELEMENTS:
+                return
+        op(*args, **cpu_kwargs)
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            without_warnings(probe)
     except (NotImplementedError, RuntimeError, TypeError, ValueError) as err:
         text = str(err).split("\n")[0]
         if _KERNEL_REFUSALS.search(text):
