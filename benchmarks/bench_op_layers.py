@@ -9,6 +9,8 @@ in every round):
   Python device pays before its own code runs;
 - the same, making a new wrapper tensor per call (``_make_wrapper_subclass``):
   the least a device whose results are new tensors pays;
+- the same, adding what a recording device does at the least (a key from
+  the arguments, one dict lookup, one append): the floor of a Python hot path;
 - the compiled XLA program of the multiply called directly (``jax.jit(...)
   .lower(x).compile()``, the object the engine calls);
 - plain jax eager (``x * 1.0001`` on a jax array);
@@ -62,6 +64,35 @@ class _NewWrapper(torch.Tensor):
         return torch.Tensor._make_wrapper_subclass(cls, args[0].shape, dtype=torch.float32)
 
 
+class _Recorder(torch.Tensor):
+    """The least a Python device that records its ops does: per op a key
+    from its arguments' specs, one dict lookup, one append to a list and a
+    new wrapper tensor carrying a small object (fused eager's whole job,
+    without its rules): a floor for how far Python can take it."""
+
+    ops: list = []
+    known: dict = {}
+
+    @staticmethod
+    def __new__(cls, size):
+        t = torch.Tensor._make_wrapper_subclass(cls, size, dtype=torch.float32)
+        t.spec = ("float32", tuple(size))
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        key = (func, *[a.spec if type(a) is cls else (type(a), a) for a in args])
+        entry = cls.known.get(key)
+        if entry is None:
+            entry = cls.known[key] = args[0].spec
+        cls.ops.append((entry, args))
+        if len(cls.ops) > 1000:
+            cls.ops.clear()
+        t = torch.Tensor._make_wrapper_subclass(cls, entry[1], dtype=torch.float32)
+        t.spec = entry
+        return t
+
+
 def best_per_call(fns: dict, waits: dict, calls: int, rounds: int) -> dict:
     best = {k: float("inf") for k in fns}
     for k, fn in fns.items():
@@ -94,6 +125,7 @@ def main() -> None:
     nothing = _Nothing(x_cpu.shape)
     _Nothing.result = _Nothing(x_cpu.shape)
     wrapper = _NewWrapper(x_cpu.shape)
+    recorder = _Recorder(x_cpu.shape)
 
     def op_by_op():
         return x_dev * 1.0001
@@ -106,6 +138,7 @@ def main() -> None:
         "torch CPU eager": lambda: x_cpu * 1.0001,
         "torch dispatch, Python subclass, no work": lambda: nothing * 1.0001,
         "  + a new wrapper tensor per result": lambda: wrapper * 1.0001,
+        "  + a key, a lookup and a record (a floor)": lambda: recorder * 1.0001,
         "the compiled XLA program, called directly": lambda: program(x_jax),
         "plain jax eager": lambda: x_jax * 1.0001,
         "'jax' device, op by op": op_by_op,
@@ -114,6 +147,7 @@ def main() -> None:
         "torch CPU eager": cpu_wait,
         "torch dispatch, Python subclass, no work": nothing_wait,
         "  + a new wrapper tensor per result": wrapper_wait,
+        "  + a key, a lookup and a record (a floor)": wrapper_wait,
         "the compiled XLA program, called directly": jax.block_until_ready,
         "plain jax eager": jax.block_until_ready,
         "'jax' device, op by op": device_wait,
