@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import warnings
 from typing import Any
 
 import torch
@@ -150,9 +149,7 @@ def _make_placeholders(func: Any, args: tuple, kwargs: dict, cpu: bool) -> Any:
         from ._cpu_fallback import run_on_cpu
 
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                placeholder = run_on_cpu(func, args, kwargs)
+            placeholder = _meta.without_warnings(lambda: run_on_cpu(func, args, kwargs))
         except Exception:
             # torch refuses the call itself (a backward formula's ``-self``
             # of a bool tensor: atan2's): its schema says what to return

@@ -626,8 +626,6 @@ def without_warnings(fn: Any) -> Any:
     """``fn()`` with every warning it gives dropped, torch's C++ warnings
     included: for the host's own probes, which run an op to learn what
     torch says and must not say it to the user."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         box = [None, fn, False]  # (the result, the function, whether it ran)
@@ -661,7 +659,6 @@ def check_cpu_kernel(func: Any, args: tuple, kwargs: dict) -> bool:
     be large, or its shapes do not fit).  An error of the kinds in
     ``_KERNEL_REFUSALS`` is raised as torch raises it; CPU's random state is
     kept.  True when CPU ran the call's own layouts without an error."""
-
     accepts = _ACCELERATOR_DTYPES.get(getattr(func, "__name__", None))
     if accepts is not None and any(isinstance(a, torch.Tensor) and a.dtype in accepts for a in args[:1]):
         return False
