@@ -190,3 +190,27 @@ def test_the_traced_scalar_trial_compares_results_as_documented():
     assert _same(jnp.asarray(half), jnp.asarray(half)) and not _same(jnp.asarray(half), jnp.asarray(half * 2))
     assert _same(jnp.array([1 + 2j]), jnp.array([1 + 2j])) and not _same(jnp.array([1 + 2j]), jnp.array([1 - 2j]))
     assert _same(jnp.array([True, False]), jnp.array([True, False]))
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_scalars_that_compare_equal_keep_their_own_programs(eager):
+    """-0.0 equals 0.0 and a complex zero's parts may be -0.0: keyed by
+    equality alone, ``x * -0.0`` ran the program of ``x * 0.0`` and gave
+    +0 where CPU gives -0.  A NaN equals nothing, so every new NaN object
+    compiled again; they share one program now."""
+    from pjrt_host._torch import _dispatch
+
+    x = torch.ones(4)
+    d = x.to(DEV)
+    with pjrt_host.config(eager=eager):
+        for s in (0.0, -0.0, 0.0, complex(0.0, -0.0), complex(-0.0, 0.0), 0j):
+            got, want = cpu(d * s), x * s
+            assert torch.equal(got, want)
+            # equal compares -0 with 0 as equal: the signs themselves
+            assert torch.equal(torch.signbit(torch.view_as_real(got) if got.is_complex() else got),
+                               torch.signbit(torch.view_as_real(want) if want.is_complex() else want)), s
+        mul = _dispatch._handlers[torch.ops.aten.mul.Tensor].__self__
+        before = mul.misses
+        for _ in range(4):
+            assert torch.isnan(cpu(d * float("nan"))).all()
+        assert mul.misses - before <= 1

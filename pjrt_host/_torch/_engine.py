@@ -795,7 +795,7 @@ def _new_scalar_values(op: CompiledOp, key: tuple) -> bool:
 
 def _value_free(k: Any) -> Any:
     """A key entry with its Python scalars' values left out (their types kept)."""
-    if type(k) is tuple and len(k) == 2 and k[0] in (int, float, bool, complex):
+    if type(k) is tuple and k and k[0] in (int, float, bool, complex):  # (scalar_key's entries)
         return k[0]
     if type(k) is SequenceArg:
         return SequenceArg([_value_free(x) for x in k])

@@ -120,7 +120,7 @@ def encode(v: Any, dyn: list, devs: list) -> Any:
         return view.spec
     t = type(v)
     if t is float or t is int or t is bool or t is complex:
-        return (t, v)
+        return scalar_key(t, v)
     if t is list or t is tuple:
         return SequenceArg([encode(x, dyn, devs) for x in v])
     if isinstance(v, torch.Tensor):
@@ -133,6 +133,34 @@ def encode(v: Any, dyn: list, devs: list) -> Any:
     if isinstance(v, torch.Generator):
         return GENERATOR
     return v
+
+
+def scalar_key(t: type, v: Any) -> tuple:
+    """The key entry of a Python scalar ``v`` of type ``t`` compiled in as a
+    constant: ``(t, v)``; a value Python's equality cannot tell apart
+    (-0.0 equals 0.0; a NaN equals nothing, not even another NaN) carries
+    its text too, and a NaN is one canonical object.  Keyed by equality
+    alone, ``x * -0.0`` ran the program compiled for ``x * 0.0`` (and gave
+    +0), and every new NaN object compiled a new program."""
+    if t is float:
+        if v and v == v:  # the common case: finite, non-zero
+            return (t, v)
+        if v != v:
+            return _NAN_KEY
+        return (t, v) if str(v)[0] != "-" else _NEGATIVE_ZERO_KEY
+    if t is complex and (v != v or not (v.real and v.imag)):  # a NaN, or a zero part (maybe -0.0)
+        text = repr(v)
+        if v == v:
+            return (t, v, text)
+        if len(_complex_nans) > 64:
+            _complex_nans.clear()
+        return (t, _complex_nans.setdefault(text, v), text)
+    return (t, v)
+
+
+_NAN_KEY = (float, float("nan"), "nan")
+_NEGATIVE_ZERO_KEY = (float, -0.0, "-0.0")
+_complex_nans: dict[str, complex] = {}  # one object per text
 
 
 def encode_dynamic(v: Any, dyn: list, devs: list) -> Any:
