@@ -18,7 +18,8 @@ in every round):
   fused eager (the default), where 2,000 calls in a row are recorded into
   segments of repeated blocks;
 - issue 45's chain: ``y = y * 1.0001`` 100 times from one tensor, then a
-  wait, per op, in plain jax eager, op by op and fused.
+  wait, per op, in plain jax eager, op by op and fused (and fused with its
+  replay lane turned off: each replayed op through the engine's key).
 
 The last lines split the device's op-by-op figure: torch's dispatch and the
 result tensor, the program call, and the rest (pjrt_host's own Python:
@@ -164,14 +165,21 @@ def main() -> None:
         return y
 
     per_op = args.calls // 100
+    from pjrt_host._torch import _fused
+
+    lane = _fused.replay
     chains = {"chain of 100, plain jax eager": (lambda: chain(x_jax), jax.block_until_ready, None),
               "chain of 100, 'jax' op by op": (lambda: chain(x_dev), device_wait, "op"),
-              "chain of 100, 'jax' fused": (lambda: chain(x_dev), device_wait, "fused")}
+              "chain of 100, 'jax' fused": (lambda: chain(x_dev), device_wait, "fused"),
+              "  the same without the replay lane": (lambda: chain(x_dev), device_wait, "fused")}
     for _ in range(args.rounds):  # interleaved, as above
         for k, (fn, wait, mode) in chains.items():
+            # (the lane off: every replayed op through the engine, as before 2026-11-30)
+            _fused.replay = (lambda func, a, kw: None) if "without" in k else lane
             with pjrt_host.config(eager=mode or "op"):
                 found = best_per_call({k: fn}, {k: wait}, per_op, 1)[k] / 100
             best[k] = min(best.get(k, float("inf")), found)
+    _fused.replay = lane
     print(f"x * 1.0001 on 128 floats, per call (best of {args.rounds} interleaved rounds of {args.calls}; "
           f"{os.cpu_count()} cores):")
     width = max(map(len, best))

@@ -162,6 +162,14 @@ def fused_compile() -> str:
     return value
 
 
+def check_replay() -> bool:
+    """``PJRT_HOST_CHECK_REPLAY=1``: every call fused eager replays without
+    the engine (its replay lane) is checked against the key the engine
+    would build for it, and a difference raises (the test suite runs with
+    it; slower).  Default: off."""
+    return flag("PJRT_HOST_CHECK_REPLAY", False)
+
+
 def dynamic_shapes() -> bool | str:
     """``PJRT_HOST_DYNAMIC_SHAPES``: ``1`` (a dimension that takes a third
     size at the same place becomes dynamic: padded to a bucket, one program per

@@ -35,6 +35,11 @@ if "PJRT_HOST_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _PROGRAMS, ignore_errors=True)
 
 
+# Every call fused eager replays without the engine is checked against the
+# engine's key (its replay lane must never take a call for another).
+os.environ.setdefault("PJRT_HOST_CHECK_REPLAY", "1")
+
+
 # Opt-in tests: long sweeps and many-parametrisation runs that rarely catch
 # what the default run misses. `pytest --slow` (or PJRT_HOST_SLOW_TESTS=1)
 # runs them; the default run (CI) skips them with a reason that says how.

@@ -18,6 +18,7 @@ pytest.importorskip("jax")
 
 import pjrt_host  # noqa: E402
 from pjrt_host._torch import _config, _fused, _tensor  # noqa: E402
+from pjrt_host._torch._signatures import DynamicScalar  # noqa: E402
 
 from conftest import run_python  # noqa: E402
 
@@ -583,6 +584,111 @@ def test_a_loop_replays_its_segments_and_gives_op_by_ops_values():
     assert not errors, errors
     for got in results.values():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_replay_lane_takes_only_the_call_it_recorded(monkeypatch):
+    """In a replayed segment, a call that is the one recorded at its place
+    skips the engine (``stats()["lane"]``: no key is built, no cache
+    looked up).  A call that differs from it in anything the engine keys
+    or wires -- an input that is a view, the same tensor at two places that
+    were two tensors, inputs swapped, another dtype, a scalar of another
+    sign, a CPU scalar tensor -- takes the engine's way, with op by op's
+    values, and the loop replays again after it.  Another tensor of the
+    same shape wherever the recording had one is the same call: it
+    replays, reading the new tensor's values.  (The suite checks every replayed
+    call against the engine's key: PJRT_HOST_CHECK_REPLAY.)"""
+    w1 = torch.randn(8, 8, device="jax") / 3
+    w2 = torch.randn(8, 8, device="jax") / 3
+    b1 = torch.randn(8, device="jax")
+    b2 = torch.randn(8, device="jax")
+    x = torch.randn(4, 8, device="jax")
+
+    def run(change=None):
+        v = x
+        for i in range(6):
+            a, c, bias, s = w1, w2, b1, 0.5
+            here = i == 3
+            if here and change == "view":
+                a = w1.t()
+            if here and change == "aliased":
+                c = w1
+            if change == "other bias":  # in every layer: the same wiring
+                bias = b2
+            if here and change == "negative zero":
+                s = -0.0
+            if here and change == "cpu scalar":
+                s = torch.tensor(0.5)
+            u = (v @ c) - (v @ a) if here and change == "swapped" else (v @ a) - (v @ c)
+            if here and change == "dtype":
+                u = u.double()
+            v = ((u.tanh() + bias) * s + v).float()
+        return v.sum(1).cpu()
+
+    # (the suite's sample run with every dim padded pads every call: the lane
+    # replays exact calls only, and there the values are what is checked)
+    exact = _config.current().dynamic_shapes != "all"
+    changes = [None, "view", "aliased", "other bias", "negative zero", "cpu scalar", "swapped", "dtype"]
+    with pjrt_host.config(eager="op"):
+        expected = {change: run(change) for change in changes}
+    torch.jax.synchronize()
+    keys = []
+    with fused():
+        for _ in range(3):
+            run()
+        real_record = _fused.record
+        monkeypatch.setattr(_fused, "record", lambda op, *a, **k: keys.append(op.name) or real_record(op, *a, **k))
+        before = _fused.stats()["lane"]
+        torch.testing.assert_close(run(), expected[None], rtol=1e-5, atol=1e-6)
+        assert not exact or _fused.stats()["lane"] - before >= 6 * 6, "the replayed calls took the engine's way"
+        assert not exact or not keys, keys  # (what the engine records: nothing; the read is no op recorded)
+        for change in changes[1:]:
+            torch.testing.assert_close(run(change), expected[change], rtol=1e-5, atol=1e-6, msg=change)
+            # (the segment after the other one is new: the run after it replays)
+            torch.testing.assert_close(run(), expected[None], rtol=1e-5, atol=1e-6, msg=change)
+            before = _fused.stats()["lane"]
+            torch.testing.assert_close(run(), expected[None], rtol=1e-5, atol=1e-6, msg=change)
+            assert not exact or _fused.stats()["lane"] - before >= 6 * 6, change
+        keys.clear()
+        before = _fused.stats()["lane"]
+        torch.testing.assert_close(run("other bias"), expected["other bias"], rtol=1e-5, atol=1e-6)
+        assert not exact or _fused.stats()["lane"] - before >= 6 * 6
+        assert not exact or not [k for k in keys if "add" in k], keys
+
+
+def test_a_lane_that_took_another_call_would_fail_the_suite(monkeypatch):
+    """The suite's net under the replay lane (PJRT_HOST_CHECK_REPLAY=1, set
+    by conftest): a lane that took a call the engine keys otherwise (here
+    its argument check is made to take anything) raises at that call."""
+    assert _fused.CHECK
+    if _config.current().dynamic_shapes == "all":
+        pytest.skip("every call is padded in this run: the replay lane takes exact calls only")
+    x = torch.randn(16, device="jax")
+
+    def run(scale):
+        v = x
+        for i in range(12):
+            v = v * (scale if i == 6 else 1.5) + 1.0
+        return v.cpu()
+
+    with fused():
+        for _ in range(3):
+            run(1.5)
+        before = _fused.stats()["lane"]
+        run(1.5)
+        assert _fused.stats()["lane"] - before == 24
+
+        def anything(v, k, dyn, place):  # the values encoding gives, whatever the key
+            if isinstance(v, _tensor.JaxTensor):
+                dyn.append(v._storage._array)
+            elif type(k) is DynamicScalar:  # (mul's scalars may be traced: earlier tests change them)
+                dyn.append(v)
+            return True
+
+        monkeypatch.setattr(_fused, "matches", anything)
+        with pytest.raises(AssertionError, match="replay lane took a call of aten::mul"):
+            run(2)  # (an int: keyed apart from 1.5 whether mul's scalars are compiled in or traced)
+    monkeypatch.undo()
+    torch.jax.synchronize()
 
 
 def test_a_segment_whose_results_all_died_is_still_replayed_after():

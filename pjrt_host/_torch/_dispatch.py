@@ -57,6 +57,11 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         skipped = _backward.skip(func, args, kwargs)
         if skipped is not _backward.CANNOT:
             return skipped
+    if _fused.replaying and not _profile.active:
+        # fused eager replays a script: the call it recorded here, if this is it
+        replayed = _fused.replay(func, args, kwargs)
+        if replayed is not None:
+            return replayed
     handler = _handlers.get(func)
     if handler is None:
         handler = _handlers[func] = handler_for(func)
@@ -159,6 +164,8 @@ def handler_for(func: Any) -> Handler:
     outs = _out_names(func)
     if outs:
         handler = _outs_on_the_device(handler, outs)
+    if getattr(handler, "__func__", None) is CompiledOp.__call__:
+        handler.__self__.replayable = True  # nothing around the engine's call: fused eager may replay it
     return handler
 
 

@@ -646,7 +646,7 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
 
 #: The key in a tensor's ``__dict__`` of the dims an expand of an exact
 #: storage is read wider along (dim -> components).
-_WIDE = "_pjrt_wide"
+_WIDE = _padding.WIDE
 
 
 def _mark_expanded(t: JaxTensor, dims: set, odd: bool = False) -> bool:

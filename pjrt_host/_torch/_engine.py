@@ -42,8 +42,9 @@ from . import _config, _dynamic_dims, _fused, _meta, _padding, _rng, _scalar_tri
 from ._devices import device_mismatch, jax_device, torch_device
 from ._dtype_policy import device_dtype
 from ._lowering_context import lowering_context
-from ._signatures import (ForeignFirst, Traceable, decode, decoded_positions, encode, encode_dynamic, encode_padded,
-                          SequenceArg, first_jax_device, has_dynamic, note_miss, scalar_slots)
+from ._padding import PaddedSpec
+from ._signatures import (GENERATOR, ForeignFirst, HostScalar, SequenceArg, Traceable, decode, decoded_positions, encode,
+                          encode_dynamic, encode_padded, first_jax_device, has_dynamic, note_miss, scalar_slots)
 from ._sync import note_result, open_segments
 from ._tensor import DONATE, JaxTensor, result_tensor, wrap_array
 
@@ -123,7 +124,8 @@ class CompiledOp:
 
     __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "scalar_slots",
                  "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses", "warm_hits",
-                 "dtype_from_out", "checked_scalars", "rule", "seen_shapes", "logical", "physical", "seen_scalars")
+                 "dtype_from_out", "checked_scalars", "rule", "seen_shapes", "logical", "physical", "seen_scalars",
+                 "replayable")
 
     def __init__(self, func: Any, lowering: Lowering, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
@@ -158,6 +160,10 @@ class CompiledOp:
         self.seen_shapes: dict = {}
         self.logical: dict = {}
         self.physical: dict = {}  # fused eager: a padded key's result shapes
+        #: Whether the op's whole handler is this object's call (no checks or
+        #: rewrites around it: ``_dispatch.handler_for``), so that fused
+        #: eager may replay its calls without it (``_fused.replay``).
+        self.replayable = False
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         given = kwargs
@@ -599,6 +605,9 @@ class CompiledOp:
                        {} if (jitted and writes and DONATE) else None,
                        fusable,
                        [self.hits])
+        if (fusable is not None and self.replayable and self.simple and not writes and type(key[4]) is int
+                and _replayable(key[0]) and all(_replayable(k) for _, k in key[1])):
+            fusable.lane = _fused.Lane(self.func, key, self, entry.used, plan)
         with _lock:
             if len(self.cache) >= CACHE_ENTRIES:
                 self._forget_least_used()
@@ -791,6 +800,16 @@ def _new_scalar_values(op: CompiledOp, key: tuple) -> bool:
         seen.clear()
     seen.add(values)
     return len(seen) > 1
+
+
+def _replayable(k: Any) -> bool:
+    """Whether a key entry is of a kind fused eager's replay lane reads
+    (``_signatures.matches``): not a padded read, a host scalar or a
+    generator."""
+    t = type(k)
+    if t is SequenceArg:
+        return all(_replayable(x) for x in k)
+    return t is not PaddedSpec and t is not HostScalar and k is not GENERATOR
 
 
 def _value_free(k: Any) -> Any:

@@ -35,15 +35,16 @@ from typing import Any
 
 import jax
 
-from .. import _program_cache
+from .. import _env, _program_cache
 from .._jax_settings import x64_scope
 from .._lowerings._dtypes import jax_dtype
+from . import _config
 from ._devices import jax_device
-from ._signatures import Traceable, difference
+from ._signatures import Traceable, difference, matches
 from ._sync import note_result, open_segments
 from ._tensor import DONATE, Pending, result_tensor
 
-__all__ = ["LIMIT", "Segment", "record", "resolve", "stats", "writing_back"]
+__all__ = ["LIMIT", "Lane", "Segment", "record", "replay", "resolve", "stats", "writing_back"]
 
 #: A segment runs once it holds this many ops.
 LIMIT = 256
@@ -51,7 +52,7 @@ LIMIT = 256
 _local = threading.local()
 _validated: set = set()  # traceable op functions known to trace with pending (abstract) inputs
 _refused: set = set()  # those that do not (they need concrete values), or trace to other shapes than planned
-_counts = {"segments": 0, "ops": 0, "programs": 0, "op_by_op": 0, "replayed": 0}
+_counts = {"segments": 0, "ops": 0, "programs": 0, "op_by_op": 0, "replayed": 0, "lane": 0}
 _recompiles = logging.getLogger("pjrt_host.recompiles")
 _SCALARS = (int, float, bool, complex)
 
@@ -230,9 +231,11 @@ class Script:
         self.cut = False
 
     def followed_by(self, script: Script) -> None:
+        global replaying
         following = self.following
         if following and following[0] is script:
             return
+        replaying = True
         with _following_lock:  # (two threads' segments may follow one script)
             self.following = [script, *[s for s in following if s is not script]][:FOLLOWING]
 
@@ -250,6 +253,10 @@ class Script:
 
 
 _scripts: dict[tuple, Script] = {}
+#: Whether any script has been followed by another in this process: until
+#: then there is nothing to replay, and the dispatcher does not ask
+#: :func:`replay` (an op-by-op process never does).
+replaying = False
 _following_lock = threading.Lock()
 #: How many scripts that followed one a segment may replay after it.
 FOLLOWING = 4
@@ -615,12 +622,162 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
             period = _repeats(id(op), n)
             full = n >= LIMIT or (period and (not _small_body(period) or (n % period == 0 and n >= REPEAT_SEGMENT)))
     if full:
-        seg.ended = True
-        if getattr(_local, "held", 0):
-            _local.ending = seg  # run once the caller has written the results back (:func:`writing_back`)
-        else:
-            seg.flush()
+        _end(seg)
     return result
+
+
+def _end(seg: Segment) -> None:
+    """The segment ends itself (a block repeated, LIMIT, or the script it
+    replays ended there): it runs now, or once the caller has written the
+    results back (:func:`writing_back`)."""
+    seg.ended = True
+    if getattr(_local, "held", 0):
+        _local.ending = seg
+    else:
+        seg.flush()
+
+
+class Lane:
+    """How a call of one engine op (one key) is replayed without the engine
+    where a segment replays a script (:func:`replay`): the torch op, the
+    settings and device of the key, its argument entries, the engine op
+    and its entry's use count (a replayed call counts as a hit, so the
+    entry stays among those the op keeps), and its results' shapes and
+    dtypes.  Only for an op whose whole handler is the engine's call, with
+    no out= targets, no random draw and no padded read."""
+
+    __slots__ = ("func", "cfg", "place", "args", "kwargs", "op", "traced", "used", "outputs", "container")
+
+    def __init__(self, func: Any, key: tuple, op: Any, used: list, plan: Any) -> None:
+        self.func = func
+        self.args, self.kwargs, _, self.cfg, self.place = key
+        self.op = op
+        # whether the op's scalars were traced (the key's rule for them):
+        # an op whose scalars became traced since keys them otherwise
+        self.traced = op.dynamic is True
+        self.used = used
+        self.outputs = tuple((spec.shape, spec.dtype, jax_dtype(spec.dtype)) for spec in plan.outputs)
+        self.container = plan.container
+
+
+def replay(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The replay lane: the call ``func(*args, **kwargs)`` recorded as the
+    next op of the script this thread's segment replays (or of the script
+    that followed the segment before, which opens one) without the engine
+    (no key, no cache lookup, no meta kernel), when the call is the one the
+    script recorded there: the same op, arguments that encode to the same
+    key (:func:`~._signatures.matches`) and are wired to the same values.
+    None when it is not, or the op has no lane: the caller takes the
+    engine's way, which records it (or finds the segment is new from here)."""
+    seg = getattr(_local, "segment", None)
+    if seg is None:
+        before = getattr(_local, "previous", None)
+        if before is None or before.script is None or not before.script.following:
+            return None
+        script = before.script.following[0]
+        n = 0
+    else:
+        script = seg.expect
+        if script is None:
+            return None
+        n = len(seg.ops)
+        if n >= script.n:
+            return None
+    step = script.ops[n]
+    lane = step[0].lane
+    if lane is None or lane.func is not func or lane.cfg is not _config.current():
+        return None
+    op = lane.op
+    if op.in_trial or (op.dynamic is True) is not lane.traced:
+        return None
+    place = lane.place
+    if seg is not None and seg.device != place:
+        return None
+    keys = lane.args
+    if len(args) != len(keys):
+        return None
+    dyn: list = []
+    for v, k in zip(args, keys):
+        if not matches(v, k, dyn, place):
+            return None
+    if kwargs or lane.kwargs:
+        if len(kwargs) != len(lane.kwargs):
+            return None
+        for name, k in lane.kwargs:
+            if name not in kwargs or not matches(kwargs[name], k, dyn, place):
+                return None
+    refs = step[1]
+    if len(dyn) != len(refs):
+        return None
+    if CHECK:
+        _check_replay(lane, step[0], args, kwargs, dyn)
+    if seg is None:  # the call opens the segment that replays the script
+        seg = _local.segment = _local.previous = Segment(place, before.script)
+    with seg.lock:
+        if seg.done or seg.expect is not script or len(seg.ops) != n:
+            return None
+        externals = seg.externals
+        added: list | None = None
+        for v, r in zip(dyn, refs):
+            if type(v) is Pending:
+                if v.segment is not seg or r != ~v.index:
+                    return None  # (a value of another segment: the engine's way runs that one first)
+                continue
+            i = None
+            if type(v) not in _SCALARS:  # (a Python scalar takes a slot of its own: record())
+                i = seg.ext_ids.get(id(v))
+                if i is None and added:
+                    i = next((len(externals) + j for j, a in enumerate(added) if a is v), None)
+            if i is None:
+                if added is None:
+                    added = []
+                i = len(externals) + len(added)
+                added.append(v)
+            if r != i:
+                return None
+        if added:
+            for v in added:
+                if type(v) not in _SCALARS:
+                    seg.ext_ids[id(v)] = len(externals)
+                externals.append(v)
+        seg.ops.append(step)
+        _counts["ops"] += 1
+        _counts["lane"] += 1
+        op.hits += 1
+        lane.used[0] = op.hits
+        results = seg.results
+        if lane.container == "single":
+            shape, dtype, jdtype = lane.outputs[0]
+            pending = Pending(seg, len(results), shape, jdtype)
+            result: Any = result_tensor(pending, shape, dtype, place, place)
+            results.append((weakref.ref(result._storage), pending))
+        else:
+            tensors = []
+            for shape, dtype, jdtype in lane.outputs:
+                pending = Pending(seg, len(results), shape, jdtype)
+                t = result_tensor(pending, shape, dtype, place, place)
+                results.append((weakref.ref(t._storage), pending))
+                tensors.append(t)
+            result = tuple(tensors) if lane.container == "tuple" else tensors
+        full = n + 1 == script.n and script.cut
+    if full:
+        _end(seg)
+    return result
+
+
+#: Whether each replayed call is checked against the engine's key
+#: (``PJRT_HOST_CHECK_REPLAY=1``: the test suite runs so).
+CHECK = _env.check_replay()
+
+
+def _check_replay(lane: Lane, op: Traceable, args: tuple, kwargs: dict, dyn: list) -> None:
+    """The replay lane's verdict checked against the engine's rule: the key
+    the engine builds for the call is the recorded op's, and its run-time
+    values are the lane's."""
+    key, values = lane.op._key(args, kwargs, [])
+    if key != op.key or len(values) != len(dyn) or any(a is not b and not (type(a) in _SCALARS and a == b) for a, b in zip(values, dyn)):
+        raise AssertionError(f"pjrt_host: fused eager's replay lane took a call of {op.name} as the one recorded, "
+                             f"but the engine keys it otherwise:\n  recorded {op.key}\n  engine's {key}")
 
 
 class writing_back:

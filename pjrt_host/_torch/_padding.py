@@ -305,6 +305,9 @@ _pad_as_programs: dict[tuple, Any] = {}
 #: Whether a storage was ever padded in this process: until then the
 #: engine's hot path does not look for padded inputs.
 live = False
+#: The key in a tensor's ``__dict__`` of the dims an expand of an exact
+#: storage is read wider along (``_dynamic_dims._mark_expanded``).
+WIDE = "_pjrt_wide"
 
 
 def pad_as(arr: Any, padded: tuple) -> Any:

@@ -31,8 +31,8 @@ from ._tensor import JaxTensor, TensorSpec
 
 __all__ = [
     "GENERATOR", "DynamicScalar", "ForeignFirst", "HostScalar", "SequenceArg", "Traceable", "decode", "describe",
-    "difference", "encode", "encode_dynamic", "encode_padded", "first_jax_device", "has_dynamic", "note_miss", "recompiles",
-    "scalar_slots",
+    "difference", "encode", "encode_dynamic", "encode_padded", "first_jax_device", "has_dynamic", "matches", "note_miss",
+    "recompiles", "scalar_key", "scalar_slots",
 ]
 
 # ---------------------------------------------------------------- encoding
@@ -171,6 +171,58 @@ def encode_dynamic(v: Any, dyn: list, devs: list) -> Any:
     if t is list or t is tuple:  # a Scalar[] (a foreach op's per-tensor step sizes)
         return SequenceArg([encode_dynamic(x, dyn, devs) for x in v])
     return encode(v, dyn, devs)
+
+
+#: Key entries of other values that :func:`matches` compares by equality:
+#: immutable types whose equality is their identity or their value.
+_PLAIN_ENTRIES = frozenset({type(None), str, torch.dtype, torch.layout, torch.memory_format, torch.device})
+
+
+def matches(v: Any, k: Any, dyn: list, place: int) -> bool:
+    """Whether argument ``v`` encodes to the key entry ``k`` (as
+    :func:`encode` or, for a traced scalar, :func:`encode_dynamic` made
+    it) with every tensor on device ``place``; if so, its run-time values
+    are appended to ``dyn`` as encoding would.  Fused eager's replay lane
+    checks a call against the one recorded before it this way instead of
+    building the call's key: each entry kind is read as encode writes it.
+    A value encoding would not give exactly ``k`` answers False, and so do
+    the kinds a replayed call never holds (a padded read, a host scalar, a
+    generator, a tensor still unwritten or on a mesh): the call then takes
+    the engine's way, which builds its key."""
+    tk = type(k)
+    if tk is TensorSpec:
+        if type(v) is not JaxTensor:
+            return False
+        storage = v._storage
+        a = storage._array
+        if storage.place != place or storage.padded is not None or a is None:
+            return False
+        view = v._view
+        if view is None:
+            if storage.spec != k:
+                return False
+            dyn.append(a)
+            return True
+        if view.spec != k or (_padding.live and _padding.WIDE in v.__dict__):
+            return False
+        dyn.append(a)
+        dyn.append(view.run_offset)
+        return True
+    if tk is tuple:  # a scalar compiled in
+        return scalar_key(type(v), v) == k
+    if tk is SequenceArg:
+        if (type(v) is not list and type(v) is not tuple) or len(v) != len(k):
+            return False
+        for x, kx in zip(v, k):
+            if not matches(x, kx, dyn, place):
+                return False
+        return True
+    if tk is DynamicScalar:
+        if type(v) is not k.type or scalar_span(v) != k.span:
+            return False
+        dyn.append(v)
+        return True
+    return tk in _PLAIN_ENTRIES and type(v) is tk and v == k
 
 
 def encode_padded(v: Any, dyn: list, devs: list, fill: Any, reads: dict, draws: bool = False) -> Any:
@@ -392,12 +444,15 @@ class Traceable:
     program cache keys it by on disk (None while the cache is off).
     Hashed by identity, as the function it carries: one per engine entry.
     ``run`` is the op's own program (``fn`` jitted), which runs a segment
-    op by op while the segment's program compiles in the background."""
+    op by op while the segment's program compiles in the background.
+    ``lane``: how a later call of the op is replayed without the engine
+    (``_fused.Lane``), for the ops that can be."""
 
-    __slots__ = ("fn", "name", "key", "signature", "run")
+    __slots__ = ("fn", "name", "key", "signature", "run", "lane")
 
     def __init__(self, fn: Any, name: str, key: tuple, signature: Any, run: Any = None) -> None:
         self.fn, self.name, self.key, self.signature, self.run = fn, name, key, signature, run
+        self.lane: Any = None
 
     def __repr__(self) -> str:
         return f"Traceable({self.name})"
