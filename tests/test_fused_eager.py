@@ -601,7 +601,7 @@ def test_the_replay_lane_takes_only_the_call_it_recorded(monkeypatch):
     w2 = torch.randn(8, 8, device="jax") / 3
     b1 = torch.randn(8, device="jax")
     b2 = torch.randn(8, device="jax")
-    x = torch.randn(4, 8, device="jax")
+    x = torch.randn(2, 4, 8, device="jax")  # (a batch: matmul's result is an _unsafe_view of its mm)
 
     def run(change=None):
         v = x
@@ -622,7 +622,7 @@ def test_the_replay_lane_takes_only_the_call_it_recorded(monkeypatch):
             if here and change == "dtype":
                 u = u.double()
             v = ((u.tanh() + bias) * s + v).float()
-        return v.sum(1).cpu()
+        return v.sum(-1).cpu()
 
     # (the suite's sample run with every dim padded pads every call: the lane
     # replays exact calls only, and there the values are what is checked)

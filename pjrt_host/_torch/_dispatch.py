@@ -164,8 +164,11 @@ def handler_for(func: Any) -> Handler:
     outs = _out_names(func)
     if outs:
         handler = _outs_on_the_device(handler, outs)
-    if getattr(handler, "__func__", None) is CompiledOp.__call__:
-        handler.__self__.replayable = True  # nothing around the engine's call: fused eager may replay it
+    # nothing around the engine's call (for a call of exact inputs, which is
+    # all the replay lane takes): fused eager may replay it
+    engine_call = getattr(handler, "unpadded", handler)
+    if getattr(engine_call, "__func__", None) is CompiledOp.__call__:
+        engine_call.__self__.replayable = True
     return handler
 
 
@@ -532,13 +535,21 @@ def _handler_for(func: Any) -> Handler:
 _COPYING_VIEWS = frozenset({"aten::_unsafe_view"})
 
 
+def _unpadded_is(handler: Handler, handle: Handler) -> Handler:
+    """``handle``, a wrapper that does what ``handler`` (an engine op's
+    call) does for a call none of whose inputs is padded, marked so: such
+    a call may be replayed as the engine op's (``handler_for``)."""
+    handle.unpadded = handler  # type: ignore[attr-defined]
+    return handle
+
+
 def _viewed_when_padded(func: Any, handler: Handler) -> Handler:
     def handle(args: tuple, kwargs: dict) -> Any:
         x = args[0] if args else None
         if type(x) is _tensor.JaxTensor and x._storage.padded is not None and x._view is None:
             return run_view(func, args, kwargs)
         return handler(args, kwargs)
-    return handle
+    return _unpadded_is(handler, handle)
 
 
 #: A mean of a padded tensor: its sum (which knows padding) over the count of
@@ -568,7 +579,7 @@ def _summed_when_padded(handler: Handler) -> Handler:
             total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=dtype)
             return torch.ops.aten.div.Tensor(total, float(count))
         return handler(args, kwargs)
-    return handle
+    return _unpadded_is(handler, handle)
 
 
 def _cast_when_padded(handler: Handler) -> Handler:
@@ -582,7 +593,7 @@ def _cast_when_padded(handler: Handler) -> Handler:
                 return torch.ops.aten.clone.default(x)  # a new tensor sharing the padded array
             return x.to(other.dtype)  # the padded cast
         return handler(args, kwargs)
-    return handle
+    return _unpadded_is(handler, handle)
 
 
 def _joined_when_padded(handler: Handler) -> Handler:
@@ -616,7 +627,7 @@ def _placed_when_padded(handler: Handler) -> Handler:
             if placed is not None:
                 return placed
         return handler(args, kwargs)
-    return handle
+    return _unpadded_is(handler, handle)
 
 
 def _grown_when_padded(handler: Handler) -> Handler:
@@ -631,7 +642,7 @@ def _grown_when_padded(handler: Handler) -> Handler:
             if grown is not None:
                 return grown
         return handler(args, kwargs)
-    return handle
+    return _unpadded_is(handler, handle)
 
 
 _join_ops: dict = {}
