@@ -595,8 +595,10 @@ def test_the_replay_lane_takes_only_the_call_it_recorded(monkeypatch):
     sign, a CPU scalar tensor -- takes the engine's way, with op by op's
     values, and the loop replays again after it.  Another tensor of the
     same shape wherever the recording had one is the same call: it
-    replays, reading the new tensor's values.  (The suite checks every replayed
-    call against the engine's key: PJRT_HOST_CHECK_REPLAY.)"""
+    replays, reading the new tensor's values.  matmul's ``_unsafe_view`` (a
+    wrapper that acts only on padded inputs) replays as its engine op.
+    (The suite checks every replayed call against the engine's key:
+    PJRT_HOST_CHECK_REPLAY.)"""
     w1 = torch.randn(8, 8, device="jax") / 3
     w2 = torch.randn(8, 8, device="jax") / 3
     b1 = torch.randn(8, device="jax")
