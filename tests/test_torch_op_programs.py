@@ -196,8 +196,9 @@ def test_the_traced_scalar_trial_compares_results_as_documented():
 def test_scalars_that_compare_equal_keep_their_own_programs(eager):
     """-0.0 equals 0.0 and a complex zero's parts may be -0.0: keyed by
     equality alone, ``x * -0.0`` ran the program of ``x * 0.0`` and gave
-    +0 where CPU gives -0.  A NaN equals nothing, so every new NaN object
-    compiled again; they share one program now."""
+    +0 where CPU gives -0 (and ``torch.full((2,), -0.0)`` after
+    ``torch.full((2,), 0.0)`` made +0s).  A NaN equals nothing, so every new
+    NaN object compiled again; they share one program now."""
     from pjrt_host._torch import _dispatch
 
     x = torch.ones(4)
@@ -209,6 +210,12 @@ def test_scalars_that_compare_equal_keep_their_own_programs(eager):
             # equal compares -0 with 0 as equal: the signs themselves
             assert torch.equal(torch.signbit(torch.view_as_real(got) if got.is_complex() else got),
                                torch.signbit(torch.view_as_real(want) if want.is_complex() else want)), s
+        # factories (and where's scalars, which become factories' tensors)
+        for s in (0.0, -0.0):
+            for make in (lambda dev: torch.full((2,), s, device=dev), lambda dev: torch.scalar_tensor(s, device=dev),
+                         lambda dev: torch.ones(2, device=dev).new_full((2,), s),
+                         lambda dev: torch.where(torch.ones(2, device=dev) > 0, s, 1.0)):
+                assert torch.equal(torch.signbit(cpu(make(DEV))), torch.signbit(make("cpu"))), s
         mul = _dispatch._handlers[torch.ops.aten.mul.Tensor].__self__
         before = mul.misses
         for _ in range(4):

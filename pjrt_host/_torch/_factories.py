@@ -35,7 +35,7 @@ from . import _config, _fused, _memory, _meta, _padding, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, jax_device, sharding
 from ._dtype_policy import device_dtype
-from ._signatures import Traceable
+from ._signatures import Traceable, scalar_key
 from ._lowering_context import lowering_context
 from ._sync import note_result
 from ._tensor import new_tensor, result_tensor, wrap_array
@@ -60,7 +60,7 @@ def _freeze(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return tuple(_freeze(x) for x in v)
     if isinstance(v, (bool, int, float, complex)):
-        return (type(v), v)
+        return scalar_key(type(v), v)  # (-0.0 apart from 0.0, one NaN: the engine's rule)
     return v
 
 
