@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1_000_000)
     ap.add_argument("--count", type=int, default=20_000)
-    ap.add_argument("--modes", default="op,fused,sync,compile")
+    ap.add_argument("--modes", default="op,fused,sync,replay,compile")
     ap.add_argument("--compile-every", type=int, default=5)
     ap.add_argument("--shrink-budget", type=int, default=40)
     ap.add_argument("--chunk", type=int, default=200, help="seeds per child process")

@@ -53,8 +53,13 @@ from typing import Any, Callable
 
 import torch
 
-MODES = ("op", "fused", "sync", "compile")
-EAGER_MODES = ("op", "fused", "sync")
+MODES = ("op", "fused", "sync", "replay", "compile")
+EAGER_MODES = ("op", "fused", "sync", "replay")
+#: ``replay``: fused eager, the program run twice before the run compared, so
+#: that its segments replay their scripts (the replay lane takes their calls)
+RUNS_BEFORE = {"replay": 2}
+#: Modes compared with op by op's draws for the same seed.
+SEEDED = ("fused", "sync", "replay")
 
 #: Shapes of leaves and factories: few, so that programs reuse compiled ops.
 SHAPES = [(), (0,), (4,), (2, 4), (3, 1, 4), (2, 0)]
@@ -753,7 +758,7 @@ class Outcome:
 def _mode_scope(mode: str):
     import pjrt_host
     if mode in EAGER_MODES:
-        return pjrt_host.config(eager=mode)
+        return pjrt_host.config(eager="fused" if mode == "replay" else mode)
     return contextlib.nullcontext()
 
 
@@ -785,6 +790,9 @@ def run(program: Program, device: str, mode: str = "op") -> Outcome:
     """Run ``program`` statement by statement on ``device`` (CPU ignores the mode)."""
     if mode == "compile" and device != "cpu":
         return run_compiled(program, device)
+    if device != "cpu":
+        for _ in range(RUNS_BEFORE.get(mode, 0)):
+            run(program, device, "fused")
     ns = namespace(device)
     errors: dict[int, type] = {}
     torch.manual_seed(program.seed)
@@ -1010,7 +1018,8 @@ def compare(program: Program, cpu: Outcome, dev: Outcome, mode: str, reference: 
             # the promise: one seed, the same numbers in every eager mode
             ref = reference.tensors[name]
             if ref.shape == got.shape and ref.dtype == got.dtype and not torch.equal(ref.values, got.values):
-                why = _values_differ(got.values, ref.values, exact and mode == "sync", loose=mode == "fused")
+                why = _values_differ(got.values, ref.values, exact and mode == "sync",
+                                     loose=mode in ("fused", "replay"))
                 if why:
                     out.append(f"random: {name} differs from op by op's draw with the same seed: {why}")
         if mode in EAGER_MODES:
@@ -1081,7 +1090,7 @@ def check(program: Program, modes: tuple[str, ...], cpu: Outcome | None = None,
             continue
         if mode == "op":
             reference = dev
-        diffs = compare(program, cpu, dev, mode, reference if mode in ("fused", "sync") else None)
+        diffs = compare(program, cpu, dev, mode, reference if mode in SEEDED else None)
         if mode == "compile" and any(_kind(d) != "known" for d in diffs) and torch_compiles_so(program, dev, cpu,
                                                                                                 diffs):
             diffs = [f"known: {KNOWN['compile-torch']} ({'; '.join(diffs)[:200]})"]
@@ -1112,7 +1121,7 @@ def shrink(program: Program, mode: str, kinds: set[str], budget: int = 120) -> P
         nonlocal calls
         calls += 1
         try:
-            diffs = check(p, (mode,) if mode != "fused" and mode != "sync" else ("op", mode)).get(mode, [])
+            diffs = check(p, ("op", mode) if mode in SEEDED else (mode,)).get(mode, [])
         except Exception:  # noqa: BLE001
             return False
         return any(_kind(d) in kinds for d in diffs)
@@ -1191,7 +1200,9 @@ def reproducer(program: Program, mode: str, diffs: list[str], cpu: Outcome, dev:
     else:
         head = "def program(DEV):\n"
         run_cpu = 'cpu = program("cpu")\n'
-        run_dev = f"with pjrt_host.config(eager={mode!r}):\n    dev = program('jax')\n    torch.jax.synchronize()\n"
+        runs = RUNS_BEFORE.get(mode, 0) + 1  # (replay: the last of three fused runs)
+        run_dev = (f"with pjrt_host.config(eager={'fused' if mode == 'replay' else mode!r}):\n"
+                   f"    for _ in range({runs}):\n        dev = program('jax')\n    torch.jax.synchronize()\n")
     grads = ", ".join(repr(g) for g in program.grads)
     return f'''"""Fuzz reproducer (tests/fuzz_programs.py): seed {program.seed}, mode {mode!r}.
 
@@ -1283,7 +1294,7 @@ def fuzz(seed: int, count: int, modes: tuple[str, ...], save: str | None = None,
                 os.makedirs(save, exist_ok=True)
                 p = f.shrunk
                 cpu_p = run(p, "cpu")
-                diffs_p = check(p, ("op", mode) if mode in ("fused", "sync") else (mode,), cpu_p).get(mode, diffs)
+                diffs_p = check(p, ("op", mode) if mode in SEEDED else (mode,), cpu_p).get(mode, diffs)
                 f.path = os.path.join(save, f"repro_seed{s}_{mode}.py")
                 with open(f.path, "w") as fh:
                     fh.write(reproducer(p, mode, diffs_p, cpu_p))
