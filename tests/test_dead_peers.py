@@ -51,7 +51,15 @@ def _run_ranks(outdir: Path, *args: str) -> tuple[dict[int, int], dict[int, str]
     agent, which would stop the survivor itself: this is what a rank on
     another host sees); their exit statuses, outputs and the seconds the
     job took."""
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    # the coordinator's port given too: by default MASTER_PORT + 1, which
+    # nothing checked was free (CI once: rank 0 exited 1 before training, and
+    # rank 1 found no coordinator)
+    master = _free_port()
+    coordinator = master
+    while coordinator in (master, master + 1):
+        coordinator = _free_port()
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master), PJRT_HOST_COORDINATOR_PORT=str(coordinator),
+               WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
     began = time.monotonic()
     procs = {r: subprocess.Popen([sys.executable, WORKER, str(outdir), *args], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, cwd=str(REPO), start_new_session=True,
@@ -67,6 +75,12 @@ def _run_ranks(outdir: Path, *args: str) -> tuple[dict[int, int], dict[int, str]
         pytest.fail("a rank was still running after 120 s:\n" + "\n".join(
             (p.communicate()[0] or "")[-3000:] for p in procs.values()))
     return {r: p.returncode for r, p in procs.items()}, outputs, time.monotonic() - began
+
+
+def _both(out: dict[int, str]) -> str:
+    """Both ranks' last output, for a failed assertion: the survivor's alone
+    hid why the other exited."""
+    return "\n".join(f"--- rank {r}:\n{text[-3000:]}" for r, text in sorted(out.items()))
 
 
 def _check_survivor(outdir: Path, rank: int, output: str) -> dict:
@@ -92,7 +106,7 @@ def test_rank_1_killed_mid_training(tmp_path):
     naming itself and rank 1; rank 0 outlives jax's heartbeat timeout,
     saves its last good state (torch.save and DCP) and exits 3."""
     status, out, _ = _run_ranks(tmp_path, "--kill-rank", "1", "--kill-step", "3", "--linger", str(2 * HEARTBEAT))
-    assert status == {0: 3, 1: -signal.SIGKILL}, out[0][-4000:]
+    assert status == {0: 3, 1: -signal.SIGKILL}, _both(out)
     error = _check_survivor(tmp_path, 0, out[0])["error"]
     assert error.startswith("pjrt_host: all_reduce of a 'jax' tensor"), error
     assert "rank 1 of the group did not answer" in error and "rank 1 of the job died" in error, error
@@ -103,7 +117,7 @@ def test_rank_0_killed_mid_training(tmp_path):
     torch's store -- SIGKILLed at step 3: rank 1 is not ended with it; its
     collective raises naming itself and rank 0; it saves and exits 3."""
     status, out, _ = _run_ranks(tmp_path, "--kill-rank", "0", "--kill-step", "3", "--linger", str(2 * HEARTBEAT))
-    assert status == {0: -signal.SIGKILL, 1: 3}, out[1][-4000:]
+    assert status == {0: -signal.SIGKILL, 1: 3}, _both(out)
     error = _check_survivor(tmp_path, 1, out[1])["error"]
     assert error.startswith("pjrt_host: all_reduce of a 'jax' tensor"), error
     assert "rank 0 of the job died" in error, error
@@ -115,7 +129,7 @@ def test_async_collectives_name_the_dead_rank(tmp_path):
     the same named error."""
     status, out, _ = _run_ranks(tmp_path, "--async", "--kill-rank", "1", "--kill-step", "3",
                                 "--linger", str(2 * HEARTBEAT))
-    assert status == {0: 3, 1: -signal.SIGKILL}, out[0][-4000:]
+    assert status == {0: 3, 1: -signal.SIGKILL}, _both(out)
     error = _check_survivor(tmp_path, 0, out[0])["error"]
     assert error.startswith("pjrt_host: all_reduce of a 'jax' tensor"), error
     assert "rank 1 of the group did not answer" in error
