@@ -238,6 +238,32 @@ def test_an_aliasing_output_the_devices_layout_cannot_view_keeps_its_values():
     assert [o.cpu().tolist() for o in outs] == [o.tolist() for o in want]
 
 
+def _as_strided_of_a_written_permutation(x):
+    y = x * 2
+    z = y.movedim(0, -1)  # (1, 4, 3), strides (4, 1, 4)
+    z[:, :, torch.tensor([0, 1], device=x.device)] = 0  # traced as index_put of the permutation: its strides
+    return y, z, z.as_strided((6, 2), (1, 6), 0)
+
+
+def test_an_as_strided_output_reads_the_storage_as_traced():
+    """Fuzz finding 16001087: an ``as_strided`` output made again from a base
+    the program returned row-major (its traced strides were a permutation)
+    read other elements than on CPU.  The base is first copied into its
+    traced layout, so all three outputs have CPU's values and strides, and
+    still share one storage (a write to the last reaches the first)."""
+    seen = {}
+    for dev in ("cpu", "jax"):
+        torch._dynamo.reset()
+        x = torch.arange(12.0).reshape(3, 1, 4).to(dev)
+        f = _as_strided_of_a_written_permutation
+        outs = torch.compile(f, backend="jax")(x) if dev == "jax" else f(x)
+        before = [o.cpu().tolist() for o in outs]
+        outs[2][5, 1] = 7.0
+        seen[dev] = (before, [o.stride() for o in outs], [o.cpu().tolist() for o in outs],
+                     [[_same_storage(o, p) for p in outs] for o in outs])
+    assert seen["jax"] == seen["cpu"]
+
+
 def test_aliasing_outputs_of_a_graph_that_runs_op_by_op_are_eagers():
     """A graph with an op that has no lowering (grid_sampler_2d, as in
     test_op_without_lowering_runs_op_by_op_with_a_warning) runs op by op: a

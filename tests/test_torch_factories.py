@@ -89,6 +89,30 @@ def test_empty_and_like_shapes():
     assert torch.randn_like(e).shape == (2, 5)
 
 
+_STRIDED_EMPTIES = {
+    "empty_strided, a permutation": lambda d: torch.empty_strided((1, 4, 3), (4, 1, 4), device=d),
+    "empty_strided, with gaps": lambda d: torch.empty_strided((2, 3), (6, 2), device=d),
+    "empty, channels_last": lambda d: torch.empty((2, 3, 2, 2), memory_format=torch.channels_last, device=d),
+    "new_empty_strided": lambda d: torch.zeros(2, device=d).new_empty_strided((3, 4), (1, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(_STRIDED_EMPTIES))
+def test_empty_tensors_have_the_strides_they_were_given(name):
+    """``empty_strided`` and a memory format's ``empty`` made a row-major
+    tensor: the strides differed from CPU's, and an ``as_strided`` of it (or
+    of a copy into it) read other elements than on CPU.  They now hold their
+    storage in that order."""
+    seen = {}
+    for dev in ("cpu", DEV):
+        t = _STRIDED_EMPTIES[name](dev)
+        t.copy_(torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape))
+        n = t.untyped_storage().nbytes() // t.element_size()
+        seen[dev] = (tuple(t.shape), t.stride(), t.is_contiguous(), cpu(t).tolist(),
+                     cpu(t.as_strided((t.numel(),), (1,)) if n == t.numel() else t.as_strided((2,), (n - 1,))).tolist())
+    assert seen[DEV] == seen["cpu"]
+
+
 def test_random_factories_have_torch_shapes_and_ranges():
     assert torch.randn(3, 4, device=DEV).shape == (3, 4)
     u = cpu(torch.rand(1000, device=DEV))

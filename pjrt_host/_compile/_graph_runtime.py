@@ -151,6 +151,10 @@ class OutputAlias(NamedTuple):
     #: The view ops from the base's result to it: (op, args, kwargs, which
     #: of its results or None) each; empty: the same tensor.
     chain: tuple
+    #: For a chain with an ``as_strided`` (which reads storage positions,
+    #: not elements): the base's layout as traced, ``(size, stride)``, which
+    #: its result must have before the chain runs; None otherwise.
+    layout: tuple | None = None
 
 
 def _view_step(node: Any) -> Any:
@@ -224,11 +228,58 @@ def output_aliases(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tu
                 continue  # a view of a value no other output shares
             base = len(outs) + len(added)
             added.append(root)
-        aliases += [OutputAlias(pos, base, chain) for pos, chain in members if pos != base]
+        aliases += [OutputAlias(pos, base, chain, _traced_layout(root) if _reads_storage(chain) else None)
+                    for pos, chain in members if pos != base]
     if added:
         out_node.args = (type(out_node.args[0])((*outs, *added)),)
         gm.recompile()
     return tuple(aliases), len(added)
+
+
+#: View ops whose arguments name storage positions, so that their result
+#: depends on the layout of their input, not only on its elements.
+_STORAGE_VIEWS = frozenset({"aten::as_strided"})
+
+
+def _reads_storage(chain: tuple) -> bool:
+    return any(op._schema.name in _STORAGE_VIEWS for op, _args, _kwargs, _index in chain)
+
+
+def _traced_layout(node: torch.fx.Node) -> tuple | None:
+    """``(size, stride)`` of ``node``'s value as traced, when it is dense
+    (its storage is its elements, in some order) and concrete; else None."""
+    val = node.meta.get("val")
+    try:
+        size, stride = tuple(int(d) for d in val.shape), tuple(int(d) for d in val.stride())
+        offset = int(val.storage_offset())
+    except (TypeError, ValueError, RuntimeError):
+        return None  # a symbolic size: the layout is not known here
+    if offset or not _dense(size, stride):
+        return None
+    return size, stride
+
+
+def _dense(size: tuple, stride: tuple) -> bool:
+    """Whether a layout holds its elements with no gap and no overlap."""
+    expected = 1
+    for s, n in sorted((s, n) for n, s in zip(size, stride) if n != 1):
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _relaid(t: torch.Tensor, layout: tuple | None) -> torch.Tensor | None:
+    """``t`` with the traced layout (a copy when the device returned it in
+    another order), or None when that layout is not known."""
+    if layout is None:
+        return None
+    size, stride = layout
+    if tuple(t.shape) != size:
+        return None
+    if t.stride() == stride and t.storage_offset() == 0:
+        return t
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs: int) -> list:
@@ -237,8 +288,24 @@ def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs:
     op the base's layout refuses keeps the program's own result (its values,
     sharing nothing): the graph was traced with CPU's strides, and a result
     the device computes is row-major where CPU keeps an input's layout
-    (``(x.t() * 2).t().view(-1)``; docs/torch-device.md, Limits)."""
-    for pos, base, chain in aliases:
+    (``(x.t() * 2).t().view(-1)``; docs/torch-device.md, Limits).
+
+    A chain with an ``as_strided`` would succeed on either layout and read
+    other elements (fuzz finding 16001087): its base is first copied into
+    the layout it was traced with, and replaces the base's own result so
+    that the two still share storage; where that layout is not known, the
+    program's own result (read through the traced layout) is kept."""
+    unknown = set()
+    for pos, base, chain, layout in aliases:
+        if _reads_storage(chain) and base not in unknown:
+            t = _relaid(results[base], layout)  # before any alias is made of it, so that all share it
+            if t is None:
+                unknown.add(base)
+            else:
+                results[base] = t
+    for pos, base, chain, layout in aliases:
+        if base in unknown and _reads_storage(chain):
+            continue
         t = results[base]
         try:
             for op, args, kwargs, index in chain:

@@ -38,7 +38,7 @@ from ._dtype_policy import device_dtype
 from ._signatures import Traceable, scalar_key
 from ._lowering_context import lowering_context
 from ._sync import note_result
-from ._tensor import new_tensor, result_tensor, wrap_array
+from ._tensor import Storage, contiguous_strides, make, new_tensor, result_tensor, view_for, wrap_array
 
 __all__ = ["bucket", "factory_lowering", "run", "run_factory"]
 
@@ -96,6 +96,9 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         # Made lazily (zeros on first use): a size the device can never hold
         # fails here, as it would on cuda, not at some later op.
         _memory.check_fits(math.prod(shape) * meta.element_size(), index, f"aten::{name}")
+        stride = tuple(meta.stride())
+        if math.prod(shape) > 1 and stride != contiguous_strides(shape):
+            return _strided_empty(meta, dtype, index)
         return new_tensor(shape, dtype, index)
     lowering = factory_lowering(op)
     if lowering is None or any(isinstance(a, torch.Tensor) for a in args):
@@ -308,6 +311,20 @@ def _placed(flat: Any, padded: tuple, index: int) -> Any:
         fn = _placings[key] = _program_cache.Kept("pjrt_host.placed_draw", body, key[1:])
     sizes = [_padding.device_scalar(c[1], index) for dim in padded for c in dim if c[2]]
     return fn(flat, *sizes)
+
+
+def _strided_empty(meta: torch.Tensor, dtype: torch.dtype, index: int) -> torch.Tensor:
+    """An uninitialised tensor with the strides torch gives it (``meta``'s:
+    ``empty_strided``, ``empty(memory_format=torch.channels_last)``), as a
+    view of a storage that holds it in that order: an ``as_strided`` of it,
+    or of a copy into it, reads the elements it reads on CPU."""
+    size, stride = tuple(meta.shape), tuple(meta.stride())
+    dims = sorted(range(len(size)), key=lambda d: (-stride[d], d))
+    held = tuple(size[d] for d in dims)
+    if tuple(stride[d] for d in dims) != contiguous_strides(held):
+        held = (meta.untyped_storage().nbytes() // meta.element_size(),)  # gaps or overlaps: the storage flat
+    storage = Storage(None, held, jax_dtype(dtype), index)
+    return make(storage, size, dtype, stride, 0, view_for(storage, size, stride, 0))
 
 
 def _first_elements(flat: Any, shape: tuple[int, ...]) -> Any:

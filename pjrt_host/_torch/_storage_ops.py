@@ -626,7 +626,10 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
         factory_kwargs["generator"] = kwargs["generator"]
     shape = tuple(meta.shape)
     with _factories.shaped_after_a_tensor():  # (its sizes are that tensor's, not a length changing at a line)
-        out = factory(shape, args[fill], **factory_kwargs) if fill is not None else factory(shape, **factory_kwargs)
+        if func.name() == "aten::new_empty_strided":  # the strides it was given, as on CPU
+            out = torch.empty_strided(shape, tuple(meta.stride()), **factory_kwargs)
+        else:
+            out = factory(shape, args[fill], **factory_kwargs) if fill is not None else factory(shape, **factory_kwargs)
     storage = self._storage
     if type(storage.place) is not int and self._view is None and device == self.device and shape == storage.shape:
         # Shaped like a sharded tensor (an optimizer's state of a sharded
