@@ -531,6 +531,96 @@ def test_a_head_dim_as_long_as_the_padded_length_is_not_padded():
     assert not reasons, reasons
 
 
+def _ops_run(fn):
+    """The ops the device runs in ``fn()``, by name."""
+    from pjrt_host._torch import _profile
+
+    names = []
+
+    class Scope:
+        def __init__(self, name):
+            names.append(name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    saved = _profile.op_scope, _profile.active
+    _profile.op_scope, _profile.active = Scope, True
+    try:
+        fn()
+    finally:
+        _profile.op_scope, _profile.active = saved
+    return names
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+@pytest.mark.parametrize("mask", [None, "float", "bool"])
+def test_attention_over_a_padded_cache_is_one_op_per_bucket(eager, mask):
+    """scaled_dot_product_attention over a growing key/value cache (as
+    generate() decodes): once the cache is padded, attention is the one op
+    (torch's composite ran about 20 ops a call on it), which masks the key
+    positions past the logical length itself; it compiles once per bucket,
+    never cuts the cache, and gives CPU's values (an explicit mask of the
+    logical length too, float or bool)."""
+    _padding.reset()
+    torch.manual_seed(0)
+    k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        dk, dv = k.to("jax"), v.to("jax")
+        compiled, ops = [], []
+        for step in range(30):  # lengths 4 .. 33
+            q, nk, nv = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+            k, v = torch.cat([k, nk], -2), torch.cat([v, nv], -2)
+            dk, dv = torch.cat([dk, nk.to("jax")], -2), torch.cat([dv, nv.to("jax")], -2)
+            m = None
+            if mask == "float":
+                m = torch.where(torch.arange(k.shape[-2]) % 3 == 1, -1e9, 0.0).view(1, 1, 1, -1)
+            elif mask == "bool":
+                m = (torch.arange(k.shape[-2]) % 3 != 1).view(1, 1, 1, -1)
+            before = _compiled()
+            got = []
+            ops.append(_ops_run(lambda: got.append(F.scaled_dot_product_attention(
+                q.to("jax"), dk, dv, None if m is None else m.to("jax")).cpu())))
+            compiled.append(_compiled() - before)
+            torch.testing.assert_close(got[0], F.scaled_dot_product_attention(q, k, v, m), rtol=1e-5, atol=1e-6)
+        assert dk._storage.padded is not None
+    padded_steps = [i for i, names in enumerate(ops) if "pjrt_host::attention" in names]
+    assert padded_steps and all("aten::bmm" not in ops[i] for i in padded_steps), ops[-1]
+    assert not any(compiled[13:28]), str(compiled)  # lengths 17 .. 31: in the bucket of 32, compiled at 16
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_causal_attention_over_padded_lengths_trains_as_on_cpu(eager):
+    """Causal self-attention as a training step runs it, over lengths that
+    change (a dimension marked dynamic): the one op forward and backward
+    reads the padded query, key and value, and the values and gradients are
+    CPU's at every length."""
+    _padding.reset()
+    torch.manual_seed(0)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for n in (5, 9, 12):
+            q, k, v = (torch.randn(2, 2, n, 8, requires_grad=True) for _ in range(3))
+            w = torch.randn(2, 2, n, 8)
+            dq, dk, dv = (t.detach().to("jax").requires_grad_() for t in (q, k, v))
+            for t in (dq, dk, dv):
+                torch._dynamo.mark_dynamic(t, 2)
+            dq2, dk2, dv2 = dq * 1, dk * 1, dv * 1  # padded from here on
+            assert dk2._storage.padded is not None
+            names = _ops_run(lambda: (F.scaled_dot_product_attention(dq2, dk2, dv2, is_causal=True)
+                                      * w.to("jax")).sum().backward())
+            (F.scaled_dot_product_attention(q, k, v, is_causal=True) * w).sum().backward()
+            assert "pjrt_host::attention" in names and "pjrt_host::attention_backward" in names, names
+            for got, want in ((dq.grad, q.grad), (dk.grad, k.grad), (dv.grad, v.grad)):
+                torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
+
+
 def test_a_line_that_runs_layers_of_every_width_pads_no_width():
     # one line of code (a Linear's forward) runs layers of widths 8 and 24:
     # the widths are the parameters', not a dim that changes

@@ -81,6 +81,12 @@ class LoweringContext:
     #: array gives each logical element the value an exact draw gives it
     #: (:func:`pjrt_host._lowerings._util.draw`).  Empty: none.
     draw_positions: Any = ()
+    #: The op's padded tensor arguments (dynamic dimensions), as ``(position
+    #: in its arguments, a function giving the mask of the logical
+    #: elements)``: for a lowering whose padding a fill cannot make harmless
+    #: (attention masks the key positions past the logical length:
+    #: :func:`pjrt_host._lowerings._util.logical_elements`).  Empty: none.
+    logical: Any = ()
     #: The kernels that run under this context: ``declared_kernels`` allowed
     #: by the settings, imported (their custom-call targets registered), in
     #: declaration order.  Made with the context, never passed.

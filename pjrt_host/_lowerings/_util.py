@@ -21,7 +21,7 @@ from ._invoke import REDUCED_FLOATS, current_context, stored_dtype
 
 __all__ = [
     "as_float", "broadcast_shapes_or_raise", "canonical_dim", "canonical_dims", "cast", "dense_gather_factor", "draw",
-    "float_dtype", "index_of_max", "index_of_min", "linspace_values", "arange_values", "mask_as",
+    "float_dtype", "index_of_max", "index_of_min", "linspace_values", "arange_values", "logical_elements", "mask_as",
     "optional_jax_dtype", "promote", "result_type", "take", "torch_dtype_of", "to_jax",
 ]
 
@@ -242,6 +242,16 @@ def draw(make: Any, key: Any, shape: Sequence[int]) -> jax.Array:
     if len(shape) > 1 and ctx.one_device:
         return make(key, (math.prod(shape),)).reshape(shape)
     return make(key, shape)
+
+
+def logical_elements(position: int) -> jax.Array | None:
+    """The mask of the logical elements of the running op's argument at
+    ``position``, when it is read padded (dynamic dimensions: its shape is
+    its bucket's); None when it is read at its own sizes."""
+    for at, mask in current_context().logical:
+        if at == position:
+            return mask()
+    return None
 
 
 def widened(x: jax.Array) -> jax.Array:

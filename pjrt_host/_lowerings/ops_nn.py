@@ -19,7 +19,7 @@ import numpy as np
 
 from . import lowering
 from ._invoke import REDUCED_FLOATS, current_context
-from ._util import as_stored, cast, draw, index_of_max, promote, take, torch_dtype_of
+from ._util import as_stored, cast, draw, index_of_max, logical_elements, promote, take, torch_dtype_of
 
 def _accumulate(*xs):
     """float32 for 16-bit float operands: the matmul family keeps them
@@ -1040,17 +1040,22 @@ def pixel_unshuffle(x, downscale_factor):
 # ------------------------------------------------------------------ attention
 
 
-def _attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa=False):
+def _attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa=False, keys=None):
+    """The scores; ``keys`` (the key's shape but its last dim), where the
+    key is read padded: True at its logical positions, the others masked."""
     scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
     if enable_gqa and key.shape[-3] != query.shape[-3]:
         repeat = query.shape[-3] // key.shape[-3]
         key = jnp.repeat(key, repeat, axis=-3)
+        keys = None if keys is None else jnp.repeat(keys, repeat, axis=-2)
     scores = _matmul(query, jnp.swapaxes(key, -1, -2)) * scale
     L, S = query.shape[-2], key.shape[-2]
     if is_causal:
         scores = jnp.where(jnp.tril(jnp.ones((L, S), bool)), scores, -jnp.inf)
     if attn_mask is not None:
         scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else scores + attn_mask
+    if keys is not None:
+        scores = jnp.where(keys[..., None, :], scores, -jnp.inf)
     return scores
 
 
@@ -1067,10 +1072,10 @@ def scaled_dot_product_attention(rng, query, key, value, attn_mask=None, dropout
     return _attend(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa)
 
 
-def _attend(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa):
+def _attend(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa, keys=None):
     """torch's math formulation of attention; dropout keeps the weights
     where ``keep`` holds, scaled by 1 / (1 - p)."""
-    scores = _attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa)
+    scores = _attention_weights(query, key, attn_mask, is_causal, scale, enable_gqa, keys)
     masked_rows = jnp.all(scores == -jnp.inf, axis=-1, keepdims=True)
     weights = jnp.where(masked_rows, 0, jax.nn.softmax(scores, axis=-1)).astype(query.dtype)
     if dropout_p > 0:
@@ -1083,16 +1088,29 @@ def _attend(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, ena
 @lowering("pjrt_host::attention")
 def attention(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa):
     """scaled_dot_product_attention as one op (``_boot._autograd_kernels``):
-    the dropout mask drawn before, so that the backward sees it."""
-    return _attend(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa)
+    the dropout mask drawn before, so that the backward sees it.  Over a
+    key and value padded along their length (dynamic dimensions: a growing
+    key/value cache), the key positions past the logical length are
+    masked; the rule (``_dynamic_dims``) fills the padding with zeros."""
+    return _attend(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa,
+                   _logical_keys(1))
 
 
 @lowering("pjrt_host::attention_backward")
 def attention_backward(grad_out, query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa):
     """The gradients of :func:`attention` for query, key and value, as one op."""
+    keys = _logical_keys(2)
     _, pullback = jax.vjp(lambda q, k, v: _attend(q, k, v, attn_mask, keep, dropout_p, is_causal, scale,
-                                                  enable_gqa), query, key, value)
+                                                  enable_gqa, keys), query, key, value)
     return pullback(grad_out.astype(query.dtype))
+
+
+def _logical_keys(position):
+    """Where the key (the op's argument at ``position``) is read padded:
+    True at its logical positions along its length (its last dim, the head
+    dim, is exact by the rule); else None."""
+    inside = logical_elements(position)
+    return None if inside is None else inside[..., 0]
 
 
 @lowering("aten::_scaled_dot_product_flash_attention_for_cpu")

@@ -49,7 +49,8 @@ layer  module                           job
 6      ``_index_checks``                out-of-range indices raise torch CPU's error (in
                                         fused eager, checks recorded into the segment)
 6      ``_boot._torch_jax``             ``torch.jax`` (device count, current device, seeds)
-5      ``_boot._autograd_kernels``      dense sparse-gradient formulas, checked composites
+6      ``_boot._autograd_kernels``      dense sparse-gradient formulas, checked composites
+                                        (attention as one op, over padded inputs too)
 5      ``_patches._c10d_registration``  the 'pjrt' backend registered with
                                         torch.distributed
 5      ``_dynamic_dims``                which ops run on padded inputs and when a dimension

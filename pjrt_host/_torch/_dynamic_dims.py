@@ -129,8 +129,51 @@ def _counted_indices(args: tuple, kwargs: dict) -> dict:
     return {0: dims, 1: dims}
 
 
+def _attention_exact(first: int) -> Callable[[tuple, dict], dict]:
+    """Attention's exact dims (its query at ``first``, then key, value,
+    mask, dropout's mask, dropout_p, is_causal, scale, enable_gqa): the head
+    dim (the scale reads its size), the heads where the key has fewer
+    (``enable_gqa`` repeats them), and under ``is_causal`` a query or key
+    length that merged another dim (the causal mask keeps a position by its
+    row and column, which a padded array holds at its logical indices only
+    when the padding is at its end)."""
+    def exact(args: tuple, kwargs: dict) -> dict:
+        tensors = [args[p] if p < len(args) else None for p in range(first, first + 3)]
+        if not all(type(t) is JaxTensor for t in tensors):
+            return {}
+        dims = {first + i: {t.dim() - 1} for i, t in enumerate(tensors)}
+        if len(args) > first + 8 and args[first + 8]:
+            for i, t in enumerate(tensors):
+                dims[first + i].add(t.dim() - 3)
+        if len(args) > first + 6 and args[first + 6]:
+            for i, t in enumerate(tensors[:2]):
+                r = read_of(t) if t._storage.padded is not None else None
+                if r is not None and len(r.comps[-2]) > 1:
+                    dims[first + i].add(t.dim() - 2)
+        return dims
+    return exact
+
+
+def _attention_rule(first: int) -> Rule:
+    """Attention as one op (``pjrt_host::attention``, its backward with the
+    output's gradient first) over a padded query, key and value: zeros in
+    the padding, and the key positions past the logical length masked by
+    the lowering itself (``LoweringContext.logical``).  The query's length
+    meets the masks' rows, the key's length the value's and the masks'
+    columns, the head dims each other."""
+    q, k, v, mask, keep = first, first + 1, first + 2, first + 3, first + 4
+    pairs = [((q, -1), (k, -1)), ((k, -2), (v, -2)), ((mask, -1), (k, -2)), ((mask, -2), (q, -2)),
+             ((keep, -1), (k, -2)), ((keep, -2), (q, -2))]
+    if first:  # the backward: the output's gradient is shaped as the query, with the value's head dim
+        pairs += [((0, -2), (q, -2)), ((0, -1), (v, -1))]
+    return Rule(fill=0, exact=_attention_exact(first), align=_meeting(*pairs))
+
+
 _SUMS = Rule(fill=0)
 _RULES: dict[str, Rule] = {
+    # attention: zeros in the padding, the key positions past the logical
+    # length masked by the lowering
+    "pjrt_host::attention": _attention_rule(0), "pjrt_host::attention_backward": _attention_rule(1),
     # sums and contractions: zeros add nothing
     "aten::sum": _SUMS, "aten::sum.dim_IntList": _SUMS, "aten::cumsum": _SUMS,
     "aten::mm": Rule(fill=0, align=_meeting(((0, 1), (1, 0)))),

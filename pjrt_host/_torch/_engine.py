@@ -642,14 +642,21 @@ class CompiledOp:
             inputs: list[tuple[Any, Any]] = []
             positions = decoded_positions()
             positions.clear()
-            call_args = [decode(x, it, inputs) for x in key_args]
+            logical = []  # (argument position, the mask of its logical elements) of each padded one
+            call_args = []
+            for i, x in enumerate(key_args):
+                call_args.append(decode(x, it, inputs))
+                if type(x) is PaddedSpec and x.sized:
+                    logical.append((i, positions[-1][2]))
             call_kwargs = {k: decode(x, it, inputs) for k, x in key_kwargs}
             targets = [(next(it), next(it)) for _ in range(n_targets)]
             ctx = base_ctx
+            if logical:
+                ctx = dataclasses.replace(ctx, logical=tuple(logical))
             if needs_rng:
                 key_data, counter = next(it), next(it)
-                ctx = dataclasses.replace(base_ctx, rng_key=_rng.draw_key(key_data, counter),
-                                          draw_positions=tuple(positions))
+                ctx = dataclasses.replace(ctx, rng_key=_rng.draw_key(key_data, counter),
+                                          draw_positions=tuple((shape, at) for shape, at, _ in positions))
             positions.clear()
             return call_args, call_kwargs, inputs, targets, ctx
 

@@ -204,19 +204,8 @@ def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:
     if value is None:
         return arr
     import jax.numpy as jnp
-    from jax import lax
 
-    sizes = iter(sizes)
-    mask = None
-    for d, terms in enumerate(masks):
-        for divisor, modulus in terms:
-            i = lax.broadcasted_iota("int32", arr.shape, d)
-            if divisor != 1:
-                i = i // divisor
-            if modulus != arr.shape[d] // divisor:
-                i = i % modulus
-            inside = i < next(sizes)
-            mask = inside if mask is None else mask & inside
+    mask = inside(tuple(arr.shape), masks, sizes)
     if mask is None:
         return arr
     if value == "min" or value == "max":
@@ -228,6 +217,26 @@ def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:
         else:
             value = jnp.iinfo(arr.dtype).min if low else jnp.iinfo(arr.dtype).max
     return jnp.where(mask, arr, jnp.asarray(value, dtype=arr.dtype))
+
+
+def inside(shape: tuple, masks: tuple, sizes: Any) -> Any:
+    """Inside a trace: True at every position of an array of ``shape``
+    inside the logical box (``masks`` per dim, with the run-time ``sizes``
+    in order); None when nothing is padded."""
+    from jax import lax
+
+    sizes = iter(sizes)
+    mask = None
+    for d, terms in enumerate(masks):
+        for divisor, modulus in terms:
+            i = lax.broadcasted_iota("int32", shape, d)
+            if divisor != 1:
+                i = i // divisor
+            if modulus != shape[d] // divisor:
+                i = i % modulus
+            within = i < next(sizes)
+            mask = within if mask is None else mask & within
+    return mask
 
 
 def positions(shape: tuple, comps: tuple, sizes: Any) -> Any:

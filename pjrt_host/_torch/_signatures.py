@@ -251,9 +251,11 @@ def encode_padded(v: Any, dyn: list, devs: list, fill: Any, reads: dict, draws: 
                       tuple(tuple((c[0], c[2]) for c in dim) for dim in read.comps), sized)
 
 
-#: The padded arrays :func:`decode` read in the trace being made, with the
-#: logical positions of their elements (a random lowering's draws use them:
-#: ``LoweringContext.draw_positions``); the engine empties it per trace.
+#: The padded arrays :func:`decode` read in the trace being made: ``(shape,
+#: the logical flat index of each position, the mask of the logical
+#: positions)``, each a function (a random lowering's draws use the first:
+#: ``LoweringContext.draw_positions``; a lowering that reads padding itself,
+#: the second: ``LoweringContext.logical``); the engine empties it per trace.
 _decoding = threading.local()
 
 
@@ -280,8 +282,9 @@ def decode(x: Any, it: Any, inputs: list) -> Any:
         if not x.sized:
             return arr
         sizes = [next(it) for terms in x.masks for _ in terms]
-        shape, comps = tuple(arr.shape), x.comps
-        decoded_positions().append((shape, lambda: _padding.positions(shape, comps, sizes)))
+        shape, comps, masks = tuple(arr.shape), x.comps, x.masks
+        decoded_positions().append((shape, lambda: _padding.positions(shape, comps, sizes),
+                                    lambda: _padding.inside(shape, masks, sizes)))
         return _padding.fill(arr, x.masks, sizes, x.fill)
     if t is tuple:
         return x[1]

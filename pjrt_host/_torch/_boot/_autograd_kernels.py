@@ -56,31 +56,31 @@ def _sdpa_checked(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     On the device's own tensors it is one op forward and one backward
     (:class:`_Attention`); torch's composite ran about 20 ops forward and
     30 backward, each paying the per-op cost (2.4 ms a call, 4 heads of 64
-    tokens, fused eager).  Tracing for torch.compile, padded inputs
-    (dynamic dims) and a mask that takes a gradient take torch's composite.  A backward with ``create_graph``
+    tokens, fused eager).  Tracing for torch.compile, padded inputs the
+    one op's rule does not take (:func:`_padded_one_op`) and a mask that
+    takes a gradient take torch's composite.  A backward with ``create_graph``
     differentiates torch's math formulation again."""
     from .. import _sdpa
 
     _sdpa.check_backends()
-    if _one_op(query, key, value, attn_mask, enable_gqa):
+    if _one_op(query, key, value, attn_mask, enable_gqa, dropout_p):
         return _Attention.apply(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale,
                                 bool(enable_gqa))
     return torch.ops.aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def _one_op(query, key, value, attn_mask, enable_gqa) -> bool:
+def _one_op(query, key, value, attn_mask, enable_gqa, dropout_p=0.0) -> bool:
     """Whether the call takes :class:`_Attention`: the device's own tensors
     of shapes and dtypes torch accepts (anything else takes the composite,
-    which raises torch's own errors for them)."""
+    which raises torch's own errors for them), read padded where their
+    padding is what the one op's rule takes (:func:`_padded_one_op`)."""
     from .._tensor import JaxTensor
 
     if _library is None or torch.compiler.is_compiling():
         return False
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
-    # (padded inputs -- dynamic dims in buckets -- take the composite, whose
-    # ops mask the padding: the one op would read them cut, per size)
-    if not all(type(t) is JaxTensor and t._storage.padded is None for t in tensors) or query.dim() < 3 \
+    if not all(type(t) is JaxTensor for t in tensors) or query.dim() < 3 \
             or not query.dim() == key.dim() == value.dim() or not query.dtype == key.dtype == value.dtype \
             or query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2] \
             or not query.shape[:-3] == key.shape[:-3] == value.shape[:-3] or key.shape[-3] != value.shape[-3]:
@@ -94,6 +94,30 @@ def _one_op(query, key, value, attn_mask, enable_gqa) -> bool:
         try:
             torch.broadcast_shapes(attn_mask.shape, tuple(query.shape[:-1]) + (key.shape[-2],))
         except RuntimeError:
+            return False
+    if any(t._storage.padded is not None for t in tensors):
+        return _padded_one_op(tensors, bool(enable_gqa and heads != kv_heads), dropout_p)
+    return True
+
+
+def _padded_one_op(tensors, gqa: bool, dropout_p: float) -> bool:
+    """Whether attention over padded inputs (dynamic dimensions) takes the
+    one op, which masks the key positions past the logical length itself:
+    no dropout (its mask is drawn at the logical shape, a program per
+    length), and no padding in a dim the op's rule keeps exact (the head
+    dim, gqa's heads), where the composite's ops still read them padded."""
+    from .. import _dynamic_dims
+
+    if dropout_p > 0:
+        return False
+    for t in tensors[:3]:
+        if t._storage.padded is None:
+            continue
+        read = _dynamic_dims.read_of(t)
+        if read is None:
+            return False
+        kept = (-1, -3) if gqa else (-1,)
+        if any(read.psize[d] != t.shape[d] for d in kept):
             return False
     return True
 
