@@ -362,6 +362,7 @@ def test_the_size_bound_evicts_the_least_recently_used(tmp_path):
     from pjrt_host import _program_cache
 
     store = _program_cache._store(str(tmp_path), 10_000)
+    assert store._scanned.wait(30)  # the directory's size, read on a thread of its own
     for i in range(8):
         store.put(f"k{i}", bytes(1000))
         os.utime(tmp_path / f"k{i}", (i, i))  # k0 the oldest
@@ -372,6 +373,30 @@ def test_the_size_bound_evicts_the_least_recently_used(tmp_path):
     assert store.get("k1") is None
     store.put("k7", b"other")  # an existing entry is kept as it is
     assert store.get("k7") == bytes(1000)
+
+
+def test_a_directory_over_the_bound_is_evicted_once_its_size_is_read(tmp_path):
+    """The directory's size is read on a thread of its own (a stat of each
+    entry took seconds at every process start for a large cache), so a
+    process never waits for it; once read, a directory past the bound
+    (another process's writes, a smaller bound) is evicted as a write
+    past it would be, the least recently used first, and a write made
+    while the size was still being read is counted too."""
+    from pjrt_host import _program_cache
+
+    first = _program_cache._store(str(tmp_path), 100_000)
+    assert first._scanned.wait(30)
+    for i in range(12):
+        first.put(f"k{i}", bytes(1000))
+        os.utime(tmp_path / f"k{i}", (i, i))  # k0 the oldest
+    assert len(os.listdir(tmp_path)) == 12  # under the first bound
+    second = _program_cache._store(str(tmp_path), 10_000)
+    assert second._scanned.wait(30)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert sum(os.path.getsize(tmp_path / f) for f in left) <= 7_500 and "k11" in left and "k0" not in left, left
+    assert second.get("k11") == bytes(1000)
+    second.put("new", bytes(4000))  # past the bound again: evicted at the write
+    assert sum(os.path.getsize(p) for p in tmp_path.iterdir()) <= 7_500
 
 
 def test_a_run_stays_under_the_size_bound(tmp_path):
