@@ -205,6 +205,20 @@ def test_views_report_torch_metadata():
         assert v._base is x
 
 
+def test_views_of_one_element_tensors_have_cpus_strides_whatever_their_own():
+    """A tensor of one element is its whole storage whatever its strides, so
+    the view ops' cache cannot know its strides from its storage: views of
+    ``(1, 1)`` tensors strided (1, 1) and (1, 5) get CPU's strides each,
+    whichever came first."""
+    seen = {}
+    for dev in ("cpu", "jax"):
+        x = torch.zeros(1, 1, device=dev)
+        y = x.as_strided((1, 1), (1, 5))
+        seen[dev] = [(v.t().stride(), v.unsqueeze(0).stride(), v.transpose(0, 1).unsqueeze(2).stride())
+                     for v in (x, y, x, y)]
+    assert seen["jax"] == seen["cpu"]
+
+
 def test_view_of_noncontiguous_fails_like_cpu():
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         base("jax").t().view(-1)

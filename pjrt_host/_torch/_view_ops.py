@@ -56,11 +56,22 @@ def _static_key(values: Any) -> tuple:
 
 def _results(func: Any, self: JaxTensor, args: tuple, kwargs: dict) -> tuple[bool, list[_ViewResult]]:
     storage = self._storage
-    elem = self._view.elem if self._view is not None else None
+    view = self._view
     # The storage's shape and dtype and the element type self reads it as:
-    # the results' Views into it are made once here, not per call.
-    key = (func, storage.shape, storage.jax_dtype, elem, self.dtype, tuple(self.shape), self.stride(),
-           self.storage_offset(), _static_key(args[1:]), _static_key(tuple(kwargs.items())) if kwargs else None)
+    # the results' Views into it are made once here, not per call.  self's
+    # sizes, strides and offset are its View's (Python attributes: reading
+    # them from torch cost 1.7 us a view); a tensor that is its whole
+    # storage has the storage's sizes, and strides torch's contiguous ones
+    # except at one element or none, where they are asked for.
+    if view is not None:
+        layout = (view.size, view.stride, view.offset, view.elem)
+    elif storage.numel > 1:
+        layout = None
+    else:
+        layout = (tuple(self.shape), self.stride(), self.storage_offset(), None)
+    key = (func, storage.shape, storage.jax_dtype, self.dtype, layout, _static_key(args[1:]),
+           _static_key(tuple(kwargs.items())) if kwargs else None)
+    elem = None if view is None else view.elem
     try:
         cached = _view_cache.get(key)
     except TypeError:  # an unhashable argument: computed every time
