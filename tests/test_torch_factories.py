@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -110,6 +112,29 @@ def test_empty_tensors_have_the_strides_they_were_given(name):
         n = t.untyped_storage().nbytes() // t.element_size()
         seen[dev] = (tuple(t.shape), t.stride(), t.is_contiguous(), cpu(t).tolist(),
                      cpu(t.as_strided((t.numel(),), (1,)) if n == t.numel() else t.as_strided((2,), (n - 1,))).tolist())
+    assert seen[DEV] == seen["cpu"]
+
+
+def test_factories_follow_the_default_dtype_and_argument_types_between_calls():
+    """The meta kernels' results are kept per call (torch's meta arange is
+    Python): the same call after ``torch.set_default_dtype`` changes, and
+    calls whose arguments are equal but typed apart (``arange(5)`` and
+    ``arange(5.0)``, ``full(..., 0.0)`` and ``full(..., -0.0)``), each get
+    CPU's dtype and values."""
+    calls = [lambda d: torch.ones(2, device=d), lambda d: torch.arange(5, device=d),
+             lambda d: torch.arange(5.0, device=d), lambda d: torch.full((2,), -0.0, device=d),
+             lambda d: torch.full((2,), 0.0, device=d), lambda d: torch.linspace(0, 1, 3, device=d)]
+    before = torch.get_default_dtype()
+    seen = {}
+    try:
+        for default in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(default)
+            for dev in ("cpu", DEV):
+                seen.setdefault(dev, []).extend(
+                    (t.dtype, cpu(t).tolist(), [math.copysign(1, v) for v in cpu(t).flatten().tolist()])
+                    for t in (c(dev) for c in calls))
+    finally:
+        torch.set_default_dtype(before)
     assert seen[DEV] == seen["cpu"]
 
 
