@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import pjrt_host
 from pjrt_host._torch import _padding
+from test_torch_sdpa import _count_ops  # noqa: E402  (the ops the device runs, by name)
 
 
 class Block(torch.nn.Module):
@@ -531,31 +532,6 @@ def test_a_head_dim_as_long_as_the_padded_length_is_not_padded():
     assert not reasons, reasons
 
 
-def _ops_run(fn):
-    """The ops the device runs in ``fn()``, by name."""
-    from pjrt_host._torch import _profile
-
-    names = []
-
-    class Scope:
-        def __init__(self, name):
-            names.append(name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    saved = _profile.op_scope, _profile.active
-    _profile.op_scope, _profile.active = Scope, True
-    try:
-        fn()
-    finally:
-        _profile.op_scope, _profile.active = saved
-    return names
-
-
 @pytest.mark.parametrize("eager", ["op", "fused"])
 @pytest.mark.parametrize("mask", [None, "float", "bool"])
 def test_attention_over_a_padded_cache_is_one_op_per_bucket(eager, mask):
@@ -582,7 +558,7 @@ def test_attention_over_a_padded_cache_is_one_op_per_bucket(eager, mask):
                 m = (torch.arange(k.shape[-2]) % 3 != 1).view(1, 1, 1, -1)
             before = _compiled()
             got = []
-            ops.append(_ops_run(lambda: got.append(F.scaled_dot_product_attention(
+            ops.append(_count_ops(lambda: got.append(F.scaled_dot_product_attention(
                 q.to("jax"), dk, dv, None if m is None else m.to("jax")).cpu())))
             compiled.append(_compiled() - before)
             torch.testing.assert_close(got[0], F.scaled_dot_product_attention(q, k, v, m), rtol=1e-5, atol=1e-6)
@@ -611,7 +587,7 @@ def test_causal_attention_over_padded_lengths_trains_as_on_cpu(eager):
                 torch._dynamo.mark_dynamic(t, 2)
             dq2, dk2, dv2 = dq * 1, dk * 1, dv * 1  # padded from here on
             assert dk2._storage.padded is not None
-            names = _ops_run(lambda: (F.scaled_dot_product_attention(dq2, dk2, dv2, is_causal=True)
+            names = _count_ops(lambda: (F.scaled_dot_product_attention(dq2, dk2, dv2, is_causal=True)
                                       * w.to("jax")).sum().backward())
             (F.scaled_dot_product_attention(q, k, v, is_causal=True) * w).sum().backward()
             assert "pjrt_host::attention" in names and "pjrt_host::attention_backward" in names, names

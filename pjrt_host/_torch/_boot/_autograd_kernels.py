@@ -110,13 +110,13 @@ def _padded_one_op(tensors, gqa: bool, dropout_p: float) -> bool:
 
     if dropout_p > 0:
         return False
+    kept = (-1, -3) if gqa else (-1,)
     for t in tensors[:3]:
         if t._storage.padded is None:
             continue
         read = _dynamic_dims.read_of(t)
         if read is None:
             return False
-        kept = (-1, -3) if gqa else (-1,)
         if any(read.psize[d] != t.shape[d] for d in kept):
             return False
     return True
