@@ -115,6 +115,16 @@ def test_empty_tensors_have_the_strides_they_were_given(name):
     assert seen[DEV] == seen["cpu"]
 
 
+def test_empty_strided_with_a_negative_stride_raises_cpus_error():
+    """torch's meta kernel takes a negative stride; CPU's refuses it, and
+    the device returned a tensor."""
+    with pytest.raises(RuntimeError) as cpu_err:
+        torch.empty_strided((2, 3), (-1, 2))
+    with pytest.raises(RuntimeError) as dev_err:
+        torch.empty_strided((2, 3), (-1, 2), device=DEV)
+    assert str(dev_err.value) == str(cpu_err.value)
+
+
 def test_factories_follow_the_default_dtype_and_argument_types_between_calls():
     """The meta kernels' results are kept per call (torch's meta arange is
     Python): the same call after ``torch.set_default_dtype`` changes, and

@@ -124,6 +124,9 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         # fails here, as it would on cuda, not at some later op.
         _memory.check_fits(math.prod(shape) * meta.element_size(), index, f"aten::{name}")
         stride = tuple(meta.stride())
+        asked = args[1] if name == "empty_strided" and len(args) > 1 else kwargs.get("stride", ())
+        if any(s < 0 for s in asked):  # the meta kernel makes other strides; CPU's refuses (its storage overflows)
+            op(*args, **dict({k: v for k, v in kwargs.items() if k != "pin_memory"}, device="cpu"))
         if math.prod(shape) > 1 and stride != contiguous_strides(shape):
             return _strided_empty(meta, dtype, index)
         return new_tensor(shape, dtype, index)
