@@ -701,6 +701,54 @@ def test_a_cache_that_only_a_cat_sees_grow_becomes_dynamic(eager):
     assert sum(1 for n in compiled[3:] if n) <= 10, text
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_cat_result_fed_back_to_its_cat_is_dynamic_from_the_second_step(eager):
+    """An accumulator (``acc = torch.cat([acc, new])``: a key/value cache,
+    ``generate()``'s ids) is padded the first time its own result comes
+    back, not at its third size: so a second loop from a fresh start (a
+    second ``generate()`` of the same prompt) runs the first loop's programs,
+    but for at most one segment in fused eager, and a third compiles
+    nothing.  A cat of tensors that are not its results keeps the third-size
+    rule.  Values are CPU's."""
+    torch.manual_seed(0)
+    start = torch.randn(2, 5)
+    steps = [torch.randn(2, 1) for _ in range(12)]
+
+    def loop(check):
+        acc = start.to("jax")
+        sums = []
+        for i, new in enumerate(steps):
+            acc = torch.cat([acc, new.to("jax")], dim=1)
+            sums.append(acc.softmax(-1).sum(-1).cpu())
+            if check and i == 1:  # the second cat: its first input is the first cat's result
+                assert acc._storage.padded is not None
+        return acc.cpu(), sums
+
+    want = start
+    for new in steps:
+        want = torch.cat([want, new], dim=1)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        acc, sums = loop(check=True)
+        counts = []
+        for _ in range(2):
+            before = _compiled()
+            again, sums_again = loop(check=False)
+            counts.append(_compiled() - before)
+        # (fused eager: the second loop's first step, whose start is padded at
+        # once, may cut its segment where the first loop's did not: one program)
+        assert counts[0] <= (1 if eager == "fused" else 0) and counts[1] == 0, counts
+        # two different tensors at one cat's line: exact until a third size
+        a, b = torch.randn(1, 3, device="jax"), torch.randn(1, 4, device="jax")
+        for x, y in [(a, b), (b, b)]:
+            joined = torch.cat([x, y], dim=1)
+            assert joined._storage.padded is None and x._storage.padded is None
+    torch.testing.assert_close(acc, want)
+    torch.testing.assert_close(again, want)
+    for got, step in zip(sums_again, sums):
+        torch.testing.assert_close(got, step)
+    torch.testing.assert_close(sums[-1], want.softmax(-1).sum(-1))
+
+
 def test_a_cache_join_reads_its_views_inside_its_own_program(monkeypatch):
     """A key/value cache as transformers grows it: the new token's keys are
     a view (split, view, transpose) of a projection, the cache a view of a

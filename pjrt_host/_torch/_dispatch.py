@@ -602,13 +602,19 @@ def _joined_when_padded(handler: Handler) -> Handler:
     def handle(args: tuple, kwargs: dict) -> Any:
         tensors = args[0] if args else kwargs.get("tensors")
         dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-        if type(tensors) in (list, tuple) and (
-                any(type(t) is _tensor.JaxTensor and t._storage.padded is not None for t in tensors)
-                or _dynamic_dims.grows(tensors, dim)):
-            record = _record_join if _config.current().eager == "fused" else None
-            joined = _dynamic_dims.join(list(tensors), dim, record)
-            if joined is not None:
-                return joined
+        if type(tensors) not in (list, tuple):
+            return handler(args, kwargs)
+        place = None
+        if not any(type(t) is _tensor.JaxTensor and t._storage.padded is not None for t in tensors):
+            grown, place = _dynamic_dims.grows(tensors, dim)
+            if not grown:
+                result = handler(args, kwargs)
+                _dynamic_dims.joined(result, place)  # (fed back next time: an accumulator)
+                return result
+        record = _record_join if _config.current().eager == "fused" else None
+        joined = _dynamic_dims.join(list(tensors), dim, record)
+        if joined is not None:
+            return joined
         return handler(args, kwargs)
     return handle
 

@@ -756,22 +756,24 @@ def _padded_read(t: JaxTensor) -> tuple | None:
 _join_programs: dict = {}
 
 
-def grows(tensors: list, dim: int) -> bool:
-    """A cat that no padded tensor reaches yet: a tensor of it whose size
-    along ``dim`` took a third size at this place (its position in the
-    list, the same line of code: a key/value cache, or the ids ``generate``
-    appends a token to) becomes dynamic along ``dim`` -- its storage is
-    padded, so that the cat joins in buckets (:func:`join`) and every op
-    after it reads the padded result.  A list argument's tensors are not
-    inputs :func:`on_miss` sees; this is where a growing one is found.
-    True when one was padded."""
+def grows(tensors: list, dim: int) -> tuple[bool, Any]:
+    """A cat that no padded tensor reaches yet: a tensor of it becomes
+    dynamic along ``dim`` -- its storage is padded, so that the cat joins in
+    buckets (:func:`join`) and every op after it reads the padded result --
+    when it is an earlier result of this cat (an accumulator fed back: a
+    key/value cache, the ids ``generate`` appends a token to, from its
+    second step on), or when its size along ``dim`` took a third size at
+    this place (its position in the list, the same line of code).  A list
+    argument's tensors are not inputs :func:`on_miss` sees; this is where a
+    growing one is found.  Returns whether one was padded, and the place
+    (None: not one to watch), for :func:`joined` to mark the result."""
     mode = _config.current().dynamic_shapes
     if not mode or mode == "all" or not tensors:
-        return False  # (with "all", the ops that read the tensors pad them)
+        return False, None  # (with "all", the ops that read the tensors pad them)
     from ._meta import inside_backward
 
     if inside_backward():
-        return False
+        return False, None
     place = None
     padded_any = False
     for i, t in enumerate(tensors):
@@ -781,9 +783,30 @@ def grows(tensors: list, dim: int) -> bool:
         if place is None:
             place = ("cat", _caller(), d)
         # the sizes along the cat's dim at the tensor's position in the list
-        if _padding.changing_dims((place, i, t.dim()), (t.shape[d],)) and _pad_storage(t, {d}):
+        # (the sizes are noted for fed-back ones too: a fresh tensor at a place
+        # known to change -- a new prompt's -- is padded at once)
+        changing = _padding.changing_dims((place, i, t.dim()), (t.shape[d],))
+        fed_back = _results_of is not None and _results_of.get(t._storage) == place
+        if (changing or fed_back) and _pad_storage(t, {d}):
             padded_any = True
-    return padded_any
+    return padded_any, place
+
+
+#: An exact cat's result storage -> the cat's place: a result that comes
+#: back into its own cat is an accumulator, dynamic from then on (:func:`grows`).
+_results_of: Any = None
+
+
+def joined(result: Any, place: Any) -> None:
+    """Note ``result`` (an exact cat's, at ``place`` from :func:`grows`)."""
+    global _results_of
+    if place is None or type(result) is not JaxTensor or result._view is not None:
+        return
+    if _results_of is None:
+        import weakref
+
+        _results_of = weakref.WeakKeyDictionary()
+    _results_of[result._storage] = place
 
 
 def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor | None:
