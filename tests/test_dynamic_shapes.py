@@ -749,6 +749,33 @@ def test_a_cat_result_fed_back_to_its_cat_is_dynamic_from_the_second_step(eager)
     torch.testing.assert_close(sums[-1], want.softmax(-1).sum(-1))
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_join_that_crosses_into_the_next_bucket_runs_that_buckets_program(eager):
+    """The join whose result outgrows its accumulator's bucket (length 15 to
+    16 goes from the bucket of 16 to 32) lays the accumulator out in the new
+    bucket first, so that it runs the same join as the bucket's later
+    lengths instead of a program (and, fused, a segment) of its own.  A view
+    taken before the crossing still reads its values.  Values are CPU's."""
+    from pjrt_host._torch import _dynamic_dims
+
+    torch.manual_seed(0)
+    start = torch.randn(2, 5)
+    steps = [torch.randn(2, 1) for _ in range(40)]
+    _dynamic_dims._join_programs.clear()
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        acc, want = start.to("jax"), start
+        for new in steps:
+            before_view, want_before = acc[:, 1:4].t(), want[:, 1:4].t()
+            acc, want = torch.cat([acc, new.to("jax")], dim=1), torch.cat([want, new], dim=1)
+            torch.testing.assert_close(acc.softmax(-1).sum(-1).cpu(), want.softmax(-1).sum(-1))
+            torch.testing.assert_close(before_view.cpu(), want_before)
+        assert acc._storage.padded is not None
+    torch.testing.assert_close(acc.cpu(), want)
+    crossings = [key for key in _dynamic_dims._join_programs if key[0][0][1] != key[3]]
+    assert not crossings, crossings  # (the accumulator's bucket is the result's in every join)
+    assert {key[3] for key in _dynamic_dims._join_programs} >= {16, 32, 48}
+
+
 def test_a_cache_join_reads_its_views_inside_its_own_program(monkeypatch):
     """A key/value cache as transformers grows it: the new token's keys are
     a view (split, view, transpose) of a projection, the cache a view of a

@@ -835,6 +835,12 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
     if ndim == 0 or any(t.dim() != ndim for t in tensors):
         return None
     dim %= ndim
+    # a whole storage whose bucket the result outgrows is laid out in the
+    # result's bucket first (one program per bucket, not one per crossing)
+    total = sum(t.shape[dim] for t in tensors)
+    for t in tensors:
+        if t._view is None and t._storage.padded is not None:
+            _padding.grow_bucket(t._storage, dim, _padding.room(total))
     parts = []
     for t in tensors:
         storage = t._storage

@@ -340,6 +340,45 @@ def pad_as(arr: Any, padded: tuple) -> Any:
     return fn(arr)
 
 
+def grow_bucket(storage: Any, d: int, physical: int) -> bool:
+    """Lay ``storage`` (computed, padded along ``d`` as one component) out
+    with ``physical`` places along ``d``: the same values, more padding at
+    the end (zeros).  A cache whose join crosses into the next bucket grows
+    first, so that the join reads and writes one bucket, as every other
+    join of that bucket does, instead of compiling its own program (and the
+    segment around it) for the crossing.  False: nothing done."""
+    padded = storage.padded
+    if padded is None or len(padded[d]) != 1 or storage.pending:
+        return False
+    (have, n, dynamic), = padded[d]
+    arr = storage._array
+    if not dynamic or have >= physical or arr is None:
+        return False
+    axis = sum(len(c) for c in padded[:d])
+    widths = tuple((0, physical - have) if i == axis else (0, 0) for i in range(arr.ndim))
+    if arr.nbytes <= HOST_PAD_BYTES:
+        import jax
+        import numpy as np
+
+        grown = jax.device_put(np.pad(np.asarray(arr), widths), next(iter(arr.devices())))
+    else:
+        key = (tuple(arr.shape), widths)
+        fn = _widen_programs.get(key)
+        if fn is None:
+            def body(a):
+                import jax.numpy as jnp
+
+                return jnp.pad(a, widths)
+
+            if len(_widen_programs) > 512:
+                _widen_programs.clear()
+            fn = _widen_programs[key] = _program_cache.Kept("pjrt_host.grow", body, key)
+        grown = fn(arr)
+    storage._array = grown
+    storage.padded = (*padded[:d], ((physical, n, True),), *padded[d + 1:])
+    return True
+
+
 _widen_programs: dict[tuple, Any] = {}
 
 
