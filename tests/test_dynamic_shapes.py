@@ -404,7 +404,7 @@ def test_fused_eager_records_padded_ops_and_reuses_the_buckets_segments():
     # padded ops are recorded into segments (nothing cut to run them), and a
     # later length of the bucket compiles at most the segments around the
     # trial of the mean gradient's division by the length
-    assert stats["fallbacks"] == 0 and stats["cuts"] == 0, stats
+    assert stats["fallbacks"] == 0 and stats["cuts"] == 0, (stats["fallbacks_by_reason"], stats["cuts_by_op"])
     assert stats["padded_calls"] > 50
     assert after["ops"] - before["ops"] > 150
     # (the 4th length compiles the segments the trial ends, 6-7 programs; the
