@@ -771,6 +771,8 @@ def test_a_join_that_crosses_into_the_next_bucket_runs_that_buckets_program(eage
             torch.testing.assert_close(before_view.cpu(), want_before)
         assert acc._storage.padded is not None
     torch.testing.assert_close(acc.cpu(), want)
+    with pytest.raises(IndexError, match="Dimension out of range"):  # as CPU, not a join along dim 5 % 2
+        torch.cat([acc, acc], dim=5)
     crossings = [key for key in _dynamic_dims._join_programs if key[0][0][1] != key[3]]
     assert not crossings, crossings  # (the accumulator's bucket is the result's in every join)
     assert {key[3] for key in _dynamic_dims._join_programs} >= {16, 32, 48}

@@ -777,7 +777,7 @@ def grows(tensors: list, dim: int) -> tuple[bool, Any]:
     place = None
     padded_any = False
     for i, t in enumerate(tensors):
-        if type(t) is not JaxTensor or t.dim() == 0 or _is_parameter(t):
+        if type(t) is not JaxTensor or t.dim() == 0 or _is_parameter(t) or not -t.dim() <= dim < t.dim():
             continue
         d = dim % t.dim()
         if place is None:
@@ -832,8 +832,8 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
         return None
     first = tensors[0]
     ndim = first.dim()
-    if ndim == 0 or any(t.dim() != ndim for t in tensors):
-        return None
+    if ndim == 0 or any(t.dim() != ndim for t in tensors) or not -ndim <= dim < ndim:
+        return None  # (a dim out of range: torch's cat raises its error)
     dim %= ndim
     # a whole storage whose bucket the result outgrows is laid out in the
     # result's bucket first (one program per bucket, not one per crossing)
@@ -873,7 +873,6 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
     others = [tuple(c for d, c in enumerate(p[1]) if d != dim) for p in parts]
     if any(o != others[0] for o in others) or any(p[0].dtype != parts[0][0].dtype for p in parts):
         return None
-    total = sum(p[2] for p in parts)
     shapes = [p[5] for p in parts]  # each part's shape as the join reads it
     physical_out = max(_padding.room(total), max(shape[dim] for shape in shapes))
     if physical_out > _padding.MAX_SIZE:
