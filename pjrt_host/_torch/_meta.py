@@ -605,17 +605,25 @@ _ACCELERATOR_DTYPES = {"histc.default": (torch.uint8, torch.int8, torch.int16, t
 
 
 class _WarningsFlushed(torch.autograd.Function):
-    """Runs ``box[1]()`` into ``box[0]`` inside ``Function.apply``: a C++
-    entry that hands torch's C++ warnings to Python's ``warnings`` when it
-    returns.  An op called through its OpOverload has none, so its C++
-    warnings wait for the user's own torch call to return, and reach the
-    user after it (a probe's resize warning came out as a second copy of
-    the device's own)."""
+    """Runs ``box[1]()`` inside ``Function.apply``: a C++ entry that hands
+    torch's C++ warnings to Python's ``warnings`` when it returns.  An op
+    called through its OpOverload has none, so its C++ warnings wait for
+    the user's own torch call to return, and reach the user after it (a
+    probe's resize warning came out as a second copy of the device's own).
+    ``fn``'s result or its exception is kept in the box, and ``apply``
+    returns normally: an exception passing through ``apply`` while C++
+    warnings are pending came out as CPython's SystemError ("returned a
+    result with an exception set", or, now and then, "returned NULL without
+    setting an exception" with the exception lost: ``dot_out`` of bools
+    resizes its out=, warns, then refuses, and the refusal vanished)."""
 
     @staticmethod
     def forward(ctx: Any, box: list) -> None:
         box[2] = True
-        box[0] = box[1]()
+        try:
+            box[0] = box[1]()
+        except BaseException as err:  # raised again by without_warnings, outside apply
+            box[3] = err
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> None:  # pragma: no cover - never differentiated
@@ -628,21 +636,17 @@ def without_warnings(fn: Any) -> Any:
     torch says and must not say it to the user."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        box = [None, fn, False]  # (the result, the function, whether it ran)
+        box = [None, fn, False, None]  # (the result, the function, whether it ran, its exception)
         try:
             with torch.no_grad():
                 _WarningsFlushed.apply(box)
-        except SystemError as err:
-            # fn raised while torch's C++ warnings were pending: handing them
-            # over with the error set fails with CPython's "returned a result
-            # with an exception set", the error as its cause
-            if box[2] and isinstance(err.__cause__, Exception):
-                raise err.__cause__ from None
-            raise
         except Exception:
             if box[2]:
-                raise  # fn's own error
+                raise  # a warning made an error (fn's own is in the box)
             return fn()  # apply refused to run (a functorch transform asks for a vmap rule)
+        if box[3] is not None:
+            err, box[3] = box[3], None
+            raise err
         return box[0]
 
 
