@@ -415,6 +415,25 @@ def test_fused_eager_records_padded_ops_and_reuses_the_buckets_segments():
     assert all(c <= 4 for c in compiled[4:]), compiled
 
 
+def test_a_contraction_over_a_batch_padded_in_neither_input_runs_padded():
+    # a merged batch and heads (3 x 2) against a batch of 6 made whole: the
+    # batch is padded in neither, so its components differ without a cut
+    # (fused eager cut the attention's backward bmm when tests before had
+    # left one of its inputs made whole)
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True):
+        for t in (5, 9):
+            a, b = torch.randn(3, 2, t, 8), torch.randn(6, 8, t)
+            da, db = a.to("jax"), b.to("jax")
+            torch._dynamo.mark_dynamic(da, 2)
+            torch._dynamo.mark_dynamic(db, 2)
+            got = torch.bmm((da * 1).reshape(6, t, 8), db * 1)
+            torch.testing.assert_close(got.cpu(), torch.bmm(a.reshape(6, t, 8), b))
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert stats["padded_calls"] >= 6
+
+
 def test_off_every_length_compiles_its_own_programs():
     with pjrt_host.config(dynamic_shapes=False):
         compiled = _run_lengths([20, 23, 27], check=False)

@@ -473,14 +473,18 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
     if meets is not None:
         # dims that meet in a contraction, both read padded, must be laid out
         # alike (a merged [B*T] dim's rows against a dim padded at its end
-        # are different lengths: the program could not be traced)
+        # are different lengths: the program could not be traced).  Dims
+        # padded in neither are alike whatever their components say (a
+        # batch of 6 against the 3 x 2 of a merged batch and heads)
         for (pos, d), partners in meets.items():
             r = reads.get(id(at.get(pos)))
             if r is None:
                 continue
             for pos2, d2 in partners:
                 r2 = reads.get(id(at.get(pos2)))
-                if r2 is not None and (r.psize[d] != r2.psize[d2] or r.comps[d] != r2.comps[d2]):
+                if r2 is None or (r.psize[d] == at[pos].shape[d] and r2.psize[d2] == at[pos2].shape[d2]):
+                    continue
+                if r.psize[d] != r2.psize[d2] or r.comps[d] != r2.comps[d2]:
                     return None
     swaps: dict = {}
     for pos, t in tensors:
