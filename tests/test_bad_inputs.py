@@ -231,6 +231,14 @@ CASES = {
                                                                    torch.tensor([[0, 1], [1, 2]], device=d)),
     "slice_scatter src broadcast": lambda d: torch.slice_scatter(torch.zeros(3, 4, device=d),
                                                                  torch.ones(3, 1, device=d), 1, 0, 4, 2),
+    # CPU names an index by its place among the given ones, not by the dim it
+    # indexes (x[:, :, i] out of range: "dimension 0")
+    "index along the last dim out of range": lambda d: torch.zeros(2, 4, 3, device=d)[:, :, torch.tensor([5], device=d)],
+    "index after a mask out of range": lambda d: torch.zeros(2, 4, 3, device=d)[
+        torch.tensor([True, False], device=d), :, torch.tensor([-4], device=d)],
+    "index_put_ along the last dim out of range": lambda d: torch.zeros(2, 4, 3, device=d).index_put_(
+        (torch.tensor([0], device=d), torch.tensor([1], device=d), torch.tensor([3], device=d)),
+        torch.tensor(1.0, device=d)),
 }
 
 # Where CPU accepts: the device gives CPU's values (the checks must not refuse these).

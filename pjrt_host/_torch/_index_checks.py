@@ -405,14 +405,17 @@ def _advanced(args: tuple, kwargs: dict) -> None:
         return
     indices = args[1] if len(args) > 1 else kwargs.get("indices")
     dim = 0
+    given = 0  # CPU's message names an index by its place among the given ones (x[:, :, i]: dimension 0)
     for idx in indices or ():
         if idx is None:
             dim += 1
         elif idx.dtype.is_floating_point or idx.dtype in _MASKS:
             dim += max(idx.dim(), 1)
+            given += max(idx.dim(), 1)
         else:
-            _check(idx, x.shape[dim] if dim < x.dim() else 1, dim, True, _index_error)
+            _check(idx, x.shape[dim] if dim < x.dim() else 1, given, True, _index_error)
             dim += 1
+            given += 1
 
 
 def _along(error: Callable[[int, int, int], Exception] | Callable[[tuple, dict, Any, int], Any],
