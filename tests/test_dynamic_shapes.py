@@ -434,6 +434,32 @@ def test_a_contraction_over_a_batch_padded_in_neither_input_runs_padded():
     assert stats["padded_calls"] >= 6
 
 
+@pytest.mark.parametrize("mode", ["op", "fused"])
+def test_a_gather_along_a_dynamic_dim_wraps_negative_indices_by_its_logical_length(mode):
+    # x[:, idx] over a padded length: -1 is the last logical position, not
+    # the bucket's; generate()'s input_ids[:, cache_position] at a new prompt
+    # length compiled its gather per length before index ran padded
+    _padding.reset()
+    torch.manual_seed(0)
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True, eager=mode):
+        for t in (5, 9, 13, 7, 11, 14):
+            x = torch.randn(2, t, 3)
+            idx = torch.tensor([0, -1, t - 2, -t])
+            dx = x.to("jax") * 1
+            before = _compiled()
+            got = dx[:, idx.to("jax")]
+            everything = dx[:, torch.arange(t, device="jax") * 1]
+            last = dx[:, :, torch.tensor([2, -1], device="jax")]
+            torch.testing.assert_close(got.cpu(), x[:, idx])
+            torch.testing.assert_close(everything.cpu(), x)
+            torch.testing.assert_close(last.cpu(), x[:, :, torch.tensor([2, -1])])
+            compiled.append(_compiled() - before)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0 and stats["cuts"] == 0, (stats["fallbacks_by_reason"], stats["cuts_by_op"])
+    assert compiled[3:] == [0, 0, 0], compiled  # 7, 11 and 14 run the bucket's programs
+
+
 def test_off_every_length_compiles_its_own_programs():
     with pjrt_host.config(dynamic_shapes=False):
         compiled = _run_lengths([20, 23, 27], check=False)

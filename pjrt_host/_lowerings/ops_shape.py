@@ -21,7 +21,7 @@ import torch
 from . import lowering as _lowering
 from ._dtypes import jax_dtype
 from ._util import (broadcast_shapes_or_raise, canonical_dim, canonical_dims, cast, dense_gather_factor,
-                    linspace_values, result_type, take, torch_dtype_of)
+                    linspace_values, logical_elements, result_type, take, torch_dtype_of)
 
 # No lowering here widens 16-bit floats (Lowering.opmath): moving, selecting
 # and comparing values is exact in any dtype, so widening would only double
@@ -534,6 +534,13 @@ def index(x, indices):
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
     if len(given) == 1 and given[0][1].dtype not in (jnp.bool_, jnp.uint8):
         d, idx = given[0]
+        inside = logical_elements(0)
+        if inside is not None and x.ndim:
+            # read padded (dynamic dims): a negative index counts from the
+            # logical end of the dim, not from its bucket's
+            others = tuple(a for a in range(x.ndim) if a != d)
+            n = jnp.sum(jnp.any(inside, axis=others) if others else inside).astype(idx.dtype)
+            return take(x, idx % jnp.maximum(n, 1), axis=d)
         return take(x, idx % max(x.shape[d], 1), axis=d)
     return x[_index_tuple(x, indices)]
 

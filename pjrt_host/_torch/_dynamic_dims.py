@@ -79,6 +79,21 @@ def _joined_dim(args: tuple, kwargs: dict) -> dict:
     return {0: {dim % ndim if ndim else 0}}
 
 
+def _indexed_exact(args: tuple, kwargs: dict) -> dict:
+    """index's exact dims: none where one integer index tensor gathers
+    along one dim (the lowering wraps a negative index by the dim's logical
+    size; a padded index is filled 0, always in range); else every dim of
+    the tensor and of its indices (several indices broadcast together, a
+    bool mask selects by its values)."""
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    given = [i for i in indices if i is not None]
+    if len(given) == 1 and isinstance(given[0], torch.Tensor) and given[0].dtype not in (torch.bool, torch.uint8):
+        return {}
+    x = args[0]
+    return {0: set(range(x.dim())), 1: set(range(max((i.dim() for i in given if isinstance(i, torch.Tensor)),
+                                                     default=0)))}
+
+
 def _one_component_corner(args: tuple, kwargs: dict) -> dict:
     """tril / triu keep or zero a position by its row and column, which a
     padded input holds at its own logical indices only where each of its
@@ -206,6 +221,9 @@ _RULES: dict[str, Rule] = {
     "aten::triu": Rule(fill=None, exact=_one_component_corner),
     # joined along an exact dim, padded ones line up
     "aten::cat": Rule(fill=None, exact=_joined_dim),
+    # a gather by one index tensor: the index's padding reads position 0
+    "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
+    "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
     # padded targets are ignored, as the loss's own ignore_index
     "aten::nll_loss_forward": Rule(fill=0, fills={1: (4, None)}),
     "aten::nll_loss_backward": Rule(fill=0, fills={2: (5, None)}),
