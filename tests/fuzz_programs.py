@@ -53,13 +53,18 @@ from typing import Any, Callable
 
 import torch
 
-MODES = ("op", "fused", "sync", "replay", "compile")
-EAGER_MODES = ("op", "fused", "sync", "replay")
+MODES = ("op", "fused", "sync", "replay", "compile", "padded", "padded-fused")
+EAGER_MODES = ("op", "fused", "sync", "replay", "padded", "padded-fused")
 #: ``replay``: fused eager, the program run twice before the run compared, so
 #: that its segments replay their scripts (the replay lane takes their calls)
 RUNS_BEFORE = {"replay": 2}
-#: Modes compared with op by op's draws for the same seed.
-SEEDED = ("fused", "sync", "replay")
+#: Modes compared with op by op's draws for the same seed (padded ones too:
+#: a seed draws the same numbers with buckets and without).
+SEEDED = ("fused", "sync", "replay", "padded", "padded-fused")
+#: ``padded`` / ``padded-fused``: op by op / fused eager with every dim of
+#: every tensor dynamic, in odd buckets (``dynamic_shapes="all"``, the
+#: oracle mode of docs/dynamic-shapes.md)
+PADDED = {"padded": "op", "padded-fused": "fused"}
 
 #: Shapes of leaves and factories: few, so that programs reuse compiled ops.
 SHAPES = [(), (0,), (4,), (2, 4), (3, 1, 4), (2, 0)]
@@ -554,8 +559,10 @@ def op_shape(g: Gen) -> None:
                  f"F.pad({{}}, (1, 0))" if t.is_floating_point() else "{}.flip(0)"]
         if size:
             idx = [r.randrange(size) for _ in range(r.randrange(1, 4))]
+            # (indexing along dim d, every other index counted from the end)
+            ends = [i - size if k % 2 else i for k, i in enumerate(idx)]
             opts += [f"{{}}.index_select({d}, torch.tensor({idx}, device=DEV))",
-                     f"{{}}[torch.tensor({idx}, device=DEV)]"]
+                     f"{{}}[{':, ' * (d % n)}torch.tensor({ends}, device=DEV)]"]
             gshape = list(t.shape)
             gshape[d] = 2
             gi = torch.randint(0, size, gshape, generator=torch.Generator().manual_seed(r.randrange(99)))
@@ -757,6 +764,8 @@ class Outcome:
 
 def _mode_scope(mode: str):
     import pjrt_host
+    if mode in PADDED:
+        return pjrt_host.config(eager=PADDED[mode], dynamic_shapes="all")
     if mode in EAGER_MODES:
         return pjrt_host.config(eager="fused" if mode == "replay" else mode)
     return contextlib.nullcontext()
@@ -1201,7 +1210,9 @@ def reproducer(program: Program, mode: str, diffs: list[str], cpu: Outcome, dev:
         head = "def program(DEV):\n"
         run_cpu = 'cpu = program("cpu")\n'
         runs = RUNS_BEFORE.get(mode, 0) + 1  # (replay: the last of three fused runs)
-        run_dev = (f"with pjrt_host.config(eager={'fused' if mode == 'replay' else mode!r}):\n"
+        setting = (f"eager={PADDED[mode]!r}, dynamic_shapes='all'" if mode in PADDED
+                   else f"eager={'fused' if mode == 'replay' else mode!r}")
+        run_dev = (f"with pjrt_host.config({setting}):\n"
                    f"    for _ in range({runs}):\n        dev = program('jax')\n    torch.jax.synchronize()\n")
     grads = ", ".join(repr(g) for g in program.grads)
     return f'''"""Fuzz reproducer (tests/fuzz_programs.py): seed {program.seed}, mode {mode!r}.
