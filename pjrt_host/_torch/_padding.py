@@ -309,7 +309,7 @@ def host_cut(values: Any, padded: tuple, shape: tuple) -> Any:
 #: Arrays up to this size are padded through the host (a copy there and
 #: back, no program), larger ones by a program per shape.
 HOST_PAD_BYTES = 1 << 18
-_pad_as_programs: dict[tuple, Any] = {}
+_pad_programs: dict[tuple, Any] = {}
 
 #: Whether a storage was ever padded in this process: until then the
 #: engine's hot path does not look for padded inputs.
@@ -321,22 +321,36 @@ WIDE = "_pjrt_wide"
 
 def pad_as(arr: Any, padded: tuple) -> Any:
     """Exact ``arr`` laid out as ``padded`` (its padding zeros)."""
-    if arr.nbytes <= HOST_PAD_BYTES:
-        return _host_pad_as(arr, padded)
-    key = (tuple(arr.shape), padded)
-    fn = _pad_as_programs.get(key)
-    if fn is None:
-        comps = [c for dim in padded for c in dim]
-        logical = tuple(c[1] for c in comps)
-        widths = tuple((0, c[0] - c[1]) for c in comps)
-        physical = physical_shape(padded)
+    comps = [c for dim in padded for c in dim]
+    return _padded_copy(arr, tuple(c[1] for c in comps), tuple((0, c[0] - c[1]) for c in comps),
+                        physical_shape(padded))
 
+
+def _padded_copy(arr: Any, split: tuple, widths: tuple, physical: tuple) -> Any:
+    """``arr`` reshaped to ``split``, given ``widths`` of zeros at the ends
+    of those dims, reshaped to ``physical``: every padding the host lays out
+    (a storage padded, widened along more dims, a bucket grown).  Up to
+    :data:`HOST_PAD_BYTES` through the host (a copy there and back, no
+    program); larger ones by a program per shape and widths, kept on disk.
+    Its program depends on the shapes and widths only, not on the padded
+    dims' logical sizes."""
+    if arr.nbytes <= HOST_PAD_BYTES:
+        import jax
+        import numpy as np
+
+        values = np.pad(np.asarray(arr).reshape(split), widths).reshape(physical)
+        return jax.device_put(values, next(iter(arr.devices())))
+    key = (tuple(arr.shape), split, widths, physical)
+    fn = _pad_programs.get(key)
+    if fn is None:
         def body(a):
             import jax.numpy as jnp
 
-            return jnp.pad(a.reshape(logical), widths).reshape(physical)
+            return jnp.pad(a.reshape(split), widths).reshape(physical)
 
-        fn = _pad_as_programs[key] = _program_cache.Kept("pjrt_host.pad", body, key)
+        if len(_pad_programs) > 512:
+            _pad_programs.clear()
+        fn = _pad_programs[key] = _program_cache.Kept("pjrt_host.pad", body, key)
     return fn(arr)
 
 
@@ -356,30 +370,11 @@ def grow_bucket(storage: Any, d: int, physical: int) -> bool:
         return False
     axis = sum(len(c) for c in padded[:d])
     widths = tuple((0, physical - have) if i == axis else (0, 0) for i in range(arr.ndim))
-    if arr.nbytes <= HOST_PAD_BYTES:
-        import jax
-        import numpy as np
-
-        grown = jax.device_put(np.pad(np.asarray(arr), widths), next(iter(arr.devices())))
-    else:
-        key = (tuple(arr.shape), widths)
-        fn = _widen_programs.get(key)
-        if fn is None:
-            def body(a):
-                import jax.numpy as jnp
-
-                return jnp.pad(a, widths)
-
-            if len(_widen_programs) > 512:
-                _widen_programs.clear()
-            fn = _widen_programs[key] = _program_cache.Kept("pjrt_host.grow", body, key)
-        grown = fn(arr)
+    grown = _padded_copy(arr, tuple(arr.shape), widths,
+                         tuple(physical if i == axis else size for i, size in enumerate(arr.shape)))
     storage._array = grown
     storage.padded = (*padded[:d], ((physical, n, True),), *padded[d + 1:])
     return True
-
-
-_widen_programs: dict[tuple, Any] = {}
 
 
 def widen(arr: Any, padded: tuple, wider: tuple) -> Any:
@@ -392,21 +387,7 @@ def widen(arr: Any, padded: tuple, wider: tuple) -> Any:
         for c in (w if p != w else p):
             split.append(c[1] if p != w else c[0])
             widths.append((0, c[0] - c[1]) if p != w else (0, 0))
-    # keyed by what the program does, not by the padded dims' logical sizes
-    key = (tuple(arr.shape), tuple(split), tuple(widths), physical_shape(wider))
-    fn = _widen_programs.get(key)
-    if fn is None:
-        _, split, widths, physical = key
-
-        def body(a):
-            import jax.numpy as jnp
-
-            return jnp.pad(a.reshape(split), widths).reshape(physical)
-
-        if len(_widen_programs) > 512:
-            _widen_programs.clear()
-        fn = _widen_programs[key] = _program_cache.Kept("pjrt_host.widen", body, key[1:])
-    return fn(arr)
+    return _padded_copy(arr, tuple(split), tuple(widths), physical_shape(wider))
 
 
 def pad_storage(storage: Any, dims: set, odd: bool = False, padding: tuple | None = None) -> bool:
@@ -431,15 +412,6 @@ def pad_storage_as(storage: Any, padded: tuple) -> bool:
     global live
     live = True
     return True
-
-
-def _host_pad_as(arr: Any, padded: tuple) -> Any:
-    import jax
-    import numpy as np
-
-    comps = [c for dim in padded for c in dim]
-    values = np.pad(np.asarray(arr).reshape(tuple(c[1] for c in comps)), tuple((0, c[0] - c[1]) for c in comps))
-    return jax.device_put(values.reshape(physical_shape(padded)), next(iter(arr.devices())))
 
 
 _counts: collections.Counter = collections.Counter()
