@@ -455,6 +455,29 @@ def test_sign_of_nan_and_negative_zero_is_cpus(dtype):
     assert cpu(1.0 / torch.sign(x.to(DEV)[:1])).tolist() == [float("inf")]
 
 
+_CLAMPS = {
+    "relu": torch.relu, "relu_": lambda t: t.clone().relu_(), "relu6": F.relu6,
+    "hardtanh": lambda t: F.hardtanh(t, 0.0, 1.0), "clamp_min": lambda t: torch.clamp_min(t, 0),
+    "clamp": lambda t: torch.clamp(t, 0, 1), "clamp_max at -0": lambda t: torch.clamp_max(t, -0.0),
+    "clamp_": lambda t: t.clone().clamp_(min=0), "clamp at a NaN bound": lambda t: torch.clamp(t, min=float("nan")),
+    "clamp with min above max": lambda t: torch.clamp(t, 1.0, 0.0), "clamp(0, -0)": lambda t: torch.clamp(t, 0.0, -0.0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(_CLAMPS))
+def test_clamps_by_scalars_keep_the_sign_of_zero_as_cpu_does(name, dtype):
+    """Fuzz seed 19000110: ``relu_`` of -0.0 stays -0.0 on CPU (its clamp
+    keeps x unless x is below the bound); XLA's max gave +0.0, and
+    ``atan2(v, v)`` then gave 0 where CPU gives -pi."""
+    x = torch.tensor([-0.0, 0.0, float("nan"), -1.0, 2.0, 0.5] * 4, dtype=dtype)
+    want, got = _CLAMPS[name](x), cpu(_CLAMPS[name](x.to(DEV)))
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    keep = ~torch.isnan(want)
+    assert torch.equal(got[keep], want[keep])
+    assert torch.signbit(got[keep]).tolist() == torch.signbit(want[keep]).tolist()
+
+
 @pytest.mark.parametrize("fn", [F.hardshrink, F.softshrink, torch.digamma, torch.special.entr,
                                 torch.special.spherical_bessel_j0],
                          ids=["hardshrink", "softshrink", "digamma", "entr", "spherical_bessel_j0"])

@@ -542,8 +542,32 @@ def where(condition, x, other):
     return jnp.where(condition, x, other)
 
 
-@lowering("aten::clamp", "aten::clamp.Tensor", "aten::clip", "aten::clip.Tensor")
+def _bounded(x, lo, hi):
+    """torch CPU's clamp by scalar bounds: ``x`` stays unless it is below
+    ``lo`` (then ``lo``), then above ``hi`` (then ``hi``), so ``-0.0``
+    clamped at 0 stays ``-0.0`` (XLA's max gives 0.0: ``relu(-0.0)`` then
+    differed in sign, which ``atan2`` or a division turns into another
+    value); NaN stays NaN, a NaN bound gives NaN, and ``lo > hi`` gives
+    ``hi`` everywhere."""
+    if lo is not None:
+        x = jnp.where((x < lo) | jnp.isnan(lo), lo, x)
+    if hi is not None:
+        x = jnp.where((x > hi) | jnp.isnan(hi), hi, x)
+    return x
+
+
+@lowering("aten::clamp", "aten::clip")
 def clamp(x, min=None, max=None):
+    dtype, (x, *bounds) = promote(x, *(b for b in (min, max) if b is not None))
+    lo = bounds.pop(0) if min is not None else None
+    hi = bounds.pop(0) if max is not None else None
+    return _bounded(x, lo, hi)
+
+
+@lowering("aten::clamp.Tensor", "aten::clip.Tensor")
+def clamp_tensor(x, min=None, max=None):
+    # torch's maximum then minimum (which of two equal zeros they give is
+    # CPU's vector or scalar path's choice)
     dtype, (x, *bounds) = promote(x, *(b for b in (min, max) if b is not None))
     lo = bounds.pop(0) if min is not None else None
     hi = bounds.pop(0) if max is not None else None
@@ -554,14 +578,24 @@ def clamp(x, min=None, max=None):
     return x
 
 
-@lowering("aten::clamp_min", "aten::clamp_min.Tensor")
+@lowering("aten::clamp_min")
 def clamp_min(x, min):
     return clamp(x, min=min)
 
 
-@lowering("aten::clamp_max", "aten::clamp_max.Tensor")
+@lowering("aten::clamp_min.Tensor")
+def clamp_min_tensor(x, min):
+    return clamp_tensor(x, min=min)
+
+
+@lowering("aten::clamp_max")
 def clamp_max(x, max):
     return clamp(x, max=max)
+
+
+@lowering("aten::clamp_max.Tensor")
+def clamp_max_tensor(x, max):
+    return clamp_tensor(x, max=max)
 
 
 @lowering("aten::lerp.Scalar", "aten::lerp.Tensor")
@@ -614,7 +648,7 @@ def imag(x):
 
 @lowering("aten::relu")
 def relu(x):
-    return jnp.maximum(x, jnp.zeros((), x.dtype))
+    return _bounded(x, jnp.zeros((), x.dtype), None)  # relu(-0.0) is -0.0, as on CPU
 
 
 @lowering("aten::relu6")
@@ -624,7 +658,8 @@ def relu6(x):
 
 @lowering("aten::hardtanh")
 def hardtanh(x, min_val=-1, max_val=1):
-    return jnp.clip(x, cast(min_val, torch_dtype_of(x)), cast(max_val, torch_dtype_of(x)))
+    dtype = torch_dtype_of(x)
+    return _bounded(x, jnp.asarray(cast(min_val, dtype)), jnp.asarray(cast(max_val, dtype)))
 
 
 @lowering("aten::leaky_relu")
