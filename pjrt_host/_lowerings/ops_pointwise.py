@@ -556,21 +556,24 @@ def _bounded(x, lo, hi):
     return x
 
 
-@lowering("aten::clamp", "aten::clip")
-def clamp(x, min=None, max=None):
-    dtype, (x, *bounds) = promote(x, *(b for b in (min, max) if b is not None))
+def _promoted_bounds(x, min, max):
+    """``x`` and its bounds (None where not given) in their promoted dtype."""
+    _, (x, *bounds) = promote(x, *(b for b in (min, max) if b is not None))
     lo = bounds.pop(0) if min is not None else None
     hi = bounds.pop(0) if max is not None else None
-    return _bounded(x, lo, hi)
+    return x, lo, hi
+
+
+@lowering("aten::clamp", "aten::clip")
+def clamp(x, min=None, max=None):
+    return _bounded(*_promoted_bounds(x, min, max))
 
 
 @lowering("aten::clamp.Tensor", "aten::clip.Tensor")
 def clamp_tensor(x, min=None, max=None):
     # torch's maximum then minimum (which of two equal zeros they give is
     # CPU's vector or scalar path's choice)
-    dtype, (x, *bounds) = promote(x, *(b for b in (min, max) if b is not None))
-    lo = bounds.pop(0) if min is not None else None
-    hi = bounds.pop(0) if max is not None else None
+    x, lo, hi = _promoted_bounds(x, min, max)
     if lo is not None:
         x = jnp.maximum(x, lo)
     if hi is not None:

@@ -331,9 +331,9 @@ def _padded_copy(arr: Any, split: tuple, widths: tuple, physical: tuple) -> Any:
     of those dims, reshaped to ``physical``: every padding the host lays out
     (a storage padded, widened along more dims, a bucket grown).  Up to
     :data:`HOST_PAD_BYTES` through the host (a copy there and back, no
-    program); larger ones by a program per shape and widths, kept on disk.
-    Its program depends on the shapes and widths only, not on the padded
-    dims' logical sizes."""
+    program); larger ones by a program per shapes and widths, kept on disk
+    (``widen`` and ``grow_bucket`` split by physical sizes, so theirs do not
+    depend on the padded dims' logical sizes; ``pad_as``'s do)."""
     if arr.nbytes <= HOST_PAD_BYTES:
         import jax
         import numpy as np
