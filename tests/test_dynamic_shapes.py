@@ -4,6 +4,7 @@ padding compile once per bucket, and padding never shows in a value."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -458,6 +459,20 @@ def test_a_gather_along_a_dynamic_dim_wraps_negative_indices_by_its_logical_leng
     stats = torch.jax.dynamic_shape_stats()
     assert stats["fallbacks"] == 0 and stats["cuts"] == 0, (stats["fallbacks_by_reason"], stats["cuts_by_op"])
     assert compiled[3:] == [0, 0, 0], compiled  # 7, 11 and 14 run the bucket's programs
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
+def test_a_gather_along_a_flattened_padded_dim_reads_its_logical_positions(mode):
+    # x.reshape(-1)[idx] where x's dims are padded: the flat dim holds each
+    # row's padding after its logical elements, so logical position i is not
+    # physical position i (fuzz seed 7048 under PJRT_HOST_DYNAMIC_SHAPES=all)
+    with pjrt_host.config(dynamic_shapes="all", eager=mode):
+        for shape in ((2, 4), (3, 5), (2, 3, 4)):
+            x = torch.arange(math.prod(shape)).reshape(shape)
+            idx = torch.tensor([3, -1, 4, 0, -2])
+            for flat in (lambda t: t.reshape(-1), lambda t: t.flatten(0, 1), lambda t: t.transpose(0, 1).reshape(-1)):
+                got = flat(x.to("jax") * 1)[idx.to("jax")]
+                assert torch.equal(got.cpu(), flat(x)[idx]), (shape, got.cpu(), flat(x)[idx])
 
 
 def test_off_every_length_compiles_its_own_programs():

@@ -81,15 +81,24 @@ def _joined_dim(args: tuple, kwargs: dict) -> dict:
 
 def _indexed_exact(args: tuple, kwargs: dict) -> dict:
     """index's exact dims: none where one integer index tensor gathers
-    along one dim (the lowering wraps a negative index by the dim's logical
-    size; a padded index is filled 0, always in range); else every dim of
-    the tensor and of its indices (several indices broadcast together, a
-    bool mask selects by its values)."""
+    along one dim that is one component (the lowering wraps a negative
+    index by the dim's logical size and reads logical position i at
+    physical position i; a padded index is filled 0, always in range).  A
+    gathered dim that merged several (a ``reshape(-1)`` of a padded matrix)
+    holds its logical positions apart, so only it runs exact.  Several
+    indices (broadcast together) or a bool mask (it selects by its values):
+    every dim of the tensor and of its indices."""
     indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-    given = [i for i in indices if i is not None]
-    if len(given) == 1 and isinstance(given[0], torch.Tensor) and given[0].dtype not in (torch.bool, torch.uint8):
-        return {}
     x = args[0]
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) == 1 and isinstance(given[0][1], torch.Tensor) and given[0][1].dtype not in (torch.bool, torch.uint8):
+        d = given[0][0]
+        if type(x) is JaxTensor and x._storage.padded is not None and d < x.dim():
+            r = read_of(x)
+            if r is None or len(r.comps[d]) != 1:
+                return {0: {d}}
+        return {}
+    given = [i for _, i in given]
     return {0: set(range(x.dim())), 1: set(range(max((i.dim() for i in given if isinstance(i, torch.Tensor)),
                                                      default=0)))}
 
