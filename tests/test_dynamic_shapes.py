@@ -530,6 +530,29 @@ def test_mark_dynamic_pads_at_the_first_call():
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])
+def test_flip_along_exact_dims_runs_padded_and_along_a_padded_dim_exact(eager):
+    # flip keeps every other dim's padding at its end; a padded dim it
+    # reverses would put its padding first, so that call runs exact
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        x = torch.randn(3, 9, 5)
+        dx = x.to("jax") * 1
+        torch._dynamo.mark_dynamic(dx, 1)
+        y = (dx * 2).flip(0, 2)
+        assert y._storage.padded is not None
+        torch.testing.assert_close(y.cpu(), (x * 2).flip(0, 2))
+        assert torch.jax.dynamic_shape_stats()["cuts"] == 0
+        torch.testing.assert_close((dx * 2).flip(1).cpu(), (x * 2).flip(1))
+        w = x.clone().requires_grad_()
+        dw = dx.detach().clone().requires_grad_()
+        torch._dynamo.mark_dynamic(dw, 1)
+        (w.flip(-1) * torch.arange(5.0)).cumsum(1).sum().backward()
+        (dw.flip(-1) * torch.arange(5.0, device="jax")).cumsum(1).sum().backward()
+        torch.testing.assert_close(dw.grad.cpu(), w.grad)
+    assert torch.jax.dynamic_shape_stats()["cuts_by_op"].get("aten::flip", 0) >= 1  # flip(1) only
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
 def test_operands_padded_along_different_dims_run_padded(eager):
     # A gradient padded along its batch as well as its length meets a
     # tensor padded along the length only (in a long process, the batch dim

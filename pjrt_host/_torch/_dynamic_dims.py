@@ -178,6 +178,15 @@ def _attention_exact(first: int) -> Callable[[tuple, dict], dict]:
     return exact
 
 
+def _flipped_dims(args: tuple, kwargs: dict) -> dict:
+    """flip's exact dims: the ones it reverses (their padding would come
+    first); the others keep their padding at their ends."""
+    x = args[0]
+    dims = args[1] if len(args) > 1 else kwargs.get("dims", ())
+    ndim = x.dim() if isinstance(x, torch.Tensor) else 0
+    return {0: {d % ndim for d in dims} if ndim else set()}
+
+
 def _attention_rule(first: int) -> Rule:
     """Attention as one op (``pjrt_host::attention``, its backward with the
     output's gradient first) over a padded query, key and value: zeros in
@@ -230,6 +239,8 @@ _RULES: dict[str, Rule] = {
     "aten::triu": Rule(fill=None, exact=_one_component_corner),
     # joined along an exact dim, padded ones line up
     "aten::cat": Rule(fill=None, exact=_joined_dim),
+    # reversed along exact dims, the others keep their padding at their ends
+    "aten::flip": Rule(fill=None, exact=_flipped_dims),
     # a gather by one index tensor: the index's padding reads position 0
     "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
