@@ -85,19 +85,15 @@ def _indexed_exact(args: tuple, kwargs: dict) -> dict:
     index by the dim's logical size and reads logical position i at
     physical position i; a padded index is filled 0, always in range).  A
     gathered dim that merged several (a ``reshape(-1)`` of a padded matrix)
-    holds its logical positions apart, so only it runs exact.  Several
-    indices (broadcast together) or a bool mask (it selects by its values):
-    every dim of the tensor and of its indices."""
+    holds its logical positions apart: it is exact, so the call runs exact.
+    Several indices (broadcast together) or a bool mask (it selects by its
+    values): every dim of the tensor and of its indices."""
     indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
     x = args[0]
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
     if len(given) == 1 and isinstance(given[0][1], torch.Tensor) and given[0][1].dtype not in (torch.bool, torch.uint8):
         d = given[0][0]
-        if type(x) is JaxTensor and x._storage.padded is not None and d < x.dim():
-            r = read_of(x)
-            if r is None or len(r.comps[d]) != 1:
-                return {0: {d}}
-        return {}
+        return {0: {d}} if _merged(x, (d,)) else {}
     given = [i for _, i in given]
     return {0: set(range(x.dim())), 1: set(range(max((i.dim() for i in given if isinstance(i, torch.Tensor)),
                                                      default=0)))}
@@ -109,12 +105,20 @@ def _one_component_corner(args: tuple, kwargs: dict) -> dict:
     last two dims is one component (its padding at its end): a dim that
     merged a batch dim with a padded one must run exact."""
     t = args[0] if args else None
-    if type(t) is not JaxTensor or t._storage.padded is None or t.dim() < 2:
+    if not isinstance(t, torch.Tensor) or t.dim() < 2:
         return {}
+    corner = (t.dim() - 2, t.dim() - 1)
+    return {0: set(corner)} if _merged(t, corner) else {}
+
+
+def _merged(t: Any, dims: tuple) -> bool:
+    """Whether any of ``dims`` of ``t``, read padded, is not one component
+    (it merged a padded dim with others, so its logical positions are not
+    its first ones), or ``t``'s view cannot be read padded at all."""
+    if type(t) is not JaxTensor or t._storage.padded is None or any(d >= t.dim() for d in dims):
+        return False
     r = read_of(t)
-    if r is not None and all(len(r.comps[d]) == 1 for d in (-2, -1)):
-        return {}
-    return {0: {t.dim() - 2, t.dim() - 1}}
+    return r is None or any(len(r.comps[d]) != 1 for d in dims)
 
 
 def _meeting(*pairs: tuple) -> Callable[[tuple, dict], dict]:
