@@ -162,7 +162,9 @@ def test_an_optimizers_state_made_at_one_line_is_never_padded():
     # zeros_like of every parameter comes from one line (opt.step()): its
     # sizes are the parameters', not a length changing at that line (a
     # padded state was cut by the optimizer's foreach ops)
-    params = [torch.randn(shape, device="jax") for shape in ((32, 16), (24, 32), (8, 24), (40, 8))]
+    # (moved from the host: a factory's results of four sizes at one line
+    # would be padded, and a ``*_like`` of a padded tensor is padded like it)
+    params = [torch.randn(shape).to("jax") for shape in ((32, 16), (24, 32), (8, 24), (40, 8))]
     with pjrt_host.config(dynamic_shapes=True):
         states = [torch.zeros_like(p) for p in params] + [p.new_ones(p.shape) for p in params]
     assert all(s._storage.padded is None for s in states)
@@ -475,6 +477,42 @@ def test_a_gather_along_a_flattened_padded_dim_reads_its_logical_positions(mode)
                 assert torch.equal(got.cpu(), flat(x)[idx]), (shape, got.cpu(), flat(x)[idx])
 
 
+@pytest.mark.parametrize("mode", ["op", "fused"])
+def test_a_gather_by_several_index_tensors_runs_padded(mode):
+    """x[i, j] with integer index tensors that broadcast, as transformers
+    builds its masks (``padding_mask[batch[:, None, None, None],
+    positions[None, None, None, :]]``): a padded tensor and a padded
+    position index give a padded result, negative indices count from the
+    logical end of their dim, and an index beside a slice gathers there.
+    Each such call cut its inputs and ran exact at every length (a GPT-2
+    training step of a new length compiled its mask programs again)."""
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True, eager=mode):
+        for n in (9, 13, 11):
+            mask = torch.arange(3 * n).reshape(3, n) % 5 != 0
+            values = torch.arange(3 * n * 4, dtype=torch.float32).reshape(3, n, 4)
+            dmask, dvalues = mask.to("jax"), values.to("jax")
+            torch._dynamo.mark_dynamic(dmask, 1)
+            torch._dynamo.mark_dynamic(dvalues, 1)
+            dmask, dvalues = dmask | False, dvalues * 1
+            batch, pos = torch.arange(3), torch.arange(n)
+            dpos = torch.arange(n, device="jax")
+            torch._dynamo.mark_dynamic(dpos, 0)
+            dpos = dpos * 1
+            dbatch = batch.to("jax")
+            got = dmask[dbatch[:, None, None, None], dpos[None, None, None, :]]
+            assert got._storage.padded is not None
+            assert torch.equal(got.cpu(), mask[batch[:, None, None, None], pos[None, None, None, :]])
+            back = torch.tensor([-1, 0, -n])
+            assert torch.equal(dvalues[dbatch[:, None], back.to("jax")[None, :]].cpu(),
+                               values[batch[:, None], back[None, :]])
+            assert torch.equal(dvalues[dbatch[:, None], dpos[None, :2] - 3].cpu(), values[batch[:, None], pos[None, :2] - 3])
+            assert torch.equal(dvalues[dbatch, :, back.to("jax") % 4].cpu(), values[batch, :, back % 4])
+    stats = torch.jax.dynamic_shape_stats()
+    assert "aten::index.Tensor" not in stats["cuts_by_op"], stats["cuts_by_op"]
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+
+
 def test_off_every_length_compiles_its_own_programs():
     with pjrt_host.config(dynamic_shapes=False):
         compiled = _run_lengths([20, 23, 27], check=False)
@@ -613,6 +651,36 @@ def test_a_head_dim_as_long_as_the_padded_length_is_not_padded():
         assert dk._storage.padded is not None
     reasons = torch.jax.dynamic_shape_stats()["fallbacks_by_reason"]
     assert not reasons, reasons
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_tensor_padded_to_meet_a_padded_one_lines_up_the_tensors_meeting_it(eager):
+    """Attention's backward as a GPT-2 training step gave it: the output's
+    gradient padded along the length, the query, key, value and the bool
+    mask exact.  The query is padded to meet the gradient, and the mask's
+    rows meet the query: they are padded too, whatever their order in the
+    call.  They were not (the query's padded copy was looked for under the
+    query's own id), the program could not be traced and every such call
+    compiled twice, falling back to run exact."""
+    _padding.reset()
+    g = torch.Generator().manual_seed(0)
+    q, k, v, grad = (torch.randn(2, 4, 27, 16, generator=g) for _ in range(4))
+    mask = torch.rand(2, 1, 27, 27, generator=g) > 0.3
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        dgrad = grad.to("jax")
+        torch._dynamo.mark_dynamic(dgrad, 2)
+        dgrad = torch.sin(dgrad)
+        assert dgrad._storage.padded is not None
+        got = torch.ops.pjrt_host.attention_backward(dgrad, q.to("jax"), k.to("jax"), v.to("jax"), mask.to("jax"),
+                                                      None, 0.0, False, 0.25, False)
+        got = [t.cpu() for t in got]
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0 and stats["padded_calls"] >= 2, stats["fallbacks_by_reason"]
+    with pjrt_host.config(dynamic_shapes=False):
+        want = torch.ops.pjrt_host.attention_backward(torch.sin(grad.to("jax")), q.to("jax"), k.to("jax"),
+                                                       v.to("jax"), mask.to("jax"), None, 0.0, False, 0.25, False)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b.cpu(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])
@@ -1349,3 +1417,111 @@ def test_module_instances_of_fixed_sizes_on_one_line_stay_exact():
             total.item()
     stats = torch.jax.dynamic_shape_stats()
     assert stats["pads"] == 0 and stats["padded_calls"] == 0, stats
+
+
+def _marked(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``t`` on the device, padded along ``dim`` (a dim marked dynamic,
+    read by the op's next new signature)."""
+    d = t.to("jax")
+    torch._dynamo.mark_dynamic(d, dim)
+    d = torch.sin(d) if d.is_floating_point() else d | 0 if d.dtype == torch.bool else d + 0
+    return d
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_an_in_place_op_on_padded_inputs_runs_padded_and_its_target_takes_the_padding(eager):
+    """An in-place op runs as its functional op; over padded inputs its
+    target takes the padded result (an exact target beside a padded
+    operand becomes padded).  torch's SiLU backward computes ``1 -
+    sigmoid`` as ``empty_like(s).fill_(1).sub_(s)``: the ``*_like``
+    factory of a padded tensor is padded too, so that chain cut nothing.
+    It cut every MLP activation of a Llama training step, which then
+    compiled at every length.  A view target, or a dtype the target cannot
+    hold, still takes the exact route (torch's error)."""
+    _padding.reset()
+    torch.manual_seed(0)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for n in (9, 13):
+            x, y = torch.randn(3, n, 4), torch.randn(3, n, 4)
+            dy = _marked(y, 1)
+            assert dy._storage.padded is not None
+            want_y = torch.sin(y)
+            target = x.to("jax")
+            target.sub_(dy)
+            assert target._storage.padded is not None
+            torch.testing.assert_close(target.cpu(), x - want_y)
+            target.mul_(2).add_(dy, alpha=3)
+            torch.testing.assert_close(target.cpu(), (x - want_y) * 2 + 3 * want_y)
+            for like, want in ((torch.empty_like(dy).fill_(1), torch.ones(3, n, 4)),
+                               (torch.zeros_like(dy), torch.zeros(3, n, 4)),
+                               (torch.full_like(dy, 2.5, dtype=torch.float64), torch.full((3, n, 4), 2.5, dtype=torch.float64)),
+                               (dy.new_ones(dy.shape), torch.ones(3, n, 4))):
+                assert like._storage.padded is not None
+                torch.testing.assert_close(like.cpu(), want)
+            one_minus = torch.empty_like(dy).fill_(1).sub_(dy)
+            torch.testing.assert_close(one_minus.cpu(), 1 - want_y)
+            a = torch.sin(x).requires_grad_()
+            da = _marked(x, 1).detach().requires_grad_()
+            (F.silu(a) * want_y).sum().backward()
+            (F.silu(da) * dy).sum().backward()
+            assert da.grad._storage.padded is not None
+            torch.testing.assert_close(da.grad.cpu(), a.grad, rtol=1e-5, atol=1e-6)
+            row = x.to("jax")
+            row[0].add_(dy[0])  # a view target: exact
+            torch.testing.assert_close(row.cpu()[0], x[0] + want_y[0])
+            ints = torch.zeros(3, n, 4, dtype=torch.int64, device="jax")
+            with pytest.raises(RuntimeError, match="result type Float can't be cast"):
+                ints.add_(dy)
+    stats = torch.jax.dynamic_shape_stats()
+    cuts = stats["cuts_by_op"]
+    assert set(cuts) <= {"aten::add_.Tensor"}, cuts  # (the view target's, and the refused dtype's)
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_labels_padded_at_a_line_and_masks_cast_at_a_line_become_dynamic(eager):
+    """Tensors fresh from the host at every step that no op with a rule
+    reads first: a causal LM's labels grown by ``F.pad(labels, (0, 1),
+    value=-100)`` and transformers' ``attention_mask.to(torch.bool)``.
+    Their dim becomes dynamic at the pad's or the cast's line when it takes
+    a third size there, so a later length of the bucket compiles nothing
+    (each compiled its pad or cast, and the segment around it, at every
+    length)."""
+    _padding.reset()
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for n in (20, 23, 27, 30, 25):
+            labels = torch.arange(2 * n).reshape(2, n) % 7
+            mask = (torch.arange(2 * n).reshape(2, n) % 5 != 0).long()
+            before = _compiled()
+            grown = F.pad(labels.to("jax"), (0, 1), value=-100)
+            cast = mask.to("jax").to(torch.bool)
+            assert torch.equal(grown.cpu(), F.pad(labels, (0, 1), value=-100))
+            assert torch.equal(cast.cpu(), mask.bool())
+            assert torch.equal((cast.sum(-1) + grown[:, 1:].sum(-1)).cpu(), mask.bool().sum(-1) + labels[:, 1:].sum(-1)
+                               + torch.tensor(-100))
+            compiled.append(_compiled() - before)
+    assert grown._storage.padded is not None and cast._storage.padded is not None
+    assert compiled[3:] == [0, 0], compiled  # 30 and 25 run the bucket's programs (27 made them)
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_the_gradient_of_a_slice_along_an_exact_dim_keeps_its_padding(eager):
+    """Rotary embeddings slice the head dim in halves (exact) of a tensor
+    padded along the length: each half's gradient is placed in the head dim
+    with its padding kept, not cut (38 cuts in 6 steps of a Llama)."""
+    _padding.reset()
+    torch.manual_seed(0)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for n in (9, 13):
+            x = torch.randn(2, n, 8)
+            a = torch.sin(x).requires_grad_()
+            da = _marked(x, 1).detach().requires_grad_()
+            for t in (a, da):
+                half = t.shape[-1] // 2
+                rotated = torch.cat((-t[..., half:], t[..., :half]), -1)
+                (rotated * t.detach()).sum().backward()  # (a gradient padded as t is)
+            assert da.grad._storage.padded is not None
+            torch.testing.assert_close(da.grad.cpu(), a.grad)
+    stats = torch.jax.dynamic_shape_stats()
+    assert "aten::slice_backward" not in stats["cuts_by_op"], stats["cuts_by_op"]

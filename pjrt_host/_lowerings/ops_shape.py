@@ -532,16 +532,24 @@ def _index_tuple(x, indices):
 @lowering("aten::index.Tensor", "aten::_unsafe_index.Tensor")
 def index(x, indices):
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
-    if len(given) == 1 and given[0][1].dtype not in (jnp.bool_, jnp.uint8):
-        d, idx = given[0]
-        inside = logical_elements(0)
-        if inside is not None and x.ndim:
+    if given and all(i.dtype not in (jnp.bool_, jnp.uint8) for _, i in given):
+        inside = logical_elements(0) if x.ndim else None
+        if inside is not None:
             # read padded (dynamic dims): a negative index counts from the
-            # logical end of the dim, not from its bucket's
-            others = tuple(a for a in range(x.ndim) if a != d)
-            n = jnp.sum(jnp.any(inside, axis=others) if others else inside).astype(idx.dtype)
-            return take(x, idx % jnp.maximum(n, 1), axis=d)
-        return take(x, idx % max(x.shape[d], 1), axis=d)
+            # logical end of its dim, not from its bucket's
+            def length(d, dtype):
+                others = tuple(a for a in range(x.ndim) if a != d)
+                return jnp.maximum(jnp.sum(jnp.any(inside, axis=others) if others else inside).astype(dtype), 1)
+        else:
+            def length(d, dtype):
+                return max(x.shape[d], 1)
+        if len(given) == 1:
+            d, idx = given[0]
+            return take(x, idx % length(d, idx.dtype), axis=d)
+        if inside is not None:
+            indices = list(indices)
+            for d, idx in given:
+                indices[d] = idx % length(d, idx.dtype)
     return x[_index_tuple(x, indices)]
 
 

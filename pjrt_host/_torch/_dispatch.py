@@ -637,16 +637,18 @@ def _placed_when_padded(handler: Handler) -> Handler:
 
 
 def _grown_when_padded(handler: Handler) -> Handler:
-    """constant_pad_nd growing a dim its input holds padded, at its end: in
-    the bucket of the new length (``_dynamic_dims.pad_end``)."""
+    """constant_pad_nd growing a dim its input holds padded, or one whose
+    size keeps changing at the line (``_dynamic_dims.pad_grows``), at its
+    end: in the bucket of the new length (``_dynamic_dims.pad_end``)."""
     def handle(args: tuple, kwargs: dict) -> Any:
         x = args[0] if args else kwargs.get("self")
-        if type(x) is _tensor.JaxTensor and x._storage.padded is not None:
+        if type(x) is _tensor.JaxTensor:
             pad = args[1] if len(args) > 1 else kwargs["pad"]
-            value = args[2] if len(args) > 2 else kwargs.get("value", 0)
-            grown = _dynamic_dims.pad_end(x, pad, value)
-            if grown is not None:
-                return grown
+            if x._storage.padded is not None or _dynamic_dims.pad_grows(x, pad):
+                value = args[2] if len(args) > 2 else kwargs.get("value", 0)
+                grown = _dynamic_dims.pad_end(x, pad, value)
+                if grown is not None:
+                    return grown
         return handler(args, kwargs)
     return _unpadded_is(handler, handle)
 

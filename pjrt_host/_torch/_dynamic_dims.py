@@ -80,20 +80,23 @@ def _joined_dim(args: tuple, kwargs: dict) -> dict:
 
 
 def _indexed_exact(args: tuple, kwargs: dict) -> dict:
-    """index's exact dims: none where one integer index tensor gathers
-    along one dim that is one component (the lowering wraps a negative
-    index by the dim's logical size and reads logical position i at
-    physical position i; a padded index is filled 0, always in range).  A
-    gathered dim that merged several (a ``reshape(-1)`` of a padded matrix)
-    holds its logical positions apart: it is exact, so the call runs exact.
-    Several indices (broadcast together) or a bool mask (it selects by its
-    values): every dim of the tensor and of its indices."""
+    """index's exact dims where its indices are integer tensors: the
+    gathered dims of the tensor that are not one component (a
+    ``reshape(-1)`` of a padded matrix holds its logical positions apart).
+    A gathered dim of one component holds logical position i at physical
+    position i, and the lowering wraps a negative index by the dim's
+    logical size; a padded index is filled 0, always in range.  Several
+    indices broadcast together as an elementwise op's operands do, so their
+    padded dims are the result's (transformers' masks:
+    ``mask[batch[:, None, None, None], positions[None, None, None, :]]``).
+    A bool mask selects by its values: every dim of the tensor and of its
+    indices."""
     indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
     x = args[0]
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
-    if len(given) == 1 and isinstance(given[0][1], torch.Tensor) and given[0][1].dtype not in (torch.bool, torch.uint8):
-        d = given[0][0]
-        return {0: {d}} if _merged(x, (d,)) else {}
+    if given and all(isinstance(i, torch.Tensor) and i.dtype not in (torch.bool, torch.uint8) for _, i in given):
+        gathered = tuple(d for d, _ in given)
+        return {0: set(gathered)} if _merged(x, gathered) else {}
     given = [i for _, i in given]
     return {0: set(range(x.dim())), 1: set(range(max((i.dim() for i in given if isinstance(i, torch.Tensor)),
                                                      default=0)))}
@@ -245,12 +248,15 @@ _RULES: dict[str, Rule] = {
     "aten::cat": Rule(fill=None, exact=_joined_dim),
     # reversed along exact dims, the others keep their padding at their ends
     "aten::flip": Rule(fill=None, exact=_flipped_dims),
-    # a gather by one index tensor: the index's padding reads position 0
+    # a gather by integer index tensors: their padding reads position 0
     "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
     # padded targets are ignored, as the loss's own ignore_index
     "aten::nll_loss_forward": Rule(fill=0, fills={1: (4, None)}),
     "aten::nll_loss_backward": Rule(fill=0, fills={2: (5, None)}),
+    # every element the value, the padding too (``fill_`` runs as ``fill``:
+    # torch's SiLU backward fills an ``empty_like`` of a padded activation)
+    "aten::fill.Scalar": Rule(fill=None), "aten::fill.Tensor": Rule(fill=None),
 }
 
 _ELEMENTWISE = Rule(fill=None)
@@ -524,70 +530,126 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
                 continue
             for pos2, d2 in partners:
                 r2 = reads.get(id(at.get(pos2)))
-                if r2 is None or (r.psize[d] == at[pos].shape[d] and r2.psize[d2] == at[pos2].shape[d2]):
-                    continue
+                if r2 is None or r.psize[d] == at[pos].shape[d] or r2.psize[d2] == at[pos2].shape[d2]:
+                    continue  # (a dim padded against an exact one: lined up below)
                 if r.psize[d] != r2.psize[d2] or r.comps[d] != r2.comps[d2]:
                     return None
     swaps: dict = {}
-    for pos, t in tensors:
-        own = reads.get(id(t))
-        if _is_parameter(t) or (own is not None and not elementwise):
-            # a padded tensor is padded along more dims only where
-            # broadcasting lines them up; by size alone (a head dim as long
-            # as the key/value length) it would take a padding that is not
-            # its own
-            continue
-        keep = exact.get(pos) or ()
-        targets = {}
-        for d, n in enumerate(t.shape):
-            if n <= 1 or d in keep or (own is not None and own.psize[d] != n):
-                continue
-            if elementwise:
-                back = t.dim() - d
-                aligned = [u for _, u in tensors
-                           if id(u) in reads and u.dim() >= back and reads[id(u)].psize[u.dim() - back] != u.shape[-back]]
-                if any(u.shape[-back] != n for u in aligned):
-                    return None  # sizes that do not broadcast: the exact run raises torch's error
-                found = {reads[id(u)].comps[u.dim() - back] for u in aligned}
-            elif meets is not None and (pos, d) in meets:
-                # a dim that meets others (a contraction's): padded alike
-                # where they are; its size says nothing (a head dim as long
-                # as the key/value length).  A free dim (a row, a column)
-                # lines up by its size, below
-                found = set()
-                for pos2, d2 in meets.get((pos, d), ()):
-                    u = at[pos2]
-                    r2 = reads.get(id(u))
-                    if r2 is not None and u.shape[d2] == n and r2.psize[d2] != n:
-                        found.add(r2.comps[d2])
-            else:
-                found = {c for (p, size), c in dims.items() if size == n}
-                if found and n in exact_sizes:
-                    # the size is a padded dim's and an exact one's (a head
-                    # dim as long as the key/value length): which one this
-                    # dim lines up with, the size does not say
-                    return None
-            if len(found) > 1:
+    made: dict = {}  # id of a copy padded here -> id of the argument it stands for
+    # A tensor padded here may line others up with it: a contraction's
+    # exact operand padded to meet a padded gradient (attention's query)
+    # gives its padding to the mask rows meeting it, whatever their order
+    # in the call.  So the pass repeats until nothing more is padded.
+    for _ in range(len(tensors) + 1):
+        again = False
+        for n_t, (pos, t) in enumerate(tensors):
+            got = _line_up(pos, t, tensors, reads, dims, exact, exact_sizes, elementwise, meets, at, made)
+            if got is None:
                 return None
-            if found:
-                targets[d] = found.pop()
-        if not targets:
-            continue
-        # an exact tensor is read wider; a padded one whose other dims
-        # line up with padded ones in an elementwise op (a gradient padded
-        # along the batch as well as the length, added to one padded along
-        # the length) is padded along them too
-        r, replaced = _read_widened(t, targets) if own is None else _read_repadded(t, targets)
-        if r is None:
-            return None
-        reads[id(replaced)] = r
-        if replaced is not t:
-            swaps[id(t)] = replaced
+            if got is t:
+                continue
+            r, replaced = got
+            reads[id(replaced)] = r
+            again = True
+            if replaced is not t:
+                orig = made.get(id(t), id(t))
+                made[id(replaced)] = orig
+                swaps[orig] = replaced
+                tensors[n_t] = (pos, replaced)
+                if at is not None and at.get(pos) is t:
+                    at[pos] = replaced
+        if not again:
+            break
+    if meets is not None and not _alike(meets, at, reads):
+        return None
     if swaps:
         args = tuple(_swapped(a, swaps) for a in args)
         if kwargs:
             kwargs = {k: _swapped(v, swaps) for k, v in kwargs.items()}
     return reads, dims, args, kwargs
+
+
+def _alike(meets: dict, at: dict, reads: dict) -> bool:
+    """Whether the dims that meet in a contraction are laid out alike once
+    the call's tensors are lined up (both exact, or both read with the same
+    padding): a dim read padded against an exact one of its size would not
+    trace (the program failed, and the call ran exact after it)."""
+    for (pos, d), partners in meets.items():
+        t = at.get(pos)
+        if t is None:
+            continue
+        r = reads.get(id(t))
+        padded = r is not None and r.psize[d] != t.shape[d]
+        for pos2, d2 in partners:
+            u = at.get(pos2)
+            if u is None or t.shape[d] == 1 or u.shape[d2] == 1:
+                continue
+            r2 = reads.get(id(u))
+            if padded != (r2 is not None and r2.psize[d2] != u.shape[d2]):
+                return False
+            if padded and (r.psize[d] != r2.psize[d2] or r.comps[d] != r2.comps[d2]):
+                return False
+    return True
+
+
+def _line_up(pos: Any, t: JaxTensor, tensors: list, reads: dict, dims: dict, exact: dict, exact_sizes: set,
+             elementwise: bool, meets: dict | None, at: dict | None, made: dict) -> Any:
+    """One tensor of :func:`prepare`'s call lined up with the padded ones:
+    ``t`` itself when it stays as it is, ``(PaddedRead, the tensor read)``
+    when it is read padded along more dims, None when it cannot be."""
+    own = reads.get(id(t))
+    if _is_parameter(t):
+        return t
+    # a padded tensor is padded along more dims only where broadcasting
+    # or a contraction lines them up; by size alone (a head dim as long as
+    # the key/value length) it would take a padding that is not its own
+    met_only = own is not None and not elementwise and id(t) not in made
+    keep = exact.get(pos) or ()
+    targets = {}
+    for d, n in enumerate(t.shape):
+        if n <= 1 or d in keep or (own is not None and own.psize[d] != n):
+            continue
+        if met_only and (meets is None or (pos, d) not in meets):
+            continue
+        if elementwise:
+            back = t.dim() - d
+            aligned = [u for _, u in tensors
+                       if id(u) in reads and u.dim() >= back and reads[id(u)].psize[u.dim() - back] != u.shape[-back]]
+            if any(u.shape[-back] != n for u in aligned):
+                return None  # sizes that do not broadcast: the exact run raises torch's error
+            found = {reads[id(u)].comps[u.dim() - back] for u in aligned}
+        elif meets is not None and (pos, d) in meets:
+            # a dim that meets others (a contraction's): padded alike
+            # where they are; its size says nothing (a head dim as long
+            # as the key/value length).  A free dim (a row, a column)
+            # lines up by its size, below
+            found = set()
+            for pos2, d2 in meets.get((pos, d), ()):
+                u = at[pos2]
+                r2 = reads.get(id(u))
+                if r2 is not None and u.shape[d2] == n and r2.psize[d2] != n:
+                    found.add(r2.comps[d2])
+        else:
+            found = {c for (p, size), c in dims.items() if size == n}
+            if found and n in exact_sizes:
+                # the size is a padded dim's and an exact one's (a head
+                # dim as long as the key/value length): which one this
+                # dim lines up with, the size does not say
+                return None
+        if len(found) > 1:
+            return None
+        if found:
+            targets[d] = found.pop()
+    if not targets:
+        return t
+    # an exact tensor is read wider; a padded one whose other dims
+    # line up with padded ones in an elementwise op (a gradient padded
+    # along the batch as well as the length, added to one padded along
+    # the length) is padded along them too
+    r, replaced = _read_widened(t, targets) if own is None else _read_repadded(t, targets)
+    if r is None:
+        return None
+    return r, replaced
 
 
 def _swapped(v: Any, swaps: dict) -> Any:
@@ -1014,12 +1076,16 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
         return None
     arr, padded = found
     comps = padded[dim]
-    if len(comps) != 1 or not comps[0][2]:
-        return None  # not padded along dim, or merged there
     n, length = sizes[dim], grad.shape[dim]
     start = min(max(start + n if start < 0 else start, 0), n)
     if length == 0 or start + length > n:
         return None
+    if comps == ((length, length, False),) and all(sizes[d] == grad.shape[d] for d in range(ndim) if d != dim):
+        # sliced along an exact dim (rotary embeddings' halves of the head
+        # dim): zeros around the gradient there, its padding kept elsewhere
+        return _placed_along_exact(arr, padded, sizes, dim, start, grad)
+    if len(comps) != 1 or not comps[0][2]:
+        return None  # not padded along dim, or merged there
     # the bucket the input was padded to (odd ones in the test mode "all")
     physical_out = max(_padding.room(n, _config.current().dynamic_shapes == "all"), arr.shape[dim])
     if physical_out > _padding.MAX_SIZE:
@@ -1040,6 +1106,28 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
     return _grown(out, sizes, padded, dim, ((physical_out, n, True),), grad)
 
 
+def _placed_along_exact(arr: Any, padded: tuple, sizes: tuple, dim: int, start: int, grad: JaxTensor) -> JaxTensor:
+    """``slice_backward`` of ``grad`` (its padded array ``arr``) along a dim
+    it holds exact: ``arr`` with ``start`` zeros before it along ``dim`` and
+    zeros after it up to ``sizes[dim]``; one program per bucket."""
+    n = sizes[dim]
+    after = n - start - arr.shape[dim]
+    key = ("exact", tuple(arr.shape), str(arr.dtype), dim, start, after)
+    program = _placing_programs.get(key)
+    if program is None:
+        widths = tuple((start, after) if d == dim else (0, 0) for d in range(arr.ndim))
+
+        def body(a):
+            import jax.numpy as jnp
+
+            return jnp.pad(a, widths)
+
+        if len(_placing_programs) > 512:
+            _placing_programs.clear()
+        program = _placing_programs[key] = _program_cache.Kept("pjrt_host.place_gradient", body, key)
+    return _grown(program(arr), sizes, padded, dim, ((n, n, False),), grad)
+
+
 def _grown(out: Any, shape: tuple, padded: tuple, dim: int, comps: tuple, like: JaxTensor) -> JaxTensor:
     """The tensor of a program's result ``out``: logical ``shape``, laid
     out as ``padded`` with ``dim`` made of ``comps``, on ``like``'s device."""
@@ -1057,6 +1145,55 @@ def _grown(out: Any, shape: tuple, padded: tuple, dim: int, comps: tuple, like: 
 
 
 _growing_programs: dict = {}
+
+
+def pad_grows(x: Any, pad: Any) -> bool:
+    """``constant_pad_nd`` growing one dim of an exact ``x`` at its end
+    (``F.pad(labels, (0, 1), value=-100)``: a causal LM's labels, fresh from
+    the host at every step): ``x``'s storage is padded along that dim when
+    its size took a third size at this place (the line of code), as
+    :func:`grows` does for a cat, so that :func:`pad_end` runs it in
+    buckets.  True when it was."""
+    mode = _config.current().dynamic_shapes
+    if not mode or mode == "all" or type(x) is not JaxTensor or x._view is not None \
+            or x._storage.padded is not None or _is_parameter(x) or x.dim() == 0:
+        return False
+    pad = list(pad)
+    ndim = x.dim()
+    if len(pad) % 2 or len(pad) // 2 > ndim:
+        return False
+    grown = [(ndim - 1 - k, pad[2 * k], pad[2 * k + 1]) for k in range(len(pad) // 2) if pad[2 * k] or pad[2 * k + 1]]
+    if len(grown) != 1 or grown[0][1] != 0 or grown[0][2] <= 0:
+        return False
+    from ._meta import inside_backward
+
+    if inside_backward():
+        return False
+    d = grown[0][0]
+    if not _padding.changing_dims(("constant_pad_nd", _caller(), d, ndim), (x.shape[d],)):
+        return False
+    return _pad_storage(x, {d})
+
+
+def cast_grows(t: Any) -> bool:
+    """A cast (``_to_copy`` to another dtype) of an exact ``t`` whose dims
+    took a third size at this place (the line of code): ``t``'s storage is
+    padded along them, as a factory's result is, so that the cast and what
+    reads it run the bucket's programs.  transformers casts each step's
+    fresh ``attention_mask`` to bool before any op with a rule reads it:
+    that cast compiled at every length.  True when it was."""
+    if type(t) is not JaxTensor or t._view is not None or t._storage.padded is not None or t.dim() == 0 \
+            or _is_parameter(t):
+        return False
+    mode = _config.current().dynamic_shapes
+    if not mode or mode == "all":
+        return False
+    from ._meta import inside_backward
+
+    if inside_backward():
+        return False
+    dims = _padding.changing_dims(("_to_copy", _caller()), tuple(t.shape))
+    return bool(dims) and _pad_storage(t, dims)
 
 
 def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:

@@ -46,7 +46,7 @@ from ._padding import PaddedSpec
 from ._signatures import (GENERATOR, ForeignFirst, HostScalar, SequenceArg, Traceable, decode, decoded_positions, encode,
                           encode_dynamic, encode_padded, first_jax_device, has_dynamic, note_miss, scalar_slots)
 from ._sync import note_result, open_segments
-from ._tensor import DONATE, JaxTensor, result_tensor, wrap_array
+from ._tensor import DONATE, JaxTensor, Pending, result_tensor, wrap_array
 
 __all__ = ["CompiledOp", "missing_lowering", "op_name"]
 
@@ -69,6 +69,9 @@ _AGAIN = object()
 #: padded inputs cut to their logical sizes).
 _EXACT = object()
 _FELL_BACK = object()  #: the same, after it tried: its inputs are not padded again
+#: functional op -> the engine op an in-place op runs on padded inputs
+#: (``CompiledOp._padded_in_place``)
+_functionals: dict = {}
 
 
 class _Entry(NamedTuple):
@@ -170,6 +173,10 @@ class CompiledOp:
         fell_back = False
         if _padding.live:
             if self.rule is None:
+                if self.inplace is not None and self.meta_op is not self.func:
+                    written = self._padded_in_place(args, kwargs)
+                    if written is not None:
+                        return written
                 _dynamic_dims.unpad_all(args, kwargs, self.name)  # named in the statistics
             else:
                 result = self._padded(args, kwargs)
@@ -247,6 +254,38 @@ class CompiledOp:
             note_result(index, result)
             return result_tensor(result, outputs[0].shape, outputs[0].dtype, index, place)
         return _wrap_results(result, plan, index, place)
+
+    def _padded_in_place(self, args: tuple, kwargs: dict) -> Any:
+        """An in-place op run as its functional op (``x.sub_(y)`` as
+        ``sub(x, y)``) over padded inputs: the functional op's padded route,
+        and the target's storage takes its result, padded (an exact target
+        beside a padded operand becomes padded, as an input does when its
+        dim becomes dynamic).  None where it cannot be: the target is a view
+        (its storage holds more than it), the functional op has no rule or
+        its call runs exact, or the result is not the target's shape and
+        dtype (the in-place route then raises torch's error).  torch's
+        SiLU backward computes ``1 - sigmoid`` as ``empty_like``, ``fill_``
+        and ``sub_``: its ``sub_`` cut every MLP activation of a Llama
+        training step, which then compiled per length."""
+        target = args[self.inplace] if self.inplace < len(args) else None
+        if type(target) is not JaxTensor or target._view is not None or type(target._storage.place) is not int \
+                or not _config.current().dynamic_shapes or not _dynamic_dims.padded_inputs(args, kwargs):
+            return None
+        functional = _functionals.get(self.meta_op)
+        if functional is None:
+            functional = _functionals[self.meta_op] = CompiledOp(self.meta_op, self.lowering)
+        if functional.rule is None:
+            return None
+        result = functional._padded(args, kwargs)
+        if type(result) is not JaxTensor or result._view is not None or result.shape != target.shape \
+                or result.dtype != target.dtype:
+            return None
+        storage, source = target._storage, result._storage
+        value = source._array
+        if type(value) is not Pending or not value.segment.share(value, storage):
+            storage.commit(source.computed())
+        storage.padded = source.padded
+        return target
 
     def _padded(self, args: tuple, kwargs: dict) -> Any:
         """The call run on its padded inputs, through the program of their

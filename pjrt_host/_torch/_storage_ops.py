@@ -27,7 +27,7 @@ from ._devices import DEVICE_NAME, device_index, jax_device
 from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import check_out_overlap, meta_view_of
-from . import _config, _dynamic_dims, _factories, _fused, _meta, _sharding, _storage_bridge, _strided
+from . import _config, _dynamic_dims, _factories, _fused, _meta, _padding, _sharding, _storage_bridge, _strided
 from ._signatures import Traceable
 from ._sync import names_failed_collectives, run_deferred_checks
 from ._tensor import (JaxTensor, Pending, Storage, contiguous_strides, make, new_tensor, read, view_for,
@@ -92,6 +92,9 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     dtype = device_dtype(dtype)
     storage = self._storage
     stride = strides_for(self, kwargs.get("memory_format", torch.preserve_format))
+    if storage.padded is None and index == storage.device_index and stride is None \
+            and jax_dtype(dtype) != storage.jax_dtype:
+        _dynamic_dims.cast_grows(self)  # (a size that keeps changing at the line: padded first)
     if index == storage.device_index and stride is None:
         recorded = _recorded_read(self, dtype, func)
         if recorded is not None:
@@ -621,10 +624,22 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
         _meta.check_cpu_kernel(func, args, kwargs)  # CPU's own refusal first, where its kernel refuses
         raise
     factory, fill = _LIKE[func.name()]
+    # (a random draw keeps its exact shape: a seed draws the same numbers with buckets and without)
+    random = func.name() in ("aten::rand_like", "aten::randn_like")
     factory_kwargs = {"dtype": meta.dtype, "device": device}
     if "generator" in kwargs:
         factory_kwargs["generator"] = kwargs["generator"]
     shape = tuple(meta.shape)
+    if self._storage.padded is not None and random is False and device == self.device:
+        def values(physical: tuple) -> JaxTensor:
+            with _factories.shaped_after_a_tensor():
+                if fill is not None:
+                    return factory(physical, args[fill], **factory_kwargs)
+                return (torch.zeros if factory is torch.empty else factory)(physical, **factory_kwargs)
+
+        padded = _padded_like(self, meta, values)
+        if padded is not None:
+            return padded
     with _factories.shaped_after_a_tensor():  # (its sizes are that tensor's, not a length changing at a line)
         if func.name() == "aten::new_empty_strided":  # the strides it was given, as on CPU
             out = torch.empty_strided(shape, tuple(meta.stride()), **factory_kwargs)
@@ -640,6 +655,29 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
         out._storage.place = storage.place
         out._storage.array = _sharding.device_put(arr, storage.get().sharding)
     return out
+
+
+def _padded_like(self: JaxTensor, meta: Any, make_values: Callable[[tuple], JaxTensor]) -> JaxTensor | None:
+    """A factory's result shaped like ``self`` (its whole padded storage),
+    laid out as ``self``: ``make_values(physical shape)`` gives its values,
+    padding included, so that what is computed from it runs the bucket's
+    programs (torch's SiLU backward fills an ``empty_like`` of the
+    activation, and an exact one compiled that fill at every length).  None
+    where it is not one: a view, another shape, a layout other than
+    row-major, dynamic shapes off."""
+    storage = self._storage
+    if not _config.current().dynamic_shapes or self._view is not None or tuple(meta.shape) != storage.shape \
+            or not meta.is_contiguous() or type(storage.place) is not int:
+        return None
+    padded = storage.padded
+    values = make_values(_padding.physical_shape(padded))
+    source = values._storage
+    grown = Storage(None, storage.shape, source.jax_dtype, source.device_index)
+    pending = source._array
+    if type(pending) is not Pending or not pending.segment.share(pending, grown):
+        grown.commit(source.get())
+    grown.padded = padded
+    return make(grown, storage.shape, values.dtype)
 
 
 # ---------------------------------------------------------------- batch norm
