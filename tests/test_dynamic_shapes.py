@@ -1525,3 +1525,39 @@ def test_the_gradient_of_a_slice_along_an_exact_dim_keeps_its_padding(eager):
             torch.testing.assert_close(da.grad.cpu(), a.grad)
     stats = torch.jax.dynamic_shape_stats()
     assert "aten::slice_backward" not in stats["cuts_by_op"], stats["cuts_by_op"]
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_gather_by_a_padded_index_and_layouts_alike_but_for_ones_run_padded(eager):
+    """Three calls real models make with padded inputs, each of which cut
+    them (or failed to trace and ran exact): RoBERTa gathers its token
+    types by its padded position ids; Gemma projects its attention output
+    read as ``[2 x T]`` rows of a ``[2, 1, 1, T]`` layout against a
+    ``[2, T]`` one (the same elements but for dims of size 1); T5's
+    softmax backward meets a gradient padded along both lengths with an
+    output padded along one."""
+    _padding.reset()
+    torch.manual_seed(0)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for n in (9, 13):
+            types = torch.arange(40).reshape(1, 40) % 3
+            pos = torch.arange(n).expand(2, n) + torch.tensor([[0], [2]])
+            dpos = _marked(pos, 1)
+            got = torch.gather(types.to("jax").expand(2, -1), 1, dpos)
+            assert got._storage.padded is not None
+            assert torch.equal(got.cpu(), torch.gather(types.expand(2, -1), 1, pos))
+
+            a, b = torch.randn(2, 1, 1, n, 4), torch.randn(2, n, 6)
+            da, db = _marked(a, 3), _marked(b, 1)
+            got = da.reshape(2 * n, 4).t() @ db.reshape(2 * n, 6)
+            torch.testing.assert_close(got.cpu(), torch.sin(a).reshape(2 * n, 4).t() @ torch.sin(b).reshape(2 * n, 6),
+                                       rtol=1e-5, atol=1e-5)
+
+            g, out = torch.randn(2, 3, n, n), torch.softmax(torch.randn(2, 3, n, n), -1)
+            dg = _marked(g, 2) + _marked(torch.zeros(2, 3, n, n), 3)  # padded along both lengths
+            dout = _marked(out, 3)
+            want = torch.ops.aten._softmax_backward_data(torch.sin(g), torch.sin(out), -1, torch.float32)
+            got = torch.ops.aten._softmax_backward_data(dg, dout, -1, torch.float32)
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0 and not stats["cuts_by_op"], (stats["fallbacks_by_reason"], stats["cuts_by_op"])

@@ -102,6 +102,25 @@ def _indexed_exact(args: tuple, kwargs: dict) -> dict:
                                                      default=0)))}
 
 
+def _gathered_exact(args: tuple, kwargs: dict) -> dict:
+    """gather's exact dims: the tensor's dims that merged several (its
+    logical positions are not its first ones: the gathered dim reads
+    logical position i at physical i, the others are read as a prefix of
+    the index's sizes), and the index's other dims where they are shorter
+    than the tensor's (a padded index would read past them).  A padded
+    index is filled 0, always in range (RoBERTa gathers its token types by
+    its padded position ids)."""
+    x = args[0] if args else kwargs.get("self")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    index = args[2] if len(args) > 2 else kwargs.get("index")
+    if not isinstance(x, torch.Tensor) or not isinstance(index, torch.Tensor) or x.dim() == 0 \
+            or index.dim() != x.dim():
+        return {0: set(range(max(getattr(x, "ndim", 0), 1))), 2: set(range(max(getattr(index, "ndim", 0), 1)))}
+    dim %= x.dim()
+    return {0: {d for d in range(x.dim()) if _merged(x, (d,))},
+            2: {d for d in range(index.dim()) if d != dim and index.shape[d] != x.shape[d]}}
+
+
 def _one_component_corner(args: tuple, kwargs: dict) -> dict:
     """tril / triu keep or zero a position by its row and column, which a
     padded input holds at its own logical indices only where each of its
@@ -141,6 +160,26 @@ def _meeting(*pairs: tuple) -> Callable[[tuple, dict], dict]:
                 a, b = found
                 out.setdefault(a, []).append(b)
                 out.setdefault(b, []).append(a)
+        return out
+
+    return align
+
+
+def _leading_dims_meet(a: int, b: int) -> Callable[[tuple, dict], dict]:
+    """A :attr:`Rule.align`: the arguments at ``a`` and ``b`` meet dim by
+    dim, from their first (softmax's gradient and output; an embedding's
+    gradient and its indices, the gradient's last dim the embedding's).  T5's
+    relative position bias came padded along one of its two lengths
+    beside a gradient padded along both: the program failed to trace."""
+    def align(args: tuple, kwargs: dict) -> dict:
+        x = args[a] if a < len(args) else None
+        y = args[b] if b < len(args) else None
+        if type(x) is not JaxTensor or type(y) is not JaxTensor:
+            return {}
+        out: dict = {}
+        for d in range(min(x.dim(), y.dim())):
+            out[(a, d)] = [(b, d)]
+            out[(b, d)] = [(a, d)]
         return out
 
     return align
@@ -226,7 +265,9 @@ _RULES: dict[str, Rule] = {
     # softmax: padding never wins the max and adds exp(-inf) = 0 to the sum;
     # their backwards are sums of products with the (zeroed) output
     "aten::_softmax": Rule(fill="min"), "aten::_log_softmax": Rule(fill="min"), "aten::_safe_softmax": Rule(fill="min"),
-    "aten::_softmax_backward_data": _SUMS, "aten::_log_softmax_backward_data": _SUMS,
+    # the gradient and the output meet dim by dim
+    "aten::_softmax_backward_data": Rule(fill=0, align=_leading_dims_meet(0, 1)),
+    "aten::_log_softmax_backward_data": Rule(fill=0, align=_leading_dims_meet(0, 1)),
     "aten::amax": Rule(fill="min"), "aten::max": Rule(fill="min"),
     "aten::amin": Rule(fill="max"), "aten::min": Rule(fill="max"),
     # any / all / prod: what adds no True, no False, no factor
@@ -239,7 +280,8 @@ _RULES: dict[str, Rule] = {
     "aten::native_layer_norm_backward": Rule(fill=0, exact=_normalised_dims((0, 1), 2, (5, 6))),
     # an index of 0 is always in range; its gradient rows are zeros (unless
     # the backward counts the indices: then they stay exact)
-    "aten::embedding": _SUMS, "aten::embedding_dense_backward": Rule(fill=0, exact=_counted_indices),
+    "aten::embedding": _SUMS, "aten::embedding_dense_backward": Rule(fill=0, exact=_counted_indices,
+                                                                        align=_leading_dims_meet(0, 1)),
     # a position kept or zeroed by its row and column: the same at a
     # padded array's logical positions
     "aten::tril": Rule(fill=None, exact=_one_component_corner),
@@ -251,6 +293,7 @@ _RULES: dict[str, Rule] = {
     # a gather by integer index tensors: their padding reads position 0
     "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
+    "aten::gather": Rule(fill=0, exact=_gathered_exact),
     # padded targets are ignored, as the loss's own ignore_index
     "aten::nll_loss_forward": Rule(fill=0, fills={1: (4, None)}),
     "aten::nll_loss_backward": Rule(fill=0, fills={2: (5, None)}),
@@ -511,7 +554,7 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
                 continue
             if keep and d in keep:
                 return None
-            if dims.setdefault((p, n), c) != c:
+            if not _alike_layout(dims.setdefault((p, n), c), c):
                 return None
         exact_sizes.update(n for p, n in zip(r.psize, t.shape) if p == n and n > 1)
         reads[id(t)] = r
@@ -532,7 +575,7 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
                 r2 = reads.get(id(at.get(pos2)))
                 if r2 is None or r.psize[d] == at[pos].shape[d] or r2.psize[d2] == at[pos2].shape[d2]:
                     continue  # (a dim padded against an exact one: lined up below)
-                if r.psize[d] != r2.psize[d2] or r.comps[d] != r2.comps[d2]:
+                if r.psize[d] != r2.psize[d2] or not _alike_layout(r.comps[d], r2.comps[d2]):
                     return None
     swaps: dict = {}
     made: dict = {}  # id of a copy padded here -> id of the argument it stands for
@@ -587,9 +630,17 @@ def _alike(meets: dict, at: dict, reads: dict) -> bool:
             r2 = reads.get(id(u))
             if padded != (r2 is not None and r2.psize[d2] != u.shape[d2]):
                 return False
-            if padded and (r.psize[d] != r2.psize[d2] or r.comps[d] != r2.comps[d2]):
+            if padded and (r.psize[d] != r2.psize[d2] or not _alike_layout(r.comps[d], r2.comps[d2])):
                 return False
     return True
+
+
+def _alike_layout(a: tuple, b: tuple) -> bool:
+    """Whether two dims' components lay their elements out alike: the same
+    components once the ones of size 1 are left out (a ``[2, 1, 1, T]``
+    read as one dim of ``2 x T`` against a ``[2, T]`` one: Gemma's
+    attention output projected back)."""
+    return a == b or tuple(c for c in a if c[0] != 1) == tuple(c for c in b if c[0] != 1)
 
 
 def _line_up(pos: Any, t: JaxTensor, tensors: list, reads: dict, dims: dict, exact: dict, exact_sizes: set,
