@@ -1561,3 +1561,56 @@ def test_gather_by_a_padded_index_and_layouts_alike_but_for_ones_run_padded(eage
             torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
     stats = torch.jax.dynamic_shape_stats()
     assert stats["fallbacks"] == 0 and not stats["cuts_by_op"], (stats["fallbacks_by_reason"], stats["cuts_by_op"])
+
+
+class _Positions(torch.nn.Module):
+    """BERT's embeddings: position ids and token types sliced from buffers
+    of the longest length, the token types gathered by the positions and
+    expanded over the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.words = torch.nn.Embedding(50, 8)
+        self.places = torch.nn.Embedding(64, 8)
+        self.kinds = torch.nn.Embedding(2, 8)
+        self.register_buffer("position_ids", torch.arange(64).expand(1, -1), persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros(1, 64, dtype=torch.long), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        n = ids.shape[1]
+        positions = self.position_ids[:, :n]
+        kinds = torch.gather(self.token_type_ids.expand(ids.shape[0], -1), 1, positions.expand(ids.shape[0], -1))
+        return self.words(ids) + self.places(positions) + self.kinds(kinds)
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_slices_of_a_longer_buffer_are_read_wider_and_a_new_length_compiles_nothing(eager):
+    """A slice of a buffer longer than the bucket (BERT's position ids and
+    token types, ``self.position_ids[:, :L]``) cannot be padded in place:
+    it is read wider, the buffer's next elements masked as padding, by the
+    ops and by their index checks.  Each step at a new length compiled the
+    embedding, its check and the gather again."""
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = _Positions()
+    dev = _Positions().to("jax")
+    dev.load_state_dict(cpu.state_dict())
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for n in (20, 23, 27, 30, 25):
+            ids = torch.randint(0, 50, (2, n))
+            before = _compiled()
+            got = dev(ids.to("jax"))
+            torch.testing.assert_close(got.cpu(), cpu(ids))
+            compiled.append(_compiled() - before)
+        # the check of a slice read wider sees its logical values only: the
+        # buffer's next elements (99, out of range) are padding
+        rows = torch.cat([torch.arange(64), torch.full((36,), 99)]).to("jax").expand(1, -1)
+        for start, n in ((0, 20), (0, 23), (0, 27), (34, 30)):
+            torch.testing.assert_close(dev.places(rows[:, start:start + n]).cpu(),
+                                       cpu.places(torch.arange(start, start + n).view(1, -1)))
+        with pytest.raises(IndexError, match="index out of range"):
+            dev.places(rows[:, 40:70]).cpu()
+    assert compiled[3:] == [0, 0], compiled
+    stats = torch.jax.dynamic_shape_stats()
+    assert not stats["cuts_by_op"] and not stats["fallbacks"], (stats["cuts_by_op"], stats["fallbacks_by_reason"])

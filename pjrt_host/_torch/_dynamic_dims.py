@@ -345,7 +345,7 @@ def fill_of(rule: Rule, position: Any, args: tuple, kwargs: dict) -> Any:
 
 def padded_inputs(args: tuple, kwargs: dict) -> list:
     """The call's 'jax' tensors (in lists too) whose storage is padded, or
-    that are expands of an exact one read wider (:func:`_mark_expanded`)."""
+    that are views of an exact one read wider (:func:`mark_wider`)."""
     return [t for _, t in _tensor_args(args, kwargs, lists=True)
             if t._storage.padded is not None or _WIDE in t.__dict__]
 
@@ -709,6 +709,11 @@ def _swapped(v: Any, swaps: dict) -> Any:
     return swaps.get(id(v), v)
 
 
+def read_wider(t: JaxTensor, wide: dict) -> PaddedRead | None:
+    """How a view marked by :func:`mark_wider` is read (None: it cannot be)."""
+    return _read_widened(t, wide)[0]
+
+
 def _read_widened(t: JaxTensor, targets: dict) -> tuple:
     """An exact tensor read as padded along ``targets`` (dim ->
     components): ``(PaddedRead, the tensor read)``, ``(None, t)`` when it
@@ -719,8 +724,13 @@ def _read_widened(t: JaxTensor, targets: dict) -> tuple:
             (view is not None and view.elem is not None):
         return None, t
     stride = t.stride()
-    if all(stride[d] == 0 for d in targets):
-        # expanded dims: a wider expand reads the same element
+    # (a slice is read wider only along a dim of one component: logical
+    # position i at physical i; an expand reads the same element anywhere)
+    if view is not None and all(stride[d] == 0 or len(c) == 1 for d, c in targets.items()) \
+            and _fits_wider(t, {d: math.prod(x[0] for x in c) for d, c in targets.items()}):
+        # expanded dims (a wider expand reads the same element) or a slice
+        # of a longer storage (the wider slice reads elements the masks
+        # make padding): read wider, no copy
         r = read_of(t, exact=True)
         if r is None:
             return None, t
@@ -728,7 +738,8 @@ def _read_widened(t: JaxTensor, targets: dict) -> tuple:
                                                list(r.masks), list(r.sizes), list(r.comps))
         for d, c in targets.items():
             psize[d] = math.prod(x[0] for x in c)
-            pstride[d] = 0
+            if stride[d] == 0:
+                pstride[d] = 0
             masks[d], sizes[d] = _terms(c)
             comps[d] = c
         pview = view_for(_Physical(r.physical, storage.jax_dtype), tuple(psize), tuple(pstride), r.offset_elements)
@@ -840,7 +851,7 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
                 dims |= {d for d in marked if d < len(shape) and _padding.dynamic_ok(shape[d])}
         if dims and op.rule.exact is not None:
             dims -= op.rule.exact(args, kwargs).get(pos, set())
-        if dims and (_mark_expanded(t, dims, odd=mode == "all")
+        if dims and (mark_wider(t, dims, odd=mode == "all")
                      or (not backward and _pad_storage(t, dims, odd=mode == "all"))):
             padded_any = True
     return padded_any
@@ -851,27 +862,42 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
 _WIDE = _padding.WIDE
 
 
-def _mark_expanded(t: JaxTensor, dims: set, odd: bool = False) -> bool:
-    """``t``, an expand of an exact storage along ``dims`` (stride 0 there),
-    is read by padded calls as an expand to their buckets: the same elements,
-    no copy (``prepare``).  Autograd's gradient of a sum or a mean over a
-    dynamic dim is such an expand, of a size that changes with the length;
-    read wider, what is computed from it is padded and runs the bucket's
-    programs.  False: ``t`` is not one."""
+def mark_wider(t: JaxTensor, dims: set, odd: bool = False) -> bool:
+    """``t``, a view of an exact storage, is read by padded calls wider
+    along ``dims`` to their buckets: the same elements, no copy
+    (``prepare``).  Along an expanded dim (stride 0) a wider expand reads
+    the same element; along a slice of a longer storage (BERT's position
+    ids, ``self.position_ids[:, :L]`` of a buffer of 512) the wider slice
+    reads the storage's next elements, which the reads mask as padding --
+    where it stays inside the storage.  Autograd's gradient of a sum or a
+    mean over a dynamic dim is such an expand, of a size that changes with
+    the length; read wider, what is computed from it is padded and runs
+    the bucket's programs.  False: ``t`` is not one."""
     storage = t._storage
     view = t._view
     if view is None or view.elem is not None or storage.padded is not None or type(storage.place) is not int:
         return False
-    stride = t.stride()
-    if any(stride[d] != 0 for d in dims):
-        return False
     shape = t.shape
     wide = {d: ((_padding.room(shape[d], odd), shape[d], True),) for d in dims}
-    if all(c[0][0] == c[0][1] for c in wide.values()):
+    wide = {d: c for d, c in wide.items() if c[0][0] != c[0][1]}
+    if not wide or not _fits_wider(t, {d: c[0][0] for d, c in wide.items()}):
         return False
-    t.__dict__[_WIDE] = {d: c for d, c in wide.items() if c[0][0] != c[0][1]}
+    t.__dict__[_WIDE] = wide
     _padding.live = True
     return True
+
+
+def _fits_wider(t: JaxTensor, sizes: dict) -> bool:
+    """Whether ``t``'s view, ``sizes`` long along those dims (dim -> size),
+    stays inside its storage: every such dim expanded (stride 0), or the
+    last element it reads within the storage's."""
+    stride = t.stride()
+    if all(stride[d] == 0 for d in sizes):
+        return True
+    if any(st < 0 for st in stride):
+        return False
+    last = t.storage_offset() + sum((sizes.get(d, n) - 1) * st for d, (n, st) in enumerate(zip(t.shape, stride)))
+    return last < t._storage.numel
 
 
 _SIZES = _padding.SIZES

@@ -228,8 +228,10 @@ def _padded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
     check reads the index exact."""
     mode = _config.current().dynamic_shapes
     view = index._view
-    if not mode or (view is not None and (view.kind != "reshape" or view.elem is not None)):
+    if not mode or (view is not None and view.elem is not None):
         return None
+    if view is not None and view.kind != "reshape":
+        return _wider_bounds(index, ignore, mode)
     storage = index._storage
     if storage.padded is None:
         if type(storage.place) is not int or not _pad_index(storage, mode):
@@ -262,29 +264,97 @@ def _padded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
     return fn(arr, 0 if ignore is None else int(ignore), *sizes), _Cut(arr, comps)
 
 
+def _wider_bounds(index: JaxTensor, ignore: int | None, mode: Any) -> tuple | None:
+    """``(bounds, values)`` of an index that is a view of a padded storage,
+    or of an exact one read wider (``_dynamic_dims.mark_wider``: BERT's
+    position ids, a slice of a buffer of 512 that an embedding reads
+    padded): the min and max of
+    its logical values from one program per bucket, the logical sizes
+    passed at run time.  An embedding's index is marked here when its dims
+    took a third size at the place :func:`_pad_index` counts them at.  None:
+    the check reads it exact."""
+    from . import _dynamic_dims
+
+    storage = index._storage
+    if type(storage.place) is not int:
+        return None
+    if storage.padded is not None:  # a view of a padded storage (transformers' token types: an expand)
+        r = _dynamic_dims.read_of(index)
+    else:
+        wide = index.__dict__.get(_padding.WIDE)
+        if wide is None:
+            dims = _changing_index_dims(tuple(index.shape), mode)
+            if not dims or not _dynamic_dims.mark_wider(index, dims, odd=mode == "all"):
+                return None
+            wide = index.__dict__[_padding.WIDE]
+        r = _dynamic_dims.read_wider(index, wide)
+    if r is None:
+        return None
+    key = ("wider", r.view, r.physical, str(storage.jax_dtype), r.masks, ignore is not None)
+    fn = _padded_programs.get(key)
+    if fn is None:
+        from . import _strided
+
+        static, masks, except_ = r.view, r.masks, ignore is not None
+
+        def body(a: Any, off: Any, v: Any, *logical: Any) -> Any:
+            if static is not None:
+                a = _strided.read(a, static, off)
+            if except_:
+                a = jnp.where(a == v, 0, a)
+            a = _padding.fill(a, masks, logical, 0)  # 0 is in range wherever there is something to check
+            return jnp.stack([jnp.min(a), jnp.max(a)]).astype(jnp.int64)
+
+        if len(_padded_programs) > 256:
+            _padded_programs.clear()
+        fn = _padded_programs[key] = _program_cache.Kept("pjrt_host.minmax_wider", body, key)
+    sizes = [_padding.device_scalar(n, storage.place) for dim in r.sizes for n in dim]
+    arr = storage.computed() if storage.padded is not None else storage.get()
+    return fn(arr, r.offset, 0 if ignore is None else int(ignore), *sizes), _Logical(index)
+
+
+class _Logical:
+    """An index's logical values, read on the host when an error names the
+    first bad one."""
+
+    def __init__(self, index: JaxTensor) -> None:
+        self.index = index
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return self.index.detach().cpu().numpy().reshape(-1)
+
+
+def _changing_index_dims(shape: tuple, mode: Any) -> set:
+    """The dims of the checked op's index that took a third size at its
+    place (the line that called the op and the shape of the tensor it
+    indexes: an embedding's weight, the buffer RoBERTa gathers its token
+    types from); every dim longer than 1 in the mode "all"."""
+    if mode == "all":
+        return {d for d, n in enumerate(shape) if n > 1}
+    if len(_seen) > 4096:
+        _seen.clear()
+    first = _local.args[0] if _local.args else None
+    place = (_padding.caller(), tuple(first.shape) if isinstance(first, torch.Tensor) else None)
+    sizes = _seen.setdefault((_local.op, place, len(shape)), [set() for _ in shape])
+    dims = set()
+    for d, n in enumerate(shape):
+        sizes[d].add(n)
+        if len(sizes[d]) >= _SIZES and n > 1:
+            dims.add(d)
+    return dims
+
+
 def _pad_index(storage: Any, mode: Any) -> bool:
     """Pad an exact index's ``storage`` for the op being checked to read it
     padded; False where it is not padded."""
     op = _local.op
     shape = storage.shape
     if op == "aten::embedding":
-        if mode == "all":
-            dims = {d for d, n in enumerate(shape) if n > 1}
-        else:
-            if len(_seen) > 4096:
-                _seen.clear()
-            # at the place an op's inputs are counted at (_dynamic_dims.on_miss):
-            # counted by the op alone, T5's token ids ([4, 32], [4, 16]) and its
-            # relative positions ([32, 32], [16, 16]) gave a dim three sizes, and
-            # every training step of fixed shapes ran padded, 3.5x slower
-            weight = _local.args[0]
-            place = (_padding.caller(), tuple(weight.shape))
-            sizes = _seen.setdefault((op, place, len(shape)), [set() for _ in shape])
-            dims = set()
-            for d, n in enumerate(shape):
-                sizes[d].add(n)
-                if len(sizes[d]) >= _SIZES and n > 1:
-                    dims.add(d)
+        # at the place an op's inputs are counted at (_dynamic_dims.on_miss):
+        # counted by the op alone, T5's token ids ([4, 32], [4, 16]) and its
+        # relative positions ([32, 32], [16, 16]) gave a dim three sizes, and
+        # every training step of fixed shapes ran padded, 3.5x slower
+        dims = _changing_index_dims(shape, mode)
         return bool(dims) and _padding.pad_storage(storage, dims, odd=mode == "all")
     if op == "aten::nll_loss_forward":
         # the targets line up with the input's rows: laid out as they are

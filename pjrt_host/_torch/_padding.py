@@ -315,7 +315,7 @@ _pad_programs: dict[tuple, Any] = {}
 #: engine's hot path does not look for padded inputs.
 live = False
 #: The key in a tensor's ``__dict__`` of the dims an expand of an exact
-#: storage is read wider along (``_dynamic_dims._mark_expanded``).
+#: storage is read wider along (``_dynamic_dims.mark_wider``).
 WIDE = "_pjrt_wide"
 
 
