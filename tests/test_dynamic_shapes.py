@@ -1614,3 +1614,17 @@ def test_slices_of_a_longer_buffer_are_read_wider_and_a_new_length_compiles_noth
     assert compiled[3:] == [0, 0], compiled
     stats = torch.jax.dynamic_shape_stats()
     assert not stats["cuts_by_op"] and not stats["fallbacks"], (stats["cuts_by_op"], stats["fallbacks_by_reason"])
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_view_read_wider_then_changed_in_place_is_read_as_it_is_now(eager):
+    """A view marked to be read wider (its dims, by number) then changed by
+    an in-place view op (``unsqueeze_``): the mark named dims it no longer
+    has, and the next op raised numpy's ValueError (fuzz seed 23000157,
+    padded modes).  The mark is dropped once the view's shape changes."""
+    x = torch.arange(12).reshape(3, 1, 4)
+    with pjrt_host.config(dynamic_shapes="all", eager=eager):
+        v = x.to("jax").unbind(-3)[0]
+        assert torch.equal(torch.sub(v, v, alpha=2).cpu(), -x[0])
+        v.unsqueeze_(0)
+        assert torch.equal(torch.round(v / 4).cpu(), torch.round(x[0].unsqueeze(0) / 4))

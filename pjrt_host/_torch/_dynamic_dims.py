@@ -347,7 +347,7 @@ def padded_inputs(args: tuple, kwargs: dict) -> list:
     """The call's 'jax' tensors (in lists too) whose storage is padded, or
     that are views of an exact one read wider (:func:`mark_wider`)."""
     return [t for _, t in _tensor_args(args, kwargs, lists=True)
-            if t._storage.padded is not None or _WIDE in t.__dict__]
+            if t._storage.padded is not None or (_WIDE in t.__dict__ and wide_of(t) is not None)]
 
 
 def unpad_all(args: tuple, kwargs: dict, who: str) -> None:
@@ -538,7 +538,7 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
     exact_sizes: set = set()  # sizes of dims exact in padded tensors
     for pos, t in tensors:
         if t._storage.padded is None:
-            wide = t.__dict__.get(_WIDE)
+            wide = wide_of(t) if _WIDE in t.__dict__ else None
             if wide is None:
                 continue
             r = _read_widened(t, wide)[0]  # an expand read wider: no copy
@@ -882,9 +882,24 @@ def mark_wider(t: JaxTensor, dims: set, odd: bool = False) -> bool:
     wide = {d: c for d, c in wide.items() if c[0][0] != c[0][1]}
     if not wide or not _fits_wider(t, {d: c[0][0] for d, c in wide.items()}):
         return False
-    t.__dict__[_WIDE] = wide
+    t.__dict__[_WIDE] = (tuple(shape), t.stride(), wide)
     _padding.live = True
     return True
+
+
+def wide_of(t: JaxTensor) -> dict | None:
+    """The dims ``t`` is read wider along (:func:`mark_wider`: dim ->
+    components); None where it is not, or where an in-place view op
+    (``unsqueeze_``, ``transpose_``) has changed its shape or strides since
+    (the mark is dropped: its dims would name others)."""
+    found = t.__dict__.get(_WIDE)
+    if found is None:
+        return None
+    shape, stride, wide = found
+    if shape != tuple(t.shape) or stride != t.stride():
+        del t.__dict__[_WIDE]
+        return None
+    return wide
 
 
 def _fits_wider(t: JaxTensor, sizes: dict) -> bool:

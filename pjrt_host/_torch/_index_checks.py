@@ -281,12 +281,12 @@ def _wider_bounds(index: JaxTensor, ignore: int | None, mode: Any) -> tuple | No
     if storage.padded is not None:  # a view of a padded storage (transformers' token types: an expand)
         r = _dynamic_dims.read_of(index)
     else:
-        wide = index.__dict__.get(_padding.WIDE)
+        wide = _dynamic_dims.wide_of(index)
         if wide is None:
             dims = _changing_index_dims(tuple(index.shape), mode)
             if not dims or not _dynamic_dims.mark_wider(index, dims, odd=mode == "all"):
                 return None
-            wide = index.__dict__[_padding.WIDE]
+            wide = _dynamic_dims.wide_of(index)
         r = _dynamic_dims.read_wider(index, wide)
     if r is None:
         return None
