@@ -178,10 +178,8 @@ def run_python(args: list[str], *, site: Site | None = None, env: dict[str, str]
              if not k.startswith(("PJRT_", "PYTEST_")) or k == "PJRT_HOST_CACHE_DIR"}
     if _OUR_JAX_PLATFORMS:
         child.pop("JAX_PLATFORMS", None)
-    # a child that aborts or faults ("terminate called without an active
-    # exception" at a program-cache test child's exit, about 1 run of that
-    # test in 20 under load) leaves every thread's Python stack in its
-    # stderr, which the failing assert shows
+    # a child that aborts or faults leaves every thread's Python stack in
+    # its stderr, which the failing assert shows
     child.setdefault("PYTHONFAULTHANDLER", "1")
     if site is not None:
         child["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site.path), child.get("PYTHONPATH")]))

@@ -64,19 +64,25 @@ def test_inference_mode_and_functorch():
 
 @pytest.mark.parametrize("zero_copy", [("cpu",), ()])
 def test_moves_use_dlpack_only_where_the_plugin_allows(monkeypatch, zero_copy):
+    """Reading a 'jax' tensor into torch CPU goes through DLPack where the
+    plugin allows it; a CPU tensor moved to the device always goes by host
+    memory (one copy either way, and no torch deleter left for a runtime
+    thread to call: test_transfers' exit test)."""
     import jax
 
     from pjrt_host._torch import _conversion
 
     torch.zeros(1, device=DEV)  # the client exists
     monkeypatch.setattr(_conversion, "_zero_copy", zero_copy)
-    calls = []
-    real = jax.dlpack.from_dlpack
-    monkeypatch.setattr(jax.dlpack, "from_dlpack", lambda x, *a, **k: calls.append(1) or real(x, *a, **k))
+    imports, exports = [], []
+    real_import, real_export = jax.dlpack.from_dlpack, torch.from_dlpack
+    monkeypatch.setattr(jax.dlpack, "from_dlpack", lambda x, *a, **k: imports.append(1) or real_import(x, *a, **k))
+    monkeypatch.setattr(torch, "from_dlpack", lambda x, *a, **k: exports.append(1) or real_export(x, *a, **k))
     c = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # non-contiguous source
     j = c.to(DEV)
-    assert bool(calls) == bool(zero_copy)
+    assert not imports
     assert torch.equal(j.cpu(), c)
+    assert bool(exports) == bool(zero_copy)
     c.zero_()  # the source is not aliased
     assert j.cpu().sum().item() == 66.0
     b = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)

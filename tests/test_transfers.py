@@ -1,6 +1,6 @@
 """Every dtype jax holds moves between torch CPU and the 'jax' device, both
 ways, bit-exactly (NaN payloads, negative zero, subnormals), on a plugin
-that takes CPU tensors through DLPack (cpu_ref) and on one that does not
+that hands its arrays to torch CPU through DLPack (cpu_ref) and on one that does not
 (every other plugin: the data goes through host memory, where numpy has no
 bfloat16 or float8).  Each plugin runs in its own child process, as a user
 selects it (PJRT_DEVICE), the second installed as a real distribution."""
@@ -177,3 +177,27 @@ def test_a_dtype_jax_cannot_hold_is_refused_naming_it_and_what_to_use(moved, plu
         assert error is not None, f"torch.{name} moved to 'jax', which has no such dtype"
         assert error.startswith("TypeError: pjrt_host: torch dtype torch.") and name in error, error
         assert "; use " in error, error
+
+
+# A program still running at exit, reading a tensor moved from torch CPU.
+# The program and the interpreter's shutdown overlap; whichever ends first,
+# the process exits cleanly.  When the device held the tensor through a DLPack
+# import, the worker that finished the program took Python's lock from inside
+# the interpreter's shutdown and the process aborted ("terminate called
+# without an active exception"), in about half of these runs.
+_EXIT_WHILE_RUNNING = textwrap.dedent(r"""
+    import sys
+    import torch
+    n = int(sys.argv[1])
+    w = torch.randn(n, n).to("jax")
+    (w @ w).cpu()  # compiled: the last program starts at once
+    moved = torch.randn(n, n).to("jax")
+    last = w @ moved
+    del moved
+""")
+
+
+def test_exiting_while_a_program_reads_a_moved_tensor_exits_cleanly():
+    for n in (800, 1000, 1200):
+        proc = run_python(["-c", _EXIT_WHILE_RUNNING, str(n)], env={"PJRT_DEVICE": "cpu_ref", "PJRT_HOST_EAGER": "op"})
+        assert proc.returncode == 0, (n, proc.returncode, proc.stderr[-3000:])

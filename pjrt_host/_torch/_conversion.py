@@ -54,8 +54,9 @@ def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) 
     if dtype is not None and dtype != t.dtype:
         t = t.to(dtype)
     target = jax_device(index)
-    if t.device.type in zero_copy_devices():
+    if t.device.type != "cpu" and t.device.type in zero_copy_devices():
         try:
+            _wait_at_exit()
             arr = jax.dlpack.from_dlpack(t.clone(memory_format=torch.contiguous_format))
             if arr.devices() != {target}:
                 arr = jax.device_put(arr, target)
@@ -69,6 +70,30 @@ def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) 
         if 0 <= value.ctypes.data - storage.data_ptr() < storage.nbytes():
             value = value.copy()  # the one copy; the device keeps it, not the tensor's memory
     return jax.device_put(value, target, may_alias=False)
+
+
+_waits_at_exit = False
+
+
+def _wait_at_exit() -> None:
+    """Once a torch tensor has been imported through DLPack: wait at exit,
+    while Python still runs, for every live array of the plugin's devices, so
+    that no program still reading an import ends during the interpreter's
+    shutdown (module docstring)."""
+    global _waits_at_exit
+    if not _waits_at_exit:
+        import atexit
+
+        _waits_at_exit = True
+        atexit.register(_wait_for_device_work)
+
+
+def _wait_for_device_work() -> None:
+    try:
+        pending = [a for a in jax_device(0).client.live_arrays() if not a.is_deleted()]
+        jax.block_until_ready(pending)
+    except Exception:  # at exit nothing is to be raised: a failed program has nothing left to say
+        pass
 
 
 # jax device -> whether device_put of a numpy array leaves the array using
