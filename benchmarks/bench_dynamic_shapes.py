@@ -66,14 +66,19 @@ if job == "train":
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
     lengths = [int(x) for x in torch.randint(18, 129, (steps,), generator=g)]
-    times, losses = [], []
+    times, losses, programs = [], [], []
+    made = (lambda: 0) if device == "cpu" else (
+        lambda: torch.jax.program_cache_stats()["compiled"] + torch.jax.program_cache_stats()["disk_hits"])
     for n in lengths:
         ids = torch.randint(0, 1000, (4, n), generator=g).to(device)
+        before = made()
         t = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward(); opt.step(); opt.zero_grad()
         losses.append(loss.item()); times.append(time.perf_counter() - t)
-    out = {"total": sum(times), "last4": sum(times[-4:]), "losses": losses}
+        programs.append(made() - before)
+    out = {"total": sum(times), "last4": sum(times[-4:]), "losses": losses, "lengths": lengths, "times": times,
+           "programs": programs}
 elif job == "generate":
     model.eval()
     g = torch.Generator().manual_seed(1)
@@ -222,6 +227,9 @@ def main() -> None:
                 print(f"  jax dynamic={dynamic}: total {r['total']:.2f} s ({r['total'] / cpu['total']:.1f}x cpu), "
                       f"last 4 {r['last4']:.3f} s ({r['last4'] / cpu['last4']:.1f}x cpu), losses within {worst:.1e} "
                       f"of cpu; {r['stats']}; cuts {r['cuts_by_op']}")
+                print(f"    per step (length: s, programs): "
+                      f"{[f'{n}: {t:.2f}, {p}' for n, t, p in zip(r['lengths'], r['times'], r['programs'])]}")
+            print(f"    cpu per step (s): {[round(t, 3) for t in cpu['times']]}")
             print(f"  dynamic on / off: total {rows['1']['total'] / rows['0']['total']:.2f}, "
                   f"last 4 {rows['1']['last4'] / rows['0']['last4']:.2f}")
     if args.only in (None, "compile"):

@@ -46,7 +46,7 @@ from ._padding import PaddedSpec
 from ._signatures import (GENERATOR, ForeignFirst, HostScalar, SequenceArg, Traceable, decode, decoded_positions, encode,
                           encode_dynamic, encode_padded, first_jax_device, has_dynamic, note_miss, scalar_slots)
 from ._sync import note_result, open_segments
-from ._tensor import DONATE, JaxTensor, Pending, result_tensor, wrap_array
+from ._tensor import DONATE, JaxTensor, result_tensor, wrap_array
 
 __all__ = ["CompiledOp", "missing_lowering", "op_name"]
 
@@ -280,11 +280,7 @@ class CompiledOp:
         if type(result) is not JaxTensor or result._view is not None or result.shape != target.shape \
                 or result.dtype != target.dtype:
             return None
-        storage, source = target._storage, result._storage
-        value = source._array
-        if type(value) is not Pending or not value.segment.share(value, storage):
-            storage.commit(source.computed())
-        storage.padded = source.padded
+        target._storage.take(result._storage)
         return target
 
     def _padded(self, args: tuple, kwargs: dict) -> Any:

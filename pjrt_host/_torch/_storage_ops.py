@@ -673,9 +673,7 @@ def _padded_like(self: JaxTensor, meta: Any, make_values: Callable[[tuple], JaxT
     values = make_values(_padding.physical_shape(padded))
     source = values._storage
     grown = Storage(None, storage.shape, source.jax_dtype, source.device_index)
-    pending = source._array
-    if type(pending) is not Pending or not pending.segment.share(pending, grown):
-        grown.commit(source.get())
+    grown.take(source)
     grown.padded = padded
     return make(grown, storage.shape, values.dtype)
 

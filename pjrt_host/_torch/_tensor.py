@@ -174,6 +174,15 @@ class Storage:
         if type(array) is not Pending:
             note_result(self.device_index, array)
 
+    def take(self, source: "Storage") -> None:
+        """Make ``source``'s whole array (padding included) this storage's
+        values, laid out as ``source`` is: under fused eager a result still
+        pending is shared, not computed (its segment goes on recording)."""
+        value = source._array
+        if type(value) is not Pending or not value.segment.share(value, self):
+            self.commit(source.computed() if value is not None else source.get())  # (get: an empty's zeros)
+        self.padded = source.padded
+
 
 _empty_arrays: dict[tuple, Any] = {}
 
