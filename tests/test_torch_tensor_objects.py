@@ -144,3 +144,16 @@ def test_sparse_gradients_come_back_dense():
     torch.optim.SGD(emb.parameters(), lr=0.1).step()
     torch.optim.SGD(emb_j.parameters(), lr=0.1).step()
     torch.testing.assert_close(emb_j.weight.detach().cpu(), emb.weight.detach())
+
+
+def test_the_exit_wait_for_dlpack_imports_leaves_no_program_running():
+    """The exit hook a DLPack import registers (a CUDA tensor moved to a GPU
+    plugin; test_transfers has the abort it prevents) waits for every
+    program of the device's client."""
+    from pjrt_host._torch._conversion import _wait_for_device_work
+    from pjrt_host._torch._tensor import read
+
+    x = torch.randn(384, 384, device=DEV)
+    results = [read(x @ x @ x + k) for k in range(4)]
+    _wait_for_device_work()
+    assert all(r.is_ready() for r in results)
