@@ -748,6 +748,38 @@ def test_causal_attention_over_padded_lengths_trains_as_on_cpu(eager):
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_attention_with_dropout_over_padded_lengths_makes_its_causal_mask_padded(eager):
+    """Attention with dropout over padded inputs runs torch's composite,
+    whose causal mask is ``ones(L, S)`` of the inputs' lengths: it is made
+    padded at once (its line first runs when the inputs are padded, so it
+    was exact for two more lengths, and GPT-2's default config compiled its
+    segments again in each bucket).  A second length of a bucket compiles
+    nothing, and every length draws what the exact run of its seed draws."""
+    _padding.reset()
+    made = []
+    for n in (33, 37, 41):
+        x = torch.randn(3, 2, n, 8)
+        outs = {}
+        for mode in (False, True):
+            with pjrt_host.config(dynamic_shapes=mode, eager=eager):
+                q, k, v = (x.to("jax") * c for c in (1.0, 0.5, 2.0))
+                if mode:
+                    for t in (q, k, v):
+                        torch._dynamo.mark_dynamic(t, 2)
+                    q, k, v = q * 1, k * 1, v * 1  # padded from here on
+                    assert k._storage.padded is not None
+                    before = _compiled()
+                torch.manual_seed(n)
+                outs[mode] = F.scaled_dot_product_attention(q, k, v, dropout_p=0.25, is_causal=True).cpu()
+                if mode:
+                    made.append(_compiled() - before)
+        torch.testing.assert_close(outs[True], outs[False])
+    assert made[1:] == [0, 0], made
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
+
+
 def test_a_line_that_runs_layers_of_every_width_pads_no_width():
     # one line of code (a Linear's forward) runs layers of widths 8 and 24:
     # the widths are the parameters', not a dim that changes
