@@ -625,7 +625,7 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
         raise
     factory, fill = _LIKE[func.name()]
     # (a random draw keeps its exact shape: a seed draws the same numbers with buckets and without)
-    random = func.name() in ("aten::rand_like", "aten::randn_like")
+    random = torch.Tag.nondeterministic_seeded in func.tags
     factory_kwargs = {"dtype": meta.dtype, "device": device}
     if "generator" in kwargs:
         factory_kwargs["generator"] = kwargs["generator"]
