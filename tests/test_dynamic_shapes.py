@@ -46,10 +46,12 @@ def _step(model: Block, x: torch.Tensor, target: torch.Tensor) -> tuple:
     return loss, [p.grad for p in model.parameters() if p.grad is not None]
 
 
-def _pair() -> tuple[Block, Block]:
+def _pair(block: type = None) -> tuple:
+    """A seeded model of ``block`` (default :class:`Block`) on CPU and its copy on 'jax'."""
+    block = block or Block
     torch.manual_seed(0)
-    cpu = Block()
-    dev = Block().to("jax")
+    cpu = block()
+    dev = block().to("jax")
     dev.load_state_dict(cpu.state_dict())
     return cpu, dev
 
@@ -234,10 +236,7 @@ def _train_on_ids(block: type, lengths: list) -> list:
     targets of 3 sequences per length, seeded by it), each compared with
     CPU's; per step, the programs it compiled."""
     _padding.reset()
-    torch.manual_seed(0)
-    cpu = block()
-    dev = block().to("jax")
-    dev.load_state_dict(cpu.state_dict())
+    cpu, dev = _pair(block)
     compiled = []
     with pjrt_host.config(dynamic_shapes=True):
         for t in lengths:
@@ -300,10 +299,7 @@ def test_labels_padded_at_the_end_of_their_length_stay_in_its_bucket(mode):
     from pjrt_host._torch import _dynamic_dims
 
     _padding.reset()
-    torch.manual_seed(0)
-    cpu = LabelsPaddedBlock()
-    dev = LabelsPaddedBlock().to("jax")
-    dev.load_state_dict(cpu.state_dict())
+    cpu, dev = _pair(LabelsPaddedBlock)
     compiled = []
     with pjrt_host.config(dynamic_shapes=mode):
         for t in [20, 23, 27, 29, 21, 30, 25, 26]:
@@ -1623,10 +1619,7 @@ def test_slices_of_a_longer_buffer_are_read_wider_and_a_new_length_compiles_noth
     ops and by their index checks.  Each step at a new length compiled the
     embedding, its check and the gather again."""
     _padding.reset()
-    torch.manual_seed(0)
-    cpu = _Positions()
-    dev = _Positions().to("jax")
-    dev.load_state_dict(cpu.state_dict())
+    cpu, dev = _pair(_Positions)
     compiled = []
     with pjrt_host.config(dynamic_shapes=True, eager=eager):
         for n in (20, 23, 27, 30, 25):
