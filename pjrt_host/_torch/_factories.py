@@ -199,30 +199,6 @@ def shaped_after_a_tensor() -> Iterator[None]:
         _local.after_a_tensor = before
 
 
-@contextlib.contextmanager
-def sized_after_padded(*tensors: Any) -> Iterator[None]:
-    """Factories made here whose sizes are logical lengths of ``tensors``'
-    padded dims are padded to those dims' buckets at once, as ``*_like`` of
-    a padded tensor is.  torch's math attention (the composite, which
-    attention with dropout over padded inputs runs) makes its causal mask
-    as ``ones(L, S)`` of the query's and key's lengths: that factory's line
-    first ran when the inputs became padded, so it was exact for two more
-    lengths and then compiled its segments once more in each bucket."""
-    lengths: dict[int, int] = {}
-    for t in tensors:
-        padded = getattr(getattr(t, "_storage", None), "padded", None)
-        for comps in padded or ():
-            for physical, logical, dynamic in comps:
-                if dynamic and physical > logical:
-                    lengths.setdefault(logical, physical)
-    before = getattr(_local, "padded_lengths", None)
-    _local.padded_lengths = lengths or before
-    try:
-        yield
-    finally:
-        _local.padded_lengths = before
-
-
 def _padded_layout(name: str, shape: tuple) -> tuple | None:
     """A factory whose result's dims took a third size at its place (the
     line that called it: position ids' ``arange(t)``, a mask's ``ones(t,
@@ -232,7 +208,7 @@ def _padded_layout(name: str, shape: tuple) -> tuple | None:
     none did."""
     if getattr(_local, "after_a_tensor", False):
         return None
-    lengths = getattr(_local, "padded_lengths", None)
+    lengths = _padding.factory_lengths()
     if lengths and any(n in lengths for n in shape):
         _padding.live = True
         return tuple(((lengths[n], n, True),) if n in lengths else ((n, n, False),) for n in shape)

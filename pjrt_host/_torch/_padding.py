@@ -25,9 +25,11 @@ reports.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import sys
-from typing import Any, NamedTuple
+import threading
+from typing import Any, Iterator, NamedTuple
 
 from .. import _program_cache
 
@@ -175,6 +177,39 @@ SIZES = 3
 
 #: The sizes each dim of a factory's result took at a place (see :func:`changing_dims`).
 _place_sizes: dict = {}
+
+
+_lengths = threading.local()
+
+
+def factory_lengths() -> dict | None:
+    """Inside :func:`sized_after_padded`: logical length -> its bucket, of
+    the tensors given to it; else None."""
+    return getattr(_lengths, "padded", None)
+
+
+@contextlib.contextmanager
+def sized_after_padded(*tensors: Any) -> Iterator[None]:
+    """Factories made here whose sizes are logical lengths of ``tensors``'
+    padded dims are padded to those dims' buckets at once, as ``*_like`` of
+    a padded tensor is (``_factories``).  torch's math attention (the composite, which
+    attention with dropout over padded inputs runs) makes its causal mask
+    as ``ones(L, S)`` of the query's and key's lengths: that factory's line
+    first ran when the inputs became padded, so it was exact for two more
+    lengths and then compiled its segments once more in each bucket."""
+    lengths: dict[int, int] = {}
+    for t in tensors:
+        padded = getattr(getattr(t, "_storage", None), "padded", None)
+        for comps in padded or ():
+            for physical, logical, dynamic in comps:
+                if dynamic and physical > logical:
+                    lengths.setdefault(logical, physical)
+    before = getattr(_lengths, "padded", None)
+    _lengths.padded = lengths or before
+    try:
+        yield
+    finally:
+        _lengths.padded = before
 
 
 def changing_dims(place: Any, shape: tuple) -> set:

@@ -66,7 +66,7 @@ def _sdpa_checked(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     if _one_op(query, key, value, attn_mask, enable_gqa, dropout_p):
         return _Attention.apply(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale,
                                 bool(enable_gqa))
-    from .._factories import sized_after_padded
+    from .._padding import sized_after_padded
 
     with sized_after_padded(query, key):  # (its causal mask: padded at once where they are)
         return torch.ops.aten.scaled_dot_product_attention.default.decompose(
