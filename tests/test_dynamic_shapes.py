@@ -745,6 +745,38 @@ def test_causal_attention_over_padded_lengths_trains_as_on_cpu(eager):
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_gradients_expand_is_read_wider_only_where_its_forward_was_padded(eager):
+    """Backward ops run on autograd's thread, where no line of user code is
+    on the stack: counting their sizes there would pool every backward's.
+    Sums over tensors of three head counts, then attention whose lengths are
+    dynamic: the gradient of its sum is padded along the length its forward
+    read padded, never along the heads, which three other gradients had
+    given three sizes (attention's backward keeps its head dim exact: it
+    ran cut before).  Values and gradients are CPU's."""
+    _padding.reset()
+    torch.manual_seed(0)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        # exact sums, each on its own line: only their gradients' expands meet
+        xs = [torch.randn(2, heads, 4, 8).to("jax").requires_grad_() for heads in (1, 3, 5)]
+        (xs[0] * 2).sum().backward()
+        (xs[1] * 2).sum().backward()
+        (xs[2] * 2).sum().backward()
+        assert all(x.grad._storage.padded is None for x in xs)
+        for n in (5, 9, 12):
+            q, k, v = (torch.randn(2, 2, n, 8, requires_grad=True) for _ in range(3))
+            w = torch.randn(2, 2, n, 8)
+            dq, dk, dv = (t.detach().to("jax").requires_grad_() for t in (q, k, v))
+            for t in (dq, dk, dv):
+                torch._dynamo.mark_dynamic(t, 2)
+            (F.scaled_dot_product_attention(dq * 1, dk * 1, dv * 1, is_causal=True) * w.to("jax")).sum().backward()
+            (F.scaled_dot_product_attention(q, k, v, is_causal=True) * w).sum().backward()
+            for got, want in ((dq.grad, q.grad), (dk.grad, k.grad), (dv.grad, v.grad)):
+                torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
 def test_attention_with_dropout_over_padded_lengths_makes_its_causal_mask_padded(eager):
     """Attention with dropout over padded inputs runs torch's composite,
     whose causal mask is ``ones(L, S)`` of the inputs' lengths: it is made

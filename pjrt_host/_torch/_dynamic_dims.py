@@ -832,7 +832,16 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
             continue  # parameters keep their shapes
         shape = tuple(t.shape)
         dims = set()
-        if mode == "all":
+        if backward:
+            # the expand is the forward input's size: it is read wider along
+            # the dims a padded call read that input padded along, and no
+            # other (autograd's thread has no user frame, so every backward
+            # call of an op would count its sizes at one place: a head dim
+            # of one model and another's then looked dynamic)
+            physical = _padding.padded_read_of(shape)
+            if physical is not None:
+                dims = {d for d, (n, p) in enumerate(zip(shape, physical)) if p != n}
+        elif mode == "all":
             dims = {d for d, n in enumerate(shape) if _padding.dynamic_ok(n, True)}
         else:
             if place is None:

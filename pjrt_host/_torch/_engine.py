@@ -382,12 +382,17 @@ class CompiledOp:
 
     @staticmethod
     def _note_padded_call(args: tuple, kwargs: dict, reads: dict) -> None:
-        """Count a padded call in the statistics, by its first padded input."""
+        """Count a padded call in the statistics, by its first padded input,
+        and note the padded shape each padded input was read as."""
+        counted = False
         for t in (*args, *kwargs.values()):
             read = reads.get(id(t)) if type(t) is JaxTensor else None
             if read is not None:
-                _padding.note_padded_call(read.psize, tuple(t.shape))
-                break
+                shape = tuple(t.shape)
+                if not counted:
+                    _padding.note_padded_call(read.psize, shape)
+                    counted = True
+                _padding.note_padded_read(read.psize, shape)
 
     def _record_padded(self, entry: _Entry, key: tuple, dyn: list, dims: dict, shapes: list, place: int) -> Any:
         """Fused eager: a padded call recorded into this thread's segment,

@@ -479,6 +479,28 @@ def note_padded_call(physical: tuple, logical: tuple) -> None:
     _buckets[physical] += 1
 
 
+#: The padded shapes of the inputs padded calls read, by logical shape
+#: (the latest): what a backward's expand of that shape is read wider to
+#: (``_dynamic_dims.on_miss``).  Autograd's gradient of a sum or a mean is
+#: the forward input's size expanded, and the forward input was padded
+#: along its dynamic dims, or not at all.
+_read_padded: dict[tuple, tuple] = {}
+
+
+def note_padded_read(physical: tuple, logical: tuple) -> None:
+    """A padded call read a tensor of ``logical`` shape as ``physical``."""
+    if _read_padded.get(logical) != physical:
+        if len(_read_padded) > 4096:
+            _read_padded.clear()
+        _read_padded[logical] = physical
+
+
+def padded_read_of(logical: tuple) -> tuple | None:
+    """The physical shape the latest padded call that read a tensor of
+    ``logical`` shape read it as (:func:`note_padded_read`); None if none."""
+    return _read_padded.get(logical)
+
+
 def counts() -> dict[str, Any]:
     """What ``torch.jax.dynamic_shape_stats()`` returns."""
     result: dict[str, Any] = {k: _counts.get(k, 0) for k in
@@ -494,6 +516,7 @@ def counts() -> dict[str, Any]:
 
 def reset() -> None:
     _counts.clear()
+    _read_padded.clear()
     _cut_by.clear()
     _fallbacks.clear()
     _buckets.clear()
