@@ -776,6 +776,38 @@ def test_a_gradients_expand_is_read_wider_only_where_its_forward_was_padded(eage
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
 
 
+@pytest.mark.parametrize("mask", [None, "full", "broadcast"])
+@pytest.mark.parametrize("dims", [[1, 2], [0, 1, 2]], ids=["heads", "batch+heads"])
+def test_attention_lines_its_operands_up_with_one_padded_along_batch_or_heads(mask, dims):
+    """Attention's operands meet along the batch and the heads as well as
+    along their lengths and head dims: a query (forward) or an output's
+    gradient (backward) padded along them lines the others up with it,
+    where the program failed on the shapes and the call ran cut."""
+    _padding.reset()
+    torch.manual_seed(0)
+    n = 9
+    q, k, v, g = (torch.randn(2, 2, n, 8) for _ in range(4))
+    m = None if mask is None else torch.randn(2, 2, n, n) if mask == "full" else torch.randn(1, 2, 1, n)
+    with pjrt_host.config(dynamic_shapes=True):
+        dq, dk, dv, dg = (t.to("jax") for t in (q, k, v, g))
+        for t in (dk, dv):
+            torch._dynamo.mark_dynamic(t, 2)
+        torch._dynamo.mark_dynamic(dq, dims)
+        torch._dynamo.mark_dynamic(dg, dims)
+        dq, dk, dv, dg = dq * 1, dk * 1, dv * 1, dg * 1
+        dm = None if m is None else m.to("jax")
+        out = F.scaled_dot_product_attention(dq, dk, dv, dm)
+        grads = torch.ops.pjrt_host.attention_backward(dg, dq, dk, dv, dm, None, 0.0, False, None, False)
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(qq, kk, vv, m)
+    want.backward(g)
+    torch.testing.assert_close(out.cpu(), want.detach(), rtol=1e-4, atol=1e-5)
+    for got, w in zip(grads, (qq.grad, kk.grad, vv.grad)):
+        torch.testing.assert_close(got.cpu(), w, rtol=1e-4, atol=1e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
+
+
 @pytest.mark.parametrize("eager", ["op", "fused"])
 def test_attention_with_dropout_over_padded_lengths_makes_its_causal_mask_padded(eager):
     """Attention with dropout over padded inputs runs torch's composite,

@@ -206,7 +206,9 @@ def _attention_exact(first: int) -> Callable[[tuple, dict], dict]:
     (``enable_gqa`` repeats them), and under ``is_causal`` a query or key
     length that merged another dim (the causal mask keeps a position by its
     row and column, which a padded array holds at its logical indices only
-    when the padding is at its end)."""
+    when the padding is at its end); in the backward, the output's
+    gradient's as the query's (a gradient padded along its head dim then
+    runs cut, where its program would fail)."""
     def exact(args: tuple, kwargs: dict) -> dict:
         tensors = [args[p] if p < len(args) else None for p in range(first, first + 3)]
         if not all(type(t) is JaxTensor for t in tensors):
@@ -220,6 +222,8 @@ def _attention_exact(first: int) -> Callable[[tuple, dict], dict]:
                 r = read_of(t) if t._storage.padded is not None else None
                 if r is not None and len(r.comps[-2]) > 1:
                     dims[first + i].add(t.dim() - 2)
+        if first and type(args[0]) is JaxTensor and args[0].dim() == tensors[0].dim():
+            dims[0] = set(dims[first])  # the output's gradient: laid out as the query
         return dims
     return exact
 
@@ -239,12 +243,16 @@ def _attention_rule(first: int) -> Rule:
     the padding, and the key positions past the logical length masked by
     the lowering itself (``LoweringContext.logical``).  The query's length
     meets the masks' rows, the key's length the value's and the masks'
-    columns, the head dims each other."""
+    columns, the head dims each other, and the batch and heads theirs in
+    every operand (a gradient padded along the heads lines the query up
+    with it)."""
     q, k, v, mask, keep = first, first + 1, first + 2, first + 3, first + 4
     pairs = [((q, -1), (k, -1)), ((k, -2), (v, -2)), ((mask, -1), (k, -2)), ((mask, -2), (q, -2)),
              ((keep, -1), (k, -2)), ((keep, -2), (q, -2))]
+    # the batch and the heads (with ``enable_gqa`` the heads are exact)
+    pairs += [((a, d), (b, d)) for d in (-3, -4) for a, b in ((q, k), (k, v), (mask, q), (keep, q))]
     if first:  # the backward: the output's gradient is shaped as the query, with the value's head dim
-        pairs += [((0, -2), (q, -2)), ((0, -1), (v, -1))]
+        pairs += [((0, -2), (q, -2)), ((0, -1), (v, -1)), ((0, -3), (q, -3)), ((0, -4), (q, -4))]
     return Rule(fill=0, exact=_attention_exact(first), align=_meeting(*pairs))
 
 
