@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -66,7 +67,7 @@ def test_a_second_process_loads_every_program_from_disk(tmp_path):
     where = tmp_path / "cpu_ref" / f"jaxlib-{jaxlib.__version__}" / "entries-1"
     assert s1["directory"] == str(where)
     assert stat.S_IMODE(where.stat().st_mode) == 0o700
-    assert any(where.iterdir())
+    assert _entries(where)
 
 
 PROBES = r"""
@@ -373,7 +374,7 @@ def test_the_size_bound_evicts_the_least_recently_used(tmp_path):
         os.utime(tmp_path / f"k{i}", (i, i))  # k0 the oldest
     assert store.get("k0") == bytes(1000)  # a hit makes k0 the newest
     store.put("big", bytes(3000))  # 11,000 bytes: down to 3/4 of the bound, oldest first
-    left = sorted(p.name for p in tmp_path.iterdir())
+    left = _entries(tmp_path)
     assert left == ["big", "k0", "k5", "k6", "k7"]
     assert store.get("k1") is None
     store.put("k7", b"other")  # an existing entry is kept as it is
@@ -394,20 +395,56 @@ def test_a_directory_over_the_bound_is_evicted_once_its_size_is_read(tmp_path):
     for i in range(12):
         first.put(f"k{i}", bytes(1000))
         os.utime(tmp_path / f"k{i}", (i, i))  # k0 the oldest
-    assert len(os.listdir(tmp_path)) == 12  # under the first bound
+    assert len(_entries(tmp_path)) == 12  # under the first bound
     second = _program_cache._store(str(tmp_path), 10_000)
     assert second._scanned.wait(30)
-    left = sorted(p.name for p in tmp_path.iterdir())
+    left = _entries(tmp_path)
     assert sum(os.path.getsize(tmp_path / f) for f in left) <= 7_500 and "k11" in left and "k0" not in left, left
     assert second.get("k11") == bytes(1000)
     second.put("new", bytes(4000))  # past the bound again: evicted at the write
-    assert sum(os.path.getsize(p) for p in tmp_path.iterdir()) <= 7_500
+    assert sum(os.path.getsize(tmp_path / f) for f in _entries(tmp_path)) <= 7_500
+
+
+def _entries(directory) -> list[str]:
+    """The entries of a store's directory: not its size record, nor a write under way."""
+    return sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
+
+
+def test_a_process_reads_the_directorys_size_from_the_record_the_others_kept(tmp_path):
+    """A stat of every entry at every process start cost seconds of a CPU
+    beside the program in a large cache: the size is recorded at a scan,
+    and each write appends its bytes, so the next process reads one file.
+    A record that is stale, damaged or absent is scanned again."""
+    from pjrt_host import _program_cache, _program_files
+
+    first = _program_cache._store(str(tmp_path), 100_000)
+    assert first._scanned.wait(30)
+    for i in range(3):
+        first.put(f"k{i}", bytes(1000))
+    on_disk = sum(os.path.getsize(tmp_path / f) for f in _entries(tmp_path))
+    record = tmp_path / _program_files.DiskStore._SIZE_FILE
+    assert record.read_text().count("\n+") == 3
+    second = _program_cache._store(str(tmp_path), 100_000)
+    assert second._scanned.wait(30) and second._size == on_disk
+
+    # the record is what is read, not the directory: one that says less is believed
+    record.write_text(f"v1 5 {record.read_text().split()[2]}\n")
+    third = _program_cache._store(str(tmp_path), 100_000)
+    assert third._scanned.wait(30) and third._size == 5
+    for stale in ("v1 5 0\n", "v1 5 %d\n" % (time.time() + 86400), "v2 5 %d\n" % time.time(), "garbage\n+12\n", ""):
+        record.write_text(stale)
+        again = _program_cache._store(str(tmp_path), 100_000)
+        assert again._scanned.wait(30) and again._size == on_disk, stale
+        assert record.read_text().split()[1] == str(on_disk)  # the scan recorded anew
+    record.unlink()
+    last = _program_cache._store(str(tmp_path), 100_000)
+    assert last._scanned.wait(30) and last._size == on_disk and record.exists()
 
 
 def test_a_run_stays_under_the_size_bound(tmp_path):
     out = run({"PJRT_HOST_CACHE_DIR": str(tmp_path), "PJRT_HOST_CACHE_MAX_BYTES": "40000"})
     where = out["stats"]["directory"]
-    files = os.listdir(where)
+    files = [f for f in os.listdir(where) if not f.startswith(".size")]
     assert out["stats"]["disk_writes"] > len(files) > 0
     assert sum(os.path.getsize(os.path.join(where, f)) for f in files) <= 40000
     assert not any(f.startswith(".tmp-") for f in files)
