@@ -144,8 +144,9 @@ def test_factories_of_a_changing_length_make_padded_tensors(eager):
 
 
 def test_a_view_of_a_padded_tensor_reads_to_the_host_without_a_program():
-    # generate()'s new tokens, out[0, n:].tolist(): cut on the host through
-    # the view's logical strides, no cut program per length
+    # generate()'s new tokens, out[0, n:].tolist(), and its last one,
+    # out[0, -1].item(): cut on the host through the view's logical strides,
+    # no cut program per length
     _padding.reset()
     with pjrt_host.config(dynamic_shapes=True, eager="op"):
         x = torch.zeros(2, 20, dtype=torch.long, device="jax")
@@ -155,6 +156,7 @@ def test_a_view_of_a_padded_tensor_reads_to_the_host_without_a_program():
             before = _compiled()
             assert x[1, 5:].tolist() == c[1, 5:].tolist()
             assert torch.equal(x.t()[::3].cpu(), c.t()[::3])
+            assert x[1, -1].item() == t and x[0, t - 21].item() == c[0, t - 21].item()  # generate()'s last token
             if x._storage.padded is not None:
                 assert _compiled() == before
     assert torch.jax.dynamic_shape_stats()["cuts"] == 0

@@ -227,7 +227,14 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
 @storage_op("aten::_local_scalar_dense", "aten::item")  # item: reached directly in inference mode
 @names_failed_collectives
 def local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
-    value = np.asarray(read(args[0])).item()
+    t = args[0]
+    if t._storage.padded is not None:
+        # through the host, as ``cpu()``: a cut and a read of the view on the
+        # device compiled two programs per logical size (generate()'s last
+        # token, ``out[0, -1].item()``, at every prompt length)
+        value = to_torch(t, torch.device("cpu")).item()
+    else:
+        value = np.asarray(read(t)).item()
     run_deferred_checks()
     dtype = args[0].dtype
     if dtype == torch.bool:
