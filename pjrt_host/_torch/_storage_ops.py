@@ -681,7 +681,7 @@ def _padded_like(self: JaxTensor, meta: Any, make_values: Callable[[tuple], JaxT
     source = values._storage
     grown = Storage(None, storage.shape, source.jax_dtype, source.device_index)
     grown.take(source)
-    grown.padded = padded
+    grown.padded = padded  # (the values were made exact, at the physical shape: laid out as ``self`` here)
     return make(grown, storage.shape, values.dtype)
 
 
