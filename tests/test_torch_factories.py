@@ -148,6 +148,48 @@ def test_factories_follow_the_default_dtype_and_argument_types_between_calls():
     assert seen[DEV] == seen["cpu"]
 
 
+def _programs() -> int:
+    stats = torch.jax.program_cache_stats()
+    return stats["compiled"] + stats["disk_hits"]
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_full_of_a_value_that_changes_compiles_once_per_shape(eager):
+    """A sampling loop's ``torch.full((b,), t)`` at every step: from the
+    second value on, the value is an argument of the program, not part of
+    it (a program per value before, and under fused eager the segment of
+    every op after it compiled again at each step).  Every value, the
+    special ones included, is CPU's, in the dtype CPU gives."""
+    values = [0, 3, 7, 2 ** 40, -5, True, False, 0.5, -0.0, float("nan"), float("inf"), -1e300, 1e-45]
+    with pjrt_host.config(eager=eager):
+        for dtype in (None, torch.float32, torch.float64, torch.int32, torch.int64, torch.bool, torch.float16,
+                      torch.bfloat16):
+            for v in values:
+                if dtype is not None and (dtype.is_floating_point is False and type(v) is float
+                                          or dtype in (torch.int32,) and type(v) is int and abs(v) >= 2 ** 31):
+                    continue  # (torch's own conversion of those is not a value to compare)
+                try:
+                    want = torch.full((2, 3), v, dtype=dtype)
+                except RuntimeError as err:  # it does not fit: the same error
+                    with pytest.raises(RuntimeError, match="without overflow"):
+                        torch.full((2, 3), v, dtype=dtype, device=DEV)
+                    assert "without overflow" in str(err)
+                    continue
+                got = torch.full((2, 3), v, dtype=dtype, device=DEV).clone().cpu()
+                assert got.dtype == want.dtype, (v, dtype)
+                torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0, msg=f"{v!r} {dtype}")
+                if want.dtype.is_floating_point:  # -0.0 keeps its sign
+                    assert torch.equal(torch.signbit(got), torch.signbit(want)) or math.isnan(float(v)), (v, dtype)
+        steps = []
+        x = torch.ones(4, device=DEV)
+        for t in range(8):  # the loop: one program for its first value, one once the value changes, then none
+            before = _programs()
+            y = (x * torch.full((4,), t, dtype=torch.long, device=DEV)).sin()
+            assert torch.equal(y.cpu(), (torch.ones(4) * torch.full((4,), t)).sin())
+            steps.append(_programs() - before)
+    assert steps[2:] == [0] * 6, steps
+
+
 def test_random_factories_have_torch_shapes_and_ranges():
     assert torch.randn(3, 4, device=DEV).shape == (3, 4)
     u = cpu(torch.rand(1000, device=DEV))

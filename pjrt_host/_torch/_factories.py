@@ -27,6 +27,7 @@ import threading
 from typing import Any, Iterator
 
 import jax
+import numpy as np
 import torch
 
 from .. import _lowerings, _program_cache
@@ -147,6 +148,11 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         fn = _compiled.get(key)
     except TypeError:
         key, fn = None, None
+    if name == "full" and key is not None:
+        base = (name, _freeze(args[:1]) if drawn == shape else (), dtype, drawn, index)  # (the key but the value)
+        fill = _varying_fill(args, dtype, base)
+        if fill is not None:
+            return _full_of_a_varying_value(op, base, lowering, args, kwargs, dtype, shape, drawn, padded, index, fill)
     if (key is not None and not lowering.needs_rng and (drawn == shape or padded is not None)
             and _config.current().eager == "fused"):
         recorded = _recorded(op, key, name, lowering, args, kwargs, dtype, shape, drawn, padded, index)
@@ -173,6 +179,86 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         return result_tensor(arr, shape, dtype, index, None, padded)
     if drawn != shape:
         arr = _cut(arr, shape, index)
+    return wrap_array(arr, index, dtype)
+
+
+#: ``full``'s fill values seen per key without the value (at most two):
+#: one that took a second value takes it at run time from then on.
+_fills: dict[tuple, set] = {}
+#: The dtypes a run-time fill is made in (converted on the host, by numpy,
+#: as torch converts it; half and bfloat16 keep their value static).
+_TRACED_FILL_DTYPES = (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
+                       torch.uint8, torch.bool)
+
+
+def _varying_fill(args: tuple, dtype: torch.dtype, base: tuple) -> Any:
+    """``full``'s fill value when it is to be a run-time argument: a bool,
+    int or float, of a call whose other arguments took another fill value
+    before (a sampling loop's ``torch.full((b,), t)`` per step: a program
+    per value, and under fused eager the segment of every op after it,
+    compiled again at each step).  None: it stays static."""
+    fill = args[1] if len(args) > 1 else None
+    if type(fill) not in (bool, int, float) or dtype not in _TRACED_FILL_DTYPES:
+        return None
+    if type(fill) is int and not -(1 << 63) <= fill < (1 << 63):
+        return None
+    if type(fill) is float and not dtype.is_floating_point:
+        return None  # (a float made an integer: torch's conversion of NaN or of what overflows is its own)
+    at = (*base, type(fill))
+    seen = _fills.get(at)
+    if seen is None:
+        if len(_fills) > 4096:
+            _fills.clear()
+        seen = _fills[at] = set()
+    if len(seen) < 2:
+        seen.add(scalar_key(type(fill), fill))
+    return fill if len(seen) >= 2 else None
+
+
+def _full_of_a_varying_value(op: Any, base: tuple, lowering: Any, args: tuple, kwargs: dict, dtype: torch.dtype,
+                             shape: tuple, drawn: tuple, padded: tuple | None, index: int, fill: Any) -> torch.Tensor:
+    """``full`` with its fill value a run-time argument (:func:`_varying_fill`):
+    one program per shape and dtype, recorded into the segment under fused
+    eager (the value an input of its program), else run on its own."""
+    key = (*base, ("run-time fill", type(fill).__name__))
+    # CPU's check of the value, which a program made once no longer makes
+    # (``full((2,), 1e300, dtype=float32)``: it does not fit); two elements,
+    # as CPU converts a single one unchecked
+    torch.full((2,), fill, dtype=dtype)
+    jdtype = jax_dtype(dtype)
+    # made in the dtype here, as torch converts it (a program's conversion
+    # flushed a float32 subnormal, 1e-45, to zero): the program broadcasts it
+    fill = np.asarray(fill, dtype=jdtype)
+    ctx = lowering_context(_config.current(), True)
+
+    def body(value):
+        return _lowerings.invoke(lowering, (args[0], value), kwargs, ctx, jdtype, drawn)
+
+    body.__name__ = body.__qualname__ = "aten.full"
+    if _config.current().eager == "fused":
+        _memory.check_fits(math.prod(drawn) * dtype.itemsize, index, "aten::full")
+
+        def make() -> tuple:
+            _meta.check_cpu_factory(op, args, kwargs)
+            return body, jax.jit(body, out_shardings=sharding(index))
+
+        traceable = _fused.host_op(_traceables, "aten::full", key, make,
+                                   _disk_signature(key, kwargs, lowering) if _program_cache.directory() else None)
+        plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
+        recorded = _fused.record(traceable, [fill], plan, index, index,
+                                 padded=None if padded is None else [(shape, drawn, padded)])
+        if recorded is not None:
+            return recorded
+    fn = _compiled.get(key)
+    if fn is None:
+        _meta.check_cpu_factory(op, args, kwargs)
+        fn = _compiled[key] = _program_cache.compiled("aten::full", _disk_signature(key, kwargs, lowering),
+                                                      jax.jit(body, out_shardings=sharding(index)), (fill,),
+                                                      jax_device(index))
+    arr = fn(fill)
+    if padded is not None:
+        note_result(index, arr)
+        return result_tensor(arr, shape, dtype, index, None, padded)
     return wrap_array(arr, index, dtype)
 
 
