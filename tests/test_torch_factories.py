@@ -190,6 +190,29 @@ def test_full_of_a_value_that_changes_compiles_once_per_shape(eager):
     assert steps[2:] == [0] * 6, steps
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_arange_from_a_start_that_changes_compiles_once_per_length(eager):
+    """A decoding loop's position ids, ``arange(past, past + n)``: from the
+    second start on (integers, of one length and step), the start is an
+    argument of the program.  Values and dtypes are CPU's, for starts and
+    steps of either sign and a start past int32."""
+    calls = [(s, n, st) for s in (0, 5, -7, 2 ** 40, 13) for n, st in ((1, 1), (3, 1), (6, 2), (5, -1))]
+    with pjrt_host.config(eager=eager):
+        for start, n, step in calls:
+            end = start + n * step if step > 0 else start - n
+            for dtype in (None, torch.int64, torch.float32):
+                want = torch.arange(start, end, step, dtype=dtype)
+                got = torch.arange(start, end, step, dtype=dtype, device=DEV).clone().cpu()
+                assert got.dtype == want.dtype and torch.equal(got, want), (start, end, step, dtype)
+        steps = []
+        for past in range(8):
+            before = _programs()
+            pos = torch.arange(past, past + 1, device=DEV) * 2
+            assert pos.tolist() == [2 * past]
+            steps.append(_programs() - before)
+    assert steps[2:] == [0] * 6, steps
+
+
 def test_random_factories_have_torch_shapes_and_ranges():
     assert torch.randn(3, 4, device=DEV).shape == (3, 4)
     u = cpu(torch.rand(1000, device=DEV))

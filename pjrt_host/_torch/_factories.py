@@ -152,7 +152,13 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         base = (name, _freeze(args[:1]) if drawn == shape else (), dtype, drawn, index)  # (the key but the value)
         fill = _varying_fill(args, dtype, base)
         if fill is not None:
-            return _full_of_a_varying_value(op, base, lowering, args, kwargs, dtype, shape, drawn, padded, index, fill)
+            torch.full((2,), fill, dtype=dtype)  # CPU's check of the value (see _of_a_varying_value)
+            return _of_a_varying_value(op, base, lowering, args, 1, kwargs, dtype, shape, drawn, padded, index)
+    if name in ("arange.start", "arange.start_step") and key is not None and drawn == shape:
+        step = args[2] if len(args) > 2 else 1
+        base = (name, ("run-time start", step, len(args)), dtype, drawn, index)  # (n, in drawn: the key but the start)
+        if _varying_start(args, kwargs, step, dtype, base):
+            return _of_a_varying_value(op, base, lowering, args, 0, kwargs, dtype, shape, drawn, None, index)
     if (key is not None and not lowering.needs_rng and (drawn == shape or padded is not None)
             and _config.current().eager == "fused"):
         recorded = _recorded(op, key, name, lowering, args, kwargs, dtype, shape, drawn, padded, index)
@@ -182,8 +188,8 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
     return wrap_array(arr, index, dtype)
 
 
-#: ``full``'s fill values seen per key without the value (at most two):
-#: one that took a second value takes it at run time from then on.
+#: ``full``'s fill values (``arange``'s starts) seen per key without them
+#: (at most two): one that took a second takes it at run time from then on.
 _fills: dict[tuple, set] = {}
 #: The dtypes a run-time fill is made in (converted on the host, by numpy,
 #: as torch converts it; half and bfloat16 keep their value static).
@@ -215,47 +221,69 @@ def _varying_fill(args: tuple, dtype: torch.dtype, base: tuple) -> Any:
     return fill if len(seen) >= 2 else None
 
 
-def _full_of_a_varying_value(op: Any, base: tuple, lowering: Any, args: tuple, kwargs: dict, dtype: torch.dtype,
-                             shape: tuple, drawn: tuple, padded: tuple | None, index: int, fill: Any) -> torch.Tensor:
-    """``full`` with its fill value a run-time argument (:func:`_varying_fill`):
-    one program per shape and dtype, recorded into the segment under fused
-    eager (the value an input of its program), else run on its own."""
-    key = (*base, ("run-time fill", type(fill).__name__))
-    # CPU's check of the value, which a program made once no longer makes
-    # (``full((2,), 1e300, dtype=float32)``: it does not fit); two elements,
-    # as CPU converts a single one unchecked
-    torch.full((2,), fill, dtype=dtype)
-    jdtype = jax_dtype(dtype)
+def _varying_start(args: tuple, kwargs: dict, step: Any, dtype: torch.dtype, base: tuple) -> bool:
+    """Whether ``arange(start, end[, step])``'s start is to be a run-time
+    argument: integers, an int64 result, and a call of the same length
+    and step that took another start before (a decoding loop's position
+    ids, ``arange(past, past + 1)``: a program per token).  The lowering
+    computes ``start + i * step`` in the program either way."""
+    start = args[0]
+    if type(start) is not int or type(args[1]) is not int or type(step) is not int or "step" in kwargs \
+            or dtype != torch.int64 or not -(1 << 62) < start < (1 << 62):
+        return False
+    seen = _fills.get(base)
+    if seen is None:
+        if len(_fills) > 4096:
+            _fills.clear()
+        seen = _fills[base] = set()
+    if len(seen) < 2:
+        seen.add(start)
+    return len(seen) >= 2
+
+
+def _of_a_varying_value(op: Any, base: tuple, lowering: Any, args: tuple, at: int, kwargs: dict,
+                        dtype: torch.dtype, shape: tuple, drawn: tuple, padded: tuple | None,
+                        index: int) -> torch.Tensor:
+    """A factory with its argument at ``at`` (``full``'s value,
+    ``arange``'s start) a run-time argument of its program: one program
+    per shape and dtype, recorded into the segment under fused eager (the
+    value an input of its program), else run on its own.  (A program made
+    once no longer makes CPU's checks of the value: ``full``'s caller runs
+    it, ``full((2,), 1e300, dtype=float32)`` does not fit.)"""
+    name = base[0]
+    given = args[at]
+    key = (*base, ("run-time argument", at, type(given).__name__))
     # made in the dtype here, as torch converts it (a program's conversion
     # flushed a float32 subnormal, 1e-45, to zero): the program broadcasts it
-    fill = np.asarray(fill, dtype=jdtype)
+    value = np.asarray(given, dtype=jax_dtype(dtype) if name == "full" else np.int64)
+    jdtype = jax_dtype(dtype)
     ctx = lowering_context(_config.current(), True)
 
-    def body(value):
-        return _lowerings.invoke(lowering, (args[0], value), kwargs, ctx, jdtype, drawn)
+    def body(v):
+        return _lowerings.invoke(lowering, (*args[:at], v, *args[at + 1:]), kwargs, ctx, jdtype, drawn)
 
-    body.__name__ = body.__qualname__ = "aten.full"
+    body.__name__ = body.__qualname__ = f"aten.{name}"
     if _config.current().eager == "fused":
-        _memory.check_fits(math.prod(drawn) * dtype.itemsize, index, "aten::full")
+        _memory.check_fits(math.prod(drawn) * dtype.itemsize, index, f"aten::{name}")
 
         def make() -> tuple:
             _meta.check_cpu_factory(op, args, kwargs)
             return body, jax.jit(body, out_shardings=sharding(index))
 
-        traceable = _fused.host_op(_traceables, "aten::full", key, make,
+        traceable = _fused.host_op(_traceables, f"aten::{name}", key, make,
                                    _disk_signature(key, kwargs, lowering) if _program_cache.directory() else None)
         plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
-        recorded = _fused.record(traceable, [fill], plan, index, index,
+        recorded = _fused.record(traceable, [value], plan, index, index,
                                  padded=None if padded is None else [(shape, drawn, padded)])
         if recorded is not None:
             return recorded
     fn = _compiled.get(key)
     if fn is None:
         _meta.check_cpu_factory(op, args, kwargs)
-        fn = _compiled[key] = _program_cache.compiled("aten::full", _disk_signature(key, kwargs, lowering),
-                                                      jax.jit(body, out_shardings=sharding(index)), (fill,),
+        fn = _compiled[key] = _program_cache.compiled(f"aten::{name}", _disk_signature(key, kwargs, lowering),
+                                                      jax.jit(body, out_shardings=sharding(index)), (value,),
                                                       jax_device(index))
-    arr = fn(fill)
+    arr = fn(value)
     if padded is not None:
         note_result(index, arr)
         return result_tensor(arr, shape, dtype, index, None, padded)
