@@ -728,22 +728,28 @@ def test_causal_attention_over_padded_lengths_trains_as_on_cpu(eager):
     _padding.reset()
     torch.manual_seed(0)
     with pjrt_host.config(dynamic_shapes=True, eager=eager):
-        for n in (5, 9, 12):
-            q, k, v = (torch.randn(2, 2, n, 8, requires_grad=True) for _ in range(3))
-            w = torch.randn(2, 2, n, 8)
-            dq, dk, dv = (t.detach().to("jax").requires_grad_() for t in (q, k, v))
-            for t in (dq, dk, dv):
-                torch._dynamo.mark_dynamic(t, 2)
-            dq2, dk2, dv2 = dq * 1, dk * 1, dv * 1  # padded from here on
-            assert dk2._storage.padded is not None
-            names = _count_ops(lambda: (F.scaled_dot_product_attention(dq2, dk2, dv2, is_causal=True)
-                                      * w.to("jax")).sum().backward())
-            (F.scaled_dot_product_attention(q, k, v, is_causal=True) * w).sum().backward()
-            assert "pjrt_host::attention" in names and "pjrt_host::attention_backward" in names, names
-            for got, want in ((dq.grad, q.grad), (dk.grad, k.grad), (dv.grad, v.grad)):
-                torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+        _causal_attention_trains_as_on_cpu()
     stats = torch.jax.dynamic_shape_stats()
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
+
+
+def _causal_attention_trains_as_on_cpu() -> None:
+    """Causal attention's training step over lengths 5, 9, 12 marked
+    dynamic: one op each way over the padded inputs, CPU's gradients."""
+    for n in (5, 9, 12):
+        q, k, v = (torch.randn(2, 2, n, 8, requires_grad=True) for _ in range(3))
+        w = torch.randn(2, 2, n, 8)
+        dq, dk, dv = (t.detach().to("jax").requires_grad_() for t in (q, k, v))
+        for t in (dq, dk, dv):
+            torch._dynamo.mark_dynamic(t, 2)
+        dq2, dk2, dv2 = dq * 1, dk * 1, dv * 1  # padded from here on
+        assert dk2._storage.padded is not None
+        names = _count_ops(lambda: (F.scaled_dot_product_attention(dq2, dk2, dv2, is_causal=True)
+                                  * w.to("jax")).sum().backward())
+        (F.scaled_dot_product_attention(q, k, v, is_causal=True) * w).sum().backward()
+        assert "pjrt_host::attention" in names and "pjrt_host::attention_backward" in names, names
+        for got, want in ((dq.grad, q.grad), (dk.grad, k.grad), (dv.grad, v.grad)):
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])
@@ -764,16 +770,7 @@ def test_a_gradients_expand_is_read_wider_only_where_its_forward_was_padded(eage
         (xs[1] * 2).sum().backward()
         (xs[2] * 2).sum().backward()
         assert all(x.grad._storage.padded is None for x in xs)
-        for n in (5, 9, 12):
-            q, k, v = (torch.randn(2, 2, n, 8, requires_grad=True) for _ in range(3))
-            w = torch.randn(2, 2, n, 8)
-            dq, dk, dv = (t.detach().to("jax").requires_grad_() for t in (q, k, v))
-            for t in (dq, dk, dv):
-                torch._dynamo.mark_dynamic(t, 2)
-            (F.scaled_dot_product_attention(dq * 1, dk * 1, dv * 1, is_causal=True) * w.to("jax")).sum().backward()
-            (F.scaled_dot_product_attention(q, k, v, is_causal=True) * w).sum().backward()
-            for got, want in ((dq.grad, q.grad), (dk.grad, k.grad), (dv.grad, v.grad)):
-                torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+        _causal_attention_trains_as_on_cpu()
     stats = torch.jax.dynamic_shape_stats()
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
 

@@ -210,15 +210,7 @@ def _varying_fill(args: tuple, dtype: torch.dtype, base: tuple) -> Any:
         return None
     if type(fill) is float and not dtype.is_floating_point:
         return None  # (a float made an integer: torch's conversion of NaN or of what overflows is its own)
-    at = (*base, type(fill))
-    seen = _fills.get(at)
-    if seen is None:
-        if len(_fills) > 4096:
-            _fills.clear()
-        seen = _fills[at] = set()
-    if len(seen) < 2:
-        seen.add(scalar_key(type(fill), fill))
-    return fill if len(seen) >= 2 else None
+    return fill if _took_another((*base, type(fill)), scalar_key(type(fill), fill)) else None
 
 
 def _varying_start(args: tuple, kwargs: dict, step: Any, dtype: torch.dtype, base: tuple) -> bool:
@@ -231,13 +223,19 @@ def _varying_start(args: tuple, kwargs: dict, step: Any, dtype: torch.dtype, bas
     if type(start) is not int or type(args[1]) is not int or type(step) is not int or "step" in kwargs \
             or dtype != torch.int64 or not -(1 << 62) < start < (1 << 62):
         return False
-    seen = _fills.get(base)
+    return _took_another(base, start)
+
+
+def _took_another(key: tuple, value: Any) -> bool:
+    """Note ``value`` for the call ``key`` (a factory's key without it):
+    whether the call has taken two values (:data:`_fills`)."""
+    seen = _fills.get(key)
     if seen is None:
         if len(_fills) > 4096:
             _fills.clear()
-        seen = _fills[base] = set()
+        seen = _fills[key] = set()
     if len(seen) < 2:
-        seen.add(start)
+        seen.add(value)
     return len(seen) >= 2
 
 
