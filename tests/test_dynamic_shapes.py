@@ -162,6 +162,98 @@ def test_a_view_of_a_padded_tensor_reads_to_the_host_without_a_program():
     assert torch.jax.dynamic_shape_stats()["cuts"] == 0
 
 
+def _padded_on_device(values: torch.Tensor, dims: set) -> torch.Tensor:
+    """``values`` on 'jax', its storage padded along ``dims`` to odd buckets
+    (the oracle mode's: the padding never lines up with anything)."""
+    t = values.to("jax")
+    assert _padding.pad_storage(t._storage, dims, odd=True)
+    return t
+
+
+_WRITES = {
+    # a slice starting inside the padded dim: its physical view reaches one
+    # element into the next row, which must keep its value
+    "shifted right": lambda x, y: x[:, 1:].copy_(y[:, :-1]),
+    "shifted left": lambda x, y: x[:, :-1].copy_(y[:, 1:]),
+    "a scalar into a column": lambda x, y: x[..., 0].fill_(-7),
+    "a 0-dim tensor into a column": lambda x, y: x[:, 0].copy_(y[1, 3]),
+    "a row from the host": lambda x, y: x[1].copy_(torch.arange(x.shape[1], dtype=x.dtype)),
+    "a cast into a slice": lambda x, y: x[:, 2:5].copy_(y[:, :3].double() * 2.5),
+    "through a transpose": lambda x, y: x.t()[2:6].copy_(y.t()[1:5]),
+    "an in-place op on a slice": lambda x, y: x[:, 3:].add_(y[:, 3:]),
+    "a masked fill of a slice": lambda x, y: x[:, 1:].masked_fill_(y[:, 1:] > 50, 0),
+    "the whole tensor": lambda x, y: x.copy_(y),
+}
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+@pytest.mark.parametrize("form", list(_WRITES))
+def test_a_write_into_a_view_of_a_padded_tensor_keeps_it_padded(form, eager):
+    # only the view's logical elements change; padding, other rows and the
+    # storage's bucket stay as they were
+    _padding.reset()
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randint(0, 100, (3, 9), generator=g), torch.randint(0, 100, (3, 9), generator=g)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        x, y = _padded_on_device(a, {0, 1}), _padded_on_device(b, {1})
+        _WRITES[form](x, y)
+        assert x._storage.padded is not None, "the write cut the storage"
+        want = a.clone()
+        _WRITES[form](want, b)
+        assert torch.equal(x.cpu(), want)
+        assert torch.equal(x.sum(1).cpu(), want.sum(1))  # (its padding unread)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["padded_writes"] >= 1 and stats["cuts"] == 0, (stats["cuts_by_op"], stats)
+
+
+def _shift_right(ids: torch.Tensor, start: int = 0, pad: int = 0) -> torch.Tensor:
+    """T5's and BART's decoder inputs from their labels (transformers'
+    ``_shift_right``)."""
+    shifted = ids.new_zeros(ids.shape)
+    shifted[..., 1:] = ids[..., :-1].clone()
+    shifted[..., 0] = start
+    shifted.masked_fill_(shifted == -100, pad)
+    return shifted
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_labels_moved_to_the_device_at_changing_lengths_are_shifted_in_their_bucket(eager):
+    # the batch's move counts its sizes at its line, so the labels are
+    # padded from their third length; the slice writes keep the shifted
+    # ids padded: a new length of a seen bucket compiles nothing
+    _padding.reset()
+    emb = torch.nn.Embedding(100, 4)
+    demb = torch.nn.Embedding(100, 4).to("jax")
+    demb.load_state_dict(emb.state_dict())
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for n in [11, 14, 17, 21, 23, 20, 15, 18, 22, 13]:
+            labels = torch.randint(0, 100, (2, n), generator=torch.Generator().manual_seed(n))
+            labels[1, -3:] = -100
+            before = _compiled()
+            moved = labels.to("jax")
+            got = demb(_shift_right(moved)).sum(1)
+            assert torch.equal(_shift_right(moved).cpu(), _shift_right(labels))
+            torch.testing.assert_close(got.cpu(), emb(_shift_right(labels)).sum(1))
+            compiled.append(_compiled() - before)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["padded_writes"] > 0, stats
+    # lengths 20, 18, 22 fall in the bucket of 32 the third one (17) opened
+    assert compiled[5] == compiled[7] == compiled[8] == 0, compiled
+
+
+def test_a_modules_own_move_pads_none_of_its_tensors():
+    # module.to('jax') moves every parameter and buffer at one line
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True):
+        for _ in range(2):
+            m = torch.nn.Sequential(*[torch.nn.Linear(n, n + 1) for n in range(3, 9)])
+            m.register_buffer("ids", torch.arange(5)[None])
+            m.to("jax")
+            assert all(p._storage.padded is None for p in [*m.parameters(), *m.buffers()])
+    assert torch.jax.dynamic_shape_stats()["pads"] == 0
+
+
 def test_an_optimizers_state_made_at_one_line_is_never_padded():
     # zeros_like of every parameter comes from one line (opt.step()): its
     # sizes are the parameters', not a length changing at that line (a
@@ -819,10 +911,12 @@ def test_attention_with_dropout_over_padded_lengths_makes_its_causal_mask_padded
     made = []
     for n in (33, 37, 41):
         x = torch.randn(3, 2, n, 8)
+        with pjrt_host.config(dynamic_shapes=False):
+            x = x.to("jax")  # (exact: mark_dynamic below decides what is padded)
         outs = {}
         for mode in (False, True):
             with pjrt_host.config(dynamic_shapes=mode, eager=eager):
-                q, k, v = (x.to("jax") * c for c in (1.0, 0.5, 2.0))
+                q, k, v = (x * c for c in (1.0, 0.5, 2.0))
                 if mode:
                     for t in (q, k, v):
                         torch._dynamo.mark_dynamic(t, 2)

@@ -1305,6 +1305,83 @@ def cast_grows(t: Any) -> bool:
     return bool(dims) and _pad_storage(t, dims)
 
 
+def moved(source: Any, t: JaxTensor, before: Any) -> bool:
+    """``t``, just moved to the device from the host tensor ``source``
+    (``before``: the device's result note before it, ``_sync.last_note``):
+    its storage is padded along a dim that took a third size at the line
+    that moved it (a training loop's ``batch.to('jax')``, Trainer's and
+    accelerate's own), as a factory's result is, so that the ops reading a
+    batch of a new length run their bucket's programs from the first.  A
+    tensor read first by ops that never see its sizes change at their own
+    place (T5's and BART's labels, shifted right into the decoder's inputs
+    by a ``new_zeros`` and slice writes) otherwise stayed exact and compiled
+    at every length.
+
+    The place is the line and the tensor's position in a run of moves there
+    with no other device work between them (a batch's dict comprehension:
+    its ids, mask and labels each count their own sizes), so that one line
+    moving tensors of many shapes at once (a state dict, a list of
+    parameters) pads none of them.  Only a tensor whose sizes changed along
+    one dim, the others keeping theirs (at most two: a last, short batch),
+    is padded: a batch's length changes, not its rank's every dim.
+    Parameters and buffers moved by ``module.to()`` are never padded.  True
+    when it was."""
+    mode = _config.current().dynamic_shapes
+    if not mode or mode == "all" or type(t) is not JaxTensor or t.dim() == 0 or t._view is not None \
+            or isinstance(source, torch.nn.Parameter):
+        return False
+    from . import _sync
+    from ._meta import inside_backward
+
+    if inside_backward() or _in_module_apply():
+        return False
+    global _last_move
+    place, index, last = _caller(), t._storage.device_index, _last_move
+    # (nothing ran since the last move: the note before this one is its)
+    position = last[2] + 1 if last is not None and last[0] == place and last[1] is before else 0
+    shape = tuple(t.shape)
+    key = (place, position, len(shape))
+    sizes = _move_sizes.get(key)
+    if sizes is None:
+        if len(_move_sizes) > 4096:
+            _move_sizes.clear()
+        sizes = _move_sizes[key] = [set() for _ in shape]
+    for d, n in enumerate(shape):
+        if len(sizes[d]) < _padding.SIZES:
+            sizes[d].add(n)
+    changing = [d for d, seen in enumerate(sizes) if len(seen) >= _padding.SIZES]
+    padded = len(changing) == 1 and _padding.dynamic_ok(shape[changing[0]]) and _pad_storage(t, set(changing))
+    _last_move = (place, _sync.last_note(index), position)
+    return padded
+
+
+#: The sizes each dim of a moved tensor took at its place (:func:`moved`).
+_move_sizes: dict = {}
+#: The last move: its place, the device's result note it left, its position in the run.
+_last_move: Any = None
+
+
+_MODULE_APPLY: Any = None
+
+
+def _in_module_apply() -> bool:
+    """Whether ``nn.Module._apply`` (``module.to()``, ``.cuda()``, ...) is on
+    this thread's stack."""
+    global _MODULE_APPLY
+    if _MODULE_APPLY is None:
+        _MODULE_APPLY = torch.nn.Module._apply.__code__
+    import sys
+
+    frame = sys._getframe(2)
+    for _ in range(40):
+        if frame is None:
+            return False
+        if frame.f_code is _MODULE_APPLY:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
     """``constant_pad_nd`` that grows one dim ``x`` holds padded at its end
     (``F.pad(labels, (0, 1), value=-100)``, a causal LM's loss): the values
@@ -1357,6 +1434,113 @@ def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
     shape = list(x.shape)
     shape[dim] = total
     return _grown(out, tuple(shape), padded, dim, ((physical_out, total, True),), x)
+
+
+_write_programs: dict = {}
+
+
+def write(t: JaxTensor, value: Any) -> bool:
+    """``t`` (all of a padded storage, or a view of it) given the values of
+    ``value`` (a 'jax' tensor, or an array broadcastable to ``t``'s shape)
+    in the storage's bucket, the storage staying padded: only the positions
+    of ``t``'s logical elements change (a physical view can reach past them
+    into another row's: ``x[:, 1:]`` of a padded ``x`` reads a whole bucket
+    from column 1), the logical sizes run-time scalars, so that one program
+    serves every size of the bucket.  T5's and BART's decoder inputs are
+    built by writes into slices of a fresh tensor (``shifted[..., 1:] =
+    labels[..., :-1]``): a write cut the storage, and the segment of
+    every op after it compiled at every length.  A padded ``value`` laid
+    out as ``t``'s view reads is taken as it is; any other is read at its
+    logical sizes.  False: not such a write (a view the padding cannot
+    describe, or one whose elements overlap; the caller cuts)."""
+    storage = t._storage
+    if storage.padded is None or type(storage.place) is not int or not _config.current().dynamic_shapes \
+            or (t._view is not None and t._view.elem is not None):
+        return False
+    r = read_of(t)
+    if r is None:
+        return False
+    from . import _strided
+
+    if r.view is not None and _strided.may_overlap(r.psize, r.pstride):
+        return False
+    shape = tuple(t.shape)
+    psize = r.psize
+    logical = None
+    if type(value) is JaxTensor:
+        vr = read_of(value) if value._storage.padded is not None else None
+        if vr is not None and all(len(c) == 1 for c in (*r.comps, *vr.comps)):
+            # (each dim's logical values at its start: the value's bucket cut
+            # or padded to the target's, one program per pair of buckets)
+            found = padded_values(value)
+            if found is None:
+                return False
+            logical, value = tuple(value.shape), found[0]
+        else:
+            from ._tensor import read
+
+            value = read(value)  # (merged dims laid out otherwise: cut)
+    vshape = tuple(value.shape)
+    if logical is None:
+        logical = vshape
+    if len(vshape) > len(shape):
+        return False
+    lead = (1,) * (len(shape) - len(vshape))
+    vshape, logical = lead + vshape, lead + logical
+    # per dim: None (broadcast), or how much of the value to keep and pad
+    fit = []
+    for d, n in enumerate(logical):
+        if n == 1 and shape[d] != 1:
+            fit.append(None)
+        elif n == shape[d]:
+            keep = min(vshape[d], psize[d])
+            fit.append((keep, psize[d] - keep))
+        else:
+            return False  # (not broadcastable: the caller raises torch's error)
+    fit = tuple(fit)
+    arr = storage.computed()
+    sizes = [_padding.device_scalar(n, storage.place) for d in r.sizes for n in d]
+    import sys
+
+    from ._tensor import DONATE
+
+    donate = DONATE and sys.getrefcount(arr) <= 3 and value is not arr  # (the attribute, arr, the argument)
+    key = (tuple(arr.shape), str(arr.dtype), r.view, psize, r.masks, fit, vshape, str(value.dtype), donate)
+    program = _write_programs.get(key)
+    if program is None:
+        static, masks, dtype = r.view, r.masks, arr.dtype
+
+        def body(a, off, v, *run_sizes):
+            import jax.numpy as jnp
+
+            v = v.astype(dtype).reshape(vshape)
+            v = v[tuple(slice(None) if f is None else slice(0, f[0]) for f in fit)]
+            if any(f is not None and f[1] for f in fit):
+                v = jnp.pad(v, [(0, 0) if f is None else (0, f[1]) for f in fit])
+            v = jnp.broadcast_to(v, psize)
+            mask = _padding.inside(psize, masks, run_sizes)
+            if static is None:
+                return v if mask is None else jnp.where(mask, v, a)
+            # the flat position of each of the view's elements: the view read
+            # from the positions themselves
+            positions = jnp.arange(a.size, dtype=jnp.int32 if a.size < 2 ** 31 else jnp.int64)
+            index = _strided.read(positions.reshape(a.shape), static, off)
+            flat = a.reshape(-1)
+            if mask is not None:
+                index = jnp.where(mask, index, flat.shape[0])  # (past the end: dropped)
+            return flat.at[index].set(v, mode="drop").reshape(a.shape)
+
+        if len(_write_programs) > 512:
+            _write_programs.clear()
+        program = _write_programs[key] = _program_cache.Kept("pjrt_host.padded_write", body, key,
+                                                             donate_argnums=(0,) if donate else ())
+    padded = storage.padded
+    del arr
+    new = program(storage.computed(), r.offset, value, *sizes)
+    storage.commit(new)
+    storage.padded = padded
+    _padding.note("padded_writes")
+    return True
 
 
 def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:

@@ -266,10 +266,14 @@ class CompiledOp:
         dtype (the in-place route then raises torch's error).  torch's
         SiLU backward computes ``1 - sigmoid`` as ``empty_like``, ``fill_``
         and ``sub_``: its ``sub_`` cut every MLP activation of a Llama
-        training step, which then compiled per length."""
+        training step, which then compiled per length.  A target that is a
+        view of a padded storage (``shifted[..., 0] = start``) is written
+        through its view in the storage's bucket (``_dynamic_dims.write``)."""
         target = args[self.inplace] if self.inplace < len(args) else None
-        if type(target) is not JaxTensor or target._view is not None or type(target._storage.place) is not int \
+        if type(target) is not JaxTensor or type(target._storage.place) is not int \
                 or not _config.current().dynamic_shapes or not _dynamic_dims.padded_inputs(args, kwargs):
+            return None
+        if target._view is not None and (target._storage.padded is None or _dynamic_dims.read_of(target) is None):
             return None
         functional = _functionals.get(self.meta_op)
         if functional is None:
@@ -280,6 +284,8 @@ class CompiledOp:
         if type(result) is not JaxTensor or result._view is not None or result.shape != target.shape \
                 or result.dtype != target.dtype:
             return None
+        if target._view is not None:
+            return target if _dynamic_dims.write(target, result) else None
         target._storage.take(result._storage)
         return target
 

@@ -504,8 +504,8 @@ def padded_read_of(logical: tuple) -> tuple | None:
 def counts() -> dict[str, Any]:
     """What ``torch.jax.dynamic_shape_stats()`` returns."""
     result: dict[str, Any] = {k: _counts.get(k, 0) for k in
-                              ("padded_calls", "pads", "cuts", "fallbacks", "physical_elements", "logical_elements",
-                               "graph_programs")}
+                              ("padded_calls", "pads", "padded_writes", "cuts", "fallbacks", "physical_elements",
+                               "logical_elements", "graph_programs")}
     logical = result["logical_elements"]
     result["padding_overhead"] = (result["physical_elements"] / logical - 1.0) if logical else 0.0
     result["cuts_by_op"] = dict(_cut_by.most_common())

@@ -29,7 +29,7 @@ from ._engine import CompiledOp, missing_lowering
 from ._meta import check_out_overlap, meta_view_of
 from . import _config, _dynamic_dims, _factories, _fused, _meta, _padding, _sharding, _storage_bridge, _strided
 from ._signatures import Traceable
-from ._sync import names_failed_collectives, run_deferred_checks
+from ._sync import last_note, names_failed_collectives, run_deferred_checks
 from ._tensor import (JaxTensor, Pending, Storage, contiguous_strides, make, new_tensor, read, view_for,
                       wrap_array, write)
 
@@ -85,7 +85,10 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
         dtype = device_dtype(dtype)
         if self.numel() == 0:  # no values to move (transformers' DynamicCache makes two a layer a forward)
             return new_tensor(tuple(self.shape), dtype, index)
-        return wrap_array(to_jax_array(self, index, dtype), index, dtype)
+        before = last_note(index)
+        moved = wrap_array(to_jax_array(self, index, dtype), index, dtype)
+        _dynamic_dims.moved(self, moved, before)  # (a size that keeps changing at the line: padded)
+        return moved
     if device.type != DEVICE_NAME:
         return to_torch(self, device, dtype)
     index = device_index(device)
@@ -200,6 +203,9 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
         return dst
     check_out_overlap([dst], "copy_")
     index = dst._storage.device_index
+    if dst._storage.padded is not None and isinstance(src, JaxTensor) and src._storage.place == dst._storage.place \
+            and src.dim() <= dst.dim() and _dynamic_dims.write(dst, src):
+        return dst  # in the storage's bucket (a padded source as it is laid out)
     if isinstance(src, JaxTensor):
         value = read(src)
         if src._storage.place != dst._storage.place:
@@ -220,6 +226,8 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
             raise RuntimeError(f"output with shape {list(shape)} doesn't match the broadcast shape {list(wide)}")
         if dst._view is None:
             value = jnp.broadcast_to(value, shape)
+    if dst._storage.padded is not None and _dynamic_dims.write(dst, value):
+        return dst
     write(dst, value)
     return dst
 

@@ -48,6 +48,12 @@ def note_result(index: int, array: Any) -> None:
     _last[index] = _weak(array)
 
 
+def last_note(index: int) -> Any:
+    """A token of the latest :func:`note_result` on device ``index``: the
+    same object until another result is noted there."""
+    return _last.get(index)
+
+
 def last_result(index: int) -> Any:
     """The last array produced on device ``index`` that is still alive
     (None: none, or nobody holds it any more)."""
