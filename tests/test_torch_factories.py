@@ -191,6 +191,21 @@ def test_full_of_a_value_that_changes_compiles_once_per_shape(eager):
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_flag_made_at_one_line_compiles_once_for_both_its_values(eager):
+    """generate()'s max-length criterion, ``full((b,), cur_len >= max_len)``
+    at every token: False until the last, then True.  A bool flag is a
+    run-time argument from its first call: one program for both values
+    (keyed by its value first, the turn to True compiled the flag, and under
+    fused eager every segment holding it, again: a second generate() of the
+    same prompt cost 3.5x the first one's steps)."""
+    with pjrt_host.config(eager=eager):
+        before = _programs()
+        got = [torch.full((3,), v, dtype=torch.bool, device=DEV).cpu().tolist() for v in (False, False, True, False)]
+        assert _programs() - before == 1
+    assert got == [[False] * 3, [False] * 3, [True] * 3, [False] * 3]
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
 def test_arange_from_a_start_that_changes_compiles_once_per_length(eager):
     """A decoding loop's position ids, ``arange(past, past + n)``: from the
     second start on (integers, of one length and step), the start is an

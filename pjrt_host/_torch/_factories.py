@@ -189,7 +189,11 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 #: ``full``'s fill values (``arange``'s starts) seen per key without them
-#: (at most two): one that took a second takes it at run time from then on.
+#: and place (the line that called it: generate() makes ``full((1,),
+#: False)`` at one line and ``full((1,), True)`` at another, each a constant
+#: there; keyed by the shape alone, both became run-time arguments at the
+#: second call, and every segment holding one compiled again) (at most two):
+#: one that took a second takes it at run time from then on.
 _fills: dict[tuple, set] = {}
 #: The dtypes a run-time fill is made in (converted on the host, by numpy,
 #: as torch converts it; half and bfloat16 keep their value static).
@@ -210,7 +214,13 @@ def _varying_fill(args: tuple, dtype: torch.dtype, base: tuple) -> Any:
         return None
     if type(fill) is float and not dtype.is_floating_point:
         return None  # (a float made an integer: torch's conversion of NaN or of what overflows is its own)
-    return fill if _took_another((*base, type(fill)), scalar_key(type(fill), fill)) else None
+    if type(fill) is bool and dtype == torch.bool:
+        # a flag has two values, and a line that makes one usually makes
+        # both in time (generate()'s max-length criterion: False at every
+        # token, True at the last): at run time from the first call, so that
+        # the segments holding it do not compile again at the first True
+        return fill
+    return fill if _took_another((*base, type(fill), _padding.caller()), scalar_key(type(fill), fill)) else None
 
 
 def _varying_start(args: tuple, kwargs: dict, step: Any, dtype: torch.dtype, base: tuple) -> bool:
@@ -223,7 +233,7 @@ def _varying_start(args: tuple, kwargs: dict, step: Any, dtype: torch.dtype, bas
     if type(start) is not int or type(args[1]) is not int or type(step) is not int or "step" in kwargs \
             or dtype != torch.int64 or not -(1 << 62) < start < (1 << 62):
         return False
-    return _took_another(base, start)
+    return _took_another((*base, _padding.caller()), start)
 
 
 def _took_another(key: tuple, value: Any) -> bool:
@@ -253,7 +263,10 @@ def _of_a_varying_value(op: Any, base: tuple, lowering: Any, args: tuple, at: in
     key = (*base, ("run-time argument", at, type(given).__name__))
     # made in the dtype here, as torch converts it (a program's conversion
     # flushed a float32 subnormal, 1e-45, to zero): the program broadcasts it
-    value = np.asarray(given, dtype=jax_dtype(dtype) if name == "full" else np.int64)
+    if type(given) is bool:  # (made once on the device: a flag is passed at every call)
+        value = _device_flag(given, index)
+    else:
+        value = np.asarray(given, dtype=jax_dtype(dtype) if name == "full" else np.int64)
     jdtype = jax_dtype(dtype)
     ctx = lowering_context(_config.current(), True)
 
@@ -286,6 +299,17 @@ def _of_a_varying_value(op: Any, base: tuple, lowering: Any, args: tuple, at: in
         note_result(index, arr)
         return result_tensor(arr, shape, dtype, index, None, padded)
     return wrap_array(arr, index, dtype)
+
+
+_flags: dict = {}
+
+
+def _device_flag(value: bool, index: int) -> Any:
+    """``value`` as a bool array on device ``index``, made once."""
+    found = _flags.get((value, index))
+    if found is None:
+        found = _flags[(value, index)] = jax.device_put(np.bool_(value), jax_device(index))
+    return found
 
 
 #: Factories whose value at a position does not depend on the result's
