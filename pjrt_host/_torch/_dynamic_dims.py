@@ -1482,6 +1482,8 @@ def write(t: JaxTensor, value: Any) -> bool:
             value = read(value)  # (merged dims laid out otherwise: cut)
     vshape = tuple(value.shape)
     if logical is None:
+        if t._view is None and any(n != 1 and n != p for n, p in zip(vshape[::-1], psize[::-1])):
+            return False  # (all of the storage from an exact value: it takes the value as it is, no program)
         logical = vshape
     if len(vshape) > len(shape):
         return False
