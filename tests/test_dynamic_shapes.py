@@ -165,8 +165,11 @@ def test_a_view_of_a_padded_tensor_reads_to_the_host_without_a_program():
 def _padded_on_device(values: torch.Tensor, dims: set) -> torch.Tensor:
     """``values`` on 'jax', its storage padded along ``dims`` to odd buckets
     (the oracle mode's: the padding never lines up with anything)."""
+    from pjrt_host._jax_settings import x64_scope
+
     t = values.to("jax")
-    assert _padding.pad_storage(t._storage, dims, odd=True)
+    assert x64_scope(_padding.pad_storage)(t._storage, dims, True)  # (as the engine calls it: int64 kept)
+    assert t._storage.computed().dtype == t._storage.jax_dtype
     return t
 
 

@@ -988,6 +988,8 @@ def _swapped_in(target: Any, value: Any) -> bool:
             if _fused.record(_reshape_into(pending.shape, storage.shape, pending.dtype), [pending], None,
                              storage.device_index, storage.place, into=[storage]):
                 return True
+    if storage.padded is not None and _dynamic_dims.write(target, value):
+        return True  # in the storage's bucket (a padded result as it is laid out)
     _tensor.write(target, source.get())
     return True
 

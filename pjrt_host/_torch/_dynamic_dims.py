@@ -1466,21 +1466,22 @@ def write(t: JaxTensor, value: Any) -> bool:
         return False
     shape = tuple(t.shape)
     psize = r.psize
-    logical = None
+    fused = _config.current().eager == "fused"
+    logical = vstatic = vstorage = None
+    voffset = 0
     if type(value) is JaxTensor:
-        vr = read_of(value) if value._storage.padded is not None else None
+        vr = read_of(value) if value._storage.padded is not None and value._storage.place == storage.place else None
         if vr is not None and all(len(c) == 1 for c in (*r.comps, *vr.comps)):
             # (each dim's logical values at its start: the value's bucket cut
-            # or padded to the target's, one program per pair of buckets)
-            found = padded_values(value)
-            if found is None:
-                return False
-            logical, value = tuple(value.shape), found[0]
+            # or padded to the target's, one program per pair of buckets; the
+            # value read through its view inside the write's program)
+            logical, vstatic, voffset, vstorage = tuple(value.shape), vr.view, vr.offset, value._storage
+            value = vstorage._array if fused and vstorage.pending else vstorage.computed()
         else:
             from ._tensor import read
 
             value = read(value)  # (merged dims laid out otherwise: cut)
-    vshape = tuple(value.shape)
+    vshape = tuple(value.shape) if vstorage is None else vr.psize
     if logical is None:
         if t._view is None and any(n != 1 and n != p for n, p in zip(vshape[::-1], psize[::-1])):
             return False  # (all of the storage from an exact value: it takes the value as it is, no program)
@@ -1500,49 +1501,72 @@ def write(t: JaxTensor, value: Any) -> bool:
         else:
             return False  # (not broadcastable: the caller raises torch's error)
     fit = tuple(fit)
-    arr = storage.computed()
     sizes = [_padding.device_scalar(n, storage.place) for d in r.sizes for n in d]
+    key = (_padding.physical_shape(storage.padded), str(storage.jax_dtype), r.view, psize, r.masks, fit, vshape,
+           tuple(value.shape), str(value.dtype), vstatic)
+    static, masks = r.view, r.masks
+
+    def body(a: Any, off: Any, v: Any, voff: Any, *run_sizes: Any) -> Any:
+        import jax.numpy as jnp
+
+        if vstatic is not None:
+            v = _strided.read(v, vstatic, voff)
+        v = v.astype(a.dtype).reshape(vshape)
+        v = v[tuple(slice(None) if f is None else slice(0, f[0]) for f in fit)]
+        if any(f is not None and f[1] for f in fit):
+            v = jnp.pad(v, [(0, 0) if f is None else (0, f[1]) for f in fit])
+        v = jnp.broadcast_to(v, psize)
+        mask = _padding.inside(psize, masks, run_sizes)
+        if static is None:
+            return v if mask is None else jnp.where(mask, v, a)
+        # the flat position of each of the view's elements: the view read
+        # from the positions themselves
+        positions = jnp.arange(a.size, dtype=jnp.int32 if a.size < 2 ** 31 else jnp.int64)
+        index = _strided.read(positions.reshape(a.shape), static, off)
+        flat = a.reshape(-1)
+        if mask is not None:
+            index = jnp.where(mask, index, flat.shape[0])  # (past the end: dropped)
+        return flat.at[index].set(v, mode="drop").reshape(a.shape)
+
+    storage.check_writable()
+    if fused:
+        from . import _fused
+
+        def make() -> tuple:
+            import jax
+
+            return body, jax.jit(body)
+
+        op = _fused.host_op(_write_ops, "pjrt_host.padded_write", key, make)
+        target = storage._array if storage.pending else storage.computed()
+        if _fused.record(op, [target, r.offset, value, voffset, *sizes], None, storage.device_index, storage.place,
+                         into=[storage]):
+            _padding.note("padded_writes")
+            return True
+        if vstorage is not None:
+            value = vstorage.computed()
     import sys
 
     from ._tensor import DONATE
 
+    arr = storage.computed()
     donate = DONATE and sys.getrefcount(arr) <= 3 and value is not arr  # (the attribute, arr, the argument)
-    key = (tuple(arr.shape), str(arr.dtype), r.view, psize, r.masks, fit, vshape, str(value.dtype), donate)
-    program = _write_programs.get(key)
+    program = _write_programs.get((key, donate))
     if program is None:
-        static, masks, dtype = r.view, r.masks, arr.dtype
-
-        def body(a, off, v, *run_sizes):
-            import jax.numpy as jnp
-
-            v = v.astype(dtype).reshape(vshape)
-            v = v[tuple(slice(None) if f is None else slice(0, f[0]) for f in fit)]
-            if any(f is not None and f[1] for f in fit):
-                v = jnp.pad(v, [(0, 0) if f is None else (0, f[1]) for f in fit])
-            v = jnp.broadcast_to(v, psize)
-            mask = _padding.inside(psize, masks, run_sizes)
-            if static is None:
-                return v if mask is None else jnp.where(mask, v, a)
-            # the flat position of each of the view's elements: the view read
-            # from the positions themselves
-            positions = jnp.arange(a.size, dtype=jnp.int32 if a.size < 2 ** 31 else jnp.int64)
-            index = _strided.read(positions.reshape(a.shape), static, off)
-            flat = a.reshape(-1)
-            if mask is not None:
-                index = jnp.where(mask, index, flat.shape[0])  # (past the end: dropped)
-            return flat.at[index].set(v, mode="drop").reshape(a.shape)
-
         if len(_write_programs) > 512:
             _write_programs.clear()
-        program = _write_programs[key] = _program_cache.Kept("pjrt_host.padded_write", body, key,
-                                                             donate_argnums=(0,) if donate else ())
+        program = _write_programs[(key, donate)] = _program_cache.Kept(
+            "pjrt_host.padded_write", body, (key, donate), donate_argnums=(0,) if donate else ())
     padded = storage.padded
     del arr
-    new = program(storage.computed(), r.offset, value, *sizes)
+    new = program(storage.computed(), r.offset, value, voffset, *sizes)
     storage.commit(new)
     storage.padded = padded
     _padding.note("padded_writes")
     return True
+
+
+_write_ops: dict = {}
 
 
 def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:
