@@ -209,6 +209,22 @@ def test_a_write_into_a_view_of_a_padded_tensor_keeps_it_padded(form, eager):
     assert stats["padded_writes"] >= 1 and stats["cuts"] == 0, (stats["cuts_by_op"], stats)
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_write_into_a_view_that_merges_padded_dims_gives_cpus_values(eager):
+    # x.flatten() of a storage padded along both dims: its logical elements
+    # are not its first positions, so a value of the view's logical length
+    # cannot be laid into it by padding its end (it is cut: CPU's values)
+    a = torch.arange(12.0).reshape(3, 1, 4)
+    for write in (lambda t: t.flatten().fill_(2), lambda t: t.flatten().add_(10),
+                  lambda t: t.flatten()[2:9].copy_(torch.arange(7.0)), lambda t: t.view(-1).mul_(torch.arange(12.0, device=t.device))):
+        want = a.clone()
+        write(want)
+        with pjrt_host.config(dynamic_shapes=True, eager=eager):
+            x = _padded_on_device(a, {0, 2})
+            write(x)
+            assert torch.equal(x.cpu(), want)
+
+
 def _shift_right(ids: torch.Tensor, start: int = 0, pad: int = 0) -> torch.Tensor:
     """T5's and BART's decoder inputs from their labels (transformers'
     ``_shift_right``)."""
@@ -251,7 +267,8 @@ def test_a_modules_own_move_pads_none_of_its_tensors():
     with pjrt_host.config(dynamic_shapes=True):
         for _ in range(2):
             m = torch.nn.Sequential(*[torch.nn.Linear(n, n + 1) for n in range(3, 9)])
-            m.register_buffer("ids", torch.arange(5)[None])
+            for n, layer in enumerate(m):  # buffers of every length, a parameter's move between two
+                layer.register_buffer("ids", torch.arange(n + 2)[None])
             m.to("jax")
             assert all(p._storage.padded is None for p in [*m.parameters(), *m.buffers()])
     assert torch.jax.dynamic_shape_stats()["pads"] == 0

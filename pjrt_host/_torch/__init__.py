@@ -22,39 +22,40 @@ torch or another library.
 =====  ===============================  ==================================================
 layer  module                           job
 =====  ===============================  ==================================================
-13     ``_boot._privateuse1``           torch's side: PrivateUse1 named 'jax', ``torch.jax``,
+14     ``_boot._privateuse1``           torch's side: PrivateUse1 named 'jax', ``torch.jax``,
                                         hooks and device guard; registers kernels and patches
-12     ``_boot._autocast``              ``torch.autocast('jax')``'s op lists and kernels
-11     ``_boot._kernels``               device-key kernels (factories, ``_to_copy``,
+13     ``_boot._autocast``              ``torch.autocast('jax')``'s op lists and kernels
+12     ``_boot._kernels``               device-key kernels (factories, ``_to_copy``,
                                         ``copy_``) and the fallback; no jax
-10     ``_loader``                      loads the device on first use, installs the
+11     ``_loader``                      loads the device on first use, installs the
                                         dispatcher
-9      ``_dispatch``                    routing only: which handler runs an op
-9      ``_patches``                     every patch of torch and other libraries, listed
+10     ``_dispatch``                    routing only: which handler runs an op
+10     ``_patches``                     every patch of torch and other libraries, listed
                                         (``INVENTORY``) and installed once
-8      ``_storage_ops``                 copies, ``_to_copy``, ``item``, ``clone``, ``*_like``,
+9      ``_storage_ops``                 copies, ``_to_copy``, ``item``, ``clone``, ``*_like``,
                                         ``set_``, ``resize_``, batch-norm statistics
-8      ``_backward``                    the device inside autograd's backward: errors
+9      ``_backward``                    the device inside autograd's backward: errors
                                         raised at ``backward()``, the caller's settings
-7      ``_cpu_fallback``                ``config(cpu_fallback=True)``
-7      ``_view_ops``                    view ops: new tensors over the same storage
-7      ``_torch_accelerator``           ``torch.accelerator``'s answers for 'jax' (wrappers)
-7      ``_patches._huggingface``        accelerate's / Trainer's default device 'jax' on an
+8      ``_cpu_fallback``                ``config(cpu_fallback=True)``
+8      ``_view_ops``                    view ops: new tensors over the same storage
+8      ``_torch_accelerator``           ``torch.accelerator``'s answers for 'jax' (wrappers)
+8      ``_patches._huggingface``        accelerate's / Trainer's default device 'jax' on an
                                         accelerator plugin (through an import hook)
-6      ``_engine``                      an op compiled per signature, run through
+7      ``_engine``                      an op compiled per signature, run through
                                         ``_lowerings.invoke`` with ``lowering_context``
-6      ``_factories``                   ``torch.zeros(..., device='jax')`` and friends: the
+7      ``_factories``                   ``torch.zeros(..., device='jax')`` and friends: the
                                         storage side of the factory lowerings (recorded
                                         into fused eager's segments)
-6      ``_index_checks``                out-of-range indices raise torch CPU's error (in
+7      ``_index_checks``                out-of-range indices raise torch CPU's error (in
                                         fused eager, checks recorded into the segment)
-6      ``_boot._torch_jax``             ``torch.jax`` (device count, current device, seeds)
-6      ``_boot._autograd_kernels``      dense sparse-gradient formulas, checked composites
+7      ``_boot._torch_jax``             ``torch.jax`` (device count, current device, seeds)
+7      ``_boot._autograd_kernels``      dense sparse-gradient formulas, checked composites
                                         (attention as one op, over padded inputs too)
+6      ``_dynamic_dims``                which ops run on padded inputs and when a dimension
+                                        becomes dynamic; padded reads of views and writes
+                                        into them (recorded into fused eager's segments)
 5      ``_patches._c10d_registration``  the 'pjrt' backend registered with
                                         torch.distributed
-5      ``_dynamic_dims``                which ops run on padded inputs and when a dimension
-                                        becomes dynamic; padded reads of views
 5      ``_fused``                       fused eager: ops recorded into segments, one
                                         program each
 5      ``_scalar_trials``               traced scalars: whether an op's Python scalars can be

@@ -1324,16 +1324,18 @@ def moved(source: Any, t: JaxTensor, before: Any) -> bool:
     parameters) pads none of them.  Only a tensor whose sizes changed along
     one dim, the others keeping theirs (at most two: a last, short batch),
     is padded: a batch's length changes, not its rank's every dim.
-    Parameters and buffers moved by ``module.to()`` are never padded.  True
-    when it was."""
+    Parameters and buffers moved by ``module.to()`` are never padded (its
+    ``_apply``, which ``_modules`` wraps, is on the stack).  True when it
+    was."""
     mode = _config.current().dynamic_shapes
     if not mode or mode == "all" or type(t) is not JaxTensor or t.dim() == 0 or t._view is not None \
             or isinstance(source, torch.nn.Parameter):
         return False
     from . import _sync
     from ._meta import inside_backward
+    from ._modules import moving_a_module
 
-    if inside_backward() or _in_module_apply():
+    if inside_backward() or moving_a_module():
         return False
     global _last_move
     place, index, last = _caller(), t._storage.device_index, _last_move
@@ -1359,27 +1361,6 @@ def moved(source: Any, t: JaxTensor, before: Any) -> bool:
 _move_sizes: dict = {}
 #: The last move: its place, the device's result note it left, its position in the run.
 _last_move: Any = None
-
-
-_MODULE_APPLY: Any = None
-
-
-def _in_module_apply() -> bool:
-    """Whether ``nn.Module._apply`` (``module.to()``, ``.cuda()``, ...) is on
-    this thread's stack."""
-    global _MODULE_APPLY
-    if _MODULE_APPLY is None:
-        _MODULE_APPLY = torch.nn.Module._apply.__code__
-    import sys
-
-    frame = sys._getframe(2)
-    for _ in range(40):
-        if frame is None:
-            return False
-        if frame.f_code is _MODULE_APPLY:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
@@ -1495,11 +1476,14 @@ def write(t: JaxTensor, value: Any) -> bool:
     for d, n in enumerate(logical):
         if n == 1 and shape[d] != 1:
             fit.append(None)
-        elif n == shape[d]:
+        elif n == shape[d] and len(r.comps[d]) == 1:
             keep = min(vshape[d], psize[d])
             fit.append((keep, psize[d] - keep))
         else:
-            return False  # (not broadcastable: the caller raises torch's error)
+            # not broadcastable (the caller raises torch's error), or a dim
+            # that merges several (x.flatten()): its logical values are not
+            # its first positions
+            return False
     fit = tuple(fit)
     sizes = [_padding.device_scalar(n, storage.place) for d in r.sizes for n in d]
     key = (_padding.physical_shape(storage.padded), str(storage.jax_dtype), r.view, psize, r.masks, fit, vshape,

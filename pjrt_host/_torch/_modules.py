@@ -41,7 +41,7 @@ import torch
 
 from ._devices import DEVICE_NAME, current_index
 
-__all__ = ["wrap_apply", "wrap_encoder_forward"]
+__all__ = ["moving_a_module", "wrap_apply", "wrap_encoder_forward"]
 
 _local = threading.local()
 
@@ -177,6 +177,13 @@ def wrap_encoder_forward(original: Any) -> Any:
     forward.__module__ = original.__module__
     forward.__wrapped__ = original  # type: ignore[attr-defined]
     return forward
+
+
+def moving_a_module() -> bool:
+    """Whether this thread is inside ``nn.Module._apply`` (``module.to()``,
+    ``.jax()``): its tensors are a module's own, of every size at one line
+    (``_dynamic_dims.moved`` never pads them)."""
+    return bool(getattr(_local, "depth", 0))
 
 
 def wrap_apply(original: Any) -> Any:
