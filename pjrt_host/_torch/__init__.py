@@ -53,7 +53,7 @@ layer  module                           job
                                         (attention as one op, over padded inputs too)
 6      ``_dynamic_dims``                which ops run on padded inputs and when a dimension
                                         becomes dynamic; padded reads of views and writes
-                                        into them (recorded into fused eager's segments)
+                                        into them
 5      ``_patches._c10d_registration``  the 'pjrt' backend registered with
                                         torch.distributed
 5      ``_fused``                       fused eager: ops recorded into segments, one

@@ -1447,7 +1447,6 @@ def write(t: JaxTensor, value: Any) -> bool:
         return False
     shape = tuple(t.shape)
     psize = r.psize
-    fused = _config.current().eager == "fused"
     logical = vstatic = vstorage = None
     voffset = 0
     if type(value) is JaxTensor:
@@ -1457,7 +1456,7 @@ def write(t: JaxTensor, value: Any) -> bool:
             # or padded to the target's, one program per pair of buckets; the
             # value read through its view inside the write's program)
             logical, vstatic, voffset, vstorage = tuple(value.shape), vr.view, vr.offset, value._storage
-            value = vstorage._array if fused and vstorage.pending else vstorage.computed()
+            value = vstorage.computed()
         else:
             from ._tensor import read
 
@@ -1513,22 +1512,6 @@ def write(t: JaxTensor, value: Any) -> bool:
         return flat.at[index].set(v, mode="drop").reshape(a.shape)
 
     storage.check_writable()
-    if fused:
-        from . import _fused
-
-        def make() -> tuple:
-            import jax
-
-            return body, jax.jit(body)
-
-        op = _fused.host_op(_write_ops, "pjrt_host.padded_write", key, make)
-        target = storage._array if storage.pending else storage.computed()
-        if _fused.record(op, [target, r.offset, value, voffset, *sizes], None, storage.device_index, storage.place,
-                         into=[storage]):
-            _padding.note("padded_writes")
-            return True
-        if vstorage is not None:
-            value = vstorage.computed()
     import sys
 
     from ._tensor import DONATE
@@ -1548,9 +1531,6 @@ def write(t: JaxTensor, value: Any) -> bool:
     storage.padded = padded
     _padding.note("padded_writes")
     return True
-
-
-_write_ops: dict = {}
 
 
 def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:

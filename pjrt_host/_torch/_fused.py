@@ -26,7 +26,6 @@ segment, under the segment's lock.
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import threading
 import warnings
@@ -601,11 +600,8 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
         if into is not None:
             result: Any = True
             for storage in into:
-                padded = storage.padded  # (a padded storage's new array is laid out as its old one)
-                pending = Pending(seg, len(seg.results), storage.shape if padded is None else
-                                  tuple(math.prod(c[0] for c in dim) for dim in padded), storage.jax_dtype)
+                pending = Pending(seg, len(seg.results), storage.shape, storage.jax_dtype)
                 storage.commit(pending)
-                storage.padded = padded
                 seg.results.append((weakref.ref(storage), pending))
         else:
             tensors = []
