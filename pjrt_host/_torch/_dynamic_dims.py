@@ -1341,24 +1341,12 @@ def moved(source: Any, t: JaxTensor, before: Any) -> bool:
     place, index, last = _caller(), t._storage.device_index, _last_move
     # (nothing ran since the last move: the note before this one is its)
     position = last[2] + 1 if last is not None and last[0] == place and last[1] is before else 0
-    shape = tuple(t.shape)
-    key = (place, position, len(shape))
-    sizes = _move_sizes.get(key)
-    if sizes is None:
-        if len(_move_sizes) > 4096:
-            _move_sizes.clear()
-        sizes = _move_sizes[key] = [set() for _ in shape]
-    for d, n in enumerate(shape):
-        if len(sizes[d]) < _padding.SIZES:
-            sizes[d].add(n)
-    changing = [d for d, seen in enumerate(sizes) if len(seen) >= _padding.SIZES]
-    padded = len(changing) == 1 and _padding.dynamic_ok(shape[changing[0]]) and _pad_storage(t, set(changing))
+    changing = _padding.changing_dims(("to_device", place, position), tuple(t.shape))
+    padded = len(changing) == 1 and _pad_storage(t, changing)
     _last_move = (place, _sync.last_note(index), position)
     return padded
 
 
-#: The sizes each dim of a moved tensor took at its place (:func:`moved`).
-_move_sizes: dict = {}
 #: The last move: its place, the device's result note it left, its position in the run.
 _last_move: Any = None
 
@@ -1487,7 +1475,34 @@ def write(t: JaxTensor, value: Any) -> bool:
     sizes = [_padding.device_scalar(n, storage.place) for d in r.sizes for n in d]
     key = (_padding.physical_shape(storage.padded), str(storage.jax_dtype), r.view, psize, r.masks, fit, vshape,
            tuple(value.shape), str(value.dtype), vstatic)
-    static, masks = r.view, r.masks
+    storage.check_writable()
+    import sys
+
+    from ._tensor import DONATE
+
+    arr = storage.computed()
+    donate = DONATE and sys.getrefcount(arr) <= 3 and value is not arr  # (the attribute, arr, the argument)
+    program = _write_programs.get((key, donate))
+    if program is None:
+        if len(_write_programs) > 512:
+            _write_programs.clear()
+        program = _write_programs[(key, donate)] = _program_cache.Kept(
+            "pjrt_host.padded_write", _write_body(r.view, r.masks, psize, vshape, fit, vstatic), (key, donate),
+            donate_argnums=(0,) if donate else ())
+    padded = storage.padded
+    del arr
+    new = program(storage.computed(), r.offset, value, voffset, *sizes)
+    storage.commit(new)
+    storage.padded = padded
+    _padding.note("padded_writes")
+    return True
+
+
+def _write_body(static: Any, masks: tuple, psize: tuple, vshape: tuple, fit: tuple, vstatic: Any) -> Callable:
+    """The traceable function of a padded write (:func:`write`): ``(storage
+    array, view offset, value, value's view offset, *logical sizes)`` ->
+    the storage array with the view's logical positions given the value."""
+    from . import _strided
 
     def body(a: Any, off: Any, v: Any, voff: Any, *run_sizes: Any) -> Any:
         import jax.numpy as jnp
@@ -1511,26 +1526,7 @@ def write(t: JaxTensor, value: Any) -> bool:
             index = jnp.where(mask, index, flat.shape[0])  # (past the end: dropped)
         return flat.at[index].set(v, mode="drop").reshape(a.shape)
 
-    storage.check_writable()
-    import sys
-
-    from ._tensor import DONATE
-
-    arr = storage.computed()
-    donate = DONATE and sys.getrefcount(arr) <= 3 and value is not arr  # (the attribute, arr, the argument)
-    program = _write_programs.get((key, donate))
-    if program is None:
-        if len(_write_programs) > 512:
-            _write_programs.clear()
-        program = _write_programs[(key, donate)] = _program_cache.Kept(
-            "pjrt_host.padded_write", body, (key, donate), donate_argnums=(0,) if donate else ())
-    padded = storage.padded
-    del arr
-    new = program(storage.computed(), r.offset, value, voffset, *sizes)
-    storage.commit(new)
-    storage.padded = padded
-    _padding.note("padded_writes")
-    return True
+    return body
 
 
 def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:
