@@ -280,6 +280,21 @@ def test_a_copy_that_would_broadcast_the_destination_raises_cpus_runtime_error()
         assert jax_type is cpu_type is RuntimeError and jax_text == cpu_text
 
 
+def test_a_copy_of_sizes_that_do_not_broadcast_names_the_dim_as_cpu():
+    """Sizes that cannot broadcast name the last dimension where they
+    differ, with both sizes, as CPU's copy_ does: the message named the
+    last dims' sizes (8 and 8) and no dimension at all."""
+    cases = (((3, 7), (4, 8)), ((3, 8), (4, 8)), ((2, 3, 4), (5, 4)), ((2, 0), (3, 1)))
+    for dst, src in cases:
+        (cpu_type, cpu_text), (jax_type, jax_text) = _errors(
+            lambda d: torch.zeros(dst, device=d).copy_(torch.ones(src, device=d)))
+        assert jax_type is cpu_type is RuntimeError and jax_text == cpu_text, (dst, src)
+    (cpu_type, cpu_text), (jax_type, jax_text) = _errors(  # into a view, from the host
+        lambda d: torch.zeros(3, 8, device=d)[:, 1:].copy_(torch.ones(4, 8)))
+    assert jax_type is cpu_type is RuntimeError and jax_text == cpu_text
+    assert "tensor a (7)" in cpu_text and "dimension 1" in cpu_text
+
+
 def test_a_copy_of_a_tensor_into_itself_is_nothing_as_on_cpu():
     """``t.copy_(t)`` returns at once, as torch's copy_ does, even where t
     overlaps itself (an expanded tensor): it raised the overlap error

@@ -279,11 +279,13 @@ def as_stored(x: jax.Array) -> jax.Array:
 
 
 def broadcast_shapes_or_raise(a: tuple, b: tuple) -> tuple:
-    """The broadcast of two shapes, or torch's RuntimeError naming the first
-    dimension where they cannot broadcast (jax's ValueError is not torch's)."""
+    """The broadcast of two shapes, or torch's RuntimeError naming the last
+    dimension where they cannot broadcast, as torch's ``infer_size`` walks
+    them (jax's ValueError is not torch's)."""
     ndim = max(len(a), len(b))
     pa, pb = (1,) * (ndim - len(a)) + tuple(a), (1,) * (ndim - len(b)) + tuple(b)
-    for i, (x, y) in enumerate(zip(pa, pb)):
+    for i in reversed(range(ndim)):
+        x, y = pa[i], pb[i]
         if x != y and x != 1 and y != 1:
             raise RuntimeError(f"The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton "
                                f"dimension {i}")

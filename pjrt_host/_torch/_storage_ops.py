@@ -22,6 +22,7 @@ from torch.utils._mode_utils import no_dispatch
 
 from .. import _lowerings, _program_cache
 from .._lowerings._dtypes import jax_dtype, torch_dtype
+from .._lowerings._util import broadcast_shapes_or_raise
 from ._conversion import to_jax_array, to_torch
 from ._devices import DEVICE_NAME, device_index, jax_device
 from ._dtype_policy import device_dtype
@@ -216,12 +217,7 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
         value = jnp.asarray(src)
     shape = tuple(dst.shape)
     if tuple(value.shape) != shape:
-        try:
-            wide = tuple(np.broadcast_shapes(tuple(value.shape), shape))
-        except ValueError:
-            raise RuntimeError(
-                f"The size of tensor a ({shape[-1] if shape else 1}) must match the size of tensor b "
-                f"({value.shape[-1] if value.shape else 1}) at non-singleton dimension") from None
+        wide = broadcast_shapes_or_raise(shape, tuple(value.shape))
         if wide != shape:  # the source broadcasts to the destination, never the other way (jax's ValueError)
             raise RuntimeError(f"output with shape {list(shape)} doesn't match the broadcast shape {list(wide)}")
         if dst._view is None:
