@@ -398,6 +398,64 @@ def test_segments_line_up_with_a_repeated_block():
     assert after["programs"] == before["programs"], "the same loop compiled again"
 
 
+def test_a_block_that_runs_one_op_twice_is_still_found():
+    """A layer that ends with an op it also runs further up (a residual
+    add after attention and after the MLP) repeats at the layer's length,
+    not at the distance between its two adds.  With two layers the end of
+    the second is the only op where the two line up, and the repeat was
+    looked for only at the nearer add: the layers and what follows them
+    ran as one segment, so a new head (a new length of the logits, a new
+    stopping flag) compiled the layers again with it."""
+    w = torch.randn(16, 16, device="jax") / 4
+
+    def layer(v):
+        a = ((v @ w).tanh() * 0.5).sin().exp().cos()
+        v = v + a
+        b = v.sigmoid().abs().neg().erf().atan().square().log1p().sinh().cosh().rsqrt().reciprocal()
+        return v + b  # the same add as above, 12 ops later
+
+    def run(depth, head=lambda v: v.sum()):
+        v = torch.randn(4, 16, device="jax")
+        for _ in range(depth):
+            v = layer(v)
+        return head(v).item()
+
+    torch.jax.synchronize()
+    with fused():
+        for _ in range(2):  # warm-up (see test_segments_line_up_with_a_repeated_block)
+            run(2)
+        before = _fused.stats()
+        run(2)
+        after = _fused.stats()
+        assert after["segments"] - before["segments"] == 2, "two layers and the head ran as one segment"
+        assert after["programs"] == before["programs"]
+        run(2, lambda v: (v * 3).amax())  # a new head: a program of its own ops only
+        other = _fused.stats()
+        assert other["segments"] - after["segments"] == 2 and other["programs"] - after["programs"] == 1
+
+
+def test_two_stopping_flags_of_equal_or_unequal_values_run_one_program():
+    """generate()'s stopping criteria make two bool flags a step with
+    ``torch.full``, equal until the last token.  Each takes a slot of its
+    own: sharing the one cached device flag while equal wired the last
+    token's segment otherwise, and it compiled a program of its own."""
+    x = torch.randn(4, device="jax")
+
+    def step(last):
+        done = torch.full((1,), False, dtype=torch.bool, device="jax")
+        flag = torch.full((1,), last, dtype=torch.bool, device="jax")
+        return bool(((done | flag) & (x.sum() > -1e9)).all().item())
+
+    torch.jax.synchronize()
+    with fused():
+        for _ in range(2):  # warm-up: steps whose flags are equal (a bool flag is run-time from its first)
+            assert step(False) is False
+        before = _fused.stats()
+        assert [step(last) for last in (True, False, True)] == [True, False, True]
+        after = _fused.stats()
+    assert after["programs"] == before["programs"], "a step whose flags differ compiled a program of its own"
+
+
 def test_a_chain_of_small_ops_runs_in_segments_of_whole_blocks():
     """A loop body of two ops repeats every two ops: segments end at a
     whole number of bodies once they hold REPEAT_SEGMENT ops, not every

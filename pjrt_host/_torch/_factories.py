@@ -309,6 +309,7 @@ def _device_flag(value: bool, index: int) -> Any:
     found = _flags.get((value, index))
     if found is None:
         found = _flags[(value, index)] = jax.device_put(np.bool_(value), jax_device(index))
+        _fused.unshared.add(id(found))  # (kept for the process: its id stays its own)
     return found
 
 

@@ -55,6 +55,13 @@ _refused: set = set()  # those that do not (they need concrete values), or trace
 _counts = {"segments": 0, "ops": 0, "programs": 0, "op_by_op": 0, "replayed": 0, "lane": 0}
 _recompiles = logging.getLogger("pjrt_host.recompiles")
 _SCALARS = (int, float, bool, complex)
+#: ids of arrays that take a slot of their own at each use, as a Python
+#: scalar does: a factory's run-time flag (``_factories._device_flag``) is
+#: one cached array per value, so two flags that happen to hold the same
+#: value sharing one slot would wire the segment by their values (a
+#: generate() step whose two stopping flags differ only at its last token
+#: compiled a program of its own for it)
+unshared: set[int] = set()
 
 
 class Segment:
@@ -571,7 +578,7 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
                     continue
                 v.segment.flush()
                 v = _resolved(v)
-            if type(v) in _SCALARS:
+            if type(v) in _SCALARS or id(v) in unshared:
                 # a Python scalar takes a slot of its own: shared by identity,
                 # the segment's structure would depend on its value (CPython
                 # shares the ints -5..256, so a random draw's counter that
@@ -724,7 +731,7 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
                     return None  # (a value of another segment: the engine's way runs that one first)
                 continue
             i = None
-            if type(v) not in _SCALARS:  # (a Python scalar takes a slot of its own: record())
+            if type(v) not in _SCALARS and id(v) not in unshared:  # (a slot of its own: record())
                 i = seg.ext_ids.get(id(v))
                 if i is None and added:
                     i = next((len(externals) + j for j, a in enumerate(added) if a is v), None)
@@ -737,7 +744,7 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
                 return None
         if added:
             for v in added:
-                if type(v) not in _SCALARS:
+                if type(v) not in _SCALARS and id(v) not in unshared:
                     seg.ext_ids[id(v)] = len(externals)
                 externals.append(v)
         seg.ops.append(step)
@@ -861,18 +868,22 @@ def _repeats(op: int, recorded: int) -> int:
     if places is None:
         seen[op] = [i]
         return 0
-    period = 0
+    found = 0
     for p in reversed(places):
-        if i - p >= REPEAT_MIN:
-            period = i - p
+        period = i - p
+        if period > REPEAT_MAX or period > recorded or i + 1 < 2 * period:
+            break
+        # the nearest place is not always the block's: an op a layer runs
+        # twice (a residual add after attention and after the MLP) is
+        # nearer than its place in the layer before
+        if period >= REPEAT_MIN and window[i - 1] == window[i - 1 - period] \
+                and window[i - period + 1:] == window[i - 2 * period + 1:i - period + 1]:
+            found = period
             break
     places.append(i)
     if len(places) > 16:
         del places[:8]
-    if (REPEAT_MIN <= period <= REPEAT_MAX and recorded >= period and i + 1 >= 2 * period
-            and window[i - period + 1:] == window[i - 2 * period + 1:i - period + 1]):
-        return period
-    return 0
+    return found
 
 
 def _signature(v: Any) -> Any:
