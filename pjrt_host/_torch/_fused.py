@@ -68,7 +68,7 @@ class Segment:
     """The ops one thread has recorded and not yet run."""
 
     __slots__ = ("ops", "externals", "ext_ids", "results", "shared", "lock", "done", "device", "error", "after",
-                 "expect", "script", "ended", "__weakref__")
+                 "expect", "script", "ended", "slots", "cuts", "prefix", "__weakref__")
 
     def __init__(self, device: int, after: Script | None = None) -> None:
         # (the op's Traceable, argument refs, one result): with the
@@ -91,6 +91,11 @@ class Segment:
         self.expect = after.following[0] if after is not None and after.following else None
         self.script: Script | None = None  # what it ran, once run
         self.ended = False  # it ended itself (a block repeated, or LIMIT), not at a read
+        self.slots: list[int] = []  # per op, the index of its first result
+        #: where it runs as pieces (:meth:`_run_pieces`): the ops that start
+        #: each block after the first piece, found where a block repeated
+        self.cuts: tuple[int, ...] = ()
+        self.prefix = False  # whether the first piece is what came before the block
         open_segments.add(self)
 
     @x64_scope  # torch.jax.synchronize() and other readers may come from outside the dispatcher
@@ -115,6 +120,13 @@ class Segment:
                         if any((s := r()) is not None and s._array is self.results[i][1] for r in refs)}
                 live = tuple(sorted(held.union(live)))
             ext, self.externals = self.externals, []
+            if self.cuts:
+                try:
+                    self._run_pieces(ext, live)
+                except BaseException as err:
+                    self.error = err
+                    raise
+                return
             script, replayed = self._noted(ext)
             if not live:
                 # nothing to compute, but the next segment replays after
@@ -163,8 +175,100 @@ class Segment:
             self.after.followed_by(script)  # what a segment after the one before expects next time
         return script, replayed
 
+    def _run_pieces(self, ext: list, live: tuple[int, ...]) -> None:
+        """Run the segment as the pieces its cuts make: what came before a
+        repeated block, the block's first occurrence, its second.  Each
+        piece is a segment of its own, its inputs numbered as if it had
+        been recorded alone, so the two occurrences of a block are one
+        script and one program, and the same as the program of each later
+        occurrence that ends a segment by itself: a model's layers compile
+        one program whatever their number, not the first two layers and
+        what comes before them together.  The scripts follow each other
+        as separate segments' do, so the next occurrence replays them."""
+        n = len(self.ops)
+        bounds = [0, *self.cuts, n]
+        starts = [*self.slots, len(self.results)]
+        keep = set(live)
+        # which results later pieces read: they come out of their piece even
+        # when no tensor holds them
+        read_later: dict[int, int] = {}  # result index -> the last piece that reads it
+        for k in range(1, len(bounds) - 1):
+            first = starts[bounds[k]]
+            for _, refs, _ in self.ops[bounds[k]:bounds[k + 1]]:
+                for r in refs:
+                    if r < 0 and ~r < first:
+                        read_later[~r] = k
+        donated_here = set(_only_here(ext)) if DONATE else set()
+        used_by: dict[int, int] = {}  # external index -> how many pieces read it
+        pieces = []
+        for k in range(len(bounds) - 1):
+            a, b = bounds[k], bounds[k + 1]
+            sa, sb = starts[a], starts[b]
+            keys: list[tuple[str, int]] = []
+            index: dict[tuple[str, int], int] = {}
+            ops = []
+            for op, refs, single in self.ops[a:b]:
+                local = []
+                for r in refs:
+                    if r < 0 and ~r >= sa:
+                        local.append(~(~r - sa))
+                        continue
+                    key = ("e", r) if r >= 0 else ("v", ~r)
+                    i = index.get(key)
+                    if i is None:
+                        i = index[key] = len(keys)
+                        keys.append(key)
+                    local.append(i)
+                ops.append((op, tuple(local), single))
+            for kind, r in keys:
+                if kind == "e":
+                    used_by[r] = used_by.get(r, 0) + 1
+            if k == 0 and self.prefix:
+                # what came before the block: a replay runs it as soon as it
+                # ends, while the values its ops made are still held (an
+                # autograd node's), so it comes out whole and donates
+                # nothing; a program made for more results serves a run that
+                # holds fewer, and the replay compiles no other
+                out = tuple(range(sb - sa))
+            else:
+                out = tuple(i - sa for i in range(sa, sb) if i in keep or i in read_later)
+            pieces.append((a, b, sa, sb, ops, keys, out))
+        # the block's two occurrences: one program for the results either holds
+        # (the first one's output read by the second, and not the second's)
+        if len(pieces) >= 2 and pieces[-1][4] == pieces[-2][4]:
+            both = tuple(sorted(set(pieces[-1][6]) | set(pieces[-2][6])))
+            pieces[-2:] = [piece[:6] + (both,) for piece in pieces[-2:]]
+        made: dict[int, Any] = {}
+        after = self.after
+        script = None
+        for k, (a, b, sa, sb, ops, keys, out) in enumerate(pieces):
+            piece = Segment(self.device, after)
+            open_segments.discard(piece)
+            piece.expect = None  # (a script with as many ops is not this piece's)
+            piece.done = True
+            piece.ended = True
+            piece.ops = ops
+            piece.results = self.results[sa:sb]
+            if self.shared:
+                piece.shared = {i - sa: refs for i, refs in self.shared.items() if sa <= i < sb}
+            values = [ext[r] if kind == "e" else made[r] for kind, r in keys]
+            donated = () if k == 0 and self.prefix else tuple(
+                i for i, (kind, r) in enumerate(keys) if kind == "e" and r in donated_here and used_by[r] == 1)
+            script, replayed = piece._noted(values)
+            if out:
+                held, outs = piece._run(script, replayed, values, out, donated)
+                for i, arr in zip(held, outs):
+                    if sa + i in read_later:
+                        made[sa + i] = arr
+            self.results[sa:sb] = piece.results  # (a result given to a storage it shares)
+            for i in [i for i in made if read_later[i] <= k]:
+                del made[i]  # no later piece reads it
+            after = script
+        self.script = script
+        ext.clear()
+
     def _run(self, script: Script, replayed: bool, ext: list, live: tuple[int, ...],
-             donated: tuple[int, ...]) -> None:
+             donated: tuple[int, ...]) -> tuple:
         _counts["segments"] += 1
         _counts["replayed"] += replayed
         variant = script.variant(live, donated)
@@ -213,6 +317,7 @@ class Segment:
                             self.results[i] = (r, p)
                             given = True
         note_result(self.device, outs[-1])
+        return live, outs
 
 
 class Script:
@@ -603,6 +708,7 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
                 if script is None:  # recorded from here on as new
                     _local.window = None  # repeats are looked for from here (the replayed ops were not noted)
         seg.ops.append((op, refs_t, single))
+        seg.slots.append(len(seg.results))
         _counts["ops"] += 1
         if into is not None:
             result: Any = True
@@ -627,7 +733,14 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
             full = n == script.n and script.cut
         else:
             period = _repeats(id(op), n)
-            full = n >= LIMIT or (period and (not _small_body(period) or (n % period == 0 and n >= REPEAT_SEGMENT)))
+            if period and not _small_body(period):
+                full = True
+                # a layer repeated: the segment runs as what came before it,
+                # its first occurrence and its second (Segment._run_pieces)
+                seg.cuts = tuple(c for c in (n - 2 * period, n - period) if c > 0)
+                seg.prefix = n != 2 * period  # (less: the block's first occurrence began in the segment before)
+            else:
+                full = n >= LIMIT or (period and n % period == 0 and n >= REPEAT_SEGMENT)
     if full:
         _end(seg)
     return result
@@ -748,6 +861,7 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
                     seg.ext_ids[id(v)] = len(externals)
                 externals.append(v)
         seg.ops.append(step)
+        seg.slots.append(len(seg.results))
         _counts["ops"] += 1
         _counts["lane"] += 1
         op.hits += 1
