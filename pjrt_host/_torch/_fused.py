@@ -48,6 +48,12 @@ __all__ = ["LIMIT", "Lane", "Segment", "record", "replay", "resolve", "stats", "
 
 #: A segment runs once it holds this many ops.
 LIMIT = 256
+#: A segment that leaves the script it replays where the ops before have
+#: made this many results or more runs them as a piece of their own
+#: (:attr:`Segment.diverged`): a program that large (an optimizer's
+#: ``_foreach`` ops over every parameter) is worth compiling once, where a
+#: few ops (a norm before a model's head) cost a program more per step.
+SPLIT_RESULTS = 64
 
 _local = threading.local()
 _validated: set = set()  # traceable op functions known to trace with pending (abstract) inputs
@@ -68,7 +74,8 @@ class Segment:
     """The ops one thread has recorded and not yet run."""
 
     __slots__ = ("ops", "externals", "ext_ids", "results", "shared", "lock", "done", "device", "error", "after",
-                 "expect", "script", "ended", "slots", "cuts", "prefix", "__weakref__")
+                 "expect", "script", "ended", "slots", "cuts", "prefix", "diverged", "left",
+                 "candidates", "may_end", "__weakref__")
 
     def __init__(self, device: int, after: Script | None = None) -> None:
         # (the op's Traceable, argument refs, one result): with the
@@ -95,7 +102,21 @@ class Segment:
         #: where it runs as pieces (:meth:`_run_pieces`): the ops that start
         #: each block after the first piece, found where a block repeated
         self.cuts: tuple[int, ...] = ()
-        self.prefix = False  # whether the first piece is what came before the block
+        #: how many first pieces are what came before the block (or before
+        #: where the segment left the script it replayed)
+        self.prefix = 0
+        #: where the segment left the script it replayed (0: it did not): the
+        #: ops before ran as a script already, with a program of their own
+        #: (:meth:`flush` runs them as a piece of their own)
+        self.diverged = 0
+        self.left: Script | None = None  # the script it left there
+        #: the scripts it may replay besides its expected one: those that
+        #: followed the segment before, or (a segment that expected none)
+        #: those that began with its first op (:data:`_starts`)
+        self.candidates: list[Script] | None = None  # (None: the segment before's ``following``)
+        #: the longer scripts a segment that replayed a whole script which
+        #: ended itself may go on with (:func:`_may_go_on`)
+        self.may_end: list[Script] | None = None
         open_segments.add(self)
 
     @x64_scope  # torch.jax.synchronize() and other readers may come from outside the dispatcher
@@ -120,6 +141,9 @@ class Segment:
                         if any((s := r()) is not None and s._array is self.results[i][1] for r in refs)}
                 live = tuple(sorted(held.union(live)))
             ext, self.externals = self.externals, []
+            inputs = tuple([_signature(v) for v in ext])
+            if self.diverged or self.cuts or (self.expect is not None and self.expect.inputs != inputs):
+                self._choose_pieces(ext, inputs)
             if self.cuts:
                 try:
                     self._run_pieces(ext, live)
@@ -127,7 +151,7 @@ class Segment:
                     self.error = err
                     raise
                 return
-            script, replayed = self._noted(ext)
+            script, replayed = self._noted(ext, inputs)
             if not live:
                 # nothing to compute, but the next segment replays after
                 # this one all the same (a loop whose results die before a
@@ -155,11 +179,13 @@ class Segment:
             self.shared.setdefault(pending.index, []).append(weakref.ref(storage))
             return True
 
-    def _noted(self, ext: list) -> tuple[Script, bool]:
-        """The script of the recorded ops reading ``ext``, noted as what
-        follows the segment before, and whether it is the one this segment
-        replayed (every op matched: no key to build)."""
-        inputs = tuple([_signature(v) for v in ext])
+    def _noted(self, ext: list, inputs: tuple | None = None) -> tuple[Script, bool]:
+        """The script of the recorded ops reading ``ext`` (``inputs``: their
+        signatures), noted as what follows the segment before, and whether
+        it is the one this segment replayed (every op matched: no key to
+        build)."""
+        if inputs is None:
+            inputs = tuple([_signature(v) for v in ext])
         script = self.expect
         replayed = script is not None and script.n == len(self.ops) and script.inputs == inputs
         if not replayed:
@@ -169,11 +195,53 @@ class Segment:
                 if len(_scripts) > 2048:  # segments that never repeat: bound the memory
                     _forget()
                 script = _scripts[(ops, inputs)] = Script(ops, inputs)
+                if ops:
+                    starting = _starts.setdefault(ops[0], [])
+                    starting.insert(0, script)
+                    del starting[FOLLOWING * 2:]
         self.script = script
         script.cut = script.cut or self.ended
         if self.after is not None:
             self.after.followed_by(script)  # what a segment after the one before expects next time
         return script, replayed
+
+    def _choose_pieces(self, ext: list, inputs: tuple) -> None:
+        """Where a segment that found a block or left the script it replayed
+        runs as pieces: as the same ops on the same inputs ran before (a
+        program per piece exists: the same pieces again, or no pieces where
+        they ran whole), else where the block repeated and where the
+        segment left its script.  The ops before that ran as a script
+        already: as a piece of their own, their program is the one the next
+        segment that leaves the script there reuses, so that only what
+        changed compiles (a new bucket's training step compiled the
+        optimizer's last ops of the step before with its first ops; a
+        decoding step, its layer's ops before the cache's join)."""
+        whole = (tuple(self.ops), inputs)
+        known = _pieces.get(whole)
+        if known is not None:
+            self.cuts, self.prefix = known
+            return
+        left = self.left if self.diverged else self.expect
+        if left is not None:
+            # an input of another shape than the script's (an index check's
+            # of a new length) leaves it at the first op that reads it, where
+            # the ops may still be the script's
+            e = next((i for i, (a, b) in enumerate(zip(inputs, left.inputs)) if a != b),
+                     min(len(inputs), len(left.inputs)))
+            k = next((k for k, (_, refs, _) in enumerate(self.ops) if any(r >= e for r in refs)), len(self.ops))
+            k = min(k, self.diverged or k)
+            self.diverged = k if 0 < k < len(self.ops) and self.slots[k] >= SPLIT_RESULTS else 0
+        n = self.diverged
+        if n and n < len(self.ops) and (not self.cuts or (self.prefix and n < self.cuts[0])):
+            found = _scripts.get(whole)
+            if found is not None and found.variants and not self.cuts:
+                return  # it ran whole before: its program
+            self.cuts = (n, *self.cuts)
+            self.prefix += 1
+        if self.cuts:
+            if len(_pieces) > 2048:
+                _pieces.clear()
+            _pieces[whole] = (self.cuts, self.prefix)
 
     def _run_pieces(self, ext: list, live: tuple[int, ...]) -> None:
         """Run the segment as the pieces its cuts make: what came before a
@@ -223,7 +291,7 @@ class Segment:
             for kind, r in keys:
                 if kind == "e":
                     used_by[r] = used_by.get(r, 0) + 1
-            if k == 0 and self.prefix:
+            if k < self.prefix:
                 # what came before the block: a replay runs it as soon as it
                 # ends, while the values its ops made are still held (an
                 # autograd node's), so it comes out whole and donates
@@ -246,13 +314,16 @@ class Segment:
             open_segments.discard(piece)
             piece.expect = None  # (a script with as many ops is not this piece's)
             piece.done = True
-            piece.ended = True
+            # each piece ends where the next begins; the last, where the
+            # segment ended (a replay that ended it at a read the segment
+            # ran at held fewer results, and compiled a program for more)
+            piece.ended = k < len(pieces) - 1 or self.ended
             piece.ops = ops
             piece.results = self.results[sa:sb]
             if self.shared:
                 piece.shared = {i - sa: refs for i, refs in self.shared.items() if sa <= i < sb}
             values = [ext[r] if kind == "e" else made[r] for kind, r in keys]
-            donated = () if k == 0 and self.prefix else tuple(
+            donated = () if k < self.prefix else tuple(
                 i for i, (kind, r) in enumerate(keys) if kind == "e" and r in donated_here and used_by[r] == 1)
             script, replayed = piece._noted(values)
             if out:
@@ -365,6 +436,15 @@ class Script:
 
 
 _scripts: dict[tuple, Script] = {}
+#: A script's first op (its entry in the script) -> the scripts that begin
+#: with it, the latest first: what a segment that expects no script (the
+#: segment before it was new: a new bucket's) replays from its first op on,
+#: so that one new segment does not leave the rest of the step unreplayed
+#: and, where it changes, unsplit (:attr:`Segment.diverged`).
+_starts: dict[tuple, list] = {}
+#: (ops, input signatures) of a segment run as pieces -> its cuts and how
+#: many first pieces came before its block (:meth:`Segment._choose_pieces`)
+_pieces: dict[tuple, tuple] = {}
 #: Whether any script has been followed by another in this process: until
 #: then there is nothing to replay, and the dispatcher does not ask
 #: :func:`replay` (an op-by-op process never does).
@@ -374,15 +454,66 @@ _following_lock = threading.Lock()
 FOLLOWING = 4
 
 
+def _candidates(seg: Segment, entry: tuple | None = None) -> Any:
+    """The scripts ``seg`` may replay: those that followed the segment
+    before (or, where none did, those :data:`_starts` gave it), and those
+    that begin with its first op, so that a script run whole once (a new
+    bucket's first step, before its ops ran as pieces) is found again
+    after the pieces' scripts that have followed since (``entry``: the
+    first op of a segment that has none yet)."""
+    found = seg.candidates
+    if found is None:
+        found = seg.after.following if seg.after is not None else ()
+    more = _starts.get(seg.ops[0] if seg.ops else entry)
+    if more and more is not found:
+        return [*found, *[s for s in more if s not in found]]
+    return found
+
+
 def _another_script(seg: Segment, entry: tuple) -> Script | None:
-    """Another script that followed the one before ``seg`` (its expected
-    script did not), whose ops so far are the segment's and whose next op
+    """Another of ``seg``'s candidate scripts (its expected script did not
+    go on as the segment does), whose ops so far are the segment's and whose next op
     is ``entry``; None when there is none."""
     n = len(seg.ops)
-    for script in seg.after.following:
+    for script in _candidates(seg, entry):
         if script is not seg.expect and script.n > n and script.ops[n] == entry and list(script.ops[:n]) == seg.ops:
             return script
     return None
+
+
+def _may_go_on(seg: Segment, script: Script) -> bool:
+    """Whether the segment, which has replayed the whole of ``script`` (a
+    script that ended itself there), waits for its next op before it ends:
+    another of its candidate scripts begins with ``script``'s ops and goes
+    on.  A script that ran as the first piece of a segment
+    (:meth:`Segment._choose_pieces`) is the beginning of others (a layer's
+    ops, ended by the next layer's first op or by the head): ending there
+    at once, the replay left the longer ones for a new segment, which
+    compiled a program at a bucket seen before (:func:`_ends_before`)."""
+    n = script.n
+    longer = [s for s in _candidates(seg) if s is not script and s.n > n and s.ops[:n] == script.ops]
+    if longer:
+        seg.may_end = longer
+    return bool(longer)
+
+
+def _ends_before(seg: Segment, op: Traceable) -> bool:
+    """Whether ``seg``, replaying, ends before ``op``, which its script
+    does not go on with: it waited at the end of a script that ended itself
+    (:func:`_may_go_on`) and no longer one goes on with ``op``, or another
+    of its candidate scripts is its ops so far and ended itself there (a
+    model's head begins with the ops of its layers' norm: the script of the
+    norm alone, run as a piece, ends there, and the head's after it)."""
+    longer, seg.may_end = seg.may_end, None
+    script = seg.expect
+    n = len(seg.ops)
+    if seg.done or script is None:
+        return False
+    if longer is not None:
+        return not any(s.ops[n][0] is op for s in longer)
+    if n < script.n and script.ops[n][0] is op:
+        return False
+    return any(s.n == n and s.cut and s is not script and list(s.ops) == seg.ops for s in _candidates(seg))
 
 
 def _forget() -> None:
@@ -392,6 +523,8 @@ def _forget() -> None:
         script.variants = []
         script.following = []
     _scripts.clear()
+    _starts.clear()
+    _pieces.clear()
 
 
 def _why_new(script: Script, variant: list) -> str:
@@ -672,6 +805,11 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
             return None
         _validated.add(op)
     seg = _segment(index)
+    if seg.expect is not None and seg.ops:
+        with seg.lock:
+            if _ends_before(seg, op):
+                seg.flush()
+        seg = _segment(index)
     with seg.lock:
         if seg.done:  # another thread ran it meanwhile
             seg = _segment(index)
@@ -700,13 +838,27 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
         refs_t = tuple(refs)
         single = plan.container == "single" if into is None else returns_one
         script = seg.expect
+        if script is None and not seg.ops:
+            starting = _starts.get((op, refs_t, single))
+            if starting:  # the segment before was new: scripts that begin here
+                seg.candidates = starting
+                script = seg.expect = starting[0]
         if script is not None:
             n = len(seg.ops)
             if n == script.n or script.ops[n][0] is not op or script.ops[n][1] != refs_t \
                     or script.ops[n][2] is not single:
+                left = script
                 script = seg.expect = _another_script(seg, (op, refs_t, single))
                 if script is None:  # recorded from here on as new
-                    _local.window = None  # repeats are looked for from here (the replayed ops were not noted)
+                    # repeats are looked for over the segment's ops (the
+                    # replayed ones were not noted): a replay that began at a
+                    # script of another block's first op hid the block before
+                    _noted_again(seg.ops)
+                    # (past the end of a script a read ended, the segment
+                    # goes on as one: the read was elsewhere this time)
+                    if len(seg.results) >= SPLIT_RESULTS and (n < left.n or left.cut):
+                        seg.diverged = n
+                        seg.left = left
         seg.ops.append((op, refs_t, single))
         seg.slots.append(len(seg.results))
         _counts["ops"] += 1
@@ -730,7 +882,7 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
             result = tensors[0] if single else (tuple(tensors) if plan.container == "tuple" else tensors)
         n = len(seg.ops)
         if script is not None:  # replayed: it ends where the script ended itself
-            full = n == script.n and script.cut
+            full = n == script.n and script.cut and not _may_go_on(seg, script)
         else:
             period = _repeats(id(op), n)
             if period and not _small_body(period):
@@ -738,7 +890,7 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
                 # a layer repeated: the segment runs as what came before it,
                 # its first occurrence and its second (Segment._run_pieces)
                 seg.cuts = tuple(c for c in (n - 2 * period, n - period) if c > 0)
-                seg.prefix = n != 2 * period  # (less: the block's first occurrence began in the segment before)
+                seg.prefix = int(n != 2 * period)  # (less: the block's first occurrence began in the segment before)
             else:
                 full = n >= LIMIT or (period and n % period == 0 and n >= REPEAT_SEGMENT)
     if full:
@@ -880,7 +1032,7 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
                 results.append((weakref.ref(t._storage), pending))
                 tensors.append(t)
             result = tuple(tensors) if lane.container == "tuple" else tensors
-        full = n + 1 == script.n and script.cut
+        full = n + 1 == script.n and script.cut and not _may_go_on(seg, script)
     if full:
         _end(seg)
     return result
@@ -950,6 +1102,18 @@ def _small_body(period: int) -> bool:
         small = any(period % q == 0 and block[q:] == block[:-q] for q in range(1, REPEAT_MIN))
     _local.small = (period, len(window), small)
     return small
+
+
+def _noted_again(ops: list) -> None:
+    """Start this thread's window of recorded ops (:func:`_repeats`) over
+    ``ops`` (a segment's, replayed so far)."""
+    window = _local.window = [id(op) for op, _, _ in ops[-2 * REPEAT_MAX:]]
+    seen: dict[int, list[int]] = {}
+    for j, o in enumerate(window):
+        seen.setdefault(o, []).append(j)
+    for places in seen.values():
+        del places[:-16]
+    _local.seen = seen
 
 
 def _repeats(op: int, recorded: int) -> int:
