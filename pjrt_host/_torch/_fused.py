@@ -74,7 +74,7 @@ class Segment:
     """The ops one thread has recorded and not yet run."""
 
     __slots__ = ("ops", "externals", "ext_ids", "results", "shared", "lock", "done", "device", "error", "after",
-                 "expect", "script", "ended", "slots", "cuts", "prefix", "diverged", "left",
+                 "expect", "script", "ended", "slots", "cuts", "prefix", "split", "diverged", "left",
                  "candidates", "may_end", "__weakref__")
 
     def __init__(self, device: int, after: Script | None = None) -> None:
@@ -102,9 +102,13 @@ class Segment:
         #: where it runs as pieces (:meth:`_run_pieces`): the ops that start
         #: each block after the first piece, found where a block repeated
         self.cuts: tuple[int, ...] = ()
-        #: how many first pieces are what came before the block (or before
-        #: where the segment left the script it replayed)
+        #: whether the first piece is what came before the block (after the
+        #: one before where the segment left its script, if ``split``)
         self.prefix = 0
+        #: whether the first piece is the ops before where the segment left
+        #: the script it replayed (an ordinary piece: it donates, and gives
+        #: the results held or read later)
+        self.split = 0
         #: where the segment left the script it replayed (0: it did not): the
         #: ops before ran as a script already, with a program of their own
         #: (:meth:`flush` runs them as a piece of their own)
@@ -219,7 +223,7 @@ class Segment:
         whole = (tuple(self.ops), inputs)
         known = _pieces.get(whole)
         if known is not None:
-            self.cuts, self.prefix = known
+            self.cuts, self.prefix, self.split = known
             return
         left = self.left if self.diverged else self.expect
         if left is not None:
@@ -237,11 +241,11 @@ class Segment:
             if found is not None and found.variants and not self.cuts:
                 return  # it ran whole before: its program
             self.cuts = (n, *self.cuts)
-            self.prefix += 1
+            self.split = 1
         if self.cuts:
             if len(_pieces) > 2048:
                 _pieces.clear()
-            _pieces[whole] = (self.cuts, self.prefix)
+            _pieces[whole] = (self.cuts, self.prefix, self.split)
 
     def _run_pieces(self, ext: list, live: tuple[int, ...]) -> None:
         """Run the segment as the pieces its cuts make: what came before a
@@ -291,7 +295,7 @@ class Segment:
             for kind, r in keys:
                 if kind == "e":
                     used_by[r] = used_by.get(r, 0) + 1
-            if k < self.prefix:
+            if self.split <= k < self.split + self.prefix:
                 # what came before the block: a replay runs it as soon as it
                 # ends, while the values its ops made are still held (an
                 # autograd node's), so it comes out whole and donates
@@ -323,7 +327,7 @@ class Segment:
             if self.shared:
                 piece.shared = {i - sa: refs for i, refs in self.shared.items() if sa <= i < sb}
             values = [ext[r] if kind == "e" else made[r] for kind, r in keys]
-            donated = () if k < self.prefix else tuple(
+            donated = () if self.split <= k < self.split + self.prefix else tuple(
                 i for i, (kind, r) in enumerate(keys) if kind == "e" and r in donated_here and used_by[r] == 1)
             script, replayed = piece._noted(values)
             if out:
