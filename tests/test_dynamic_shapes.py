@@ -921,8 +921,9 @@ def test_attention_lines_its_operands_up_with_one_padded_along_batch_or_heads(ma
 
 @pytest.mark.parametrize("eager", ["op", "fused"])
 def test_attention_with_dropout_over_padded_lengths_makes_its_causal_mask_padded(eager):
-    """Attention with dropout over padded inputs runs torch's composite,
-    whose causal mask is ``ones(L, S)`` of the inputs' lengths: it is made
+    """Attention with dropout over inputs padded along their head dim too
+    (the oracle's every dim padded) runs torch's composite, whose causal
+    mask is ``ones(L, S)`` of the inputs' lengths: it is made
     padded at once (its line first runs when the inputs are padded, so it
     was exact for two more lengths, and GPT-2's default config compiled its
     segments again in each bucket).  A second length of a bucket compiles
@@ -932,22 +933,84 @@ def test_attention_with_dropout_over_padded_lengths_makes_its_causal_mask_padded
     for n in (33, 37, 41):
         x = torch.randn(3, 2, n, 8)
         with pjrt_host.config(dynamic_shapes=False):
-            x = x.to("jax")  # (exact: mark_dynamic below decides what is padded)
+            # exact: mark_dynamic below decides what is padded
+            inputs = [(x * c).to("jax") for c in (1.0, 0.5, 2.0)]
         outs = {}
         for mode in (False, True):
             with pjrt_host.config(dynamic_shapes=mode, eager=eager):
-                q, k, v = (x * c for c in (1.0, 0.5, 2.0))
+                q, k, v = inputs
                 if mode:
                     for t in (q, k, v):
                         torch._dynamo.mark_dynamic(t, 2)
+                        torch._dynamo.mark_dynamic(t, 3)
                     q, k, v = q * 1, k * 1, v * 1  # padded from here on
-                    assert k._storage.padded is not None
+                    assert all(t._storage.padded[3][0][0] > 8 for t in (q, k, v))
                     before = _compiled()
                 torch.manual_seed(n)
                 outs[mode] = F.scaled_dot_product_attention(q, k, v, dropout_p=0.25, is_causal=True).cpu()
                 if mode:
                     made.append(_compiled() - before)
         torch.testing.assert_close(outs[True], outs[False])
+    # (fused eager: the first length's segment broke where its inputs were
+    # first padded, so the second length records the whole one once)
+    assert made[1:] == [0, 0] if eager == "op" else made[2:] == [0], made
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+@pytest.mark.parametrize("case", ["causal", "cross gqa"])
+def test_attention_with_dropout_over_padded_lengths_is_one_op_drawing_as_exact(eager, case):
+    """Attention with dropout over padded inputs is the one op forward and
+    backward: dropout's mask (``pjrt_host::attention_keep``) is padded with
+    the query's and key's lengths, each logical weight dropped as the exact
+    run of the seed drops it.  It took torch's composite over padded inputs
+    until 2026-12-01, whose forward layer segments compiled again in every
+    bucket of GPT-2's default config (dropout 0.1).  A second length of a
+    bucket compiles nothing."""
+    _padding.reset()
+    made = []
+    for n in (33, 37, 41):
+        heads_k, lk = (2, n + 6) if case == "cross gqa" else (4, n)
+        g = torch.Generator().manual_seed(n)
+        inputs = (torch.randn(3, 4, n, 8, generator=g), torch.randn(3, heads_k, lk, 8, generator=g),
+                  torch.randn(3, heads_k, lk, 8, generator=g))
+        weights = torch.randn(3, 4, n, 8, generator=g)
+        kwargs = {"is_causal": True} if case == "causal" else {"enable_gqa": True}
+        results = {}
+        for mode in (False, True):
+            with pjrt_host.config(dynamic_shapes=False):
+                leaves = [t.to("jax").requires_grad_() for t in inputs]  # (exact: mark_dynamic pads below)
+                w = weights.to("jax")
+            with pjrt_host.config(dynamic_shapes=mode, eager=eager):
+                q, k, v = (t * 1.0 for t in leaves)
+                if mode:
+                    for t in (q, k, v):
+                        torch._dynamo.mark_dynamic(t, 2)
+                    torch._dynamo.mark_dynamic(w, 2)
+                    q, k, v, w = q * 1, k * 1, v * 1, w * 1  # padded from here on
+                    assert q._storage.padded is not None and k._storage.padded is not None
+                    before = _compiled()
+
+                outs = []
+
+                def run():
+                    torch.manual_seed(n)
+                    outs.append(F.scaled_dot_product_attention(q, k, v, dropout_p=0.25, **kwargs))
+                    (outs[-1] * w).sum().backward()
+
+                if mode:
+                    ops = _count_ops(run)
+                    made.append(_compiled() - before)
+                else:
+                    run()
+            results[mode] = [outs[-1].detach().cpu()] + [t.grad.cpu() for t in leaves]
+        for got, want in zip(results[True], results[False]):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert not (results[False][0] == 0).all()
+        attention = [o for o in ops if "attention" in o or o.startswith("aten::bmm")]
+        assert attention == ["pjrt_host::attention_keep", "pjrt_host::attention",
+                             "pjrt_host::attention_backward"], ops
     assert made[1:] == [0, 0], made
     stats = torch.jax.dynamic_shape_stats()
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats

@@ -1096,6 +1096,41 @@ def attention(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, e
                    _logical_keys(1))
 
 
+@lowering("pjrt_host::attention_keep", needs_rng=True)
+def attention_keep(rng, query, key, p):
+    """Dropout's mask over attention's weights (the query's shape but its
+    last dim, then the key's length): True with probability ``1 - p``, as
+    ``bernoulli_`` draws it.  Over a padded query or key (dynamic
+    dimensions; the rule keeps their head dims exact and every dim padded
+    at its end) each logical element takes the value of its flat logical
+    index in the exact draw, so a seed drops the same weights with buckets
+    and without."""
+    shape = tuple(query.shape[:-1]) + (key.shape[-2],)
+
+    def make(k, s):
+        return jax.random.bernoulli(k, 1 - p, s)
+
+    inside_q, inside_k = logical_elements(0), logical_elements(1)
+    if inside_q is None and inside_k is None:
+        return draw(make, rng, shape)
+    sizes = [_logical_size(inside_q, query.shape, d) for d in range(query.ndim - 1)]
+    sizes.append(_logical_size(inside_k, key.shape, key.ndim - 2))
+    flat = jnp.zeros(shape, jnp.int32)
+    for d, n in enumerate(sizes):
+        flat = flat * n + jax.lax.broadcasted_iota(jnp.int32, shape, d)
+    total = math.prod(shape)
+    return make(rng, (total,))[jnp.clip(flat, 0, total - 1)]
+
+
+def _logical_size(inside, shape, dim):
+    """The logical size of ``dim`` of an argument of ``shape`` whose logical
+    elements are ``inside`` (padded at the end of each dim; None: exact)."""
+    if inside is None:
+        return shape[dim]
+    index = tuple(slice(None) if d == dim else 0 for d in range(inside.ndim))
+    return jnp.sum(inside[index], dtype=jnp.int32)
+
+
 @lowering("pjrt_host::attention_backward")
 def attention_backward(grad_out, query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa):
     """The gradients of :func:`attention` for query, key and value, as one op."""

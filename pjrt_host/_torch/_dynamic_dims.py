@@ -319,6 +319,29 @@ _ELEMENTWISE = Rule(fill=None)
 _DRAWS: dict[str, Rule] = {"aten::native_dropout": _ELEMENTWISE}
 
 
+def _keep_exact(args: tuple, kwargs: dict) -> dict:
+    """Dropout's mask for attention (query, key, p): the head dims exact."""
+    return {0: {args[0].dim() - 1}, 1: {args[1].dim() - 1}}
+
+
+def _keep_align(args: tuple, kwargs: dict) -> dict:
+    """Its query and key meet along their batch dims, and their heads where
+    they have as many (``enable_gqa`` repeats the key's)."""
+    q, k = args[0], args[1]
+    out: dict = {}
+    for d in range(-q.dim(), -2):
+        if d == -3 and q.shape[-3] != k.shape[-3]:
+            continue
+        out[(0, d % q.dim())] = [(1, d % k.dim())]
+        out[(1, d % k.dim())] = [(0, d % q.dim())]
+    return out
+
+
+# dropout's mask for attention: the query's and key's values are not read
+# (fill 0: not elementwise, the two lengths do not line up by position)
+_DRAWS["pjrt_host::attention_keep"] = Rule(fill=0, exact=_keep_exact, align=_keep_align)
+
+
 def rule_for(func: Any, name: str, lowering: Any, inplace: int | None, out_names: tuple) -> Rule | None:
     """The op's rule, or None: it never runs on padded inputs (views, random
     draws, in-place / out= forms, data-dependent shapes, ops without one)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 
+import math
+
 import torch
 
 __all__ = ["CHECKED_COMPOSITE_OPS", "DENSE_GRADIENT_OPS", "register"]
@@ -106,21 +108,28 @@ def _one_op(query, key, value, attn_mask, enable_gqa, dropout_p=0.0) -> bool:
 def _padded_one_op(tensors, gqa: bool, dropout_p: float) -> bool:
     """Whether attention over padded inputs (dynamic dimensions) takes the
     one op, which masks the key positions past the logical length itself:
-    no dropout (its mask is drawn at the logical shape, a program per
-    length), and no padding in a dim the op's rule keeps exact (the head
-    dim, gqa's heads), where the composite's ops still read them padded."""
+    no padding in a dim the op's rule keeps exact (the head dim, gqa's
+    heads), where the composite's ops still read them padded; with dropout,
+    query and key padded at the ends of their dims only (no merged dim),
+    which is what dropout's mask (``pjrt_host::attention_keep``) draws its
+    logical elements over."""
     from .. import _dynamic_dims
 
-    if dropout_p > 0:
-        return False
     kept = (-1, -3) if gqa else (-1,)
-    for t in tensors[:3]:
+    for i, t in enumerate(tensors[:3]):
         if t._storage.padded is None:
             continue
         read = _dynamic_dims.read_of(t)
         if read is None:
             return False
         if any(read.psize[d] != t.shape[d] for d in kept):
+            return False
+        if dropout_p > 0 and i < 2 and any(len(c) > 1 for c in read.comps):
+            return False
+    if dropout_p > 0:  # (the mask's logical flat index is an int32)
+        q, k = (_dynamic_dims.read_of(t) if t._storage.padded is not None else None for t in tensors[:2])
+        rows = q.psize[:-1] if q is not None else tuple(tensors[0].shape[:-1])
+        if math.prod(rows) * (k.psize[-2] if k is not None else tensors[1].shape[-2]) >= 2 ** 31:
             return False
     return True
 
@@ -129,14 +138,16 @@ class _Attention(torch.autograd.Function):
     """Attention as ``pjrt_host::attention`` and its backward as
     ``pjrt_host::attention_backward`` (``jax.vjp`` of the same lowering);
     dropout's mask is drawn first, as the math formulation draws it, and
-    kept for the backward."""
+    kept for the backward.  The mask is an op of the query and key
+    (``pjrt_host::attention_keep``): over padded ones it is padded with
+    them, each logical element drawn as an exact draw draws it, so dropout
+    compiles once per bucket too."""
 
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         keep = None
         if dropout_p > 0:
-            shape = tuple(query.shape[:-1]) + (key.shape[-2],)
-            keep = torch.empty(shape, dtype=torch.bool, device=query.device).bernoulli_(1 - dropout_p)
+            keep = torch.ops.pjrt_host.attention_keep(query, key, dropout_p)
         ctx.save_for_backward(query, key, value, attn_mask, keep)
         ctx.args = (dropout_p, is_causal, scale, enable_gqa)
         return torch.ops.pjrt_host.attention(query, key, value, attn_mask, keep, dropout_p, is_causal, scale,
@@ -184,6 +195,10 @@ def _attention_meta(query, key, value, attn_mask, keep, dropout_p, is_causal, sc
     return query.new_empty(tuple(query.shape[:-1]) + (value.shape[-1],))
 
 
+def _attention_keep_meta(query, key, p):
+    return query.new_empty(tuple(query.shape[:-1]) + (key.shape[-2],), dtype=torch.bool)
+
+
 def _attention_backward_meta(grad_out, query, key, value, *args):
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
 
@@ -197,7 +212,9 @@ def _define_attention() -> None:
     _library = torch.library.Library("pjrt_host", "FRAGMENT")
     _library.define(f"attention({_ATTENTION_ARGS}) -> Tensor")
     _library.define(f"attention_backward(Tensor grad_out, {_ATTENTION_ARGS}) -> (Tensor, Tensor, Tensor)")
+    _library.define("attention_keep(Tensor query, Tensor key, float p) -> Tensor")
     _library.impl("attention", _attention_meta, "Meta")
+    _library.impl("attention_keep", _attention_keep_meta, "Meta")
     _library.impl("attention_backward", _attention_backward_meta, "Meta")
 
 
