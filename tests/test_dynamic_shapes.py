@@ -1050,6 +1050,34 @@ def test_buckets_bound_the_padding(n):
     assert odd > n or n <= 1
 
 
+def test_fused_eager_keeps_a_padded_clone_and_a_cache_start_in_the_segment():
+    """Fused eager: a clone of a padded result still pending shares it (a
+    copy: a later write to the original does not reach it), and a cat of a
+    pending view of a padded storage (a cache's first key: ``cat([empty,
+    k.transpose()])``) is recorded with it.  Both ran the segment first until
+    2026-12-01: each GPT-2 layer ran as two or three programs in every new
+    bucket, where the exact run has one."""
+    from pjrt_host._torch import _fused
+
+    x = torch.randn(3, 37, 8)
+    with pjrt_host.config(dynamic_shapes=False):
+        dx = x.to("jax")
+    torch._dynamo.mark_dynamic(dx, 1)
+    with pjrt_host.config(dynamic_shapes=True, eager="fused"):
+        y = dx * 2.0
+        assert y._storage.padded is not None and y._storage.pending
+        before = _fused.stats()["segments"]
+        copy = y.clone()
+        start = torch.cat([torch.tensor([], device="jax"), (y + 1.0).transpose(0, 1)], dim=0)
+        assert _fused.stats()["segments"] == before, "the clone or the cat ran the segment"
+        assert copy._storage.padded is not None and copy._storage.pending
+        assert start._storage.pending
+        y.mul_(0.0)  # the original written: the copy keeps its values
+        torch.testing.assert_close(copy.cpu(), x * 2.0)
+        torch.testing.assert_close(start.cpu(), (x * 2.0 + 1.0).transpose(0, 1))
+        torch.testing.assert_close(y.cpu(), torch.zeros_like(x))
+
+
 @pytest.mark.parametrize("eager", ["op", "fused"])
 def test_a_cache_growing_by_one_runs_one_program_per_bucket(eager):
     # a key/value cache as generate() grows it: cat along the padded dim

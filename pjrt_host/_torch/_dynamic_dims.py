@@ -1097,10 +1097,14 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
             parts.append((storage._array, storage.padded or exact, t.shape[dim], static, offset,
                           tuple(storage.shape if view is None else t.shape)))
         elif storage.padded is not None:
-            found = _padded_read(t)
-            if found is None:
+            r = read_of(t)
+            if r is None:
                 return None
-            r, arr, padded = found
+            # a pending view of a padded storage (a cache's first key, a view of
+            # the q/k/v projection) is read in the join recorded with it: its
+            # value computed here ran the segment (two programs a layer)
+            arr = storage._array if record is not None and storage.pending else storage.computed()
+            padded = None if r.psize == tuple(t.shape) else r.comps
             parts.append((arr, padded or exact, t.shape[dim], r.view, r.offset if r.view is not None else 0,
                           tuple(r.psize if r.view is not None else arr.shape)))
         elif view is not None and view.elem is None:

@@ -277,6 +277,15 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
         recorded = _recorded_read(self)
         if recorded is not None:
             return recorded
+    if storage.padded is not None and stride is None and view is None and type(storage._array) is Pending \
+            and type(storage.place) is int:
+        # fused eager: a padded whole storage's copy shares its pending
+        # result, as an exact one's does below (reading it ran the segment:
+        # a GPT-2 backward layer ran as two programs at every new bucket)
+        copy = Storage(None, storage.shape, storage.jax_dtype, storage.device_index, storage.place)
+        if storage._array.segment.share(storage._array, copy):
+            copy.padded = storage.padded  # (after the write, which makes a storage exact)
+            return make(copy, tuple(self.shape), self.dtype)
     if storage.padded is not None and stride is None:
         found = _dynamic_dims.padded_values(self)  # a padded copy, when the view is a physical one
         if found is not None:
