@@ -475,11 +475,13 @@ def test_a_gradient_whose_input_bucket_passes_the_int32_limit_is_placed_exact(mo
         list(_dynamic_dims._placing_programs)
 
 
-def test_an_index_check_reads_a_padded_index_within_its_logical_sizes():
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_an_index_check_reads_a_padded_index_within_its_logical_sizes(eager):
     # every dim padded, to odd buckets: the indices' padding holds -1 (their
     # logical values less 1), which the checks must not read, while a bad
-    # logical value still raises CPU's error
-    from pjrt_host._torch import _index_checks
+    # logical value still raises CPU's error (fused eager: the indices are
+    # pending, and their bounds and padding are recorded into the segment)
+    from pjrt_host._torch import _fused, _index_checks
 
     _padding.reset()
     torch.manual_seed(0)
@@ -489,9 +491,13 @@ def test_an_index_check_reads_a_padded_index_within_its_logical_sizes():
     ids = torch.randint(1, 51, (3, 11))
     target = torch.randint(1, 11, (3, 11))
     target[0, 3] = -99  # -100 once less 1: ignore_index
-    with pjrt_host.config(dynamic_shapes="all"):
-        logits = dev(ids.to("jax") - 1).flatten(0, 1) @ torch.ones(4, 10, device="jax")
+    with pjrt_host.config(dynamic_shapes="all", eager=eager):
+        w = torch.ones(4, 10, device="jax").cpu().to("jax")
+        segments = _fused.stats()["segments"]
+        logits = dev(ids.to("jax") - 1).flatten(0, 1) @ w
         loss = F.cross_entropy(logits, (target.to("jax") - 1).flatten())
+        if eager == "fused":
+            assert _fused.stats()["segments"] == segments, "a check ran the segment"
         torch.testing.assert_close(loss.cpu(), F.cross_entropy(emb(ids - 1).flatten(0, 1) @ torch.ones(4, 10),
                                                                (target - 1).flatten()))
         assert _index_checks._padded_programs, "the checks read the indices padded"

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .. import _program_cache
-from .._lowerings._dtypes import jax_dtype
+from .._lowerings._dtypes import jax_dtype, torch_dtype
 from . import _config, _fused, _padding
 from ._meta import OutputPlan, OutputSpec
 from ._sync import defer_check
@@ -132,6 +132,11 @@ def _check(index: Any, size: int, dim: int, negative_ok: bool, error: Callable[[
     found = _padded_bounds(index, ignore)
     if found is not None:
         bounds, values = found
+        if type(bounds) is JaxTensor:  # recorded into its segment: pending until it runs
+            defer_check(_verdict(lambda: not bounds._storage.pending and bounds._storage._array.is_ready(),
+                                 lambda: read(bounds), lambda: values, low, size, dim, ignore, error, _local.op,
+                                 index.device))
+            return
     else:
         if _local.deferred and _config.current().eager == "fused":
             recorded = _recorded_bounds(index, ignore)
@@ -215,6 +220,7 @@ _SIZES = 3
 #: (op, place, rank) -> per dim, the sizes its checked indices had
 _seen: dict = {}
 _padded_programs: dict = {}
+_padded_bodies: dict = {}  #: key -> the traceable function of _padded_programs' program
 
 
 def _padded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
@@ -258,10 +264,38 @@ def _padded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
 
         if len(_padded_programs) > 256:
             _padded_programs.clear()
+            _padded_bodies.clear()
         fn = _padded_programs[key] = _program_cache.Kept("pjrt_host.minmax_padded", body, key)
-    arr = storage.computed()
+        _padded_bodies[key] = body
     sizes = [_padding.device_scalar(c[1], storage.place) for c in comps if c[0] != c[1]]
+    if storage.pending and _local.deferred and _config.current().eager == "fused" \
+            and jax_dtype(index.dtype) == storage.jax_dtype:
+        recorded = _recorded_padded_bounds(storage, key, _padded_bodies[key], sizes, ignore, index.dtype)
+        if recorded is not None:
+            bounds, values = recorded
+            return bounds, _Cut(lambda: read(values), comps)
+    arr = storage.computed()
     return fn(arr, 0 if ignore is None else int(ignore), *sizes), _Cut(arr, comps)
+
+
+_padded_bounds_ops: dict = {}
+
+
+def _recorded_padded_bounds(storage: Any, key: tuple, body: Any, sizes: list, ignore: int | None,
+                            dtype: torch.dtype) -> tuple | None:
+    """Fused eager, deferred checks: :func:`_padded_bounds`'s min and max of
+    a padded index still pending (position ids made by the ops before an
+    embedding, a loss's shifted labels), recorded into its segment with the
+    values for the error, as :func:`_recorded_bounds` records an exact
+    one's: computed now, they ran the segment (a GPT-2 step's first layer
+    and its head split from their segments at every new bucket).  None:
+    checked now."""
+    op = _fused.host_op(_padded_bounds_ops, "pjrt_host.minmax_padded", key,
+                        lambda: (lambda a, v, *logical: (body(a, v, *logical), a), None))
+    plan = OutputPlan("tuple", (OutputSpec("tensor", (2,), torch.int64),
+                                OutputSpec("tensor", tuple(storage._array.shape), dtype)))
+    return _fused.record(op, [storage._array, 0 if ignore is None else int(ignore), *sizes], plan,
+                         storage.device_index, storage.place)
 
 
 def _wider_bounds(index: JaxTensor, ignore: int | None, mode: Any) -> tuple | None:
@@ -374,8 +408,38 @@ def _pad_index(storage: Any, mode: Any) -> bool:
             if size != n:
                 return False
             padded.append(tuple(run))
-        return at == len(rows) and _padding.pad_storage_as(storage, tuple(padded))
+        return at == len(rows) and _pad_storage_as(storage, tuple(padded))
     return False
+
+
+_pad_ops: dict = {}
+
+
+def _pad_storage_as(storage: Any, padded: tuple) -> bool:
+    """``_padding.pad_storage_as``; under fused eager a storage still
+    pending (a loss's shifted labels, made by the ops before it) is laid out
+    by an op recorded into its segment, which it would otherwise run (the
+    model's head split from its segment at every new bucket)."""
+    physical = _padding.physical_shape(padded)
+    if not storage.pending or _config.current().eager != "fused" or physical == storage.shape:
+        return _padding.pad_storage_as(storage, padded)
+    comps = [c for dim in padded for c in dim]
+    split = tuple(c[1] for c in comps)
+    widths = tuple((0, c[0] - c[1]) for c in comps)
+
+    def make() -> tuple:
+        return (lambda a: jnp.pad(a.reshape(split), widths).reshape(physical)), None
+
+    op = _fused.host_op(_pad_ops, "pjrt_host.pad_as", (storage.shape, padded, str(storage.jax_dtype)), make)
+    plan = OutputPlan("single", (OutputSpec("tensor", physical, torch_dtype(storage.jax_dtype)),))
+    laid_out = _fused.record(op, [storage._array], plan, storage.device_index, storage.place)
+    pending = None if laid_out is None else laid_out._storage._array
+    if pending is None or not pending.segment.share(pending, storage):
+        return _padding.pad_storage_as(storage, padded)
+    storage.padded = padded  # (after the write, which makes a storage exact)
+    _padding.note("pads")
+    _padding.live = True
+    return True
 
 
 def _rows(x: Any) -> tuple | None:
@@ -407,7 +471,8 @@ class _Cut:
         self.arr, self.comps = arr, comps
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        a = np.asarray(self.arr).reshape(tuple(c[0] for c in self.comps))
+        arr = self.arr() if callable(self.arr) else self.arr  # (a recorded check's: read once it ran)
+        a = np.asarray(arr).reshape(tuple(c[0] for c in self.comps))
         return a[tuple(slice(0, c[1]) for c in self.comps)].reshape(-1)
 
 
