@@ -1084,6 +1084,44 @@ def test_fused_eager_keeps_a_padded_clone_and_a_cache_start_in_the_segment():
         torch.testing.assert_close(y.cpu(), torch.zeros_like(x))
 
 
+def test_fused_eager_records_a_padded_index_check_and_a_labels_pad():
+    """Fused eager: an embedding's check of padded token ids already
+    computed, and ``F.pad(labels, (0, 1), value=-100)`` of them (a causal
+    LM's loss), are recorded into the segment: each ran a program of its
+    own at every call (two of a GPT-2 step's eight programs at a new
+    bucket, where the exact run compiles six).  A bad id still raises
+    torch's error at the next synchronisation."""
+    from pjrt_host._torch import _fused
+
+    ids = torch.randint(0, 50, (4, 37))
+    emb = torch.nn.Embedding(50, 8)
+    dev = torch.nn.Embedding(50, 8).to("jax")
+    dev.load_state_dict(emb.state_dict())
+    with pjrt_host.config(dynamic_shapes=False):
+        d = ids.to("jax")
+    torch._dynamo.mark_dynamic(d, 1)
+    with pjrt_host.config(dynamic_shapes=True, eager="fused"):
+        d = d + 0
+        d.cpu()  # computed, padded
+        assert d._storage.padded is not None and not d._storage.pending
+        before = _fused.stats()["segments"]
+        out = dev(d) * 2.0
+        labels = F.pad(d, (0, 1), value=-100)
+        assert _fused.stats()["segments"] == before, "the check or the pad ran a program of its own"
+        assert labels._storage.pending and labels._storage.padded is not None
+        torch.testing.assert_close(out.cpu(), emb(ids) * 2.0)
+        torch.testing.assert_close(labels.cpu(), F.pad(ids, (0, 1), value=-100))
+        bad = ids.clone()
+        bad[3, 30] = 50
+        with pjrt_host.config(dynamic_shapes=False):
+            b = bad.to("jax")
+        torch._dynamo.mark_dynamic(b, 1)
+        b = b + 0
+        b.cpu()
+        with pytest.raises(IndexError, match="index out of range in self"):
+            dev(b).cpu()
+
+
 @pytest.mark.parametrize("eager", ["op", "fused"])
 def test_a_cache_growing_by_one_runs_one_program_per_bucket(eager):
     # a key/value cache as generate() grows it: cat along the padded dim

@@ -646,7 +646,8 @@ def _grown_when_padded(handler: Handler) -> Handler:
             pad = args[1] if len(args) > 1 else kwargs["pad"]
             if x._storage.padded is not None or _dynamic_dims.pad_grows(x, pad):
                 value = args[2] if len(args) > 2 else kwargs.get("value", 0)
-                grown = _dynamic_dims.pad_end(x, pad, value)
+                record = _record_pad_end if _config.current().eager == "fused" else None
+                grown = _dynamic_dims.pad_end(x, pad, value, record)
                 if grown is not None:
                     return grown
         return handler(args, kwargs)
@@ -654,17 +655,26 @@ def _grown_when_padded(handler: Handler) -> Handler:
 
 
 _join_ops: dict = {}
+_pad_end_ops: dict = {}
 
 
 def _record_join(body: Callable, key: tuple, inputs: list, shape: tuple, physical: tuple, padded: tuple,
-                 dtype: torch.dtype, index: int) -> Any:
+                 dtype: torch.dtype, index: int, name: str = "pjrt_host.join", table: dict = _join_ops) -> Any:
     """Fused eager: a join of pending values (``_dynamic_dims.join``)
     recorded into the segment instead of running it first, as one op whose
     traceable function is the join's (one per key, so that the segments
     of a bucket repeat)."""
-    op = _fused.host_op(_join_ops, "pjrt_host.join", key, lambda: (body, None))
+    op = _fused.host_op(table, name, key, lambda: (body, None))
     plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
     return _fused.record(op, inputs, plan, index, index, padded=[(shape, physical, padded)])
+
+
+def _record_pad_end(body: Callable, key: tuple, inputs: list, shape: tuple, physical: tuple, padded: tuple,
+                    dtype: torch.dtype, index: int) -> Any:
+    """Fused eager: ``_dynamic_dims.pad_end`` (a causal LM's labels padded
+    at their end) recorded into the segment, where it ran a program of its
+    own at every call."""
+    return _record_join(body, key, inputs, shape, physical, padded, dtype, index, "pjrt_host.pad_end", _pad_end_ops)
 
 
 _TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})

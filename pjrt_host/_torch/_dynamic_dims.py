@@ -1378,12 +1378,14 @@ def moved(source: Any, t: JaxTensor, before: Any) -> bool:
 _last_move: Any = None
 
 
-def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
+def pad_end(x: Any, pad: Any, value: Any, record: Callable | None = None) -> JaxTensor | None:
     """``constant_pad_nd`` that grows one dim ``x`` holds padded at its end
     (``F.pad(labels, (0, 1), value=-100)``, a causal LM's loss): the values
     past the logical length set to ``value`` in the bucket of the new
     length, the length a run-time scalar, so that every length of a bucket
-    runs one program.  None: not such a call."""
+    runs one program.  None: not such a call.  ``record`` (fused eager): as
+    :func:`join`'s, for ``x`` a whole storage (pending or not): the call is
+    recorded into the segment instead of running a program of its own."""
     if not _config.current().dynamic_shapes or type(x) is not JaxTensor or type(x._storage.place) is not int:
         return None
     pad = list(pad)
@@ -1394,7 +1396,8 @@ def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
     if len(grown) != 1 or grown[0][1] != 0:
         return None  # one dim, grown at its end only
     dim, _, after = grown[0]
-    found = padded_values(x)
+    whole = record is not None and x._view is None and x._storage.padded is not None
+    found = (x._storage._array, x._storage.padded) if whole else padded_values(x)
     if found is None or found[1] is None:
         return None
     arr, padded = found
@@ -1425,11 +1428,26 @@ def pad_end(x: Any, pad: Any, value: Any) -> JaxTensor | None:
 
         if len(_growing_programs) > 512:
             _growing_programs.clear()
-        program = _growing_programs[key] = _program_cache.Kept("pjrt_host.pad_end", body, key)
-    out = program(arr, _padding.device_scalar(n, x._storage.device_index), value)
+        program = _growing_programs[key] = (body, _program_cache.Kept("pjrt_host.pad_end", body, key))
+    body, program = program
     shape = list(x.shape)
     shape[dim] = total
-    return _grown(out, tuple(shape), padded, dim, ((physical_out, total, True),), x)
+    shape = tuple(shape)
+    count = _padding.device_scalar(n, x._storage.device_index)
+    if whole:
+        placed = list(padded)
+        placed[dim] = ((physical_out, total, True),)
+        placed = tuple(placed)
+        physical = _padding.physical_shape(placed)
+        if physical != shape:
+            grown_ = record(body, key, [arr, count, value], shape, physical, placed, x.dtype,
+                            x._storage.device_index)
+            if grown_ is not None:
+                _padding.note_padded_call(physical, shape)
+                return grown_
+        arr = x._storage.computed()
+    out = program(arr, count, value)
+    return _grown(out, shape, padded, dim, ((physical_out, total, True),), x)
 
 
 _write_programs: dict = {}

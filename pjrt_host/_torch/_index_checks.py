@@ -268,8 +268,7 @@ def _padded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
         fn = _padded_programs[key] = _program_cache.Kept("pjrt_host.minmax_padded", body, key)
         _padded_bodies[key] = body
     sizes = [_padding.device_scalar(c[1], storage.place) for c in comps if c[0] != c[1]]
-    if storage.pending and _local.deferred and _config.current().eager == "fused" \
-            and jax_dtype(index.dtype) == storage.jax_dtype:
+    if _local.deferred and _config.current().eager == "fused" and jax_dtype(index.dtype) == storage.jax_dtype:
         recorded = _recorded_padded_bounds(storage, key, _padded_bodies[key], sizes, ignore, index.dtype)
         if recorded is not None:
             bounds, values = recorded
@@ -284,16 +283,18 @@ _padded_bounds_ops: dict = {}
 def _recorded_padded_bounds(storage: Any, key: tuple, body: Any, sizes: list, ignore: int | None,
                             dtype: torch.dtype) -> tuple | None:
     """Fused eager, deferred checks: :func:`_padded_bounds`'s min and max of
-    a padded index still pending (position ids made by the ops before an
-    embedding, a loss's shifted labels), recorded into its segment with the
-    values for the error, as :func:`_recorded_bounds` records an exact
-    one's: computed now, they ran the segment (a GPT-2 step's first layer
-    and its head split from their segments at every new bucket).  None:
-    checked now."""
+    a padded index (position ids made by the ops before an embedding, a
+    loss's shifted labels, a batch's token ids), recorded into the thread's
+    segment with the values for the error, as :func:`_recorded_bounds`
+    records an exact one's: computed now, a pending index ran the segment (a
+    GPT-2 step's first layer and its head split from their segments at
+    every new bucket), and any ran a program of its own.  None: checked
+    now."""
     op = _fused.host_op(_padded_bounds_ops, "pjrt_host.minmax_padded", key,
                         lambda: (lambda a, v, *logical: (body(a, v, *logical), a), None))
     plan = OutputPlan("tuple", (OutputSpec("tensor", (2,), torch.int64),
                                 OutputSpec("tensor", tuple(storage._array.shape), dtype)))
+    # (the padded array itself, pending or not: ``get`` would cut it)
     return _fused.record(op, [storage._array, 0 if ignore is None else int(ignore), *sizes], plan,
                          storage.device_index, storage.place)
 
