@@ -6,7 +6,6 @@ jax."""
 from __future__ import annotations
 
 import logging
-
 import math
 
 import torch
