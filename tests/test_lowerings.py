@@ -690,6 +690,7 @@ def _random_calls() -> dict[str, tuple]:
         "aten::randint": ((9, (3, 4, 5)), {}, ((3, 4, 5), jnp.int64)),
         "aten::randint.low": ((-2, 9, (3, 4, 5)), {}, ((3, 4, 5), jnp.int64)),
         "aten::scaled_dot_product_attention": ((q, k, v, None, 0.3), {}, None),
+        "pjrt_host::attention_keep": ((q, k, 0.3), {}, None),
         # torch.distributions' samplers: drawn shaped everywhere (nothing to flatten)
         "aten::poisson": ((ones * 3,), {}, None), "aten::binomial": ((ones * 5, p), {}, None),
         "aten::_standard_gamma": ((ones * 2,), {}, None), "aten::_sample_dirichlet": ((ones,), {}, None),
@@ -705,6 +706,7 @@ _RANDOM_CALLS = (
     "aten::normal.float_Tensor", "aten::normal.Tensor_Tensor", "aten::multinomial", "aten::randint_like",
     "aten::rrelu_with_noise_functional", "aten::rrelu_with_noise", "aten::rand", "aten::rand.complex",
     "aten::randn", "aten::randint", "aten::randint.low", "aten::scaled_dot_product_attention",
+    "pjrt_host::attention_keep",
     "aten::poisson", "aten::binomial", "aten::_standard_gamma", "aten::_sample_dirichlet",
 )
 
