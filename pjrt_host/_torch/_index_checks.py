@@ -421,12 +421,9 @@ def _pad_storage_as(storage: Any, padded: tuple) -> bool:
     pending (a loss's shifted labels, made by the ops before it) is laid out
     by an op recorded into its segment, which it would otherwise run (the
     model's head split from its segment at every new bucket)."""
-    physical = _padding.physical_shape(padded)
+    split, widths, physical = _padding.pad_layout(padded)
     if not storage.pending or _config.current().eager != "fused" or physical == storage.shape:
         return _padding.pad_storage_as(storage, padded)
-    comps = [c for dim in padded for c in dim]
-    split = tuple(c[1] for c in comps)
-    widths = tuple((0, c[0] - c[1]) for c in comps)
 
     def make() -> tuple:
         return (lambda a: jnp.pad(a.reshape(split), widths).reshape(physical)), None

@@ -354,11 +354,17 @@ live = False
 WIDE = "_pjrt_wide"
 
 
+def pad_layout(padded: tuple) -> tuple:
+    """How an exact array is laid out as ``padded``: ``(split, widths,
+    physical)``, reshaped to its components' logical sizes, zeros at their
+    ends, reshaped to the physical shape."""
+    comps = [c for dim in padded for c in dim]
+    return tuple(c[1] for c in comps), tuple((0, c[0] - c[1]) for c in comps), physical_shape(padded)
+
+
 def pad_as(arr: Any, padded: tuple) -> Any:
     """Exact ``arr`` laid out as ``padded`` (its padding zeros)."""
-    comps = [c for dim in padded for c in dim]
-    return _padded_copy(arr, tuple(c[1] for c in comps), tuple((0, c[0] - c[1]) for c in comps),
-                        physical_shape(padded))
+    return _padded_copy(arr, *pad_layout(padded))
 
 
 def _padded_copy(arr: Any, split: tuple, widths: tuple, physical: tuple) -> Any:

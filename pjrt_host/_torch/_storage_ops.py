@@ -277,13 +277,14 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
         recorded = _recorded_read(self)
         if recorded is not None:
             return recorded
-    if storage.padded is not None and stride is None and view is None and type(storage._array) is Pending \
-            and type(storage.place) is int:
-        # fused eager: a padded whole storage's copy shares its pending
-        # result, as an exact one's does below (reading it ran the segment:
-        # a GPT-2 backward layer ran as two programs at every new bucket)
+    if view is None and stride is None and type(storage._array) is Pending and type(storage.place) is int:
+        # fused eager: the copy of a whole storage shares its result still
+        # pending, padded or not (reading it ran the segment: autograd clones
+        # each parameter's first gradient, 13 programs more a GPT-2 backward;
+        # a padded one split each backward layer at every new bucket)
+        pending = storage._array
         copy = Storage(None, storage.shape, storage.jax_dtype, storage.device_index, storage.place)
-        if storage._array.segment.share(storage._array, copy):
+        if pending.segment.share(pending, copy):
             copy.padded = storage.padded  # (after the write, which makes a storage exact)
             return make(copy, tuple(self.shape), self.dtype)
     if storage.padded is not None and stride is None:
@@ -293,14 +294,6 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
             return make(Storage(arr, tuple(self.shape), storage.jax_dtype, storage.device_index, storage.place,
                                 padded), tuple(self.shape), self.dtype)
     if view is None and stride is None:
-        pending = storage._array
-        if type(pending) is Pending and storage.padded is None and type(storage.place) is int:
-            # fused eager: the copy shares the result still pending (reading it
-            # ran the segment: autograd clones each parameter's first gradient,
-            # 13 programs more a GPT-2 backward)
-            copy = Storage(None, storage.shape, storage.jax_dtype, storage.device_index)
-            if pending.segment.share(pending, copy):
-                return make(copy, tuple(self.shape), self.dtype)
         return make(Storage(storage.array, storage.shape, storage.jax_dtype, storage.device_index, storage.place),
                     tuple(self.shape), self.dtype)
     if view is not None and view.kind == "perm" and view.elem is None and stride == tuple(self.stride()):
