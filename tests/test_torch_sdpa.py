@@ -189,3 +189,15 @@ def test_attention_dropout_backward_sees_the_forwards_mask_and_double_backward_i
             results[device] = [grad_q.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()]
         for got, want in zip(results["jax"], results["cpu"]):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [1.5, -0.2])
+def test_attention_with_a_dropout_p_out_of_range_raises_torchs_dropout_error(p):
+    """A dropout_p outside [0, 1] raises torch's dropout error (CPU's math
+    backend raises it from its dropout), padded or not: the one op drew its
+    mask from 1 - p and returned a value."""
+    q = torch.randn(2, 2, 5, 8, device="jax")
+    with pytest.raises(RuntimeError, match="dropout probability has to be between 0 and 1"):
+        F.scaled_dot_product_attention(q, q, q, dropout_p=p)
+    with pytest.raises(RuntimeError, match="dropout probability has to be between 0 and 1"):
+        torch.dropout(torch.randn(3), p, True)  # (CPU's own words: its kernel's check)

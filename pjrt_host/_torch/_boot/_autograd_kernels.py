@@ -64,6 +64,8 @@ def _sdpa_checked(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     from .. import _sdpa
 
     _sdpa.check_backends()
+    if isinstance(dropout_p, (int, float)) and not 0 <= dropout_p <= 1:  # (torch's dropout's own error)
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
     if _one_op(query, key, value, attn_mask, enable_gqa, dropout_p):
         return _Attention.apply(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale,
                                 bool(enable_gqa))
@@ -115,8 +117,10 @@ def _padded_one_op(tensors, gqa: bool, dropout_p: float) -> bool:
     from .. import _dynamic_dims
 
     kept = (-1, -3) if gqa else (-1,)
+    sizes = []  # the query's and key's physical sizes
     for i, t in enumerate(tensors[:3]):
         if t._storage.padded is None:
+            sizes.append(tuple(t.shape))
             continue
         read = _dynamic_dims.read_of(t)
         if read is None:
@@ -125,12 +129,9 @@ def _padded_one_op(tensors, gqa: bool, dropout_p: float) -> bool:
             return False
         if dropout_p > 0 and i < 2 and any(len(c) > 1 for c in read.comps):
             return False
-    if dropout_p > 0:  # (the mask's logical flat index is an int32)
-        q, k = (_dynamic_dims.read_of(t) if t._storage.padded is not None else None for t in tensors[:2])
-        rows = q.psize[:-1] if q is not None else tuple(tensors[0].shape[:-1])
-        if math.prod(rows) * (k.psize[-2] if k is not None else tensors[1].shape[-2]) >= 2 ** 31:
-            return False
-    return True
+        sizes.append(read.psize)
+    # (dropout's mask: its logical flat index is an int32)
+    return dropout_p == 0 or math.prod(sizes[0][:-1]) * sizes[1][-2] < 2 ** 31
 
 
 class _Attention(torch.autograd.Function):
