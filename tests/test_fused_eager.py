@@ -725,6 +725,42 @@ def test_the_replay_lane_takes_only_the_call_it_recorded(monkeypatch):
         assert not exact or not [k for k in keys if "add" in k], keys
 
 
+def test_the_replay_lane_takes_an_exact_cat(monkeypatch):
+    """An exact cat recorded in a script (rotary embeddings' halves, twice
+    a layer at every token of a Llama's ``generate()``) replays on the lane
+    like any engine op: cat's handler, which looks for a growing tensor
+    first (``_dynamic_dims.grows``), is not reached.  Its parts in another
+    order are another call, with op by op's values."""
+    from pjrt_host._torch import _dynamic_dims
+
+    x = torch.randn(2, 4, 8, device="jax")
+
+    def run(swapped=False):
+        v = x
+        for i in range(6):
+            h1, h2 = v[..., :4], v[..., 4:]
+            parts = [-h1, h2] if swapped and i == 3 else [h2, -h1]
+            v = torch.cat(parts, dim=-1) * 0.5 + v
+        return v.cpu()
+
+    exact = _config.current().dynamic_shapes != "all"
+    with pjrt_host.config(eager="op"):
+        expected = run(), run(True)
+    looked = []
+    real_grows = _dynamic_dims.grows
+    monkeypatch.setattr(_dynamic_dims, "grows", lambda *a: looked.append(1) or real_grows(*a))
+    with fused():
+        for _ in range(3):
+            run()
+        looked.clear()
+        before = _fused.stats()["lane"]
+        torch.testing.assert_close(run(), expected[0])
+        assert not exact or _fused.stats()["lane"] - before >= 6 * 4, "the replayed calls took the engine's way"
+        assert not exact or not looked, "a replayed cat took its handler"
+        torch.testing.assert_close(run(True), expected[1])
+        torch.testing.assert_close(run(), expected[0])
+
+
 def test_a_lane_that_took_another_call_would_fail_the_suite(monkeypatch):
     """The suite's net under the replay lane (PJRT_HOST_CHECK_REPLAY=1, set
     by conftest): a lane that took a call the engine keys otherwise (here

@@ -616,7 +616,12 @@ def _joined_when_padded(handler: Handler) -> Handler:
         if joined is not None:
             return joined
         return handler(args, kwargs)
-    return handle
+    # fused eager's replay lane may take an exact cat recorded at its place
+    # in a script (rotary embeddings' halves, every token): its sizes are
+    # the recorded ones, which the place has seen; a growing tensor is a
+    # call of new sizes, which takes this way (a replayed result is not
+    # noted as an accumulator: the sizes its place took still find it)
+    return _unpadded_is(handler, handle)
 
 
 def _placed_when_padded(handler: Handler) -> Handler:
