@@ -1084,16 +1084,18 @@ def test_fused_eager_keeps_a_padded_clone_and_a_cache_start_in_the_segment():
         torch.testing.assert_close(y.cpu(), torch.zeros_like(x))
 
 
-def test_fused_eager_records_a_padded_index_check_and_a_labels_pad():
+@pytest.mark.parametrize("length", [37, 47])
+def test_fused_eager_records_a_padded_index_check_and_a_labels_pad(length):
     """Fused eager: an embedding's check of padded token ids already
     computed, and ``F.pad(labels, (0, 1), value=-100)`` of them (a causal
     LM's loss), are recorded into the segment: each ran a program of its
     own at every call (two of a GPT-2 step's eight programs at a new
-    bucket, where the exact run compiles six).  A bad id still raises
-    torch's error at the next synchronisation."""
+    bucket, where the exact run compiles six).  47 ids are padded to 48,
+    which their padded labels fill: an exact result, recorded too.  A bad
+    id still raises torch's error at the next synchronisation."""
     from pjrt_host._torch import _fused
 
-    ids = torch.randint(0, 50, (4, 37))
+    ids = torch.randint(0, 50, (4, length))
     emb = torch.nn.Embedding(50, 8)
     dev = torch.nn.Embedding(50, 8).to("jax")
     dev.load_state_dict(emb.state_dict())
@@ -1108,7 +1110,7 @@ def test_fused_eager_records_a_padded_index_check_and_a_labels_pad():
         out = dev(d) * 2.0
         labels = F.pad(d, (0, 1), value=-100)
         assert _fused.stats()["segments"] == before, "the check or the pad ran a program of its own"
-        assert labels._storage.pending and labels._storage.padded is not None
+        assert labels._storage.pending and (labels._storage.padded is None) == (length == 47)
         torch.testing.assert_close(out.cpu(), emb(ids) * 2.0)
         torch.testing.assert_close(labels.cpu(), F.pad(ids, (0, 1), value=-100))
         bad = ids.clone()

@@ -1439,12 +1439,13 @@ def pad_end(x: Any, pad: Any, value: Any, record: Callable | None = None) -> Jax
         placed[dim] = ((physical_out, total, True),)
         placed = tuple(placed)
         physical = _padding.physical_shape(placed)
-        if physical != shape:
-            grown_ = record(body, key, [arr, count, value], shape, physical, placed, x.dtype,
-                            x._storage.device_index)
-            if grown_ is not None:
-                _padding.note_padded_call(physical, shape)
-                return grown_
+        # (a length that fills its bucket, 31 + 1 in 32, is an exact result:
+        # recorded too, where it ran a program of its own at every call)
+        grown_ = record(body, key, [arr, count, value], shape, physical, placed if physical != shape else None,
+                        x.dtype, x._storage.device_index)
+        if grown_ is not None:
+            _padding.note_padded_call(physical, shape)
+            return grown_
         arr = x._storage.computed()
     out = program(arr, count, value)
     return _grown(out, shape, padded, dim, ((physical_out, total, True),), x)
