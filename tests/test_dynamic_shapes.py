@@ -684,6 +684,37 @@ def test_mark_dynamic_pads_at_the_first_call():
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])
+def test_mark_dynamic_adds_a_dim_to_a_tensor_padded_along_another(eager):
+    """A tensor padded along its length, then marked dynamic along its
+    batch too: the next padded call's miss lays it out wider along the
+    batch, so that another batch of the bucket compiles nothing.  Before,
+    only an exact tensor was padded for a mark, and each batch size
+    compiled the padded programs again."""
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        x = torch.randn(5, 37)
+        dx = x.to("jax")
+        torch._dynamo.mark_dynamic(dx, 1)
+        y = dx * 2
+        padded = dx._storage.padded
+        assert padded is not None and padded[1][0][2] and not padded[0][0][2]
+        torch.testing.assert_close(y.cpu(), x * 2)
+        torch._dynamo.mark_dynamic(dx, 0)
+        z = torch.softmax(dx, 1)
+        assert dx._storage.padded[0][0][2] and dx._storage.padded[1] == padded[1]
+        torch.testing.assert_close(z.cpu(), torch.softmax(x, 1))
+        other = torch.randn(6, 39)
+        d = other.to("jax")
+        torch._dynamo.mark_dynamic(d, 0)
+        torch._dynamo.mark_dynamic(d, 1)
+        (d + 0).cpu()  # padded along both (an exact tensor's marks)
+        before = _compiled()
+        got = torch.softmax(d, 1).cpu()
+        assert _compiled() == before, "another batch of the bucket compiled"
+        torch.testing.assert_close(got, torch.softmax(other, 1))
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
 def test_flip_along_exact_dims_runs_padded_and_along_a_padded_dim_exact(eager):
     # flip keeps every other dim's padding at its end; a padded dim it
     # reverses would put its padding first, so that call runs exact

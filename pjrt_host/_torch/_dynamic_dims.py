@@ -1587,6 +1587,19 @@ def _tensor_args(args: tuple, kwargs: dict, lists: bool = False) -> list:
     return found
 
 
+def pad_marked(args: tuple, kwargs: dict) -> bool:
+    """Dims ``torch._dynamo.mark_dynamic`` marked on an input that is
+    padded along others (a padded call's miss): its storage is laid out
+    wider along them too, as :func:`on_miss` pads an exact one's.  True
+    when one was."""
+    widened = False
+    for _, t in _tensor_args(args, kwargs):
+        marked = getattr(t, "_dynamo_dynamic_indices", None)
+        if marked and t._view is None and t._storage.padded is not None and not _is_parameter(t):
+            widened |= _padding.pad_more(t._storage, {d for d in marked if d < t.dim()})
+    return widened
+
+
 def _pad_storage(t: JaxTensor, dims: set, odd: bool = False, padding: tuple | None = None) -> bool:
     """Pad ``t``'s storage along ``dims`` to their buckets (or as
     ``padding``, one dim's components): a tensor that is its whole storage,

@@ -324,11 +324,13 @@ class CompiledOp:
         if type(place) is not int or any(d != place for d in devs):
             return self._exact(args, kwargs, "a mesh or several devices")
         key = (key_args, key_kwargs, (), cfg, place)
+        entry = self.cache.get(key)
+        if entry is None and _dynamic_dims.pad_marked(*given):
+            return self._padded(*given)  # an input marked dynamic along more dims: padded along them too
         if self.lowering.needs_rng:
             if self.dynamic:  # traced scalars of a random op: the exact route's trials
                 return self._exact(args, kwargs, "a random op with traced scalars")
             dyn.extend(_rng.next_key_args(place, None))  # the key an exact call would take
-        entry = self.cache.get(key)
         if entry is None:
             # An undecided op's scalars are static here, until one takes
             # another value at the same place, as on the exact route (a

@@ -442,6 +442,23 @@ def pad_storage(storage: Any, dims: set, odd: bool = False, padding: tuple | Non
                                          if d in dims else ((n, n, False),) for d, n in enumerate(shape)))
 
 
+def pad_more(storage: Any, dims: set) -> bool:
+    """Lay ``storage`` (padded, on one device) out wider along ``dims`` of
+    it that are exact, to their buckets; its padded dims as they are.
+    False when none was exact."""
+    padded = storage.padded
+    if padded is None or type(storage.place) is not int or storage._array is None:
+        return False
+    wider = tuple(((room(n), n, True),) if d in dims and c == ((n, n, False),) and dynamic_ok(n) else c
+                  for d, (n, c) in enumerate(zip(storage.shape, padded)))
+    if wider == padded:
+        return False
+    storage._array = widen(storage.computed(), padded, wider)  # (a fused-eager result runs its segment)
+    storage.padded = wider
+    note("pads")
+    return True
+
+
 def pad_storage_as(storage: Any, padded: tuple) -> bool:
     """Lay ``storage`` (exact, computed, on one device) out as ``padded``
     (per dim its components); False when that is no padding at all."""
