@@ -714,6 +714,50 @@ def test_mark_dynamic_adds_a_dim_to_a_tensor_padded_along_another(eager):
         torch.testing.assert_close(got, torch.softmax(other, 1))
 
 
+def _cnn(batch_norm: bool) -> torch.nn.Module:
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8) if batch_norm else nn.Identity(),
+                         nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, stride=2), nn.ReLU(), nn.AvgPool2d(2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_convolutions_and_poolings_run_padded_along_the_batch(eager):
+    """A CNN at batches of new sizes (the last batch of an epoch, a
+    serving queue): convolutions, poolings, their backwards and batch norm
+    with running statistics compute each sample alone, so from the third
+    size on the batch is padded and a new batch of the bucket compiles
+    nothing.  Before, convolution cut its input, and every batch size
+    compiled the model's programs again.  Values and a training step's
+    parameters as CPU's."""
+    import copy
+
+    _padding.reset()
+    torch.manual_seed(0)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for batch_norm, train in ((True, False), (False, True)):
+            cpu = _cnn(batch_norm).train(train)
+            dev = copy.deepcopy(cpu).to("jax")
+            opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (cpu, dev)]
+            for i, b in enumerate((2, 3, 5, 7, 6)):
+                x, y = torch.randn(b, 3, 12, 12), torch.randint(0, 10, (b,))
+                before = _compiled()
+                if train:
+                    for model, opt, dx, dy in ((cpu, opts[0], x, y), (dev, opts[1], x.to("jax"), y.to("jax"))):
+                        F.cross_entropy(model(dx), dy).backward()
+                        opt.step()
+                        opt.zero_grad()
+                    for p, q in zip(dev.parameters(), cpu.parameters()):
+                        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+                else:
+                    with torch.no_grad():
+                        torch.testing.assert_close(dev(x.to("jax")).cpu(), cpu(x), rtol=1e-5, atol=1e-6)
+                if i >= 3:
+                    assert _compiled() == before, f"batch {b} compiled ({'training' if train else 'eval'})"
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["fallbacks"] == 0, (stats["cuts_by_op"], stats["fallbacks_by_reason"])
+
+
 @pytest.mark.parametrize("eager", ["op", "fused"])
 def test_flip_along_exact_dims_runs_padded_and_along_a_padded_dim_exact(eager):
     # flip keeps every other dim's padding at its end; a padded dim it

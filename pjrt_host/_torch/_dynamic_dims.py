@@ -228,6 +228,37 @@ def _attention_exact(first: int) -> Callable[[tuple, dict], dict]:
     return exact
 
 
+def _samples_apart(params: tuple = (), conv: tuple | None = None) -> Callable[[tuple, dict], dict]:
+    """The exact dims of an op that computes each sample alone (a
+    convolution, a pooling, their backwards): every dim of its tensors but
+    the first, and every dim of ``params`` (weight, bias).  ``conv``: the
+    positions of the input and weight; an input without a batch dim (fewer
+    dims than the weight) is exact throughout, its first dim the channels
+    the convolution sums over."""
+    def exact(args: tuple, kwargs: dict) -> dict:
+        dims = {p: set(range(0 if p in params else 1, a.dim()))
+                for p, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        if conv is not None:
+            x, w = args[conv[0]], args[conv[1]]
+            if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() != w.dim():
+                dims[conv[0]] = set(range(x.dim()))
+        return dims
+    return exact
+
+
+def _channels_exact(args: tuple, kwargs: dict) -> dict:
+    """Batch norm with running statistics: per channel (dim 1) an affine
+    map of each element, its parameters and statistics exact.  Training
+    (``native_batch_norm``'s flag) reduces over the batch: exact throughout."""
+    x = args[0]
+    training = args[5] if len(args) > 5 and type(args[5]) is bool else kwargs.get("training", False)
+    dims = {0: set(range(x.dim())) if training else {1}}
+    for p in range(1, 5):
+        if p < len(args) and isinstance(args[p], torch.Tensor):
+            dims[p] = set(range(args[p].dim()))
+    return dims
+
+
 def _flipped_dims(args: tuple, kwargs: dict) -> dict:
     """flip's exact dims: the ones it reverses (their padding would come
     first); the others keep their padding at their ends."""
@@ -298,6 +329,23 @@ _RULES: dict[str, Rule] = {
     "aten::cat": Rule(fill=None, exact=_joined_dim),
     # reversed along exact dims, the others keep their padding at their ends
     "aten::flip": Rule(fill=None, exact=_flipped_dims),
+    # convolutions and poolings padded along the batch only: each sample
+    # alone (padded rows compute what they compute); the backwards' weight
+    # and bias gradients sum over samples (zeros), a max pool's padded
+    # indices (0) point inside their window's sample
+    "aten::convolution": Rule(fill=None, exact=_samples_apart((1, 2), conv=(0, 1))),
+    "aten::convolution_backward": Rule(fill=0, exact=_samples_apart((2,), conv=(1, 2)),
+                                       align=_meeting(((0, 0), (1, 0)))),
+    "aten::max_pool2d_with_indices": Rule(fill=None, exact=_samples_apart()),
+    "aten::max_pool2d_with_indices_backward": Rule(fill=0, exact=_samples_apart(),
+                                                   align=_meeting(((0, 0), (1, 0)), ((0, 0), (7, 0)))),
+    "aten::avg_pool2d": Rule(fill=None, exact=_samples_apart()),
+    "aten::avg_pool2d_backward": Rule(fill=0, exact=_samples_apart(), align=_meeting(((0, 0), (1, 0)))),
+    "aten::_adaptive_avg_pool2d": Rule(fill=None, exact=_samples_apart()),
+    "aten::_adaptive_avg_pool2d_backward": Rule(fill=0, exact=_samples_apart(), align=_meeting(((0, 0), (1, 0)))),
+    # batch norm with running statistics (eval): per channel, elementwise
+    "aten::_native_batch_norm_legit_no_training": Rule(fill=None, exact=_channels_exact),
+    "aten::native_batch_norm": Rule(fill=None, exact=_channels_exact),
     # a gather by integer index tensors: their padding reads position 0
     "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
@@ -830,6 +878,17 @@ def result_padding(dims: dict, physical: tuple, shape: tuple) -> tuple | None:
             return False
         out.append(c)
     return tuple(out)
+
+
+def lowered_exact(dims: dict, physical: tuple) -> bool:
+    """Whether a result whose padding :func:`result_padding` cannot tell is
+    exact as the lowering shapes it: torch's meta kernel gives another
+    shape (``native_batch_norm`` in eval: full-size saved statistics, where
+    CPU and the lowering give empty ones; op by op, the tensor takes the
+    lowering's shape), and none of its dims is as long as a padded dim's
+    bucket."""
+    buckets = {p for p, _ in dims}
+    return not any(n in buckets for n in physical)
 
 
 def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:

@@ -372,6 +372,8 @@ class CompiledOp:
                 made.append(None)
                 continue
             padded = _dynamic_dims.result_padding(dims, tuple(arr.shape), shape)
+            if padded is False and _dynamic_dims.lowered_exact(dims, tuple(arr.shape)):
+                shape, padded = tuple(arr.shape), None
             if padded is False:
                 return self._exact(args, kwargs, "a result whose padding is unknown")
             made.append((arr, shape, spec.dtype, padded))
@@ -420,6 +422,8 @@ class CompiledOp:
         results = []
         for pshape, shape in zip(physical, shapes):
             padded = _dynamic_dims.result_padding(dims, pshape, shape)
+            if padded is False and _dynamic_dims.lowered_exact(dims, pshape):
+                shape, padded = pshape, None
             if padded is False:
                 return _EXACT
             results.append((shape, pshape, padded))
