@@ -759,6 +759,28 @@ def test_convolutions_and_poolings_run_padded_along_the_batch(eager):
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_selects_gradient_keeps_the_batch_padded(eager):
+    """``x[:, i]`` of a tensor padded along its batch (a ViT's class token):
+    its backward puts the gradient back at position i, zeros around it
+    there, the batch padded as it was.  select_backward cut the gradient,
+    and the steps of a ViT at new batch sizes compiled 2 programs each."""
+    _padding.reset()
+    torch.manual_seed(0)
+    w = torch.randn(4)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for b, i in ((2, 0), (3, -2), (5, 8), (7, -9)):
+            x = torch.randn(b, 9, 4, requires_grad=True)
+            dx = x.detach().to("jax").requires_grad_()
+            torch._dynamo.mark_dynamic(dx, 0)
+            (x[:, i] * w).sum().backward()
+            ((dx * 1.0)[:, i] * w.to("jax")).sum().backward()
+            assert dx.grad._storage.padded is not None
+            torch.testing.assert_close(dx.grad.cpu(), x.grad)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["fallbacks"] == 0, (stats["cuts_by_op"], stats["fallbacks_by_reason"])
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
 def test_flip_along_exact_dims_runs_padded_and_along_a_padded_dim_exact(eager):
     # flip keeps every other dim's padding at its end; a padded dim it
     # reverses would put its padding first, so that call runs exact

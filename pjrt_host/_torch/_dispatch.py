@@ -480,6 +480,8 @@ def _handler_for(func: Any) -> Handler:
                 return _joined_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::slice_backward":
                 return _placed_when_padded(CompiledOp(func, lowering).__call__)
+            if op_name(func) == "aten::select_backward":
+                return _selected_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::constant_pad_nd":
                 return _grown_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::type_as":
@@ -637,6 +639,28 @@ def _placed_when_padded(handler: Handler) -> Handler:
             placed = _dynamic_dims.place_gradient(grad, sizes, dim, start, step)
             if placed is not None:
                 return placed
+        return handler(args, kwargs)
+    return _unpadded_is(handler, handle)
+
+
+def _selected_when_padded(handler: Handler) -> Handler:
+    """select_backward of a gradient padded along other dims (a ViT's class
+    token, ``x[:, 0]``, of a batch padded to its bucket): the gradient
+    with the selected dim put back, zeros around it there, its padding
+    kept elsewhere (``_dynamic_dims.place_gradient``, as a slice's of
+    length 1)."""
+    names = ("grad_output", "input_sizes", "dim", "index")
+
+    def handle(args: tuple, kwargs: dict) -> Any:
+        grad = args[0] if args else kwargs.get("grad_output")
+        if type(grad) is _tensor.JaxTensor and grad._storage.padded is not None:
+            grad, sizes, dim, index = (args[i] if i < len(args) else kwargs[names[i]] for i in range(4))
+            sizes = tuple(sizes)
+            if sizes and -len(sizes) <= dim < len(sizes) and -sizes[dim % len(sizes)] <= index < sizes[dim % len(sizes)]:
+                dim %= len(sizes)
+                placed = _dynamic_dims.place_gradient(grad.unsqueeze(dim), sizes, dim, index % sizes[dim], 1)
+                if placed is not None:
+                    return placed
         return handler(args, kwargs)
     return _unpadded_is(handler, handle)
 
