@@ -1,0 +1,128 @@
+"""Vision models at changing batch sizes (the last batch of an epoch, a
+serving queue's batches): convolutions, poolings and batch norm run padded
+along the batch (docs/dynamic-shapes.md, "Which ops run padded").
+
+Each model (random weights, nothing downloaded) runs at the batch sizes
+given (the default: 2, 3, 5, 7, 6, 4, 9, 11, 13, 10: from the third size on
+the batch is dynamic, and every size after it falls in the bucket of 16),
+inference and training (SGD):
+- ``cnn``: conv, batch norm, ReLU, max pool, conv, avg pool, adaptive avg
+  pool, linear (images 32x32);
+- ``vit``: transformers' ViT (2 layers, width 64, patches of 8 on 32x32).
+torch CPU eager first, then 'jax' in the default eager mode, each in a
+fresh process with an empty program cache, with dynamic shapes on and off.
+
+It prints per row the programs each step compiled and the ratio that
+matters: the median 'jax' step at the batch sizes after the third over
+CPU's median step (every one of them is a new size for the exact run).
+
+    python benchmarks/bench_dynamic_batches.py [--models cnn vit] [--batches 2,3,5,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+MODELS = ("cnn", "vit")
+
+CHILD = r"""
+import copy, json, sys, time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+name, device, batches = sys.argv[1], sys.argv[2], [int(x) for x in sys.argv[3].split(",")]
+
+
+def make():
+    torch.manual_seed(0)
+    if name == "cnn":
+        return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(16, 32, 3, stride=2), nn.BatchNorm2d(32), nn.ReLU(), nn.AvgPool2d(2),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    import transformers
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=128, num_labels=10)
+    model = transformers.ViTForImageClassification(config)
+    return lambda x: model(pixel_values=x).logits, model
+
+
+built = make()
+forward, model = built if isinstance(built, tuple) else (built, built)
+model.to(device)
+made = lambda: 0
+if device == "jax":
+    stats = torch.jax.program_cache_stats
+    made = lambda: stats()["compiled"] + stats()["disk_hits"]
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+g = torch.Generator().manual_seed(1)
+rows = []
+for train in (False, True):
+    model.train(train)
+    for b in batches:
+        x = torch.randn(b, 3, 32, 32, generator=g).to(device)
+        y = torch.randint(0, 10, (b,), generator=g).to(device)
+        before = made()
+        start = time.perf_counter()
+        if train:
+            loss = F.cross_entropy(forward(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            value = float(loss)
+        else:
+            with torch.no_grad():
+                value = float(forward(x).sum())
+        rows.append({"train": train, "batch": b, "seconds": time.perf_counter() - start,
+                     "programs": made() - before, "value": value})
+extra = {}
+if device == "jax":
+    s = torch.jax.dynamic_shape_stats()
+    extra = {"cuts": s["cuts_by_op"], "fallbacks": s["fallbacks_by_reason"]}
+print("RESULT " + json.dumps({"rows": rows, **extra}))
+"""
+
+
+def run(name: str, device: str, batches: list[int], dynamic: str) -> dict:
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, PJRT_HOST_CACHE_DIR=cache, PJRT_HOST_DYNAMIC_SHAPES=dynamic)
+        out = subprocess.run([sys.executable, "-c", CHILD, name, device, ",".join(map(str, batches))],
+                             capture_output=True, text=True, env=env, timeout=1800)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{name} on {device} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--batches", default="2,3,5,7,6,4,9,11,13,10")
+    args = parser.parse_args()
+    batches = [int(x) for x in args.batches.split(",")]
+    for name in args.models:
+        cpu = run(name, "cpu", batches, "1")
+        for dynamic in ("1", "0"):
+            dev = run(name, "jax", batches, dynamic)
+            for train in (False, True):
+                c = [r for r in cpu["rows"] if r["train"] == train]
+                d = [r for r in dev["rows"] if r["train"] == train]
+                later_cpu = statistics.median(r["seconds"] for r in c[3:])
+                later = statistics.median(r["seconds"] for r in d[3:])
+                diff = max(abs(a["value"] - b["value"]) / max(1.0, abs(b["value"])) for a, b in zip(d, c))
+                print(f"{name} {'training' if train else 'inference'}, dynamic shapes {'on' if dynamic == '1' else 'off'}: "
+                      f"programs per batch {[r['programs'] for r in d]}; batches after the third: median "
+                      f"{later * 1e3:.1f} ms against CPU's {later_cpu * 1e3:.1f} ms ({later / later_cpu:.1f}x); "
+                      f"largest relative difference from CPU {diff:.1e}")
+            if dynamic == "1":
+                print(f"{name}: cuts {dev['cuts']}, fallbacks {dev['fallbacks']}")
+
+
+if __name__ == "__main__":
+    main()
