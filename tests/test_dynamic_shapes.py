@@ -725,17 +725,18 @@ def _cnn(batch_norm: bool) -> torch.nn.Module:
 def test_convolutions_and_poolings_run_padded_along_the_batch(eager):
     """A CNN at batches of new sizes (the last batch of an epoch, a
     serving queue): convolutions, poolings, their backwards and batch norm
-    with running statistics compute each sample alone, so from the third
-    size on the batch is padded and a new batch of the bucket compiles
-    nothing.  Before, convolution cut its input, and every batch size
-    compiled the model's programs again.  Values and a training step's
-    parameters as CPU's."""
+    with running statistics compute each sample alone, and batch norm in
+    training takes its statistics over the logical samples, so from the
+    third size on the batch is padded and a new batch of the bucket
+    compiles nothing.  Before, convolution cut its input, and every batch
+    size compiled the model's programs again.  Values, and a training
+    step's parameters and running statistics, as CPU's."""
     import copy
 
     _padding.reset()
     torch.manual_seed(0)
     with pjrt_host.config(dynamic_shapes=True, eager=eager):
-        for batch_norm, train in ((True, False), (False, True)):
+        for batch_norm, train in ((True, False), (False, True), (True, True)):
             cpu = _cnn(batch_norm).train(train)
             dev = copy.deepcopy(cpu).to("jax")
             opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (cpu, dev)]
@@ -747,8 +748,9 @@ def test_convolutions_and_poolings_run_padded_along_the_batch(eager):
                         F.cross_entropy(model(dx), dy).backward()
                         opt.step()
                         opt.zero_grad()
-                    for p, q in zip(dev.parameters(), cpu.parameters()):
-                        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+                    # (the parameters and batch norm's running statistics)
+                    for (name, p), q in zip(dev.state_dict().items(), cpu.state_dict().values()):
+                        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6, msg=name)
                 else:
                     with torch.no_grad():
                         torch.testing.assert_close(dev(x.to("jax")).cpu(), cpu(x), rtol=1e-5, atol=1e-6)

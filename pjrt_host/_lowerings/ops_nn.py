@@ -372,11 +372,26 @@ def _ln_with_stats(x, weight, bias, normalized_shape, mean, rstd):
     return (x - m) * jax.lax.rsqrt(v + eps) * weight + bias
 
 
-def _batch_stats(x):
+def _batch_stats(x, inside=None):
+    """Per channel the mean and (biased) variance over the batch and the
+    spatial dims, and how many elements they are of; ``inside``: the mask
+    of ``x``'s logical elements where it is read padded along its batch
+    (dynamic dimensions), whose padding then counts for nothing."""
     axes = (0,) + tuple(range(2, x.ndim))
-    mean = jnp.mean(x, axis=axes)
-    var = jnp.mean(jnp.square(x - _channel(mean, x)), axis=axes)
-    return mean, var
+    if inside is None:
+        mean = jnp.mean(x, axis=axes)
+        var = jnp.mean(jnp.square(x - _channel(mean, x)), axis=axes)
+        return mean, var, x.size // x.shape[1]
+    n = _logical_count(inside)
+    mean = jnp.sum(jnp.where(inside, x, 0), axis=axes) / n.astype(x.dtype)
+    var = jnp.sum(jnp.where(inside, jnp.square(x - _channel(mean, x)), 0), axis=axes) / n.astype(x.dtype)
+    return mean, var, n
+
+
+def _logical_count(inside):
+    """The logical elements of one channel of a batch-norm input read
+    padded (``inside``: the mask of its logical elements)."""
+    return jnp.sum(inside[:, 0], dtype=jnp.int32)
 
 
 def _channel(v, x):
@@ -395,16 +410,15 @@ def _normalise(x, mean, invstd, weight, bias):
 def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     """(out, save_mean, save_invstd, new_running_mean, new_running_var)."""
     if training:
-        mean, var = _batch_stats(x)
+        mean, var, n = _batch_stats(x, logical_elements(0))
         # torch CPU stores 16-bit inputs' statistics in their dtype and
         # normalises with those rounded values.
         mean, invstd = as_stored(mean), as_stored(jax.lax.rsqrt(var + eps))
-        n = x.size // x.shape[1]
         new_mean = new_var = None
         if running_mean is not None:
             new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
         if running_var is not None:
-            unbiased = var * (n / max(n - 1, 1))
+            unbiased = var * (n / jnp.maximum(n - 1, 1) if type(n) is not int else n / max(n - 1, 1))
             new_var = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
         return _normalise(x, mean, invstd, weight, bias), mean, invstd, new_mean, new_var
     invstd = jax.lax.rsqrt(running_var + eps)
@@ -445,7 +459,8 @@ def native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, s
         # x for its mean and variance): with xhat = (x - mean) * invstd,
         # dx = w * invstd / n * (n * g - sum(g) - xhat * sum(g * xhat)).
         axes = (0,) + tuple(range(2, x.ndim))
-        n = x.size // x.shape[1]
+        inside = logical_elements(1)  # (read padded along the batch: its padding, and grad_out's, is zeros)
+        n = x.size // x.shape[1] if inside is None else _logical_count(inside).astype(x.dtype)
         mean, invstd = save_mean.astype(x.dtype), save_invstd.astype(x.dtype)
         xhat = (x - _channel(mean, x)) * _channel(invstd, x)
         g = grad_out.astype(x.dtype)
@@ -455,7 +470,7 @@ def native_batch_norm_backward(grad_out, x, weight, running_mean, running_var, s
         return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb if output_mask[2] else None)
     if train:
         def forward(x_, w_):
-            mean, var = _batch_stats(x_)
+            mean, var, _ = _batch_stats(x_, logical_elements(1))
             return _normalise(x_, mean, jax.lax.rsqrt(var + eps), w_, None)
     else:
         def forward(x_, w_):

@@ -346,6 +346,11 @@ _RULES: dict[str, Rule] = {
     # batch norm with running statistics (eval): per channel, elementwise
     "aten::_native_batch_norm_legit_no_training": Rule(fill=None, exact=_channels_exact),
     "aten::native_batch_norm": Rule(fill=None, exact=_channels_exact),
+    # batch norm in training: its statistics over the logical samples (the
+    # lowering masks the padding, filled 0), its backward's sums over zeros
+    "aten::_native_batch_norm_legit_functional": Rule(fill=0, exact=_samples_apart((1, 2, 3, 4))),
+    "aten::native_batch_norm_backward": Rule(fill=0, exact=_samples_apart((2, 3, 4, 5, 6)),
+                                             align=_meeting(((0, 0), (1, 0)))),
     # a gather by integer index tensors: their padding reads position 0
     "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
