@@ -760,6 +760,40 @@ def test_convolutions_and_poolings_run_padded_along_the_batch(eager):
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, (stats["cuts_by_op"], stats["fallbacks_by_reason"])
 
 
+def test_a_compiled_batch_norm_backward_keeps_a_graph_per_batch():
+    """Batch norm's training lowering and its backward count the logical
+    samples from the mask eager's padded route gives them; a padded
+    compiled graph gives none, and with the batch padded their statistics
+    counted the padding: a compiled training step's gradients were off by
+    0.28.  Such an op keeps its graph per shape (the reason is counted),
+    with CPU's gradients."""
+    import copy
+
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    dev = copy.deepcopy(cpu).to("jax")
+
+    def step(model, x):
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss
+
+    compiled = torch.compile(step, backend="jax")
+    with pjrt_host.config(dynamic_shapes=True):
+        for b in (3, 5, 7):
+            x = torch.randn(b, 3, 8, 8)
+            dx = x.to("jax")
+            torch._dynamo.mark_dynamic(dx, 0)
+            compiled(dev, dx)
+            step(cpu, x)
+            for p, q in zip(dev.parameters(), cpu.parameters()):
+                torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6)
+                p.grad = q.grad = None
+    reasons = torch.jax.dynamic_shape_stats()["fallbacks_by_reason"]
+    assert any("native_batch_norm_backward: its lowering reads its inputs' logical elements" in r for r in reasons), reasons
+
+
 @pytest.mark.parametrize("eager", ["op", "fused"])
 def test_a_selects_gradient_keeps_the_batch_padded(eager):
     """``x[:, i]`` of a tensor padded along its batch (a ViT's class token):

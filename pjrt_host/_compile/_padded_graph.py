@@ -161,6 +161,8 @@ def plan(program: Any) -> Plan | str:
             rule = _door.padded_rule(node.target, name, step.fn)
             if rule is None:
                 return f"{name}: no padded rule (_dynamic_dims._RULES)"
+            if rule.logical:
+                return f"{name}: its lowering reads its inputs' logical elements, which a padded graph does not give"
             kinds[node] = ("rule", rule)
     if not symbols:
         return "no symbolic size among its inputs"

@@ -56,6 +56,11 @@ class Rule(NamedTuple):
     #: holds padded -- not along any dim of the same size (a head dim as
     #: long as the key/value length)
     align: Callable[[tuple, dict], dict] | None = None
+    #: the lowering reads the mask of its padded inputs' logical elements
+    #: (``LoweringContext.logical``: attention's key positions, batch
+    #: norm's statistics), which eager's padded route gives it and a
+    #: compiled graph's does not: such an op keeps a graph per shape
+    logical: bool = False
 
 
 def _normalised_dims(inputs: tuple, shape_pos: int, params: tuple) -> Callable[[tuple, dict], dict]:
@@ -284,7 +289,7 @@ def _attention_rule(first: int) -> Rule:
     pairs += [((a, d), (b, d)) for d in (-3, -4) for a, b in ((q, k), (k, v), (mask, q), (keep, q))]
     if first:  # the backward: the output's gradient is shaped as the query, with the value's head dim
         pairs += [((0, -2), (q, -2)), ((0, -1), (v, -1)), ((0, -3), (q, -3)), ((0, -4), (q, -4))]
-    return Rule(fill=0, exact=_attention_exact(first), align=_meeting(*pairs))
+    return Rule(fill=0, exact=_attention_exact(first), align=_meeting(*pairs), logical=True)
 
 
 _SUMS = Rule(fill=0)
@@ -348,9 +353,9 @@ _RULES: dict[str, Rule] = {
     "aten::native_batch_norm": Rule(fill=None, exact=_channels_exact),
     # batch norm in training: its statistics over the logical samples (the
     # lowering masks the padding, filled 0), its backward's sums over zeros
-    "aten::_native_batch_norm_legit_functional": Rule(fill=0, exact=_samples_apart((1, 2, 3, 4))),
+    "aten::_native_batch_norm_legit_functional": Rule(fill=0, exact=_samples_apart((1, 2, 3, 4)), logical=True),
     "aten::native_batch_norm_backward": Rule(fill=0, exact=_samples_apart((2, 3, 4, 5, 6)),
-                                             align=_meeting(((0, 0), (1, 0)))),
+                                             align=_meeting(((0, 0), (1, 0))), logical=True),
     # a gather by integer index tensors: their padding reads position 0
     "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
@@ -392,7 +397,7 @@ def _keep_align(args: tuple, kwargs: dict) -> dict:
 
 # dropout's mask for attention: the query's and key's values are not read
 # (fill 0: not elementwise, the two lengths do not line up by position)
-_DRAWS["pjrt_host::attention_keep"] = Rule(fill=0, exact=_keep_exact, align=_keep_align)
+_DRAWS["pjrt_host::attention_keep"] = Rule(fill=0, exact=_keep_exact, align=_keep_align, logical=True)
 
 
 def rule_for(func: Any, name: str, lowering: Any, inplace: int | None, out_names: tuple) -> Rule | None:
