@@ -656,7 +656,8 @@ def _selected_when_padded(handler: Handler) -> Handler:
         if type(grad) is _tensor.JaxTensor and grad._storage.padded is not None:
             grad, sizes, dim, index = (args[i] if i < len(args) else kwargs[names[i]] for i in range(4))
             sizes = tuple(sizes)
-            if sizes and -len(sizes) <= dim < len(sizes) and -sizes[dim % len(sizes)] <= index < sizes[dim % len(sizes)]:
+            # (a dim or index out of range: the engine's call raises torch's error)
+            if -len(sizes) <= dim < len(sizes) and -sizes[dim] <= index < sizes[dim]:
                 dim %= len(sizes)
                 placed = _dynamic_dims.place_gradient(grad.unsqueeze(dim), sizes, dim, index % sizes[dim], 1)
                 if placed is not None:

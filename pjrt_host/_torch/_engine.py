@@ -372,7 +372,7 @@ class CompiledOp:
                 made.append(None)
                 continue
             padded = _dynamic_dims.result_padding(dims, tuple(arr.shape), shape)
-            if padded is False and _dynamic_dims.lowered_exact(dims, tuple(arr.shape)):
+            if padded is False and _dynamic_dims.lowered_exact(tuple(arr.shape)):
                 shape, padded = tuple(arr.shape), None
             if padded is False:
                 return self._exact(args, kwargs, "a result whose padding is unknown")
@@ -422,7 +422,7 @@ class CompiledOp:
         results = []
         for pshape, shape in zip(physical, shapes):
             padded = _dynamic_dims.result_padding(dims, pshape, shape)
-            if padded is False and _dynamic_dims.lowered_exact(dims, pshape):
+            if padded is False and _dynamic_dims.lowered_exact(pshape):
                 shape, padded = pshape, None
             if padded is False:
                 return _EXACT
