@@ -814,6 +814,14 @@ def test_a_selects_gradient_keeps_the_batch_padded(eager):
             torch.testing.assert_close(dx.grad.cpu(), x.grad)
     stats = torch.jax.dynamic_shape_stats()
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, (stats["cuts_by_op"], stats["fallbacks_by_reason"])
+    # a position or dim out of range raises CPU's error, padded or not (it returned a gradient)
+    g = torch.randn(5, 4)
+    for bad in ((1, 9), (1, -10), (3, 0), (-4, 0)):
+        with pytest.raises(IndexError) as cpu:
+            torch.ops.aten.select_backward(g, [5, 9, 4], *bad)
+        with pytest.raises(IndexError) as dev:
+            torch.ops.aten.select_backward(g.to("jax"), [5, 9, 4], *bad)
+        assert str(dev.value) == str(cpu.value)
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])

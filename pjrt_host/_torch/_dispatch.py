@@ -652,16 +652,20 @@ def _selected_when_padded(handler: Handler) -> Handler:
     names = ("grad_output", "input_sizes", "dim", "index")
 
     def handle(args: tuple, kwargs: dict) -> Any:
-        grad = args[0] if args else kwargs.get("grad_output")
+        grad, sizes, dim, index = (args[i] if i < len(args) else kwargs[names[i]] for i in range(4))
+        sizes = tuple(sizes)
+        # torch CPU's errors (the lowering would place the gradient anywhere)
+        if not -len(sizes) <= dim < len(sizes):
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-len(sizes)}, {len(sizes) - 1}], "
+                             f"but got {dim})")
+        if not -sizes[dim] <= index < sizes[dim]:
+            raise IndexError(f"select(): index {index} out of range for tensor of size {list(sizes)} at dimension "
+                             f"{dim % len(sizes)}")
         if type(grad) is _tensor.JaxTensor and grad._storage.padded is not None:
-            grad, sizes, dim, index = (args[i] if i < len(args) else kwargs[names[i]] for i in range(4))
-            sizes = tuple(sizes)
-            # (a dim or index out of range: the engine's call raises torch's error)
-            if -len(sizes) <= dim < len(sizes) and -sizes[dim] <= index < sizes[dim]:
-                dim %= len(sizes)
-                placed = _dynamic_dims.place_gradient(grad.unsqueeze(dim), sizes, dim, index % sizes[dim], 1)
-                if placed is not None:
-                    return placed
+            dim %= len(sizes)
+            placed = _dynamic_dims.place_gradient(grad.unsqueeze(dim), sizes, dim, index % sizes[dim], 1)
+            if placed is not None:
+                return placed
         return handler(args, kwargs)
     return _unpadded_is(handler, handle)
 
