@@ -1811,6 +1811,95 @@ def test_compiled_graph_with_an_op_without_a_rule_falls_back_per_shape(caplog):
     assert "compiles once per shape, not per bucket: aten::flip" in caplog.text, caplog.text
 
 
+@pytest.mark.parametrize("shift", ["pad-then-slice", "slice-both"])
+def test_compiled_labels_shifted_by_a_pad_or_a_slice_run_in_buckets(shift):
+    """A causal-LM loss shifts its labels by one: transformers' loss pads
+    them at the end (``F.pad(labels, (0, 1), value=-100)``, then ``[..., 1:]``),
+    hand-written ones cut the logits' last position and the labels' first.
+    Along a symbolic length these are sizes ``s + 1`` and ``s - 1``, which
+    made the graph compile per length (a transformers model trained under
+    torch.compile with ``labels=`` compiled its forward at every length).
+    Now each has the physical size of its expression: values and gradients
+    as CPU's, no fallback, one program per bucket."""
+    import torch.nn.functional as F
+
+    torch._dynamo.reset()
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(8, 11)
+    dev = torch.nn.Linear(8, 11)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("jax")
+
+    def loss(lin, h, labels):
+        logits = lin(h)
+        if shift == "pad-then-slice":
+            labels = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+            return F.cross_entropy(logits.float().view(-1, 11), labels.view(-1), ignore_index=-100)
+        return F.cross_entropy(logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1))
+
+    compiled = torch.compile(loss, backend="jax")
+    g = torch.Generator().manual_seed(1)
+    programs = []
+    with pjrt_host.config(dynamic_shapes=True):
+        for n in (18, 21, 25, 19, 30, 27, 32):
+            h = torch.randn(2, n, 8, generator=g)
+            labels = torch.randint(0, 11, (2, n), generator=g)
+            labels[0, -3:] = -100  # (the padding collator's ignored positions)
+            cpu.zero_grad()
+            dev.zero_grad()
+            want = loss(cpu, h, labels)
+            want.backward()
+            before = torch.jax.dynamic_shape_stats()["graph_programs"]
+            with _XlaCompiles() as xla:
+                got = compiled(dev, h.to("jax"), labels.to("jax"))
+                got.backward()
+                torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad, rtol=1e-5, atol=1e-5)
+            programs.append((xla.count, torch.jax.dynamic_shape_stats()["graph_programs"] - before))
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert programs[1][1] == 2, programs  # the symbolic graphs' forward and backward, bucket 32
+    assert all(p == (0, 0) for p in programs[2:]), str(programs)  # every later length: nothing compiled
+
+
+def test_a_compiled_backward_reads_a_padded_gradient_still_pending_in_fused_eager():
+    """A compiled graph that returns a padded value beside its loss: the
+    backward gets that output's gradient as zeros autograd makes eagerly,
+    which fused eager leaves pending, padded as the output.  The padded
+    graph passed the storage's raw array, its pending placeholder, into the
+    program: a TypeError out of ``loss.backward()`` at the bucket's second
+    length (a GPT-2 under torch.compile returns its logits beside its loss)."""
+    torch._dynamo.reset()
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(8, 8)
+    dev = torch.nn.Linear(8, 8)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("jax")
+
+    def f(lin, x):
+        y = lin(x)
+        return y.sum(), y * 2
+
+    compiled = torch.compile(f, backend="jax")
+    g = torch.Generator().manual_seed(1)
+    with pjrt_host.config(dynamic_shapes=True, eager="fused"):
+        for n in (18, 21, 25, 19, 27):
+            x = torch.randn(2, n, 8, generator=g)
+            cpu.zero_grad()
+            dev.zero_grad()
+            want, _ = f(cpu, x)
+            want.backward()
+            loss, y = compiled(dev, x.to("jax"))
+            loss.backward()
+            torch.testing.assert_close(loss.cpu(), want, rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad, rtol=1e-5, atol=1e-4)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert stats["graph_programs"] == 2, stats  # the bucket of 32: its forward and its backward
+
+
 def test_compiled_dropout_draws_in_buckets_what_it_draws_per_shape():
     # a random op with a rule (dropout) runs padded: each logical element
     # draws what the per-shape program draws for it, from the same key

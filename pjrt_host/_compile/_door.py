@@ -416,7 +416,12 @@ def padded_array(t: JaxTensor, padded: tuple) -> Any:
     a whole storage padded so, else its values padded (a copy)."""
     st = t._storage
     if t._view is None and st.padded == padded:
-        return st._array
+        return st.computed()  # (a fused-eager result still pending runs its segment)
+    if t._view is None and st.padded is not None:
+        moved = _padding.relayout(st.computed(), st.padded, padded)  # (another bucket of the same sizes)
+        if moved is not None:
+            _padding.note("pads")
+            return moved
     values = _tensor.read(t)  # logical (a padded storage is cut)
     if _padding.physical_shape(padded) == tuple(values.shape):
         return values

@@ -52,7 +52,7 @@ import torch
 from .._lowerings import invoke, op_name
 from . import _door
 
-__all__ = ["BucketTooLarge", "Plan", "Unpaddable", "concrete_padding", "concrete_value", "input_metas", "input_padding", "logical_shape",
+__all__ = ["BucketTooLarge", "Plan", "Unpaddable", "anchored", "concrete_padding", "concrete_value", "input_metas", "input_padding", "logical_shape",
            "physical", "plan", "run"]
 
 
@@ -82,6 +82,10 @@ _POSITIONAL = frozenset({"aten::tril", "aten::triu"})
 #: The gradient of a slice: along an exact dim as it is, along a padded dim
 #: (a prefix slice's) the gradient with zeros in its padding.
 _SLICE_BACKWARD = "aten::slice_backward"
+#: A pad with a constant (``F.pad(labels, (0, 1), value=-100)``, what
+#: transformers' causal-LM loss does before it shifts its labels): along
+#: exact dims as it is, along a padded dim at its end only.
+_PADS = frozenset({"aten::constant_pad_nd"})
 #: A mean over padded dims: eager's (``_dispatch._summed_when_padded``), the
 #: padded sum over the logical count, a run-time scalar.
 _MEANS = frozenset({"aten::mean.dim", "aten::mean"})
@@ -97,7 +101,7 @@ class Plan(NamedTuple):
 
     symbols: tuple  #: sympy symbols, sorted by name
     #: node -> ("rule", Rule), or (how it moves data / what it is: "same", "moves", "along", "reshape",
-    #: "expand", "positional", "slice_backward", "mean", "factory"; None)
+    #: "expand", "positional", "slice_backward", "pad", "mean", "factory"; None)
     kinds: dict
     #: per placeholder: ("tensor", its dims' sizes, ((dim, symbol) where a dim is one)), ("size", symbol or
     #: None) or ("value",): read once, so that a call binds its sizes without sympy
@@ -151,6 +155,8 @@ def plan(program: Any) -> Plan | str:
             kinds[node] = ("positional", None)
         elif short == _SLICE_BACKWARD:
             kinds[node] = ("slice_backward", None)
+        elif short in _PADS:
+            kinds[node] = ("pad", None)
         elif short in _MEANS and node.meta["val"].dtype.is_floating_point:
             kinds[node] = ("mean", None)
         elif step.fn.factory:
@@ -193,12 +199,34 @@ def canonical(expr: Any, buckets: dict) -> tuple:
     if expr.is_Integer:
         n = int(expr)
         return ((n, expr, False),)
-    if expr.is_Symbol:
-        return ((buckets[expr], expr, True),)
-    if isinstance(expr, sympy.Mul) and len(expr.args) == 2 and expr.args[0].is_Integer and expr.args[1].is_Symbol:
-        c, s = int(expr.args[0]), expr.args[1]
-        return ((c, sympy.Integer(c), False), (buckets[s], s, True))
+    p = anchored(expr, buckets)
+    if p is not None:
+        return ((p, expr, True),)
+    factored = sympy.factor(expr)  # (2*s - 2 is 2*(s - 1): a batch of 2 merged with a length of s - 1)
+    if isinstance(factored, sympy.Mul) and len(factored.args) == 2 and factored.args[0].is_Integer:
+        c, inner = int(factored.args[0]), factored.args[1]
+        p = anchored(inner, buckets)
+        if p is not None:
+            return ((c, sympy.Integer(c), False), (p, inner, True))
     raise Unpaddable(f"an input dim of size {expr}")
+
+
+def anchored(expr: Any, buckets: dict) -> int | None:
+    """The physical size of a padded dim whose logical size is ``expr``,
+    where it is a symbol plus a number (``s``, ``s + 1``, ``s - 1``): the
+    symbol's bucket, and room for what the number adds.  One physical size
+    per expression, however a value came to it (a pad at the end and a
+    slice from 1 give ``s`` the symbol's bucket again, as a prefix slice to
+    ``s - 1`` keeps it), so that values of one logical size line up, in a
+    graph and between a forward and its backward.  None for any other
+    expression."""
+    if expr.is_Symbol:
+        return buckets[expr]
+    if isinstance(expr, sympy.Add) and len(expr.args) == 2:
+        c, sym = expr.args
+        if c.is_Integer and sym.is_Symbol:
+            return buckets[sym] + max(int(c), 0)
+    return None
 
 
 def input_padding(the_plan: Plan, args: list, odd: bool) -> tuple:
@@ -371,11 +399,14 @@ class _Trace:
                 out.append(_exact_dim(int(e)))
             elif e in known:
                 out.append(known[e])
-            elif e.is_Symbol:
-                out.append(((self.buckets[e], e, True),))
+            elif self.anchored(e) is not None:
+                out.append(((self.anchored(e), e, True),))
             else:
                 raise Unpaddable(f"{what}: a result dim of size {e} that none of its inputs has")
         return tuple(out)
+
+    def anchored(self, expr: Any) -> int | None:
+        return anchored(expr, self.buckets)
 
     def known(self, what: str, tensors: list) -> dict:
         """size expression -> components, over the dims of ``tensors``
@@ -491,6 +522,12 @@ class _Trace:
             result = invoke(step.fn, args, kwargs, ctx, step.meta)
         elif kind == "along":
             result = self.along(step, what, env, ctx, value)
+            if node in self.dims:  # (a slice of a padded dim: its components set)
+                env[node] = result
+                return
+        elif kind == "pad":
+            result = env[node] = self.pad(node, what, env, value)
+            return
         elif kind == "mean":
             result = self.mean(node, env, ctx, step.meta)
         elif kind == "slice_backward":
@@ -602,20 +639,72 @@ class _Trace:
             raise Unpaddable(f"{what}: along a padded dim (only prefix slices of one are read padded)")
         start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start", None)
         step_ = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
-        if start not in (None, 0) or step_ != 1:
-            raise Unpaddable(f"{what}: a slice of a padded dim that does not start at 0")
+        start = 0 if start is None else start
+        if step_ != 1 or not isinstance(start, int):
+            raise Unpaddable(f"{what}: a slice of a padded dim with a step or a symbolic start")
         out = _expr(node.meta["val"].shape[dim])
         p, n, _ = sdims[dim][0]
         arr = env[src]
+        if start < 0 or (start and sympy.expand(n - start - out) != 0):
+            # (from ``start`` to the logical end: the end of the padding moves with it)
+            raise Unpaddable(f"{what}: a slice of a padded dim that neither starts at 0 nor runs to its end")
+        idx = [slice(None)] * arr.ndim
         if out.is_Integer:
-            idx = [slice(None)] * arr.ndim
-            idx[dim] = slice(0, int(out))
+            idx[dim] = slice(start, start + int(out))
             arr = arr[tuple(idx)]
             newdim = _exact_dim(int(out))
         else:
-            newdim = ((p, out, True),)
+            want = self.anchored(out)
+            if want is None and start:
+                raise Unpaddable(f"{what}: a slice to a length of {out}")
+            want = p if want is None else want
+            if start:
+                idx[dim] = slice(start, None)
+                arr = arr[tuple(idx)]
+            arr = _resized(arr, dim, want)
+            newdim = ((want, out, True),)
         dims = tuple(newdim if i == dim else d for i, d in enumerate(sdims))
         self._set(node, what, arr, node.meta["val"], dims)
+        return arr
+
+    def pad(self, node: Any, what: str, env: dict, value: Any) -> Any:
+        """``constant_pad_nd``: along an exact dim as torch pads it (a
+        negative amount cuts), along a padded dim at its end only, where the
+        new positions take ``value`` from the logical end on and the dim's
+        physical size grows to its new length's (:meth:`anchored`)."""
+        src = node.args[0]
+        sdims = self.dims[src]
+        amounts = [int(a) for a in _ints(value(node.args[1], False))]
+        fill = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+        fill = 0 if fill is None else fill
+        val = node.meta["val"]
+        arr = env[src]
+        dims = list(sdims)
+        config = [(0, 0, 0)] * arr.ndim
+        for i in range(len(amounts) // 2):
+            d = arr.ndim - 1 - i
+            lo, hi = amounts[2 * i], amounts[2 * i + 1]
+            if not any(c[2] for c in sdims[d]):
+                config[d] = (lo, hi, 0)
+                dims[d] = _exact_dim(physical((sdims[d],))[0] + lo + hi)
+        arr = jax.lax.pad(arr, jax.numpy.asarray(fill, arr.dtype), config)
+        for i in range(len(amounts) // 2):
+            d = arr.ndim - 1 - i
+            lo, hi = amounts[2 * i], amounts[2 * i + 1]
+            if not any(c[2] for c in sdims[d]) or (lo == 0 and hi == 0):
+                continue
+            if len(sdims[d]) != 1 or lo != 0 or hi < 0:
+                raise Unpaddable(f"{what}: a pad of a padded dim other than at its end")
+            p, n, _ = sdims[d][0]
+            out = _expr(val.shape[d])
+            want = self.anchored(out)
+            if want is None or want < p:
+                raise Unpaddable(f"{what}: a pad to a length of {out}")
+            arr = _resized(arr, d, want)
+            at = jax.lax.broadcasted_iota(jax.numpy.int32, arr.shape, d)
+            arr = jax.numpy.where(at < self.logical(n), arr, jax.numpy.asarray(fill, arr.dtype))
+            dims[d] = ((want, out, True),)
+        self._set(node, what, arr, val, tuple(dims))
         return arr
 
     def slice_backward(self, step: Any, what: str, env: dict, ctx: Any, known: dict) -> Any:
@@ -666,6 +755,20 @@ class _Trace:
                         raise Unpaddable(f"{site.op}: a value check over padded values")
                     v = self.filled(v, dims, 0)  # 0 is always in range
             rows.append((number, int(size), site.row(v, int(size))))
+
+
+def _resized(arr: Any, dim: int, size: int) -> Any:
+    """``arr`` cut or grown (zeros: padding) to ``size`` along ``dim``."""
+    have = arr.shape[dim]
+    if have > size:
+        idx = [slice(None)] * arr.ndim
+        idx[dim] = slice(0, size)
+        return arr[tuple(idx)]
+    if have < size:
+        config = [(0, 0, 0)] * arr.ndim
+        config[dim] = (0, size - have, 0)
+        return jax.lax.pad(arr, jax.numpy.zeros((), arr.dtype), config)
+    return arr
 
 
 def _lookup_sum() -> Any:

@@ -431,6 +431,49 @@ def widen(arr: Any, padded: tuple, wider: tuple) -> Any:
     return _padded_copy(arr, tuple(split), tuple(widths), physical_shape(wider))
 
 
+def relayout(arr: Any, padded: tuple, target: tuple) -> Any:
+    """``arr``, laid out as ``padded``, laid out as ``target``: the same
+    components but for the physical sizes of dynamic ones (eager pads a
+    length to the bucket above it, where a compiled graph reads a full
+    bucket: 32 of 48 places against 32 of 32).  Each component is cut or
+    given zeros at its end; the padding's values are not kept (a reader
+    fills it as its rule says).  Its program depends on the physical sizes
+    only, never on the logical ones.  None when the layouts differ in more
+    than that."""
+    if len(padded) != len(target):
+        return None
+    split, cuts, widths = [], [], []
+    for p, t in zip(padded, target):
+        if len(p) != len(t):
+            return None
+        for a, b in zip(p, t):
+            if a[1:] != b[1:] or (a[0] != b[0] and (not a[2] or b[0] < b[1])):
+                return None
+            split.append(a[0])
+            cuts.append(min(a[0], b[0]))
+            widths.append((0, max(b[0] - a[0], 0)))
+    physical = physical_shape(target)
+    split, cuts, widths = tuple(split), tuple(cuts), tuple(widths)
+    if arr.nbytes <= HOST_PAD_BYTES:
+        import jax
+        import numpy as np
+
+        values = np.asarray(arr).reshape(split)[tuple(slice(0, n) for n in cuts)]
+        return jax.device_put(np.pad(values, widths).reshape(physical), next(iter(arr.devices())))
+    key = ("relayout", tuple(arr.shape), split, cuts, widths)
+    fn = _pad_programs.get(key)
+    if fn is None:
+        def body(a):
+            import jax.numpy as jnp
+
+            return jnp.pad(a.reshape(split)[tuple(slice(0, n) for n in cuts)], widths).reshape(physical)
+
+        if len(_pad_programs) > 512:
+            _pad_programs.clear()
+        fn = _pad_programs[key] = _program_cache.Kept("pjrt_host.relayout", body, key)
+    return fn(arr)
+
+
 def pad_storage(storage: Any, dims: set, odd: bool = False, padding: tuple | None = None) -> bool:
     """Pad ``storage`` (a ``_tensor.Storage``) along ``dims`` to their
     buckets (or as ``padding``, one dim's components): one on one device,
