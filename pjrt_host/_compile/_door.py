@@ -381,6 +381,12 @@ def positions(shape: tuple, comps: tuple, sizes: Any) -> Any:
     return _padding.positions(shape, comps, sizes)
 
 
+def inside(shape: tuple, masks: tuple, sizes: Any) -> Any:
+    """Traceable: the mask of the logical positions of a padded array
+    (eager's ``LoweringContext.logical``)."""
+    return _padding.inside(shape, masks, sizes)
+
+
 def padded_rule(target: Any, name: str, lowering: Any) -> Any:
     """Eager's rule for reading padded inputs of the functional op
     ``target`` (None: it has none)."""

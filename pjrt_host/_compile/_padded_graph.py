@@ -82,10 +82,19 @@ _POSITIONAL = frozenset({"aten::tril", "aten::triu"})
 #: The gradient of a slice: along an exact dim as it is, along a padded dim
 #: (a prefix slice's) the gradient with zeros in its padding.
 _SLICE_BACKWARD = "aten::slice_backward"
+#: The gradient of a select: zeros, the gradient at the position (from the
+#: logical end for a negative one).
+_SELECT_BACKWARD = "aten::select_backward"
 #: A pad with a constant (``F.pad(labels, (0, 1), value=-100)``, what
 #: transformers' causal-LM loss does before it shifts its labels): along
 #: exact dims as it is, along a padded dim at its end only.
 _PADS = frozenset({"aten::constant_pad_nd"})
+#: A write through a view, as functionalization leaves it
+#: (``shifted[:, 1:] = ids[:, :-1]``: a ``copy`` into the view's value,
+#: then a ``slice_scatter`` of it into the base), what an encoder-decoder's
+#: ``shift_tokens_right`` does to its labels.
+_COPY = "aten::copy"
+_SCATTERS = frozenset({"aten::slice_scatter", "aten::select_scatter"})
 #: A mean over padded dims: eager's (``_dispatch._summed_when_padded``), the
 #: padded sum over the logical count, a run-time scalar.
 _MEANS = frozenset({"aten::mean.dim", "aten::mean"})
@@ -101,7 +110,8 @@ class Plan(NamedTuple):
 
     symbols: tuple  #: sympy symbols, sorted by name
     #: node -> ("rule", Rule), or (how it moves data / what it is: "same", "moves", "along", "reshape",
-    #: "expand", "positional", "slice_backward", "pad", "mean", "factory"; None)
+    #: "expand", "positional", "slice_backward", "select_backward", "pad", "copy", "scatter", "mean", "factory";
+    #: None)
     kinds: dict
     #: per placeholder: ("tensor", its dims' sizes, ((dim, symbol) where a dim is one)), ("size", symbol or
     #: None) or ("value",): read once, so that a call binds its sizes without sympy
@@ -155,8 +165,14 @@ def plan(program: Any) -> Plan | str:
             kinds[node] = ("positional", None)
         elif short == _SLICE_BACKWARD:
             kinds[node] = ("slice_backward", None)
+        elif short == _SELECT_BACKWARD:
+            kinds[node] = ("select_backward", None)
         elif short in _PADS:
             kinds[node] = ("pad", None)
+        elif short == _COPY:
+            kinds[node] = ("copy", None)
+        elif short in _SCATTERS:
+            kinds[node] = ("scatter", None)
         elif short in _MEANS and node.meta["val"].dtype.is_floating_point:
             kinds[node] = ("mean", None)
         elif step.fn.factory:
@@ -167,8 +183,6 @@ def plan(program: Any) -> Plan | str:
             rule = _door.padded_rule(node.target, name, step.fn)
             if rule is None:
                 return f"{name}: no padded rule (_dynamic_dims._RULES)"
-            if rule.logical:
-                return f"{name}: its lowering reads its inputs' logical elements, which a padded graph does not give"
             kinds[node] = ("rule", rule)
     if not symbols:
         return "no symbolic size among its inputs"
@@ -505,6 +519,7 @@ class _Trace:
                 args[pos] = self._fill_arg(what, rule, pos, a, args[pos], args, kwargs, exact)
             for k, a in node.kwargs.items():
                 kwargs[k] = self._fill_arg(what, rule, k, a, kwargs[k], args, kwargs, exact)
+            ctx = self.reading(node, ctx)
             if step.random >= 0:
                 ctx = self.drawing(step, tensors, ctx)
             result = invoke(step.fn, args, kwargs, ctx, step.meta)
@@ -527,6 +542,15 @@ class _Trace:
                 return
         elif kind == "pad":
             result = env[node] = self.pad(node, what, env, value)
+            return
+        elif kind == "copy":
+            result = env[node] = self.copy(node, what, env)
+            return
+        elif kind == "select_backward":
+            result = env[node] = self.select_backward(node, what, env, known)
+            return
+        elif kind == "scatter":
+            result = env[node] = self.scatter(node, what, env, ctx, step)
             return
         elif kind == "mean":
             result = self.mean(node, env, ctx, step.meta)
@@ -572,6 +596,24 @@ class _Trace:
                 if d is not None and tuple(r.shape) != physical(d):
                     raise Unpaddable(f"{what}: a result of physical shape {tuple(r.shape)}, not {physical(d)}")
             self.dims[node] = dims
+
+    def reading(self, node: Any, ctx: Any) -> Any:
+        """The context of an op with a rule, as eager's padded route makes
+        it: per padded tensor argument, the mask of its logical positions
+        (``LoweringContext.logical``), for a lowering that reads its inputs'
+        logical elements (attention's key positions, batch norm's samples,
+        a negative index wrapped by its dim's logical length)."""
+        import dataclasses
+
+        logical = []
+        for pos, a in enumerate(node.args):
+            dims = self.dims.get(a) if isinstance(a, torch.fx.Node) else None
+            if dims is None or not any(c[2] for dim in dims for c in dim):
+                continue
+            masks, sizes = self.masks(dims)
+            shape = physical(dims)
+            logical.append((pos, lambda shape=shape, masks=masks, sizes=sizes: _door.inside(shape, masks, sizes)))
+        return dataclasses.replace(ctx, logical=tuple(logical)) if logical else ctx
 
     def drawing(self, step: Any, tensors: list, ctx: Any) -> Any:
         """The context of a random op with a rule (dropout): its key, as
@@ -632,9 +674,17 @@ class _Trace:
         if not any(c[2] for c in sdims[dim]):
             args, kwargs = value(node.args, False), value(node.kwargs, False)
             if _has_symbol((args, kwargs)):
-                raise Unpaddable(f"{what}: a symbolic position along an exact dim")
+                return self.slice_to_length(node, what, env, sdims, dim)
             args = _ints((args, kwargs))
             return invoke(step.fn, args[0], args[1], ctx, step.meta)
+        if _short(what) == "aten::select.int" and len(sdims[dim]) == 1 and isinstance(node.args[2], int):
+            # a position from the start is where it is, one from the end
+            # counts from the logical length (``logits[:, -1]``)
+            index = node.args[2]
+            at = index if index >= 0 else self.logical(sdims[dim][0][1]) + index
+            arr = jax.lax.dynamic_index_in_dim(env[src], at, dim, keepdims=False)
+            self._set(node, what, arr, node.meta["val"], sdims[:dim] + sdims[dim + 1:])
+            return arr
         if _short(what) != "aten::slice.Tensor" or len(sdims[dim]) != 1:
             raise Unpaddable(f"{what}: along a padded dim (only prefix slices of one are read padded)")
         start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start", None)
@@ -707,6 +757,114 @@ class _Trace:
         self._set(node, what, arr, val, tuple(dims))
         return arr
 
+    def copy(self, node: Any, what: str, env: dict) -> Any:
+        """``copy(self, src)``: ``src`` broadcast to ``self``'s shape, in its
+        dtype.  Their dims must line up: the same components, or ``src``'s
+        of size 1 (or missing) where it is broadcast."""
+        target, src = node.args[0], node.args[1]
+        tdims = self.dims[target]
+        sdims = self.dims.get(src) if isinstance(src, torch.fx.Node) else None
+        value = env[src] if isinstance(src, torch.fx.Node) else src
+        if sdims is not None:
+            for i, d in enumerate(sdims):
+                t = tdims[len(tdims) - len(sdims) + i]
+                if d != t and physical((d,))[0] != 1:
+                    raise Unpaddable(f"{what}: a source whose dims do not line up with its target's")
+        dtype = env[target].dtype
+        arr = jax.numpy.broadcast_to(jax.numpy.asarray(value).astype(dtype), physical(tdims))
+        self._set(node, what, arr, node.meta["val"], tdims)
+        return arr
+
+    def scatter(self, node: Any, what: str, env: dict, ctx: Any, step: Any) -> Any:
+        """``slice_scatter`` and ``select_scatter``: along an exact dim as
+        they are (the other dims line up); along a padded dim of one
+        component, ``src`` placed from a start that is a number (a slice's
+        logical length decides where it ends: the rest is the base's)."""
+        base, src = node.args[0], node.args[1]
+        bdims, sdims = self.dims[base], self.dims[src]
+        short = _short(what)
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        dim %= len(bdims)
+        arr, value = env[base], env[src].astype(env[base].dtype)
+        if short == "aten::select_scatter":
+            index = node.args[3] if len(node.args) > 3 else node.kwargs.get("index")
+            if sdims != bdims[:dim] + bdims[dim + 1:] or not isinstance(index, int):
+                raise Unpaddable(f"{what}: a source that does not line up with its base")
+            if any(c[2] for c in bdims[dim]) and (index < 0 or len(bdims[dim]) != 1):
+                raise Unpaddable(f"{what}: along a padded dim from its end")
+            if index < 0:
+                index += physical((bdims[dim],))[0]
+            out = jax.lax.dynamic_update_slice_in_dim(arr, jax.numpy.expand_dims(value, dim), index, dim)
+            self._set(node, what, out, node.meta["val"], bdims)
+            return out
+        start = node.args[3] if len(node.args) > 3 else node.kwargs.get("start", None)
+        step_ = node.args[5] if len(node.args) > 5 else node.kwargs.get("step", 1)
+        start = 0 if start is None else start
+        if any(s != b for i, (s, b) in enumerate(zip(sdims, bdims)) if i != dim) or len(sdims) != len(bdims) \
+                or step_ != 1 or not isinstance(start, int) or start < 0:
+            raise Unpaddable(f"{what}: a source that does not line up with its base")
+        if not any(c[2] for c in bdims[dim]) and not any(c[2] for c in sdims[dim]):
+            end = start + physical((sdims[dim],))[0]
+            out = invoke(step.fn, [arr, value, dim, start, end, 1], {}, ctx, step.meta)
+            self._set(node, what, out, node.meta["val"], bdims)
+            return out
+        if len(bdims[dim]) != 1 or len(sdims[dim]) != 1:
+            raise Unpaddable(f"{what}: along a dim that merged a padded one")
+        p = bdims[dim][0][0]
+        n = sdims[dim][0][1]
+        placed = _resized(value, dim, p - start)  # src's position j at the base's start + j
+        if start:
+            config = [(0, 0, 0)] * arr.ndim
+            config[dim] = (start, 0, 0)
+            placed = jax.lax.pad(placed, jax.numpy.zeros((), arr.dtype), config)
+        at = jax.lax.broadcasted_iota(jax.numpy.int32, arr.shape, dim)
+        within = (at >= start) & (at < start + (self.logical(n) if not n.is_Integer else int(n)))
+        out = jax.numpy.where(within, placed, arr)
+        self._set(node, what, out, node.meta["val"], bdims)
+        return out
+
+    def select_backward(self, node: Any, what: str, env: dict, known: dict) -> Any:
+        """``select_backward(grad, sizes, dim, index)``: zeros of the input's
+        components with the gradient at ``index`` along ``dim`` (counted
+        from the logical end for a negative one)."""
+        grad = node.args[0]
+        gdims = self.dims[grad]
+        dim, index = node.args[2], node.args[3]
+        val = node.meta["val"]
+        dims = self.result_dims(what, val, known)
+        dim %= len(dims)
+        if not isinstance(index, int) or gdims != dims[:dim] + dims[dim + 1:] \
+                or (index < 0 and any(c[2] for c in dims[dim]) and len(dims[dim]) != 1):
+            raise Unpaddable(f"{what}: a gradient that does not line up with its input")
+        if index < 0:
+            index = self.logical(dims[dim][0][1]) + index if dims[dim][0][2] else physical((dims[dim],))[0] + index
+        g = env[grad]
+        out = jax.lax.dynamic_update_slice_in_dim(jax.numpy.zeros(physical(dims), g.dtype),
+                                                  jax.numpy.expand_dims(g, dim), index, dim)
+        self._set(node, what, out, val, dims)
+        return out
+
+    def slice_to_length(self, node: Any, what: str, env: dict, sdims: tuple, dim: int) -> Any:
+        """A slice of an exact dim to a symbolic length (a model's position
+        ids, ``buffer[:, :seq_length]``): the physical size of that length
+        (:meth:`anchored`) taken from the same start, the rest of it the
+        buffer's own values, as padding."""
+        start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start", None)
+        step_ = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
+        start = 0 if start is None else start
+        out = _expr(node.meta["val"].shape[dim])
+        want = self.anchored(out)
+        if _short(what) != "aten::slice.Tensor" or step_ != 1 or not isinstance(start, int) or start < 0 \
+                or want is None or len(sdims[dim]) != 1 or start + want > sdims[dim][0][0]:
+            raise Unpaddable(f"{what}: a symbolic position along an exact dim")
+        arr = env[node.args[0]]
+        idx = [slice(None)] * arr.ndim
+        idx[dim] = slice(start, start + want)
+        arr = arr[tuple(idx)]
+        dims = tuple(((want, out, True),) if i == dim else d for i, d in enumerate(sdims))
+        self._set(node, what, arr, node.meta["val"], dims)
+        return arr
+
     def slice_backward(self, step: Any, what: str, env: dict, ctx: Any, known: dict) -> Any:
         node = step.node
         grad = node.args[0]
@@ -744,8 +902,8 @@ class _Trace:
         for number in numbers:
             site = program.sites[number]
             size = _expr(site.size) if not isinstance(site.size, int) else sympy.Integer(site.size)
-            if not size.is_Integer:
-                raise Unpaddable(f"{site.op}: an index check against a symbolic size")
+            # (against a symbolic size: its logical value, traced, as torch's check reads it)
+            bound = int(size) if size.is_Integer else self.logical(size)
             v = None
             if site.index is not None:
                 v = env[site.index]
@@ -754,7 +912,7 @@ class _Trace:
                     if not hasattr(site, "negative_ok"):
                         raise Unpaddable(f"{site.op}: a value check over padded values")
                     v = self.filled(v, dims, 0)  # 0 is always in range
-            rows.append((number, int(size), site.row(v, int(size))))
+            rows.append((number, bound, site.row(v, bound)))
 
 
 def _resized(arr: Any, dim: int, size: int) -> Any:
