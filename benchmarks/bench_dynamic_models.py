@@ -14,7 +14,13 @@ programs each step compiled, the cuts and fallbacks of the padded route
 median 'jax' step at a new length of a bucket it has seen (the steps after
 the third, except a first step in a new bucket) over CPU's median step.
 
-    python benchmarks/bench_dynamic_models.py [--models gpt2 llama ...] [--lengths 20,27,...]
+``--compile``: each model's forward and backward under
+``torch.compile(backend='jax')`` (the loss from ``labels=``, as Trainer
+passes them; AdamW eager), against torch CPU eager.  dynamo makes the
+length symbolic at its second size, and a symbolic graph runs one program
+per bucket of its sizes.
+
+    python benchmarks/bench_dynamic_models.py [--models gpt2 llama ...] [--lengths 20,27,...] [--compile]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import json, sys, time
 import torch, transformers
 
 name, device, lengths = sys.argv[1], sys.argv[2], [int(x) for x in sys.argv[3].split(",")]
+compiled_step = sys.argv[4] == "compile" and device != "cpu"
 C = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 P = dict(max_position_embeddings=256)
 
@@ -94,13 +101,22 @@ model.eval()  # dropout off: the losses are compared with CPU's
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 losses, times, compiled = [], [], []
 done = 0
+
+
+def forward_backward(batch):
+    loss = model(**batch).loss
+    loss.backward()
+    return loss
+
+
+if compiled_step:
+    forward_backward = torch.compile(forward_backward, backend="jax")
 for batch in batches():
     start = time.perf_counter()
-    out = model(**{k: v.to(device) for k, v in batch.items()})
-    out.loss.backward()
+    loss = forward_backward({k: v.to(device) for k, v in batch.items()})
     opt.step()
     opt.zero_grad()
-    losses.append(out.loss.item())
+    losses.append(loss.item())
     times.append(time.perf_counter() - start)
     if device == "jax":
         stats = torch.jax.program_cache_stats()
@@ -115,28 +131,31 @@ print(json.dumps(result))
 """
 
 
-def run(name: str, device: str, lengths: list[int]) -> dict:
+def run(name: str, device: str, lengths: list[int], compiled: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PJRT_HOST_CACHE")}
         env["PJRT_HOST_CACHE_DIR"] = cache
-        proc = subprocess.run([sys.executable, "-c", CHILD, name, device, ",".join(map(str, lengths))],
+        proc = subprocess.run([sys.executable, "-c", CHILD, name, device, ",".join(map(str, lengths)),
+                               "compile" if compiled else "eager"],
                               capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"{name} on {device} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def seen_bucket_steps(lengths: list[int], bucket: int = 16) -> list[int]:
+def seen_bucket_steps(lengths: list[int], bucket: int = 16, compiled: bool = False) -> list[int]:
     """The steps whose length falls in a bucket that an earlier step ran
-    padded (buckets of ``bucket``, the default up to 128; a dim is padded
-    from its third size on, so from the third step)."""
+    padded (buckets of ``bucket``, the default up to 128).  Eager pads a dim
+    from its third size on, to the bucket strictly above it (a full bucket
+    goes to the next); dynamo makes a size symbolic at its second, and a
+    symbolic graph's bucket holds a full one."""
     seen: set = set()
     out = []
     for i, n in enumerate(lengths):
-        b = n // bucket  # the bucket strictly above n (docs/dynamic-shapes.md: a full bucket goes to the next)
+        b = (n - 1) // bucket if compiled else n // bucket
         if b in seen:
             out.append(i)
-        if i >= 2:
+        if i >= (1 if compiled else 2):
             seen.add(b)
     return out
 
@@ -145,15 +164,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--lengths", default="20,27,33,41,45,38,29,44")
+    parser.add_argument("--compile", action="store_true", help="the forward and backward under torch.compile")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
-    steps = seen_bucket_steps(lengths)
+    steps = seen_bucket_steps(lengths, compiled=args.compile)
     print(f"lengths {lengths}; steps at a new length of a seen bucket: {steps}")
     print(f"{'model':<11} {'max |loss - cpu|':>17} {'cpu step':>9} {'jax seen':>9} {'ratio':>6}  programs a step; "
           f"cuts, fallbacks")
     for name in args.models:
         cpu = run(name, "cpu", lengths)
-        jax = run(name, "jax", lengths)
+        jax = run(name, "jax", lengths, args.compile)
         diff = max(abs(a - b) for a, b in zip(cpu["losses"], jax["losses"]))
         cpu_step = statistics.median(cpu["times"][1:])
         seen = statistics.median([jax["times"][i] for i in steps]) if steps else float("nan")

@@ -53,7 +53,11 @@ from typing import Any, Callable
 
 import torch
 
-MODES = ("op", "fused", "sync", "replay", "compile", "padded", "padded-fused")
+MODES = ("op", "fused", "sync", "replay", "compile", "padded", "padded-fused", "compile-dynamic")
+#: ``compile-dynamic``: ``torch.compile(dynamic=True)`` with every dim of
+#: every tensor dynamic in odd buckets: every size dynamo makes symbolic
+#: runs through the padded graph (pjrt_host/_compile/_padded_graph.py)
+COMPILED = ("compile", "compile-dynamic")
 EAGER_MODES = ("op", "fused", "sync", "replay", "padded", "padded-fused")
 #: ``replay``: fused eager, the program run twice before the run compared, so
 #: that its segments replay their scripts (the replay lane takes their calls)
@@ -797,8 +801,8 @@ def _defined(program: Program) -> list[str]:
 
 def run(program: Program, device: str, mode: str = "op") -> Outcome:
     """Run ``program`` statement by statement on ``device`` (CPU ignores the mode)."""
-    if mode == "compile" and device != "cpu":
-        return run_compiled(program, device)
+    if mode in COMPILED and device != "cpu":
+        return run_compiled(program, device, dynamic=mode == "compile-dynamic")
     if device != "cpu":
         for _ in range(RUNS_BEFORE.get(mode, 0)):
             run(program, device, "fused")
@@ -837,15 +841,24 @@ def compile_source(program: Program) -> str:
             + textwrap.indent("\n".join(body + [f"return {ret}"]), "    ") + "\n")
 
 
-def run_compiled(program: Program, device: str, backend: str = "jax") -> Outcome:
+def run_compiled(program: Program, device: str, backend: str = "jax", dynamic: bool = False) -> Outcome:
     """The program as one function under torch.compile(backend=backend) (its
     leaves made before, eagerly); the backward runs after it, through the
-    compiled graph."""
+    compiled graph.  ``dynamic``: every size symbolic (``dynamic=True``),
+    the device's buckets odd."""
     import torch._dynamo
     ns = namespace(device)
     exec(compile_source(program), ns)
     torch._dynamo.reset()
-    fn = torch.compile(ns["program"], backend=backend)
+    fn = torch.compile(ns["program"], backend=backend, dynamic=True if dynamic else None)
+    if dynamic and device != "cpu":
+        import pjrt_host
+        with pjrt_host.config(dynamic_shapes="all"):
+            return _run_compiled(program, device, ns, fn)
+    return _run_compiled(program, device, ns, fn)
+
+
+def _run_compiled(program: Program, device: str, ns: dict, fn: Any) -> Outcome:
     torch.manual_seed(program.seed)
     errors: dict[int, type] = {}
     with warnings.catch_warnings():
@@ -877,7 +890,7 @@ def run_compiled(program: Program, device: str, backend: str = "jax") -> Outcome
 
 
 def torch_compiles_so(program: Program, dev: Outcome, cpu: Outcome | None = None,
-                      diffs: list[str] | None = None) -> bool:
+                      diffs: list[str] | None = None, dynamic: bool = False) -> bool:
     """Whether torch.compile itself, with aot_eager on CPU (torch's own
     functionalization and AOTAutograd, no device), gives what the device
     gave in compile mode: then a difference from eager CPU is torch's.
@@ -885,7 +898,7 @@ def torch_compiles_so(program: Program, dev: Outcome, cpu: Outcome | None = None
     where aot_eager differs from eager CPU in the same tensors the same way
     (a wrong value made of random draws, which differ between backends)."""
     try:
-        ref = run_compiled(program, "cpu", backend="aot_eager")
+        ref = run_compiled(program, "cpu", backend="aot_eager", dynamic=dynamic)
     except Exception:  # noqa: BLE001 - no answer: not torch's
         return False
     if dev.final_error or ref.final_error:
@@ -943,7 +956,7 @@ def compare(program: Program, cpu: Outcome, dev: Outcome, mode: str, reference: 
     (each starting with its kind: error, final, missing, dtype, shape,
     values, random, alias, view, stride, version, grad)."""
     out = []
-    if dev.final_error and mode == "compile" and not cpu.final_error:
+    if dev.final_error and mode in COMPILED and not cpu.final_error:
         if dev.final_error.startswith("TorchRuntimeError") and "fake tensor" in dev.final_error and any(
                 st.empty_inputs for st in program.stmts):
             return [f"known: torch.compile's tracing refused the program ({dev.final_error[:120]}) "
@@ -960,7 +973,7 @@ def compare(program: Program, cpu: Outcome, dev: Outcome, mode: str, reference: 
     #: names a known difference reaches (what a statement the device
     #: refused would have defined or written, and what follows from them)
     after_known: set[str] = set()
-    if mode != "compile":
+    if mode not in COMPILED:
         for i in sorted(set(range(len(program.stmts))) | set(dev.errors)):
             want, got = cpu.errors.get(i), dev.errors.get(i)
             stmt = program.stmts[i] if i >= 0 else None
@@ -1090,7 +1103,7 @@ def check(program: Program, modes: tuple[str, ...], cpu: Outcome | None = None,
     found = {}
     reference = None
     for mode in modes:
-        if mode == "compile" and cpu.errors:
+        if mode in COMPILED and cpu.errors:
             continue  # one error ends a compiled program: only programs CPU runs whole
         try:
             dev = run(program, "jax", mode)
@@ -1100,8 +1113,8 @@ def check(program: Program, modes: tuple[str, ...], cpu: Outcome | None = None,
         if mode == "op":
             reference = dev
         diffs = compare(program, cpu, dev, mode, reference if mode in SEEDED else None)
-        if mode == "compile" and any(_kind(d) != "known" for d in diffs) and torch_compiles_so(program, dev, cpu,
-                                                                                                diffs):
+        if mode in COMPILED and any(_kind(d) != "known" for d in diffs) and torch_compiles_so(
+                program, dev, cpu, diffs, dynamic=mode == "compile-dynamic"):
             diffs = [f"known: {KNOWN['compile-torch']} ({'; '.join(diffs)[:200]})"]
         known = [d for d in diffs if _kind(d) == "known"]
         if known and known_seen is not None:
@@ -1179,7 +1192,7 @@ def reproducer(program: Program, mode: str, diffs: list[str], cpu: Outcome, dev:
     raising = set(cpu.errors) | set(dev.errors if dev else ())
     lines = []
     for i, s in enumerate(program.stmts):
-        if s.post and mode == "compile":
+        if s.post and mode in COMPILED:
             continue
         if i in raising:
             lines += ["try:", f"    {s.text}", "except Exception as err:",
@@ -1189,7 +1202,7 @@ def reproducer(program: Program, mode: str, diffs: list[str], cpu: Outcome, dev:
     names = _defined(program)
     body = textwrap.indent("\n".join(["torch.manual_seed(%d)" % program.seed] + lines
                                      + ["return {" + ", ".join(f"{n!r}: {n}" for n in names) + "}"]), "    ")
-    if mode == "compile":
+    if mode in COMPILED:
         leaves = [st for st in program.stmts if _is_leaf(st)]
         names_l = [st.defines[0] for st in leaves]
         lines = [ln for ln in lines if not any(ln == st.text for st in leaves)]
@@ -1199,8 +1212,14 @@ def reproducer(program: Program, mode: str, diffs: list[str], cpu: Outcome, dev:
         make_leaves = "".join(f"{st.text}\n" for st in leaves)
         args_l = "".join(", " + n for n in names_l)
         run_cpu = f"DEV = 'cpu'\ntorch.manual_seed({program.seed})\n{make_leaves}cpu = program(DEV{args_l})\n"
-        run_dev = (f"DEV = 'jax'\ntorch.manual_seed({program.seed})\n{make_leaves}"
-                   f"dev = torch.compile(program, backend='jax')(DEV{args_l})\n")
+        if mode == "compile-dynamic":
+            run_dev = (f"DEV = 'jax'\ntorch.manual_seed({program.seed})\n"
+                       f"with pjrt_host.config(dynamic_shapes='all'):\n"
+                       + textwrap.indent(f"{make_leaves}dev = torch.compile(program, backend='jax', dynamic=True)"
+                                         f"(DEV{args_l})\n", "    "))
+        else:
+            run_dev = (f"DEV = 'jax'\ntorch.manual_seed({program.seed})\n{make_leaves}"
+                       f"dev = torch.compile(program, backend='jax')(DEV{args_l})\n")
         for p in program.stmts:
             if p.post:
                 args = ", ".join(p.uses)
@@ -1279,7 +1298,7 @@ def fuzz(seed: int, count: int, modes: tuple[str, ...], save: str | None = None,
         if schedule:
             these = (schedule[k % len(schedule)],)
         else:
-            these = tuple(m for m in modes if m != "compile" or k % compile_every == 0)
+            these = tuple(m for m in modes if m not in COMPILED or k % compile_every == 0)
         known: dict[str, list[str]] = {}
         found = check(program, these, cpu, known)
         for mode, lines in known.items():
@@ -1289,7 +1308,7 @@ def fuzz(seed: int, count: int, modes: tuple[str, ...], save: str | None = None,
         stats["statements"] += len(program.stmts)
         stats["cpu_errors"] += bool(cpu.errors)
         for m in these:
-            if m != "compile" or not cpu.errors:
+            if m not in COMPILED or not cpu.errors:
                 stats["runs"][m] += 1
         for mode, diffs in found.items():
             stats["mismatches"][mode] += 1

@@ -1,6 +1,7 @@
 """The differential fuzzer of op programs (tests/fuzz_programs.py): a fixed
 sample of random programs agrees with torch CPU in every mode (op by op,
-fused, fused replayed, sync, torch.compile), and the fuzzer itself catches a planted bug and
+fused, fused replayed, sync, torch.compile with static and with symbolic
+sizes), and the fuzzer itself catches a planted bug and
 shrinks it to a short reproducer.
 
 The sample is cheap on purpose: shapes come from a small set (each new
@@ -24,8 +25,9 @@ import fuzz_programs  # noqa: E402
 from conftest import run_python  # noqa: E402
 
 #: Program k of the sample runs in SCHEDULE[k % 16] (``replay``: fused, the
-#: third of three runs, whose segments replay through the replay lane).
-SCHEDULE = ("op", "fused", "sync", "op", "replay", "sync") * 2 + ("op", "fused", "sync", "compile")
+#: third of three runs, whose segments replay through the replay lane;
+#: ``compile-dynamic``: every size symbolic, through the padded graph).
+SCHEDULE = ("op", "fused", "sync", "op", "replay", "sync") * 2 + ("compile-dynamic", "fused", "sync", "compile")
 
 
 def _no_mismatch(stats: dict) -> None:
