@@ -760,16 +760,17 @@ def test_convolutions_and_poolings_run_padded_along_the_batch(eager):
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, (stats["cuts_by_op"], stats["fallbacks_by_reason"])
 
 
-def test_a_compiled_batch_norm_backward_runs_padded_with_its_logical_samples():
+def test_a_compiled_batch_norm_step_runs_padded_with_its_logical_samples():
     """Batch norm's training lowering and its backward count the logical
     samples from the mask eager's padded route gives them; a padded
     compiled graph gives none, and with the batch padded their statistics
     counted the padding: a compiled training step's gradients were off by
     0.28.  Such an op then kept its graph per shape; a padded graph now
-    gives each op with a rule the masks eager gives it: the backward runs
-    one program for the batches 3, 5 and 7, with CPU's gradients.  (The
-    forward writes the running statistics into the module's buffers, which
-    keeps it per shape.)"""
+    gives each op with a rule the masks eager gives it, and the forward
+    writes the running statistics into the module's buffers (exact values
+    into exact inputs, which made it compile per shape): one forward and
+    one backward program for the batches 3, 5 and 7, with CPU's gradients
+    and running statistics."""
     import copy
 
     _padding.reset()
@@ -793,9 +794,47 @@ def test_a_compiled_batch_norm_backward_runs_padded_with_its_logical_samples():
             for p, q in zip(dev.parameters(), cpu.parameters()):
                 torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6)
                 p.grad = q.grad = None
+            for p, q in zip(dev.buffers(), cpu.buffers()):
+                torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
     stats = torch.jax.dynamic_shape_stats()
-    assert not any("backward" in r for r in stats["fallbacks_by_reason"]), stats["fallbacks_by_reason"]
-    assert stats["graph_programs"] == 1, stats
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert stats["graph_programs"] == 2, stats
+
+
+def test_a_compiled_graph_writes_exact_inputs_in_buckets_and_padded_ones_per_shape():
+    """A symbolic graph that writes into its inputs: a counter of fixed
+    shape takes its new value from the bucket's program; an input of the
+    symbolic size (which the program holds padded) makes the graph compile
+    per shape, named, with CPU's values either way."""
+    torch._dynamo.reset()
+    _padding.reset()
+
+    def count(x, total):
+        total.add_(x.sum())
+        return x * 2
+
+    def scale(x):
+        x.mul_(2)
+        return x.sum()
+
+    counting = torch.compile(count, backend="jax")
+    scaling = torch.compile(scale, backend="jax")
+    total, dtotal = torch.zeros(3), torch.zeros(3, device="jax")
+    with pjrt_host.config(dynamic_shapes=True):
+        for n in (5, 7, 9, 11):
+            x = torch.randn(n, 3)
+            dx = x.to("jax")
+            torch._dynamo.mark_dynamic(dx, 0)  # (the counter's size stays a number)
+            torch.testing.assert_close(counting(dx, dtotal).cpu(), count(x, total))
+            torch.testing.assert_close(dtotal.cpu(), total)
+            dx, cx = x.to("jax"), x.clone()
+            torch._dynamo.mark_dynamic(dx, 0)
+            torch.testing.assert_close(scaling(dx).cpu(), scale(cx))
+            torch.testing.assert_close(dx.cpu(), cx)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["graph_programs"] == 1, stats  # count's, for the bucket of 16
+    reasons = stats["fallbacks_by_reason"]
+    assert list(reasons) == ["torch.compile inference graph: it writes into an input with a symbolic size"], reasons
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])

@@ -507,6 +507,14 @@ class CompiledGraph:
                 self._give_up(str(why))
             _door.note_fallback(f"torch.compile {self.what} graph", str(why))
             return None
+        for slot in program.mutated_inputs:
+            # the graph writes exact values into this input: a whole storage of
+            # its own, laid out exact (a view, or padding, runs per shape)
+            a = args[slot]
+            if not isinstance(a, _door.JaxTensor) or a._view is not None or a._storage.padded is not None:
+                _door.note_fallback(f"torch.compile {self.what} graph", "a write into a view or a padded input")
+                return None
+            _door.check_writable(a._storage)
         statics = tuple(a if spec[0] == "value" else None for a, spec in zip(args, plan.inputs))
         checking = cfg.check_mode if program.sites and cfg.check_mode else None
         key = (bkey, statics, cfg, index)
@@ -528,7 +536,7 @@ class CompiledGraph:
                 if first is None:
                     first = (_padded_graph.physical(c), tuple(a.shape))
         sizes = [_door.device_scalar(bindings[s], index) for s in plan.symbols]
-        fn, out_info = entry
+        fn, out_info = entry[0], entry[1]
         rng = _door.next_key_args(index) if self.random else ()  # the key the per-shape program would draw
         try:
             result = fn(arrays, sizes, *rng)
@@ -548,9 +556,11 @@ class CompiledGraph:
                     self.padded_cache.clear()
                 self.padded_cache[key] = entry
         if checking is None:
-            outs = result
+            outs, new = result
         else:
-            outs, flags = result
+            outs, new, flags = result
+        for slot, arr in zip(entry[2], new):
+            _door.put_storage(args[slot]._storage, arr)
         if first is not None:
             _door.note_padded("padded_calls", *first)
         results = []
@@ -582,12 +592,17 @@ class CompiledGraph:
         out_specs = self.out_specs
         ctx = _door.lowering_context(cfg, True)
         out_info: dict[int, Any] = {}
+        written: list = []  # the inputs the graph writes into, in the order of its new values
 
         def fn(arrays: list, sizes: list, *rng: Any) -> Any:
             inputs = [s if a is None else a for a, s in zip(arrays, statics)]
             rows: list | None = [] if checking else None
             key = _door.draw_key(*rng) if rng else None
-            outs, dims = _padded_graph.run(program, plan, buckets, inputs, comps, sizes, ctx, rows, key)
+            outs, dims, writes = _padded_graph.run(program, plan, buckets, inputs, comps, sizes, ctx, rows, key)
+            last = {}  # (a second write into one input replaces the first)
+            for slot, v in writes:
+                last[slot] = v
+            written[:] = list(last)
             arrays_out = []
             for pos, (spec, v, d) in enumerate(zip(out_specs, outs, dims)):
                 if spec.kind == "tensor":
@@ -595,14 +610,15 @@ class CompiledGraph:
                     out_info[pos] = d
                 else:
                     out_info[pos] = None if hasattr(v, "shape") else v
+            new = tuple(last.values())
             if rows is not None:
-                return tuple(arrays_out), _checks.stack(rows)
-            return tuple(arrays_out)
+                return tuple(arrays_out), new, _checks.stack(rows)
+            return tuple(arrays_out), new
 
         if recompiles.isEnabledFor(logging.INFO):
             recompiles.info("torch.compile(backend='jax'): the %s graph compiles a program for the buckets %s",
                             self.what, ", ".join(f"{s}: {b}" for s, b in buckets.items()))
-        return jax.jit(fn), out_info
+        return jax.jit(fn), out_info, written
 
     def _oom_name(self) -> str:
         return f"the {self.what} graph of torch.compile(backend='jax')"

@@ -110,8 +110,8 @@ class Plan(NamedTuple):
 
     symbols: tuple  #: sympy symbols, sorted by name
     #: node -> ("rule", Rule), or (how it moves data / what it is: "same", "moves", "along", "reshape",
-    #: "expand", "positional", "slice_backward", "select_backward", "pad", "copy", "scatter", "mean", "factory";
-    #: None)
+    #: "expand", "positional", "slice_backward", "select_backward", "pad", "copy", "scatter", "mean", "factory",
+    #: "write": a copy_ into an exact input; None)
     kinds: dict
     #: per placeholder: ("tensor", its dims' sizes, ((dim, symbol) where a dim is one)), ("size", symbol or
     #: None) or ("value",): read once, so that a call binds its sizes without sympy
@@ -123,8 +123,12 @@ class Plan(NamedTuple):
 def plan(program: Any) -> Plan | str:
     """How ``program`` (an ``_interpreter.Program`` of a symbolic graph)
     runs padded, or why it cannot (a string naming the op and the cause)."""
-    if program.mutated_inputs:
-        return "it writes into its inputs"
+    metas = input_metas(program)
+    for i in program.mutated_inputs:
+        # (a write of exact values into an exact input, batch norm's running
+        # statistics: taken as the per-shape program takes it)
+        if not isinstance(metas[i], torch.Tensor) or any(not isinstance(d, int) for d in metas[i].shape):
+            return "it writes into an input with a symbolic size"
     if program.unsupported:
         return "an op without a graph-form lowering"
     kinds: dict = {}
@@ -151,7 +155,9 @@ def plan(program: Any) -> Plan | str:
             return f"{op_name(node.target)}: a {step.kind} step"
         name = op_name(node.target)
         short = _short(name)
-        if short in _SAME:
+        if short == "aten::copy_" and step.index >= 0:
+            kinds[node] = ("write", None)
+        elif short in _SAME:
             kinds[node] = ("same", None)
         elif short in _MOVES:
             kinds[node] = ("moves", None)
@@ -366,6 +372,8 @@ class _Trace:
         self.dims: dict = {}
         #: (node, fill) -> the node's value with its padding filled so
         self.fills: dict = {}
+        #: (placeholder, its new value) of each write into an input, in order
+        self.mutations: list = []
 
     # sizes ---------------------------------------------------------
 
@@ -491,7 +499,7 @@ class _Trace:
                         out_dims.append(None)
             else:
                 self.lowering(step, env, ctx, value, rows)
-        return outputs, out_dims
+        return outputs, out_dims, self.mutations
 
     def lowering(self, step: Any, env: dict, ctx: Any, value: Any, rows: list | None) -> None:
         node = step.node
@@ -548,6 +556,15 @@ class _Trace:
             return
         elif kind == "select_backward":
             result = env[node] = self.select_backward(node, what, env, known)
+            return
+        elif kind == "write":
+            src = node.args[1]
+            if isinstance(src, torch.fx.Node) and any(c[2] for dim in self.dims.get(src, ()) for c in dim):
+                raise Unpaddable(f"{what}: padded values written into an input")
+            args, kwargs = value(node.args, False), value(node.kwargs, False)
+            result = env[node] = invoke(step.fn, args, kwargs, ctx, step.meta)
+            self._set(node, what, result, val, self.dims[node.args[0]])
+            self.mutations.append((step.index, result))
             return
         elif kind == "scatter":
             result = env[node] = self.scatter(node, what, env, ctx, step)
@@ -998,5 +1015,6 @@ def run(program: Any, the_plan: Plan, buckets: dict, inputs: list, comps: list, 
         rows: list | None, key: Any = None) -> tuple:
     """Traceable: the graph on padded ``inputs`` (read with ``comps``), the
     symbols' logical ``sizes`` traced, random ops drawing from ``key`` as
-    the per-shape program does.  Returns ``(outputs, their dims)``."""
+    the per-shape program does.  Returns ``(outputs, their dims, [(placeholder,
+    new value)] of the writes into inputs)``."""
     return _Trace(program, the_plan, buckets, sizes, key).run(inputs, comps, ctx, rows)
