@@ -2080,6 +2080,43 @@ def test_compiled_selects_along_a_symbolic_length_and_their_gradients_run_in_buc
     assert stats["graph_programs"] == 2, stats  # the bucket of 32's forward and backward
 
 
+def test_a_compiled_backward_reads_a_batch_merged_with_its_tokens_as_the_forward_laid_it_out():
+    """A ViT's ``[B, 17, C]`` viewed as ``[B*17, C]`` for its linear layers,
+    the batch symbolic: the merged dim holds the batch outer, 17 rows per
+    sample.  The backward took that saved input as 17 outer and the batch
+    inner (all ``c*s`` sizes were read so), met a gradient laid out the
+    forward's way ("dims of size 17*s padded in two ways") and compiled per
+    batch.  An input padded so is now read as it is laid out."""
+    torch._dynamo.reset()
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(4, 3)
+    dev = torch.nn.Linear(4, 3)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("jax")
+
+    def f(lin, x):
+        h = torch.tanh(lin(x.reshape(-1, 4))).reshape(x.shape[0], 5, 3)
+        return h[:, 0].square().sum() + h.mean()
+
+    compiled = torch.compile(f, backend="jax")
+    g = torch.Generator().manual_seed(1)
+    with pjrt_host.config(dynamic_shapes=True):
+        for b in (2, 3, 5, 7, 6, 9):
+            x = torch.randn(b, 5, 4, generator=g)
+            cpu.zero_grad()
+            dev.zero_grad()
+            want = f(cpu, x)
+            want.backward()
+            got = compiled(dev, x.to("jax"))
+            got.backward()
+            torch.testing.assert_close(got.cpu(), want)
+            torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert stats["graph_programs"] == 2, stats
+
+
 def test_compiled_dropout_draws_in_buckets_what_it_draws_per_shape():
     # a random op with a rule (dropout) runs padded: each logical element
     # draws what the per-shape program draws for it, from the same key

@@ -416,6 +416,14 @@ def device_scalar(n: int, index: int) -> Any:
     return _padding.device_scalar(n, index)
 
 
+def whole_padding(t: Any) -> tuple | None:
+    """``Storage.padded`` of a 'jax' tensor that is its whole storage (None:
+    exact, a view, or not a 'jax' tensor)."""
+    if type(t) is not JaxTensor or t._view is not None:
+        return None
+    return t._storage.padded
+
+
 def padded_array(t: JaxTensor, padded: tuple) -> Any:
     """The array of ``t`` laid out as ``padded`` (per dim its components
     ``(physical, logical, dynamic)``): its storage's own array when ``t`` is

@@ -196,7 +196,8 @@ def plan(program: Any) -> Plan | str:
     for val in input_metas(program):
         if isinstance(val, torch.Tensor):
             sizes = tuple(_expr(d) for d in val.shape)
-            inputs.append(("tensor", sizes, tuple((d, e) for d, e in enumerate(sizes) if e.is_Symbol)))
+            inputs.append(("tensor", sizes, tuple((d, e) for d, e in enumerate(sizes) if e.is_Symbol),
+                           tuple(d for d, e in enumerate(sizes) if not e.is_Symbol and not e.is_Integer)))
         elif isinstance(val, torch.SymInt):
             e = _expr(val)
             inputs.append(("size", e if e.is_Symbol else None))
@@ -212,10 +213,11 @@ def _expr(d: Any) -> Any:
     return sympy.sympify(d.node.expr)
 
 
-def canonical(expr: Any, buckets: dict) -> tuple:
+def canonical(expr: Any, buckets: dict, padded_outer: bool = False) -> tuple:
     """The components of an input dim of size ``expr``: exact for a
     number, one padded component for a symbol, a number times a symbol as
-    an exact outer and a padded inner component; else :class:`Unpaddable`."""
+    an exact outer and a padded inner component (``padded_outer``: the
+    other way round, as the input holds them); else :class:`Unpaddable`."""
     if expr.is_Integer:
         n = int(expr)
         return ((n, expr, False),)
@@ -227,6 +229,8 @@ def canonical(expr: Any, buckets: dict) -> tuple:
         c, inner = int(factored.args[0]), factored.args[1]
         p = anchored(inner, buckets)
         if p is not None:
+            if padded_outer:
+                return ((p, inner, True), (c, sympy.Integer(c), False))
             return ((c, sympy.Integer(c), False), (p, inner, True))
     raise Unpaddable(f"an input dim of size {expr}")
 
@@ -255,13 +259,23 @@ def input_padding(the_plan: Plan, args: list, odd: bool) -> tuple:
     size argument, or a tensor dim that is the symbol), its bucket, and the
     components the program reads each tensor input with."""
     bindings: dict = {}
-    for spec, a in zip(the_plan.inputs, args):
+    # A dim of size c*s merges a dim of c with one of s in either order (a
+    # [B, T] view of a batch of 2 by a length: 2 rows of the length; a ViT's
+    # batch by its 17 tokens: the batch outer): an input padded so is read
+    # as it is laid out, where the symbol's dim is the outer one.
+    outer = ()
+    for i, (spec, a) in enumerate(zip(the_plan.inputs, args)):
         kind = spec[0]
         if kind == "tensor":
             if spec[2]:
                 shape = a.shape
                 for d, e in spec[2]:
                     bindings[e] = shape[d]
+            if spec[3]:
+                padded = _door.whole_padding(a)
+                if padded is not None:
+                    outer += tuple((i, d) for d in spec[3] if len(padded[d]) == 2 and padded[d][0][2]
+                                   and not padded[d][1][2])
         elif kind == "size" and spec[1] is not None:
             bindings[spec[1]] = int(a)
     try:
@@ -271,11 +285,13 @@ def input_padding(the_plan: Plan, args: list, odd: bool) -> tuple:
         raise Unpaddable(f"the sizes {missing} are not an input's size") from None
     if key and max(key) > _door.max_bucket():
         raise BucketTooLarge(f"a size whose bucket ({max(key)}) does not fit an int32")
+    if outer:
+        key = (*key, outer)
     found = the_plan.layouts.get(key)
     if found is None:
         buckets = dict(zip(the_plan.symbols, key))
-        comps = [tuple(canonical(e, buckets) for e in spec[1]) if spec[0] == "tensor" else None
-                 for spec in the_plan.inputs]
+        comps = [tuple(canonical(e, buckets, (i, d) in outer) for d, e in enumerate(spec[1]))
+                 if spec[0] == "tensor" else None for i, spec in enumerate(the_plan.inputs)]
         if len(the_plan.layouts) > 256:
             the_plan.layouts.clear()
         found = the_plan.layouts[key] = (buckets, comps)
