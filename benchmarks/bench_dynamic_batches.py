@@ -16,7 +16,12 @@ It prints per row the programs each step compiled and the ratio that
 matters: the median 'jax' step at the batch sizes after the third over
 CPU's median step (every one of them is a new size for the exact run).
 
-    python benchmarks/bench_dynamic_batches.py [--models cnn vit] [--batches 2,3,5,...]
+``--compile``: on 'jax', the forward (inference) and the forward and
+backward (training) under ``torch.compile(backend='jax')``, SGD eager;
+dynamo makes the batch symbolic at its second size, and a symbolic graph
+runs one program per bucket of its sizes.
+
+    python benchmarks/bench_dynamic_batches.py [--models cnn vit] [--batches 2,3,5,...] [--compile]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 name, device, batches = sys.argv[1], sys.argv[2], [int(x) for x in sys.argv[3].split(",")]
+compiled = sys.argv[4] == "compile" and device != "cpu"
 
 
 def make():
@@ -61,6 +67,21 @@ if device == "jax":
     stats = torch.jax.program_cache_stats
     made = lambda: stats()["compiled"] + stats()["disk_hits"]
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def loss_backward(x, y):
+    loss = F.cross_entropy(forward(x), y)
+    loss.backward()
+    return loss
+
+
+def infer(x):
+    return forward(x).sum()
+
+
+if compiled:
+    loss_backward = torch.compile(loss_backward, backend="jax")
+    infer = torch.compile(infer, backend="jax")
 g = torch.Generator().manual_seed(1)
 rows = []
 for train in (False, True):
@@ -71,14 +92,13 @@ for train in (False, True):
         before = made()
         start = time.perf_counter()
         if train:
-            loss = F.cross_entropy(forward(x), y)
-            loss.backward()
+            loss = loss_backward(x, y)
             opt.step()
             opt.zero_grad()
             value = float(loss)
         else:
             with torch.no_grad():
-                value = float(forward(x).sum())
+                value = float(infer(x))
         rows.append({"train": train, "batch": b, "seconds": time.perf_counter() - start,
                      "programs": made() - before, "value": value})
 extra = {}
@@ -89,10 +109,11 @@ print("RESULT " + json.dumps({"rows": rows, **extra}))
 """
 
 
-def run(name: str, device: str, batches: list[int], dynamic: str) -> dict:
+def run(name: str, device: str, batches: list[int], dynamic: str, compiled: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, PJRT_HOST_CACHE_DIR=cache, PJRT_HOST_DYNAMIC_SHAPES=dynamic)
-        out = subprocess.run([sys.executable, "-c", CHILD, name, device, ",".join(map(str, batches))],
+        out = subprocess.run([sys.executable, "-c", CHILD, name, device, ",".join(map(str, batches)),
+                              "compile" if compiled else "eager"],
                              capture_output=True, text=True, env=env, timeout=1800)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -104,19 +125,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--batches", default="2,3,5,7,6,4,9,11,13,10")
+    parser.add_argument("--compile", action="store_true", help="the forward and backward under torch.compile")
     args = parser.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
     for name in args.models:
         cpu = run(name, "cpu", batches, "1")
         for dynamic in ("1", "0"):
-            dev = run(name, "jax", batches, dynamic)
+            dev = run(name, "jax", batches, dynamic, args.compile)
             for train in (False, True):
                 c = [r for r in cpu["rows"] if r["train"] == train]
                 d = [r for r in dev["rows"] if r["train"] == train]
                 later_cpu = statistics.median(r["seconds"] for r in c[3:])
                 later = statistics.median(r["seconds"] for r in d[3:])
                 diff = max(abs(a["value"] - b["value"]) / max(1.0, abs(b["value"])) for a, b in zip(d, c))
-                print(f"{name} {'training' if train else 'inference'}, dynamic shapes {'on' if dynamic == '1' else 'off'}: "
+                print(f"{name} {'training' if train else 'inference'}{', compiled' if args.compile else ''}, dynamic shapes {'on' if dynamic == '1' else 'off'}: "
                       f"programs per batch {[r['programs'] for r in d]}; batches after the third: median "
                       f"{later * 1e3:.1f} ms against CPU's {later_cpu * 1e3:.1f} ms ({later / later_cpu:.1f}x); "
                       f"largest relative difference from CPU {diff:.1e}")

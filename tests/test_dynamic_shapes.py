@@ -837,6 +837,30 @@ def test_a_compiled_graph_writes_exact_inputs_in_buckets_and_padded_ones_per_sha
     assert list(reasons) == ["torch.compile inference graph: it writes into an input with a symbolic size"], reasons
 
 
+def test_a_compiled_eval_batch_norm_runs_in_buckets():
+    """Eval batch norm's saved statistics are empty as the lowering (and
+    torch CPU) makes them, where torch's meta kernel says full-size: the
+    padded graph refused the shape ("a result of physical shape (0,)") and a
+    compiled CNN's inference compiled per batch.  An empty result holds no
+    padding and takes the lowering's shape, as eager's padded route does."""
+    import copy
+
+    torch._dynamo.reset()
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                              torch.nn.Flatten(1)).eval()
+    dev = copy.deepcopy(cpu).to("jax")
+    compiled = torch.compile(lambda x: dev(x).sum(1), backend="jax")
+    with pjrt_host.config(dynamic_shapes=True), torch.no_grad():
+        for b in (2, 3, 5, 7, 6):
+            x = torch.randn(b, 3, 6, 6)
+            torch.testing.assert_close(compiled(x.to("jax")).cpu(), cpu(x).sum(1))
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert stats["graph_programs"] == 1, stats
+
+
 @pytest.mark.parametrize("eager", ["op", "fused"])
 def test_a_selects_gradient_keeps_the_batch_padded(eager):
     """``x[:, i]`` of a tensor padded along its batch (a ViT's class token):

@@ -625,9 +625,13 @@ class _Trace:
             self._set(node, what, result, val, dims)
         elif isinstance(val, (tuple, list)):
             dims = [self.result_dims(what, v, known) if isinstance(v, torch.Tensor) else None for v in val]
-            for v, r, d in zip(val, result, dims):
+            for i, (v, r, d) in enumerate(zip(val, result, dims)):
                 if d is not None and tuple(r.shape) != physical(d):
-                    raise Unpaddable(f"{what}: a result of physical shape {tuple(r.shape)}, not {physical(d)}")
+                    if 0 not in tuple(r.shape):
+                        raise Unpaddable(f"{what}: a result of physical shape {tuple(r.shape)}, not {physical(d)}")
+                    # an empty result the lowering shapes otherwise than torch's meta kernel (eval batch
+                    # norm's saved statistics: empty on CPU and here) holds no padding: its own shape
+                    dims[i] = tuple(_exact_dim(n) for n in r.shape)
             self.dims[node] = dims
 
     def reading(self, node: Any, ctx: Any) -> Any:
