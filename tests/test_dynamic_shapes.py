@@ -1780,6 +1780,34 @@ def _compiled_lengths(lengths, mark: bool, *, dynamic=None, check: bool = True):
     return out
 
 
+def _compiled_linear_pair(n_in: int, n_out: int) -> tuple:
+    """A fresh start for a compiled test (dynamo's caches, the padded
+    route's counts) and a CPU ``nn.Linear`` with its copy on 'jax'."""
+    torch._dynamo.reset()
+    _padding.reset()
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(n_in, n_out)
+    dev = torch.nn.Linear(n_in, n_out)
+    dev.load_state_dict(cpu.state_dict())
+    return cpu, dev.to("jax")
+
+
+def _trains_like_cpu(f, cpu, dev, inputs) -> None:
+    """``f(module, x)`` compiled on 'jax' with buckets on, its loss and the
+    weight's gradient for each of ``inputs`` as CPU's eager ones."""
+    compiled = torch.compile(f, backend="jax")
+    with pjrt_host.config(dynamic_shapes=True):
+        for x in inputs:
+            cpu.zero_grad()
+            dev.zero_grad()
+            want = f(cpu, x)
+            want.backward()
+            got = compiled(dev, x.to("jax"))
+            got.backward()
+            torch.testing.assert_close(got.cpu(), want)
+            torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad)
+
+
 def test_compiled_mark_dynamic_runs_one_program_per_bucket():
     # 5 lengths in the bucket of 32, odd ones among them, then one of 48's
     _padding.reset()
@@ -1890,13 +1918,7 @@ def test_compiled_labels_shifted_by_a_pad_or_a_slice_run_in_buckets(shift):
     as CPU's, no fallback, one program per bucket."""
     import torch.nn.functional as F
 
-    torch._dynamo.reset()
-    _padding.reset()
-    torch.manual_seed(0)
-    cpu = torch.nn.Linear(8, 11)
-    dev = torch.nn.Linear(8, 11)
-    dev.load_state_dict(cpu.state_dict())
-    dev.to("jax")
+    cpu, dev = _compiled_linear_pair(8, 11)
 
     def loss(lin, h, labels):
         logits = lin(h)
@@ -1937,13 +1959,7 @@ def test_a_compiled_backward_reads_a_padded_gradient_still_pending_in_fused_eage
     graph passed the storage's raw array, its pending placeholder, into the
     program: a TypeError out of ``loss.backward()`` at the bucket's second
     length (a GPT-2 under torch.compile returns its logits beside its loss)."""
-    torch._dynamo.reset()
-    _padding.reset()
-    torch.manual_seed(0)
-    cpu = torch.nn.Linear(8, 8)
-    dev = torch.nn.Linear(8, 8)
-    dev.load_state_dict(cpu.state_dict())
-    dev.to("jax")
+    cpu, dev = _compiled_linear_pair(8, 8)
 
     def f(lin, x):
         y = lin(x)
@@ -2074,31 +2090,14 @@ def test_compiled_selects_along_a_symbolic_length_and_their_gradients_run_in_buc
     from the end reads the logical last position, and the gradients are
     placed there, zeros elsewhere.  Both forms made the graph compile per
     length."""
-    torch._dynamo.reset()
-    _padding.reset()
-    torch.manual_seed(0)
-    cpu = torch.nn.Linear(4, 4)
-    dev = torch.nn.Linear(4, 4)
-    dev.load_state_dict(cpu.state_dict())
-    dev.to("jax")
+    cpu, dev = _compiled_linear_pair(4, 4)
 
     def f(lin, x):
         h = lin(x)
         return (h[:, -1] * 2 + h[:, 1]).sum()
 
-    compiled = torch.compile(f, backend="jax")
     g = torch.Generator().manual_seed(1)
-    with pjrt_host.config(dynamic_shapes=True):
-        for n in (18, 21, 25, 19, 30):
-            x = torch.randn(2, n, 4, generator=g)
-            cpu.zero_grad()
-            dev.zero_grad()
-            want = f(cpu, x)
-            want.backward()
-            got = compiled(dev, x.to("jax"))
-            got.backward()
-            torch.testing.assert_close(got.cpu(), want)
-            torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad)
+    _trains_like_cpu(f, cpu, dev, [torch.randn(2, n, 4, generator=g) for n in (18, 21, 25, 19, 30)])
     stats = torch.jax.dynamic_shape_stats()
     assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
     assert stats["graph_programs"] == 2, stats  # the bucket of 32's forward and backward
@@ -2111,31 +2110,14 @@ def test_a_compiled_backward_reads_a_batch_merged_with_its_tokens_as_the_forward
     inner (all ``c*s`` sizes were read so), met a gradient laid out the
     forward's way ("dims of size 17*s padded in two ways") and compiled per
     batch.  An input padded so is now read as it is laid out."""
-    torch._dynamo.reset()
-    _padding.reset()
-    torch.manual_seed(0)
-    cpu = torch.nn.Linear(4, 3)
-    dev = torch.nn.Linear(4, 3)
-    dev.load_state_dict(cpu.state_dict())
-    dev.to("jax")
+    cpu, dev = _compiled_linear_pair(4, 3)
 
     def f(lin, x):
         h = torch.tanh(lin(x.reshape(-1, 4))).reshape(x.shape[0], 5, 3)
         return h[:, 0].square().sum() + h.mean()
 
-    compiled = torch.compile(f, backend="jax")
     g = torch.Generator().manual_seed(1)
-    with pjrt_host.config(dynamic_shapes=True):
-        for b in (2, 3, 5, 7, 6, 9):
-            x = torch.randn(b, 5, 4, generator=g)
-            cpu.zero_grad()
-            dev.zero_grad()
-            want = f(cpu, x)
-            want.backward()
-            got = compiled(dev, x.to("jax"))
-            got.backward()
-            torch.testing.assert_close(got.cpu(), want)
-            torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad)
+    _trains_like_cpu(f, cpu, dev, [torch.randn(b, 5, 4, generator=g) for b in (2, 3, 5, 7, 6, 9)])
     stats = torch.jax.dynamic_shape_stats()
     assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
     assert stats["graph_programs"] == 2, stats
