@@ -2123,6 +2123,25 @@ def test_a_compiled_backward_reads_a_batch_merged_with_its_tokens_as_the_forward
     assert stats["graph_programs"] == 2, stats
 
 
+def test_a_compiled_negative_index_counts_from_the_logical_end_with_checks_off():
+    """``x[:, i]`` with ``i = -1`` along a symbolic length, index checks off
+    (``checks=False``, where the check no longer refused the padded graph):
+    the lowering wraps a negative index by the logical length only with the
+    mask of logical positions, which a padded graph did not give, so it
+    read the bucket's last place, padding: 0 where CPU gives the last
+    element, silently.  The graph now gives every op with a rule the masks
+    eager's padded route gives."""
+    torch._dynamo.reset()
+    _padding.reset()
+    f = torch.compile(lambda x, i: x[:, i], backend="jax")
+    with pjrt_host.config(checks=False, dynamic_shapes=True):
+        for n in (18, 21, 25, 19):
+            x = torch.arange(2 * n, dtype=torch.float32).reshape(2, n)
+            i = torch.tensor([-1, 0, 2, -n])
+            assert torch.equal(f(x.to("jax"), i.to("jax")).cpu(), x[:, i]), n
+    assert torch.jax.dynamic_shape_stats()["graph_programs"] == 1
+
+
 def test_compiled_dropout_draws_in_buckets_what_it_draws_per_shape():
     # a random op with a rule (dropout) runs padded: each logical element
     # draws what the per-shape program draws for it, from the same key
