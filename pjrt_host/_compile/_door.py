@@ -416,6 +416,14 @@ def device_scalar(n: int, index: int) -> Any:
     return _padding.device_scalar(n, index)
 
 
+def whole_exact_storage(t: Any) -> Any:
+    """The storage of a 'jax' tensor that is all of it, laid out exact (what
+    a padded graph may write an input's new values into); else None."""
+    if type(t) is not JaxTensor or t._view is not None or t._storage.padded is not None:
+        return None
+    return t._storage
+
+
 def whole_padding(t: Any) -> tuple | None:
     """``Storage.padded`` of a 'jax' tensor that is its whole storage (None:
     exact, a view, or not a 'jax' tensor)."""

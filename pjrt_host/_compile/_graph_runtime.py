@@ -507,14 +507,15 @@ class CompiledGraph:
                 self._give_up(str(why))
             _door.note_fallback(f"torch.compile {self.what} graph", str(why))
             return None
+        targets = {}
         for slot in program.mutated_inputs:
             # the graph writes exact values into this input: a whole storage of
             # its own, laid out exact (a view, or padding, runs per shape)
-            a = args[slot]
-            if not isinstance(a, _door.JaxTensor) or a._view is not None or a._storage.padded is not None:
+            st = targets[slot] = _door.whole_exact_storage(args[slot])
+            if st is None:
                 _door.note_fallback(f"torch.compile {self.what} graph", "a write into a view or a padded input")
                 return None
-            _door.check_writable(a._storage)
+            _door.check_writable(st)
         statics = tuple(a if spec[0] == "value" else None for a, spec in zip(args, plan.inputs))
         checking = cfg.check_mode if program.sites and cfg.check_mode else None
         key = (bkey, statics, cfg, index)
@@ -560,7 +561,7 @@ class CompiledGraph:
         else:
             outs, new, flags = result
         for slot, arr in zip(entry[2], new):
-            _door.put_storage(args[slot]._storage, arr)
+            _door.put_storage(targets[slot], arr)
         if first is not None:
             _door.note_padded("padded_calls", *first)
         results = []
