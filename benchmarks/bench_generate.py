@@ -5,13 +5,17 @@ cache, one shape for every decoding step), on 'jax' eager beside torch
 CPU eager.
 
 For each it prints the first call (everything compiles), the same prompt
-again, and a prompt of another length.  The 'jax' runs go over one
+again, a prompt of another length, and the first prompt twice more
+("steady": the second of these, every program it runs made before).  The 'jax' runs go over one
 program-cache directory: a cold process (an empty cache) and a second one
 that finds the first one's programs on disk; then the same two with fused
 eager.  Every run must generate CPU's tokens (the weights are the same
-seeded random ones; greedy decoding).
+seeded random ones; greedy decoding).  ``--compile``: the 'jax' runs
+compile ``model.forward`` with ``torch.compile(backend='jax')`` (dynamo
+makes the growing cache's length symbolic at its second size, so its
+graphs run in buckets), against CPU eager.
 
-    python benchmarks/bench_generate.py [--tokens 32]
+    python benchmarks/bench_generate.py [--tokens 32] [--compile]
 
 Ratios: each 'jax' figure over CPU's.
 """
@@ -28,11 +32,13 @@ import json, sys, time
 import torch
 import transformers
 
-device, tokens, cache = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+device, tokens, cache, compiled = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 transformers.set_seed(0)
 config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=128,
                                  bos_token_id=0, eos_token_id=0, pad_token_id=0)
 model = transformers.GPT2LMHeadModel(config).eval().to(device)
+if compiled:
+    model.forward = torch.compile(model.forward, backend="jax")
 g = torch.Generator().manual_seed(1)
 prompt = torch.randint(1, 1000, (1, 12), generator=g)
 other = torch.randint(1, 1000, (1, 17), generator=g)
@@ -48,15 +54,18 @@ def timed(ids):
 first, a = timed(prompt)
 again, b = timed(prompt)
 new_length, c = timed(other)
-out = {"first": first, "again": again, "new_length": new_length, "tokens": [a, b, c]}
+timed(prompt)  # (under torch.compile its prefill's first symbolic graph: the first call's was static)
+steady, d = timed(prompt)  # every program of it made before
+out = {"first": first, "again": again, "new_length": new_length, "steady": steady, "tokens": [a, b, c, d]}
 if device == "jax":
     out["programs"] = torch.jax.program_cache_stats()
+    out["fallbacks"] = torch.jax.dynamic_shape_stats()["fallbacks"]
 print(json.dumps(out))
 """
 
 
-def run(device: str, tokens: int, env: dict[str, str], cache: str = "default") -> dict:
-    return fresh_process(CHILD, [device, str(tokens), cache], env)
+def run(device: str, tokens: int, env: dict[str, str], cache: str = "default", compiled: bool = False) -> dict:
+    return fresh_process(CHILD, [device, str(tokens), cache, str(int(compiled))], env)
 
 
 def main() -> None:
@@ -64,23 +73,31 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--cache", default="default",
                         help="generate()'s cache_implementation ('static': one shape for every step)")
+    parser.add_argument("--compile", action="store_true",
+                        help="the 'jax' runs compile model.forward with torch.compile(backend='jax')")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as fused_cache:
         op = {"PJRT_HOST_CACHE_DIR": cache, "PJRT_HOST_EAGER": "op"}
         fused = {"PJRT_HOST_CACHE_DIR": fused_cache, "PJRT_HOST_EAGER": "fused"}
         cpu = run("cpu", args.tokens, {}, args.cache)
-        rows = [("torch cpu", cpu),
-                ("jax, cold cache", run("jax", args.tokens, op, args.cache)),
-                ("jax, warm cache (2nd process)", run("jax", args.tokens, op, args.cache)),
-                ("jax fused, cold cache", run("jax", args.tokens, fused, args.cache)),
-                ("jax fused, warm cache (2nd process)", run("jax", args.tokens, fused, args.cache))]
-    print(f"{'run':36s} {'first':>9s} {'again':>9s} {'new length':>11s}   vs cpu: first / again / new length")
+        if args.compile:
+            rows = [("torch cpu", cpu),
+                    ("jax compiled, cold cache", run("jax", args.tokens, fused, args.cache, True)),
+                    ("jax compiled, warm cache (2nd process)", run("jax", args.tokens, fused, args.cache, True))]
+        else:
+            rows = [("torch cpu", cpu),
+                    ("jax, cold cache", run("jax", args.tokens, op, args.cache)),
+                    ("jax, warm cache (2nd process)", run("jax", args.tokens, op, args.cache)),
+                    ("jax fused, cold cache", run("jax", args.tokens, fused, args.cache)),
+                    ("jax fused, warm cache (2nd process)", run("jax", args.tokens, fused, args.cache))]
+    print(f"{'run':40s} {'first':>9s} {'again':>9s} {'new length':>11s} {'steady':>9s}"
+          f"   vs cpu: first / again / new length / steady")
     for name, r in rows:
-        ratios = "" if r is cpu else (f"   {r['first'] / cpu['first']:6.1f}x {r['again'] / cpu['again']:6.1f}x "
-                                      f"{r['new_length'] / cpu['new_length']:6.1f}x")
-        print(f"{name:36s} {r['first']:8.3f}s {r['again']:8.3f}s {r['new_length']:10.3f}s{ratios}")
+        ratios = "" if r is cpu else "   " + " ".join(f"{r[k] / cpu[k]:6.1f}x"
+                                                      for k in ("first", "again", "new_length", "steady"))
+        print(f"{name:40s} {r['first']:8.3f}s {r['again']:8.3f}s {r['new_length']:10.3f}s {r['steady']:8.3f}s{ratios}")
     for name, r in rows[1:]:
-        print(f"{name:36s} programs: {r['programs']}")
+        print(f"{name:40s} programs: {r['programs']}; padded fallbacks: {r['fallbacks']}")
     wrong = [name for name, r in rows[1:] if r["tokens"] != cpu["tokens"]]
     print("tokens: " + (f"DIFFER from CPU's in {wrong}" if wrong else "every run generated CPU's tokens"))
 

@@ -2123,6 +2123,82 @@ def test_a_compiled_backward_reads_a_batch_merged_with_its_tokens_as_the_forward
     assert stats["graph_programs"] == 2, stats
 
 
+def test_a_compiled_join_along_a_symbolic_length_and_its_gradient_run_in_buckets():
+    """``torch.cat`` along a symbolic length (a key/value cache growing by a
+    token) and slices of a number of positions from the logical end
+    (``hidden[:, -1:]``, transformers' ``logits_to_keep``), trained: the
+    join places each part at its run-time offset, its gradient is sliced
+    from a symbolic start.  Each of these compiled the graph per length."""
+    cpu, dev = _compiled_linear_pair(4, 4)
+
+    def f(lin, x):
+        h = lin(x)
+        joined = torch.cat([h, h[:, :1] * 3], dim=1)  # a length of s + 1
+        return (joined.softmax(1) * joined).sum() + joined[:, -2:].square().sum() + h[:, -1:].sum()
+
+    g = torch.Generator().manual_seed(1)
+    _trains_like_cpu(f, cpu, dev, [torch.randn(2, n, 4, generator=g) for n in (18, 21, 25, 19, 30)])
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert stats["graph_programs"] == 2, stats  # the bucket of 32's forward and backward
+
+
+def test_a_compiled_cache_grown_by_a_token_at_every_call_runs_in_buckets():
+    """A decoding step compiled alone: the cache it returned (joined to the
+    room of ``s + 1``) comes back as its next input, of a new symbolic
+    length, and is read in that length's bucket; one program per bucket,
+    CPU's values at every step."""
+    torch._dynamo.reset()
+    _padding.reset()
+
+    def step(cache, x):
+        cache = torch.cat([cache, x], dim=1)
+        weights = (x @ cache.transpose(1, 2)).softmax(-1)
+        return cache, weights @ cache
+
+    compiled = torch.compile(step, backend="jax")
+    g = torch.Generator().manual_seed(2)
+    cache = torch.randn(2, 3, 8, generator=g)
+    dev = cache.to("jax")
+    with pjrt_host.config(dynamic_shapes=True):
+        for _ in range(20):  # lengths 4 .. 23: the buckets of 16 and 32
+            x = torch.randn(2, 1, 8, generator=g)
+            cache, want = step(cache, x)
+            dev, got = compiled(dev, x.to("jax"))
+            torch.testing.assert_close(got.cpu(), want)
+            assert dev.shape == cache.shape
+        torch.testing.assert_close(dev.cpu(), cache)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert stats["graph_programs"] == 2, stats
+
+
+def test_compiled_generate_with_transformers_default_cache_runs_in_buckets():
+    """``model.forward`` compiled, ``generate()`` with transformers' default
+    DynamicCache (the cache a ``torch.cat`` along the length at every token)
+    and prompts of new lengths: CPU's tokens, no graph compiled per length."""
+    transformers = pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    _padding.reset()
+    transformers.set_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+                                     bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    cpu = transformers.GPT2LMHeadModel(config).eval()
+    dev = transformers.GPT2LMHeadModel(config).eval()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("jax").forward = torch.compile(dev.forward, backend="jax")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad(), pjrt_host.config(dynamic_shapes=True):
+        for n in (5, 7, 6, 9):
+            prompt = torch.randint(1, 100, (1, n), generator=g)
+            want = cpu.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+            got = dev.generate(prompt.to("jax"), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+            assert got.cpu().tolist() == want.tolist(), n
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert stats["padded_calls"] > 0, stats
+
+
 def test_a_compiled_negative_index_counts_from_the_logical_end_with_checks_off():
     """``x[:, i]`` with ``i = -1`` along a symbolic length, index checks off
     (``checks=False``, where the check no longer refused the padded graph):

@@ -30,7 +30,7 @@ __all__ = [
     "to_torch", "torch_device", "torch_dtype", "value_sites", "wrap", "write",
     # dynamic dimensions (_padded_graph)
     "bucket", "device_scalar", "fill", "fill_of", "max_bucket", "note_fallback", "note_padded", "pad_as", "padded_array",
-    "padded_rule", "place_of", "positions", "wrap_padded",
+    "padded_rule", "place_of", "placed", "positions", "wrap_padded",
 ]
 
 
@@ -385,6 +385,12 @@ def inside(shape: tuple, masks: tuple, sizes: Any) -> Any:
     """Traceable: the mask of the logical positions of a padded array
     (eager's ``LoweringContext.logical``)."""
     return _padding.inside(shape, masks, sizes)
+
+
+def placed(a: Any, dim: int, physical: int, at: Any, count: Any, otherwise: Any) -> Any:
+    """Traceable: ``a`` placed along ``dim`` of a bucket of ``physical``
+    from the run-time offset ``at`` (eager's joins and pads)."""
+    return _dynamic_dims.placed_at(a, dim, physical, at, count, otherwise)
 
 
 def padded_rule(target: Any, name: str, lowering: Any) -> Any:

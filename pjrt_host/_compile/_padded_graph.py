@@ -535,6 +535,11 @@ class _Trace:
                 env[node] = env[full[0]] if step.meta is None else env[full[0]].astype(step.meta)
                 self._set(node, what, env[node], val, self.dims[full[0]])
                 return
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+            dim %= max(len(val.shape), 1)
+            if any(c[2] for t in full for c in self.dims[t][dim]):
+                env[node] = self.join(node, what, env, full, dim)
+                return
         if kind == "rule":
             args, kwargs = value(node.args, True), dict(value(node.kwargs, True))
             exact = rule.exact(*_fakes(node)) if rule.exact is not None else {}
@@ -610,8 +615,8 @@ class _Trace:
                     dims.append(_exact_dim(int(e)))
                 elif e in known:
                     dims.append(known[e])
-                elif e.is_Symbol:
-                    dims.append(((self.buckets[e], e, True),))
+                elif self.anchored(e) is not None:  # (``s``, ``s + 1``)
+                    dims.append(((self.anchored(e), e, True),))
                 else:
                     raise Unpaddable(f"{what}: an expanded dim of size {e}")
             dims = tuple(dims)
@@ -727,11 +732,25 @@ class _Trace:
         start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start", None)
         step_ = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
         start = 0 if start is None else start
-        if step_ != 1 or not isinstance(start, int):
-            raise Unpaddable(f"{what}: a slice of a padded dim with a step or a symbolic start")
         out = _expr(node.meta["val"].shape[dim])
         p, n, _ = sdims[dim][0]
         arr = env[src]
+        if out.is_Integer and step_ == 1:
+            # a slice of a number of positions from a run-time start: from the
+            # logical end (``hidden[:, -1:]``, a model's ``logits_to_keep``), or
+            # from a symbolic start (a join's gradient: ``grad[:, s:s + 1]``)
+            k = int(out)
+            at = None
+            if isinstance(start, int) and start < 0 and k == -start:
+                at = self.logical(n) + start
+            elif isinstance(start, torch.fx.Node) and isinstance(env[start], sympy.Basic):
+                at = self.logical(env[start])
+            if at is not None:
+                arr = jax.lax.dynamic_slice_in_dim(arr, at, k, dim)
+                self._set(node, what, arr, node.meta["val"], sdims[:dim] + (_exact_dim(k),) + sdims[dim + 1:])
+                return arr
+        if step_ != 1 or not isinstance(start, int):
+            raise Unpaddable(f"{what}: a slice of a padded dim with a step or a symbolic start")
         if start < 0 or (start and sympy.expand(n - start - out) != 0):
             # (from ``start`` to the logical end: the end of the padding moves with it)
             raise Unpaddable(f"{what}: a slice of a padded dim that neither starts at 0 nor runs to its end")
@@ -792,6 +811,37 @@ class _Trace:
             arr = jax.numpy.where(at < self.logical(n), arr, jax.numpy.asarray(fill, arr.dtype))
             dims[d] = ((want, out, True),)
         self._set(node, what, arr, val, tuple(dims))
+        return arr
+
+    def join(self, node: Any, what: str, env: dict, parts: list, dim: int) -> Any:
+        """``cat`` along a padded dim (a key/value cache growing by a
+        token): eager's join (``_dynamic_dims.join``) in the graph.  The
+        result's physical size is that of its length's expression
+        (:meth:`anchored`: ``s + 1`` has room for the token), each part
+        placed at its run-time offset, the sum of the logical lengths before
+        it; the other dims must line up."""
+        val = node.meta["val"]
+        out = _expr(val.shape[dim])
+        want = self.anchored(out)
+        if want is None:
+            raise Unpaddable(f"{what}: a join along a padded dim to a length of {out}")
+        pdims = [self.dims[t] for t in parts]
+        if any(len(d[dim]) != 1 for d in pdims) or any(d[:dim] + d[dim + 1:] != pdims[0][:dim] + pdims[0][dim + 1:]
+                                                       for d in pdims):
+            raise Unpaddable(f"{what}: along a padded dim, parts whose other dims do not line up")
+        dtype = jax.numpy.dtype(_door.jax_dtype_of(val.dtype))
+        first = env[parts[0]]
+        shape = list(first.shape)
+        shape[dim] = want
+        arr = jax.numpy.zeros(tuple(shape), dtype)
+        offset: Any = 0
+        for t, d in zip(parts, pdims):
+            (p, n, dynamic), = d[dim]
+            length = self.logical(n) if dynamic else p
+            arr = _door.placed(env[t].astype(dtype), dim, want, offset, length, arr)
+            offset = offset + length
+        dims = pdims[0][:dim] + (((want, out, True),),) + pdims[0][dim + 1:]
+        self._set(node, what, arr, val, dims)
         return arr
 
     def copy(self, node: Any, what: str, env: dict) -> Any:
@@ -914,6 +964,20 @@ class _Trace:
             if _has_symbol((start, end, stride)):
                 raise Unpaddable(f"{what}: a symbolic position along an exact dim")
             return invoke(step.fn, args, {}, ctx, step.meta)
+        if stride == 1 and len(dims[dim]) == 1 and dims[dim][0][2] and not any(c[2] for c in gdims[dim]):
+            # the gradient of a number of positions from the start, the logical
+            # end or a symbolic start (``hidden[:, -1:]``, a join's parts): placed there
+            k = physical((gdims[dim],))[0]
+            at = None
+            if start is None or (isinstance(start, int) and start >= 0):
+                at = start or 0  # (``h[:, :1]``: a number of positions from the start)
+            elif isinstance(start, int) and k == -start:
+                at = self.logical(dims[dim][0][1]) + start
+            elif isinstance(start, torch.fx.Node) and isinstance(env[start], sympy.Basic):
+                at = self.logical(env[start])
+            if at is not None:
+                g = env[grad]
+                return jax.lax.dynamic_update_slice_in_dim(jax.numpy.zeros(physical(dims), g.dtype), g, at, dim)
         if start not in (0, None) or stride != 1 or len(dims[dim]) != 1 or len(gdims[dim]) != 1 \
                 or dims[dim][0][0] != gdims[dim][0][0]:
             raise Unpaddable(f"{what}: the gradient of a slice of a padded dim that does not start at 0")

@@ -36,7 +36,7 @@ from .. import _program_cache
 from . import _config, _padding
 from ._tensor import JaxTensor, Pending, Storage, contiguous_strides, make, read_through, view_for
 
-__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "pad_end", "place_gradient", "prepare", "read_of",
+__all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "pad_end", "place_gradient", "placed_at", "prepare", "read_of",
            "result_padding", "rule_for", "unpad_all"]
 
 
@@ -1257,6 +1257,9 @@ def _placed(a: Any, dim: int, physical: int, at: Any, count: Any, otherwise: Any
     index = jnp.clip(jnp.arange(physical, dtype=jnp.int32) - at, 0, a.shape[dim] - 1)
     return jnp.where((i >= at) & (i < at + count), jnp.take(a, index, axis=dim), otherwise)
 
+
+#: (Traced.) :func:`_placed` for the padded graphs of torch.compile (a join in a graph).
+placed_at = _placed
 
 _placing_programs: dict = {}
 

@@ -431,6 +431,9 @@ def widen(arr: Any, padded: tuple, wider: tuple) -> Any:
     return _padded_copy(arr, tuple(split), tuple(widths), physical_shape(wider))
 
 
+_relaid: set = set()  #: the keys of relayouts made once through the host
+
+
 def relayout(arr: Any, padded: tuple, target: tuple) -> Any:
     """``arr``, laid out as ``padded``, laid out as ``target``: the same
     components but for the physical sizes of dynamic ones (eager pads a
@@ -454,14 +457,23 @@ def relayout(arr: Any, padded: tuple, target: tuple) -> Any:
             widths.append((0, max(b[0] - a[0], 0)))
     physical = physical_shape(target)
     split, cuts, widths = tuple(split), tuple(cuts), tuple(widths)
-    if arr.nbytes <= HOST_PAD_BYTES:
+    key = ("relayout", tuple(arr.shape), split, cuts, widths)
+    fn = _pad_programs.get(key)
+    if fn is None and arr.nbytes <= HOST_PAD_BYTES and key not in _relaid:
+        # a small array's first relayout of these shapes goes through the host
+        # (no compile for a one-off: a length that fills its bucket); a second
+        # one makes the program, since such a relayout recurs at every call (a
+        # compiled decoding step's key/value cache, joined to the room of
+        # ``s + 1`` and read back in its new length's bucket), and the host's
+        # copy waits for the value each time
         import jax
         import numpy as np
 
+        if len(_relaid) > 512:
+            _relaid.clear()
+        _relaid.add(key)
         values = np.asarray(arr).reshape(split)[tuple(slice(0, n) for n in cuts)]
         return jax.device_put(np.pad(values, widths).reshape(physical), next(iter(arr.devices())))
-    key = ("relayout", tuple(arr.shape), split, cuts, widths)
-    fn = _pad_programs.get(key)
     if fn is None:
         def body(a):
             import jax.numpy as jnp
@@ -582,6 +594,7 @@ def counts() -> dict[str, Any]:
 
 def reset() -> None:
     _counts.clear()
+    _relaid.clear()
     _read_padded.clear()
     _cut_by.clear()
     _fallbacks.clear()
