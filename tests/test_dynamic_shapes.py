@@ -2199,6 +2199,38 @@ def test_compiled_generate_with_transformers_default_cache_runs_in_buckets():
     assert stats["padded_calls"] > 0, stats
 
 
+@pytest.mark.parametrize("buckets", [True, False])
+def test_compiled_views_with_symbolic_arguments_are_the_views_cpu_returns(buckets):
+    """Outputs that are views of an input or of another output, made by view
+    ops with symbolic arguments (``chunk`` of a symbolic dim, ``flatten()``
+    then ``unbind``): AOTAutograd makes them again with ``as_strided`` on the
+    base, from the layout the graph's result reports.  The graph's result is
+    a fresh one (row-major, offset 0), so ``x.chunk(2, 1)[0]`` read ``x``'s
+    first row twice and ``x.flatten().unbind(-1)[3]`` read element 0,
+    silently (fuzz seeds 28003606, 28004230).  Values, and writes through
+    the views, as CPU's."""
+    def f(x):
+        y = x * 2
+        return x.chunk(2, 1)[0], x.flatten().unbind(-1)[3], y, y.chunk(2, 1)[1]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="jax", dynamic=True)
+    with pjrt_host.config(dynamic_shapes=buckets):
+        for n in (4, 6, 5):
+            x = torch.arange(3 * n, dtype=torch.float32).reshape(3, n)
+            d = x.to("jax")
+            want, got = f(x), compiled(d)
+            for w, g in zip(want, got):
+                torch.testing.assert_close(g.cpu(), w)
+                assert g.stride() == w.stride() and g.storage_offset() == w.storage_offset()
+            want[0].add_(100)
+            got[0].add_(100)
+            want[3].sub_(1)
+            got[3].sub_(1)
+            torch.testing.assert_close(d.cpu(), x)
+            torch.testing.assert_close(got[2].cpu(), want[2])
+
+
 def test_a_compiled_negative_index_counts_from_the_logical_end_with_checks_off():
     """``x[:, i]`` with ``i = -1`` along a symbolic length, index checks off
     (``checks=False``, where the check no longer refused the padded graph):

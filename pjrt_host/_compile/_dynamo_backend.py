@@ -23,7 +23,7 @@ from .._jax_settings import x64_scope as _x64_scope
 from .. import _lowerings
 from . import _checks, _door, _graph_ops
 from ._interpreter import Program
-from ._graph_runtime import REPORT, CompiledGraph, EagerGraph, output_aliases, warn_once
+from ._graph_runtime import REPORT, CompiledGraph, EagerGraph, aliased_layouts, output_aliases, warn_once
 
 __all__ = ["JaxCompiled", "backend", "compile_dynamo_graph", "compile_graph"]
 
@@ -61,9 +61,9 @@ def _short(op: Any) -> str:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, what: str) -> Any:
     """fw / bw / inference compiler: the ATen graph as a callable."""
-    aliases, added = (), 0
+    aliases, added, layouts = (), 0, ()
     if what != "backward":
-        aliases, added = _output_aliases(gm)
+        aliases, added, layouts = _output_aliases(gm)
     # A backward graph's indices are the forward's (saved or recomputed from
     # its inputs), checked there: it runs unchecked.
     program = Program(gm, _door.jax_dtype_of, _checks.sites_of if what != "backward" else None)
@@ -76,7 +76,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, what: str) -> A
                       f"as one jax.jit. How to report it or add a lowering: {REPORT} (warned once per op). All such ops of this "
                       f"graph: {ops}.")
         return EagerGraph(gm, len(_graph_outputs(gm)) - added if added else None)
-    return CompiledGraph(gm, program, what, aliases, added)
+    return CompiledGraph(gm, program, what, aliases, added, layouts)
 
 
 def _graph_outputs(gm: torch.fx.GraphModule) -> list:
@@ -99,8 +99,10 @@ def _output_aliases(gm: torch.fx.GraphModule) -> tuple:
     ctx = TracingContext.try_get()
     meta = None if ctx is None else ctx.fw_metadata
     if meta is None:
-        return (), 0
-    return output_aliases(gm, meta.output_info, meta.num_mutated_inp_runtime_indices)
+        return (), 0, ()
+    first = meta.num_mutated_inp_runtime_indices
+    layouts = aliased_layouts(gm, meta.output_info, first)  # (before output_aliases adds outputs)
+    return (*output_aliases(gm, meta.output_info, first), layouts)
 
 
 _aot_backend: Any = None

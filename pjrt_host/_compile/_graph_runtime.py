@@ -33,7 +33,8 @@ from .._jax_settings import x64_scope as _x64_scope
 from . import _checks, _door, _padded_graph
 from ._interpreter import GraphLoweringError, Program
 
-__all__ = ["CompiledGraph", "EagerGraph", "OutputAlias", "REPORT", "output_aliases", "remake_aliases"]
+__all__ = ["AliasLayout", "CompiledGraph", "EagerGraph", "OutputAlias", "REPORT", "aliased_layouts", "output_aliases",
+           "remake_aliases"]
 
 logger = logging.getLogger("pjrt_host")
 recompiles = logging.getLogger("pjrt_host.recompiles")
@@ -176,7 +177,35 @@ def _view_step(node: Any) -> Any:
         return None  # a list of views not read through getitem, or getitem of one view
     found: list = []
     torch.fx.node.map_arg((node.args[1:], node.kwargs), found.append)
-    return None if found else (node, node.target, tuple(node.args[1:]), dict(node.kwargs), index)
+    if any(not isinstance(n.meta.get("val"), torch.SymInt) for n in found):
+        return None
+    # a size of a symbolic graph (``chunk`` of a symbolic dim): its expression,
+    # evaluated at each call's sizes (:func:`remake_aliases`)
+    def constant(a: Any) -> Any:
+        return _Size(_padded_graph.size_expression(a.meta["val"]))
+    args = torch.fx.node.map_arg(tuple(node.args[1:]), constant)
+    kwargs = torch.fx.node.map_arg(dict(node.kwargs), constant)
+    return node, node.target, tuple(args), dict(kwargs), index
+
+
+class _Size:
+    """A view op's argument that is a size of a symbolic graph."""
+
+    __slots__ = ("expr",)
+
+    def __init__(self, expr: Any) -> None:
+        self.expr = expr
+
+
+def _at_sizes(values: Any, bindings: dict | None) -> Any:
+    """``values`` (a view op's arguments) with each :class:`_Size` evaluated."""
+    if type(values) is _Size:
+        return _padded_graph.concrete_value(values.expr, bindings)
+    if isinstance(values, (list, tuple)):
+        return type(values)(_at_sizes(v, bindings) for v in values)
+    if isinstance(values, dict):
+        return {k: _at_sizes(v, bindings) for k, v in values.items()}
+    return values
 
 
 def output_aliases(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tuple[tuple[OutputAlias, ...], int]:
@@ -236,6 +265,74 @@ def output_aliases(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tu
     return tuple(aliases), len(added)
 
 
+#: AOTAutograd's output types it makes again from a base with
+#: ``gen_alias_from_base``, reading the graph's result as the view's layout.
+_REGENERATED = frozenset({"alias_of_input", "alias_of_intermediate", "alias_of_intermediate_save_as_output",
+                          "alias_of_intermediate_base_is_user_output"})
+
+
+class AliasLayout(NamedTuple):
+    """The traced layout of an output AOTAutograd makes again as a view of
+    its base (:func:`aliased_layouts`): expressions of the graph's symbols."""
+
+    pos: int
+    size: tuple
+    stride: tuple
+    offset: Any
+
+
+def aliased_layouts(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tuple[AliasLayout, ...]:
+    """The outputs of a symbolic graph that AOTAutograd makes again as views
+    of an input or of another output, with their traced layouts.  It replays
+    the view's ops when none took a symbolic argument; otherwise (``chunk``
+    of a symbolic dim, ``flatten().unbind()``) it calls ``as_strided`` on the
+    base with the size, stride and offset *the graph's result* reports --
+    which are a fresh result's (row-major, offset 0), not the view's: a
+    silent wrong value (``x.chunk(2, 1)[0]`` read ``x``'s first row twice).
+    Each such result is replaced, after the call, by a tensor that reports
+    the traced layout (:func:`_with_layout`)."""
+    size_expression = _padded_graph.size_expression
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outs = list(out_node.args[0]) if isinstance(out_node.args[0], (tuple, list)) else None
+    if outs is None or len(output_info) + first > len(outs):
+        return ()
+    found = []
+    for i, info in enumerate(output_info):
+        node = outs[first + i]
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if info.output_type.name not in _REGENERATED or not isinstance(val, torch.Tensor):
+            continue
+        size = tuple(size_expression(d) for d in val.shape)
+        stride = tuple(size_expression(d) for d in val.stride())
+        offset = size_expression(val.storage_offset())
+        if all(e.is_Integer for e in (*size, *stride, offset)):
+            continue  # (a static view: AOTAutograd replays its ops)
+        found.append(AliasLayout(first + i, size, stride, offset))
+    return tuple(found)
+
+
+def _with_layout(results: list, layouts: tuple[AliasLayout, ...], bindings: dict) -> None:
+    """Each result of ``layouts`` replaced by a tensor of its traced layout
+    at the call's sizes: lazy (no array), since AOTAutograd reads only its
+    layout and takes the values from the base."""
+    concrete_value = _padded_graph.concrete_value
+    for pos, size, stride, offset in layouts:
+        t = results[pos]
+        if not isinstance(t, torch.Tensor):
+            continue
+        size_ = tuple(concrete_value(e, bindings) for e in size)
+        stride_ = tuple(concrete_value(e, bindings) for e in stride)
+        offset_ = concrete_value(offset, bindings)
+        if tuple(t.shape) == size_ and t.stride() == stride_ and t.storage_offset() == offset_:
+            continue
+        extent = offset_ + 1 + sum((n - 1) * st for n, st in zip(size_, stride_) if n > 0)
+        if 0 in size_:
+            extent = offset_
+        # (detached: no view of the empty tensor, so that AOTAutograd takes the layout and not a view function)
+        results[pos] = torch.empty(max(extent, 0), dtype=t.dtype, device=t.device).as_strided(
+            size_, stride_, offset_).detach()
+
+
 #: View ops whose arguments name storage positions, so that their result
 #: depends on the layout of their input, not only on its elements.
 _STORAGE_VIEWS = frozenset({"aten::as_strided"})
@@ -282,7 +379,8 @@ def _relaid(t: torch.Tensor, layout: tuple | None) -> torch.Tensor | None:
     return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs: int) -> list:
+def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs: int,
+                   bindings: Any = None) -> list:
     """``results`` with each alias made again from its base's result
     (:func:`output_aliases`), the added bases dropped.  A chain whose view
     op the base's layout refuses keeps the program's own result (its values,
@@ -294,7 +392,9 @@ def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs:
     other elements (fuzz finding 16001087): its base is first copied into
     the layout it was traced with, and replaces the base's own result so
     that the two still share storage; where that layout is not known, the
-    program's own result (read through the traced layout) is kept."""
+    program's own result (read through the traced layout) is kept.
+    ``bindings`` (a symbolic graph's sizes at this call, or a function that
+    gives them) evaluate the chains' symbolic arguments."""
     unknown = set()
     for pos, base, chain, layout in aliases:
         if _reads_storage(chain) and base not in unknown:
@@ -309,6 +409,10 @@ def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs:
         t = results[base]
         try:
             for op, args, kwargs, index in chain:
+                if _has_size((args, kwargs)):
+                    if callable(bindings):
+                        bindings = bindings()
+                    args, kwargs = _at_sizes(args, bindings), _at_sizes(kwargs, bindings)
                 t = op(t, *args, **kwargs)
                 if index is not None:
                     t = t[index]
@@ -319,12 +423,25 @@ def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs:
     return results
 
 
+def _has_size(values: Any) -> bool:
+    if type(values) is _Size:
+        return True
+    if isinstance(values, (list, tuple)):
+        return any(_has_size(v) for v in values)
+    if isinstance(values, dict):
+        return any(_has_size(v) for v in values.values())
+    return False
+
+
 class CompiledGraph:
     """One ATen graph as one jitted jax function."""
 
     def __init__(self, gm: torch.fx.GraphModule, program: Program, what: str,
-                 aliases: tuple[OutputAlias, ...] = (), added: int = 0) -> None:
+                 aliases: tuple[OutputAlias, ...] = (), added: int = 0,
+                 alias_layouts: tuple[AliasLayout, ...] = ()) -> None:
         self.gm = gm
+        #: Outputs AOTAutograd makes again through their layout (:func:`aliased_layouts`).
+        self.alias_layouts = alias_layouts
         #: Outputs made again from another's result, and how many bases
         #: were added to the graph's outputs for them (:func:`output_aliases`).
         self.aliases = aliases
@@ -455,8 +572,11 @@ class CompiledGraph:
         if entry.checks is not None:
             _checks.report(flags, self.program.sites, entry.checks,
                            f"in the {self.what} graph of torch.compile(backend='jax') on {_door.DEVICE_NAME}:{index}")
+        if self.alias_layouts:
+            _with_layout(results, self.alias_layouts, _padded_graph.bindings_of(self.program, args))
         if self.num_outputs is not None:
-            return remake_aliases(results, self.aliases, self.num_outputs)
+            return remake_aliases(results, self.aliases, self.num_outputs,
+                                  lambda: _padded_graph.bindings_of(self.program, args))
         return results
 
     # ------------------------------------------------------------ buckets
@@ -584,8 +704,10 @@ class CompiledGraph:
         if checking is not None:
             _checks.report(flags, program.sites, checking,
                            f"in the {self.what} graph of torch.compile(backend='jax') on {_door.DEVICE_NAME}:{index}")
+        if self.alias_layouts:
+            _with_layout(results, self.alias_layouts, bindings)
         if self.num_outputs is not None:
-            return remake_aliases(results, self.aliases, self.num_outputs)
+            return remake_aliases(results, self.aliases, self.num_outputs, bindings)
         return results
 
     def _build_padded(self, plan: Any, buckets: dict, comps: list, statics: tuple, cfg: Any, checking: Any) -> tuple:

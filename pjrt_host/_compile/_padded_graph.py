@@ -52,8 +52,8 @@ import torch
 from .._lowerings import invoke, op_name
 from . import _door
 
-__all__ = ["BucketTooLarge", "Plan", "Unpaddable", "anchored", "concrete_padding", "concrete_value", "input_metas", "input_padding", "logical_shape",
-           "physical", "plan", "run"]
+__all__ = ["BucketTooLarge", "Plan", "Unpaddable", "anchored", "bindings_of", "concrete_padding", "concrete_value", "input_metas", "input_padding", "logical_shape",
+           "physical", "plan", "run", "size_expression"]
 
 
 class Unpaddable(Exception):
@@ -211,6 +211,26 @@ def _expr(d: Any) -> Any:
     if isinstance(d, int):
         return sympy.Integer(d)
     return sympy.sympify(d.node.expr)
+
+
+size_expression = _expr
+
+
+def bindings_of(program: Any, args: list) -> dict:
+    """Each symbol of a graph's placeholders (a size argument, or a tensor
+    dim that is the symbol) at the sizes of ``args``."""
+    bindings: dict = {}
+    for val, a in zip(input_metas(program), args):
+        if isinstance(val, torch.SymInt):
+            e = _expr(val)
+            if e.is_Symbol:
+                bindings[e] = int(a)
+        elif isinstance(val, torch.Tensor) and isinstance(a, torch.Tensor):
+            for d, n in enumerate(val.shape):
+                e = _expr(n)
+                if e.is_Symbol:
+                    bindings[e] = a.shape[d]
+    return bindings
 
 
 def canonical(expr: Any, buckets: dict, padded_outer: bool = False) -> tuple:
