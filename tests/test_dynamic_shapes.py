@@ -2231,6 +2231,32 @@ def test_compiled_views_with_symbolic_arguments_are_the_views_cpu_returns(bucket
             torch.testing.assert_close(got[2].cpu(), want[2])
 
 
+def test_a_compiled_view_chain_whose_size_no_input_binds_keeps_the_programs_result():
+    """An output made again from another output through view ops whose
+    symbolic argument no input's size binds (fuzz seed 28004720: an
+    ``as_strided`` of an empty slice, beside a view written by a random
+    draw): the program's own result is kept, where evaluating the argument
+    raised a KeyError out of the compiled call."""
+    def program(v0):
+        v2 = torch.mul(v0, v0)
+        v3 = v0 * v2
+        v4 = v3.float()
+        v5 = v4.detach()
+        v6 = v5.view(-1)
+        v7 = v4 ** 2
+        v8 = v7[:, :, 3:3]
+        v6.uniform_()
+        return v0, v2, v3, v4, v5, v6, v7, v8, v8.as_strided((4, 2), (1, 4), 3)
+
+    torch._dynamo.reset()
+    x = torch.randint(-4, 5, (3, 1, 4), generator=torch.Generator().manual_seed(21207))
+    want = program(x)
+    with pjrt_host.config(dynamic_shapes="all"):
+        got = torch.compile(program, backend="jax", dynamic=True)(x.to("jax"))
+    for i in (0, 1, 2, 6, 7, 8):  # (3, 4 and 5 hold the draw: another stream than CPU's)
+        torch.testing.assert_close(got[i].cpu(), want[i])
+
+
 def test_a_compiled_negative_index_counts_from_the_logical_end_with_checks_off():
     """``x[:, i]`` with ``i = -1`` along a symbolic length, index checks off
     (``checks=False``, where the check no longer refused the padded graph):

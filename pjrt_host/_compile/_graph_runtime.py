@@ -320,9 +320,12 @@ def _with_layout(results: list, layouts: tuple[AliasLayout, ...], bindings: dict
         t = results[pos]
         if not isinstance(t, torch.Tensor):
             continue
-        size_ = tuple(concrete_value(e, bindings) for e in size)
-        stride_ = tuple(concrete_value(e, bindings) for e in stride)
-        offset_ = concrete_value(offset, bindings)
+        try:
+            size_ = tuple(concrete_value(e, bindings) for e in size)
+            stride_ = tuple(concrete_value(e, bindings) for e in stride)
+            offset_ = concrete_value(offset, bindings)
+        except KeyError:
+            continue  # a size no input binds: the result as it is
         if tuple(t.shape) == size_ and t.stride() == stride_ and t.storage_offset() == offset_:
             continue
         extent = offset_ + 1 + sum((n - 1) * st for n, st in zip(size_, stride_) if n > 0)
@@ -407,7 +410,7 @@ def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs:
         if base in unknown and _reads_storage(chain):
             continue
         t = results[base]
-        try:
+        try:  # (a size no input binds, KeyError: the program's own result is kept)
             for op, args, kwargs, index in chain:
                 if _has_size((args, kwargs)):
                     if callable(bindings):
@@ -416,7 +419,7 @@ def remake_aliases(results: list, aliases: tuple[OutputAlias, ...], num_outputs:
                 t = op(t, *args, **kwargs)
                 if index is not None:
                     t = t[index]
-        except RuntimeError:
+        except (RuntimeError, KeyError):
             continue
         results[pos] = t
     del results[num_outputs:]

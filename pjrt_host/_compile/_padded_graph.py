@@ -218,7 +218,7 @@ size_expression = _expr
 
 def bindings_of(program: Any, args: list) -> dict:
     """Each symbol of a graph's placeholders (a size argument, or a tensor
-    dim that is the symbol) at the sizes of ``args``."""
+    dim, stride or offset that is the symbol) at the sizes of ``args``."""
     bindings: dict = {}
     for val, a in zip(input_metas(program), args):
         if isinstance(val, torch.SymInt):
@@ -226,10 +226,12 @@ def bindings_of(program: Any, args: list) -> dict:
             if e.is_Symbol:
                 bindings[e] = int(a)
         elif isinstance(val, torch.Tensor) and isinstance(a, torch.Tensor):
-            for d, n in enumerate(val.shape):
-                e = _expr(n)
-                if e.is_Symbol:
-                    bindings[e] = a.shape[d]
+            for traced, given in ((val.shape, a.shape), (val.stride(), a.stride()),
+                                  ((val.storage_offset(),), (a.storage_offset(),))):
+                for n, m in zip(traced, given):
+                    e = _expr(n)
+                    if e.is_Symbol:
+                        bindings.setdefault(e, m)
     return bindings
 
 
