@@ -1808,6 +1808,16 @@ def _trains_like_cpu(f, cpu, dev, inputs) -> None:
             torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad)
 
 
+def _trains_in_the_bucket_of_32(f, cpu, dev) -> None:
+    """:func:`_trains_like_cpu` on ``[2, n, 4]`` inputs at 5 lengths of the
+    bucket of 32, with no fallback: one forward and one backward program."""
+    g = torch.Generator().manual_seed(1)
+    _trains_like_cpu(f, cpu, dev, [torch.randn(2, n, 4, generator=g) for n in (18, 21, 25, 19, 30)])
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
+    assert stats["graph_programs"] == 2, stats
+
+
 def test_compiled_mark_dynamic_runs_one_program_per_bucket():
     # 5 lengths in the bucket of 32, odd ones among them, then one of 48's
     _padding.reset()
@@ -2096,11 +2106,7 @@ def test_compiled_selects_along_a_symbolic_length_and_their_gradients_run_in_buc
         h = lin(x)
         return (h[:, -1] * 2 + h[:, 1]).sum()
 
-    g = torch.Generator().manual_seed(1)
-    _trains_like_cpu(f, cpu, dev, [torch.randn(2, n, 4, generator=g) for n in (18, 21, 25, 19, 30)])
-    stats = torch.jax.dynamic_shape_stats()
-    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
-    assert stats["graph_programs"] == 2, stats  # the bucket of 32's forward and backward
+    _trains_in_the_bucket_of_32(f, cpu, dev)
 
 
 def test_a_compiled_backward_reads_a_batch_merged_with_its_tokens_as_the_forward_laid_it_out():
@@ -2136,11 +2142,7 @@ def test_a_compiled_join_along_a_symbolic_length_and_its_gradient_run_in_buckets
         joined = torch.cat([h, h[:, :1] * 3], dim=1)  # a length of s + 1
         return (joined.softmax(1) * joined).sum() + joined[:, -2:].square().sum() + h[:, -1:].sum()
 
-    g = torch.Generator().manual_seed(1)
-    _trains_like_cpu(f, cpu, dev, [torch.randn(2, n, 4, generator=g) for n in (18, 21, 25, 19, 30)])
-    stats = torch.jax.dynamic_shape_stats()
-    assert stats["fallbacks"] == 0, stats["fallbacks_by_reason"]
-    assert stats["graph_programs"] == 2, stats  # the bucket of 32's forward and backward
+    _trains_in_the_bucket_of_32(f, cpu, dev)
 
 
 def test_a_compiled_cache_grown_by_a_token_at_every_call_runs_in_buckets():
