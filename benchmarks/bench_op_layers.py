@@ -19,7 +19,9 @@ in every round):
   segments of repeated blocks;
 - issue 45's chain: ``y = y * 1.0001`` 100 times from one tensor, then a
   wait, per op, in plain jax eager, op by op and fused (and fused with its
-  replay lane turned off: each replayed op through the engine's key).
+  replay lane turned off: each replayed op through the engine's key); and
+  fused over the same floats padded along a dynamic dim (4 x 27 in a
+  bucket of 32), with the lane and without.
 
 The last lines split the device's op-by-op figure: torch's dispatch and the
 result tensor, the program call, and the rest (pjrt_host's own Python:
@@ -167,11 +169,19 @@ def main() -> None:
     per_op = args.calls // 100
     from pjrt_host._torch import _fused
 
+    # the same 128 floats as 4 x 27, padded along the 27 (its bucket, 32):
+    # a tensor whose dim became dynamic, as a new sequence length makes one
+    padded = torch.randn(4, 27, device="jax")
+    torch._dynamo.mark_dynamic(padded, 1)
+    padded = padded * 1.0
+    assert padded._storage.padded is not None
     lane = _fused.replay
     chains = {"chain of 100, plain jax eager": (lambda: chain(x_jax), jax.block_until_ready, None),
               "chain of 100, 'jax' op by op": (lambda: chain(x_dev), device_wait, "op"),
               "chain of 100, 'jax' fused": (lambda: chain(x_dev), device_wait, "fused"),
-              "  the same without the replay lane": (lambda: chain(x_dev), device_wait, "fused")}
+              "  the same without the replay lane": (lambda: chain(x_dev), device_wait, "fused"),
+              "chain of 100, padded, 'jax' fused": (lambda: chain(padded), device_wait, "fused"),
+              "  the same without the replay lane ": (lambda: chain(padded), device_wait, "fused")}
     for _ in range(args.rounds):  # interleaved, as above
         for k, (fn, wait, mode) in chains.items():
             # (the lane off: every replayed op through the engine, as before 2026-11-30)
@@ -197,6 +207,12 @@ def main() -> None:
     fused_chain = best["chain of 100, 'jax' fused"] / jax_chain
     print(f"the chain, per op against plain jax eager's: op by op {op_chain:.2f}x (issue 45's goal: 1.25x), "
           f"fused {fused_chain:.2f}x (goal: 0.75x)")
+    exact = best["chain of 100, 'jax' fused"]
+    padded_lane = best["chain of 100, padded, 'jax' fused"]
+    padded_engine = best["  the same without the replay lane "]
+    print(f"the padded chain, per op against the exact one in fused eager: {padded_lane / exact:.2f}x with the "
+          f"replay lane, {padded_engine / exact:.2f}x without it")
+
 
 if __name__ == "__main__":
     main()

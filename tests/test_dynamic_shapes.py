@@ -534,6 +534,70 @@ def test_fused_eager_records_padded_ops_and_reuses_the_buckets_segments():
     assert all(c <= 4 for c in compiled[4:]), compiled
 
 
+def _padded_lane_step(dev: Block, cpu: Block, t: int) -> dict:
+    """A checked step at length ``t``: what fused eager's counters and the
+    padded calls' counter moved by."""
+    before, calls = torch.jax.fused_eager_stats(), torch.jax.dynamic_shape_stats()["padded_calls"]
+    x, target = _batch(t)
+    loss, grads = _step(dev, x.to("jax"), target.to("jax"))
+    _assert_like_cpu((loss.cpu(), [g.cpu() for g in grads]), cpu, x, target)
+    after = torch.jax.fused_eager_stats()
+    moved = {k: after[k] - before[k] for k in after}
+    moved["padded_calls"] = torch.jax.dynamic_shape_stats()["padded_calls"] - calls
+    return moved
+
+
+def test_fused_eager_replays_padded_calls_without_the_engine():
+    """Fused eager's replay lane takes padded calls too
+    (``_dynamic_dims.PaddedLane``): a step at a new length of a bucket it
+    has run replays most of its padded calls (elementwise ops, reductions,
+    matmuls, softmax, the loss) without the engine's key, their results'
+    logical shapes and padding worked out per call, and gives CPU's loss
+    and gradients.  A length at the bucket's full size (nothing read
+    padded along it) and a shorter one follow, checked too.  (The suite
+    runs with PJRT_HOST_CHECK_REPLAY=1: each call the lane takes is also
+    keyed by the engine, and the two must agree.)  Before, every padded
+    call took the engine's way."""
+    _padding.reset()
+    cpu, dev = _pair()
+    with pjrt_host.config(dynamic_shapes=True, eager="fused"):
+        for t in (20, 27, 23, 25, 26):  # (the mean's division by the length is traced by then)
+            _padded_lane_step(dev, cpu, t)
+        moved = _padded_lane_step(dev, cpu, 22)
+        assert moved["replayed"] >= 1 and moved["programs"] == 0, moved
+        assert moved["padded_calls"] >= 20 and moved["lane_padded"] >= moved["padded_calls"] * 2 // 3, moved
+        for t in (32, 19):
+            _padded_lane_step(dev, cpu, t)
+
+
+def test_a_padded_lane_that_gave_other_shapes_would_fail_the_suite(monkeypatch):
+    """The suite's net under the padded replay lane: a lane whose results'
+    shapes or padding differ from the engine's raises at that call."""
+    from pjrt_host._torch import _dynamic_dims, _fused
+
+    assert _fused.CHECK
+    _padding.reset()
+    x = torch.randn(3, 20, 8)
+    with pjrt_host.config(dynamic_shapes=True, eager="fused"):
+        for t in (20, 27, 23, 25):
+            torch._dynamo.mark_dynamic(d := x[:, :1].expand(3, t, 8).contiguous().to("jax"), 1)
+            (torch.softmax(d * 2.0 + 1.0, -1).sum(1) * 3.0).cpu()
+        match = _dynamic_dims.PaddedLane.match
+
+        def physical_shapes(self, *args):  # the lane's results said to be their buckets' size, exact
+            found = match(self, *args)
+            return None if found is None else ([(p, p, None) for _, p, _ in found[0]], found[1])
+
+        monkeypatch.setattr(_dynamic_dims.PaddedLane, "match", physical_shapes)
+        with pytest.raises(AssertionError, match="replay lane gave aten::"):
+            for _ in range(3):
+                d = x[:, :1].expand(3, 22, 8).contiguous().to("jax")
+                torch._dynamo.mark_dynamic(d, 1)
+                (torch.softmax(d * 2.0 + 1.0, -1).sum(1) * 3.0).cpu()
+    monkeypatch.undo()
+    torch.jax.synchronize()
+
+
 def test_a_contraction_over_a_batch_padded_in_neither_input_runs_padded():
     # a merged batch and heads (3 x 2) against a batch of 6 made whole: the
     # batch is padded in neither, so its components differ without a cut

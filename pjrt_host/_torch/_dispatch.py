@@ -169,6 +169,8 @@ def handler_for(func: Any) -> Handler:
     engine_call = getattr(handler, "unpadded", handler)
     if getattr(engine_call, "__func__", None) is CompiledOp.__call__:
         engine_call.__self__.replayable = True
+        # (and its padded calls, where nothing around it handles them)
+        engine_call.__self__.padded_replayable = handler is engine_call
     return handler
 
 

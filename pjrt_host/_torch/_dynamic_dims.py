@@ -34,7 +34,8 @@ import torch
 
 from .. import _program_cache
 from . import _config, _padding
-from ._tensor import JaxTensor, Pending, Storage, contiguous_strides, make, read_through, view_for
+from ._signatures import GENERATOR, DynamicScalar, HostScalar, SequenceArg, matches
+from ._tensor import JaxTensor, Pending, Storage, TensorSpec, contiguous_strides, make, read_through, view_for
 
 __all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "pad_end", "place_gradient", "placed_at", "prepare", "read_of",
            "result_padding", "rule_for", "unpad_all"]
@@ -489,7 +490,7 @@ def read_of(t: JaxTensor, exact: bool = False) -> PaddedRead | None:
     storage = t._storage
     view = t._view
     if view is None:
-        size, stride, offset = storage.shape, contiguous_strides(storage.shape), 0
+        size, stride, offset = storage.shape, None, 0  # (contiguous: its strides made on a miss)
     elif view.elem is not None:
         return None
     else:
@@ -499,7 +500,7 @@ def read_of(t: JaxTensor, exact: bool = False) -> PaddedRead | None:
     found = _reads.get(key, _reads)
     if found is not _reads:
         return found
-    found = _translate(padded, storage.jax_dtype, size, stride, offset)
+    found = _translate(padded, storage.jax_dtype, size, contiguous_strides(size) if stride is None else stride, offset)
     if len(_reads) > 8192:
         _reads.clear()
     _reads[key] = found
@@ -699,6 +700,175 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
         if kwargs:
             kwargs = {k: _swapped(v, swaps) for k, v in kwargs.items()}
     return reads, dims, args, kwargs
+
+
+class PaddedLane:
+    """How fused eager's replay lane (``_fused.replay``) takes a padded
+    call of one key without the engine: its padded arguments read as the
+    recorded call read them, and its exact ones encoded alike, give the
+    key; the results' logical shapes and padding are worked out per call,
+    as the engine does (:func:`logical_shapes`, :func:`result_padding`).
+
+    How the call is lined up (:func:`prepare`): a rule with exact dims,
+    meeting dims or fills from other arguments runs ``prepare`` itself
+    (``full``); for the others the lane keeps its decisions by its terms
+    (:func:`padded_lane`) and ``patterns``: per padded argument (its
+    position, or keyword), per dim, -1 where the recorded call read it
+    padded and its size where not (a dim at its bucket's full size is not
+    read padded, and lining up goes by which dims are)."""
+
+    __slots__ = ("op", "key", "patterns", "physical", "full", "known", "shapes")
+
+    def __init__(self, op: Any, key: tuple, patterns: dict, physical: tuple, full: bool) -> None:
+        self.op, self.key, self.patterns, self.physical, self.full = op, key, patterns, physical, full
+        self.known: dict = {}  # id -> a PaddedRead found to encode to its entry (kept alive here)
+        # the results' logical shapes by the call's tensors' sizes (the
+        # engine's memo, without hashing the key per call); not where a
+        # scalar is traced (its value is not among the sizes)
+        self.shapes: dict | None = None if _traces_a_scalar(key) else {}
+
+    def match(self, args: tuple, kwargs: dict, dyn: list, place: int) -> tuple | None:
+        """``((shape, physical, padding) per result, reads)`` when the call
+        is one of this lane's key (its run-time values appended to
+        ``dyn`` in the engine's order), None when it is not."""
+        key_args, key_kwargs = self.key[0], self.key[1]
+        if len(args) != len(key_args) or len(kwargs) != len(key_kwargs):
+            return None
+        if self.full:
+            prepared = prepare(self.op.rule, args, kwargs)
+            if prepared is None or prepared[2] is not args or prepared[3] is not kwargs:
+                return None  # (a call that pads an argument to line it up takes the engine's way)
+            reads, dims = prepared[0], prepared[1]
+        else:
+            reads, dims = {}, {}
+        for i, (v, k) in enumerate(zip(args, key_args)):
+            if not self._one(v, k, i, dyn, place, reads, dims, args, kwargs):
+                return None
+        for name, k in key_kwargs:
+            if name not in kwargs or not self._one(kwargs[name], k, name, dyn, place, reads, dims, args, kwargs):
+                return None
+        memo = self.shapes
+        if memo is None:
+            shapes = logical_shapes(self.op, self.key, args, kwargs)
+        else:
+            sizes = tuple([tuple(t.shape) for _, t in _tensor_args(args, kwargs, lists=True)])
+            shapes = memo.get(sizes, memo)
+            if shapes is memo:
+                shapes = logical_shapes(self.op, self.key, args, kwargs)
+                if len(memo) > 256:
+                    memo.clear()
+                memo[sizes] = shapes
+        if shapes is None:
+            return None
+        results = []
+        for pshape, shape in zip(self.physical, shapes):
+            padded = result_padding(dims, pshape, shape)
+            if padded is False and lowered_exact(pshape):
+                shape, padded = pshape, None
+            if padded is False:
+                return None
+            results.append((shape, pshape, padded))
+        return results, reads
+
+    def _one(self, v: Any, k: Any, at: Any, dyn: list, place: int, reads: dict, dims: dict, args: tuple,
+             kwargs: dict) -> bool:
+        if type(k) is not _padding.PaddedSpec:
+            return not (self.full and type(v) is JaxTensor and id(v) in reads) and matches(v, k, dyn, place)
+        if type(v) is not JaxTensor:
+            return False
+        storage = v._storage
+        a = storage._array
+        if storage.padded is None or storage.place != place or a is None:
+            return False  # (an exact tensor read wider: the engine's way)
+        if self.full:
+            r = reads.get(id(v))
+            if r is None or fill_of(self.op.rule, at, args, kwargs) != k.fill:
+                return False
+        else:
+            r = read_of(v)
+            if r is None:
+                return False
+        if self.known.get(id(r)) is not r:
+            if (storage.jax_dtype != k.dtype or r.physical != k.physical or r.view != k.view or r.masks != k.masks
+                    or tuple(tuple((c[0], c[2]) for c in dim) for dim in r.comps) != k.comps):
+                return False
+            if len(self.known) > 64:
+                self.known.clear()
+            self.known[id(r)] = r
+        if not self.full:
+            pattern = self.patterns.get(at)
+            if pattern is None:
+                return False
+            for d, (p, n) in enumerate(zip(r.psize, v.shape)):
+                if p == n:
+                    if pattern[d] != n:
+                        return False
+                else:
+                    if pattern[d] != -1:
+                        return False
+                    c = r.comps[d]
+                    had = dims.setdefault((p, n), c)
+                    if had is not c and not _alike_layout(had, c):
+                        return False  # (prepare refuses dims of the same sizes padded in two ways)
+            reads[id(v)] = r
+        dyn.append(a)
+        if r.view is not None:
+            dyn.append(r.offset)
+        if k.sized:
+            for sizes in r.sizes:
+                for n in sizes:
+                    dyn.append(_padding.device_scalar(n, place))
+        return True
+
+
+def padded_lane(op: Any, key: tuple, entry: Any, reads: dict, given: tuple, prepared: tuple) -> Any:
+    """The replay lane of a padded call just recorded (its key, what it
+    read, its arguments as given and as :func:`prepare` lined them up), or
+    ``_fused.NO_LANE`` where its calls take the engine's way: an op with
+    something around its engine call, a random draw, a call that padded
+    an argument to line it up (the copy is per call), a padded read inside
+    a list, a host scalar or a generator.  A rule with exact or meeting
+    dims or fills from other arguments runs :func:`prepare` per call; the
+    others keep its decisions by the lane's patterns, and so take no exact
+    tensor outside an elementwise op (one is lined up with padded dims by
+    its sizes, which the call's logical sizes decide)."""
+    from . import _fused
+
+    rule = op.rule
+    physical = op.physical.get(key)
+    if (not op.padded_replayable or not op.simple or op.lowering.needs_rng or prepared[0] is not given[0]
+            or prepared[1] is not given[1] or physical is None or type(key[4]) is not int):
+        return _fused.NO_LANE
+    full = rule.exact is not None or rule.align is not None or bool(rule.fills)
+    tensors = full or rule.fill is None
+    entries = (*key[0], *(k for _, k in key[1]))
+    if not all(type(k) is _padding.PaddedSpec or _exact_entry(k, tensors) for k in entries):
+        return _fused.NO_LANE
+    args, kwargs = given
+    patterns = {}
+    for at, v in (*enumerate(args), *kwargs.items()):
+        r = reads.get(id(v)) if type(v) is JaxTensor else None
+        if r is not None:
+            patterns[at] = tuple(-1 if p != n else n for p, n in zip(r.psize, v.shape))
+    return _fused.Lane(op.func, key, op, entry.used, entry.plan, PaddedLane(op, key, patterns, physical, full))
+
+
+def _traces_a_scalar(key: tuple) -> bool:
+    def traced(k: Any) -> bool:
+        return type(k) is DynamicScalar or (type(k) is SequenceArg and any(traced(x) for x in k))
+    return any(traced(k) for k in (*key[0], *(k for _, k in key[1])))
+
+
+def _exact_entry(k: Any, tensors: bool) -> bool:
+    """Whether a key entry is one the padded lane reads as the exact lane
+    does (:func:`~._signatures.matches`), with an exact tensor only where
+    ``tensors``."""
+    t = type(k)
+    if t is SequenceArg:
+        return all(_exact_entry(x, tensors) for x in k)
+    if t is TensorSpec:
+        return tensors
+    return t is not _padding.PaddedSpec and t is not HostScalar and k is not GENERATOR
 
 
 def _alike(meets: dict, at: dict, reads: dict) -> bool:

@@ -128,7 +128,7 @@ class CompiledOp:
     __slots__ = ("func", "lowering", "inplace", "out_names", "meta_op", "cache", "eager", "name", "scalar_slots",
                  "dynamic", "misses", "in_trial", "simple", "hits", "last_key", "late_misses", "warm_hits",
                  "dtype_from_out", "checked_scalars", "rule", "seen_shapes", "logical", "physical", "seen_scalars",
-                 "replayable")
+                 "replayable", "padded_replayable")
 
     def __init__(self, func: Any, lowering: Lowering, inplace: int | None = None,
                  out_names: tuple[str, ...] = (), meta_op: Any = None) -> None:
@@ -167,6 +167,10 @@ class CompiledOp:
         #: rewrites around it: ``_dispatch.handler_for``), so that fused
         #: eager may replay its calls without it (``_fused.replay``).
         self.replayable = False
+        #: Whether its handler is this object's call for padded inputs too
+        #: (no wrapper that handles them itself: a join, a mean): fused
+        #: eager may replay its padded calls (``_dynamic_dims.PaddedLane``).
+        self.padded_replayable = False
 
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         given = kwargs
@@ -300,30 +304,12 @@ class CompiledOp:
             return _EXACT  # encode() cuts what is padded
         if not _dynamic_dims.padded_inputs(args, kwargs):
             return _EXACT
-        rule = self.rule
         given = (args, kwargs)
-        prepared = _dynamic_dims.prepare(rule, args, kwargs)
-        if prepared is None:
-            return self._exact(args, kwargs, "inputs that do not line up")
-        reads, dims, args, kwargs = prepared
-        dyn: list[Any] = []
-        devs: list[Any] = []
-        slots = self.scalar_slots if self.dynamic else ()
-        fill_of = _dynamic_dims.fill_of
-        draws = self.lowering.needs_rng
-        try:
-            key_args = tuple([encode_dynamic(v, dyn, devs) if i in slots and id(v) not in reads
-                              else encode_padded(v, dyn, devs, fill_of(rule, i, args, kwargs), reads, draws)
-                              for i, v in enumerate(args)])
-            key_kwargs = tuple([(k, encode_dynamic(v, dyn, devs) if k in slots and id(v) not in reads
-                                 else encode_padded(v, dyn, devs, fill_of(rule, k, args, kwargs), reads, draws))
-                                for k, v in kwargs.items()]) if kwargs else ()
-        except ForeignFirst:
-            return self._exact(args, kwargs, "a tensor on another device")
-        place = devs[0] if devs else None
-        if type(place) is not int or any(d != place for d in devs):
-            return self._exact(args, kwargs, "a mesh or several devices")
-        key = (key_args, key_kwargs, (), cfg, place)
+        made = self.padded_key(args, kwargs, cfg)
+        if len(made) == 3:
+            return self._exact(made[1], made[2], made[0])
+        key, dyn, reads, dims, args, kwargs = made
+        place = key[4]
         entry = self.cache.get(key)
         if entry is None and _dynamic_dims.pad_marked(*given):
             return self._padded(*given)  # an input marked dynamic along more dims: padded along them too
@@ -356,7 +342,9 @@ class CompiledOp:
             if recorded is _EXACT:
                 return self._exact(args, kwargs, "a result whose padding is unknown")
             if recorded is not None:
-                self._note_padded_call(args, kwargs, reads)
+                self.note_padded_call(args, kwargs, reads)
+                if entry.fusable.lane is None:  # its later calls may take fused eager's replay lane
+                    entry.fusable.lane = _dynamic_dims.padded_lane(self, key, entry, reads, given, (args, kwargs))
                 return recorded
         if open_segments:
             dyn = self._resolved(dyn, place)
@@ -377,7 +365,7 @@ class CompiledOp:
             if padded is False:
                 return self._exact(args, kwargs, "a result whose padding is unknown")
             made.append((arr, shape, spec.dtype, padded))
-        self._note_padded_call(args, kwargs, reads)
+        self.note_padded_call(args, kwargs, reads)
         wrapped = []
         for m in made:
             if m is None:
@@ -390,8 +378,37 @@ class CompiledOp:
             return wrapped[0]
         return tuple(wrapped) if plan.container == "tuple" else wrapped
 
+    def padded_key(self, args: tuple, kwargs: dict, cfg: Any) -> tuple:
+        """A padded call's key and what it reads: ``(key, dyn, reads, dims,
+        args, kwargs)``, the arguments as ``_dynamic_dims.prepare`` lined
+        them up (the same objects where it padded none of them); or
+        ``(why, args, kwargs)`` where the call runs exact."""
+        rule = self.rule
+        prepared = _dynamic_dims.prepare(rule, args, kwargs)
+        if prepared is None:
+            return "inputs that do not line up", args, kwargs
+        reads, dims, args, kwargs = prepared
+        dyn: list[Any] = []
+        devs: list[Any] = []
+        slots = self.scalar_slots if self.dynamic else ()
+        fill_of = _dynamic_dims.fill_of
+        draws = self.lowering.needs_rng
+        try:
+            key_args = tuple([encode_dynamic(v, dyn, devs) if i in slots and id(v) not in reads
+                              else encode_padded(v, dyn, devs, fill_of(rule, i, args, kwargs), reads, draws)
+                              for i, v in enumerate(args)])
+            key_kwargs = tuple([(k, encode_dynamic(v, dyn, devs) if k in slots and id(v) not in reads
+                                 else encode_padded(v, dyn, devs, fill_of(rule, k, args, kwargs), reads, draws))
+                                for k, v in kwargs.items()]) if kwargs else ()
+        except ForeignFirst:
+            return "a tensor on another device", args, kwargs
+        place = devs[0] if devs else None
+        if type(place) is not int or any(d != place for d in devs):
+            return "a mesh or several devices", args, kwargs
+        return (key_args, key_kwargs, (), cfg, place), dyn, reads, dims, args, kwargs
+
     @staticmethod
-    def _note_padded_call(args: tuple, kwargs: dict, reads: dict) -> None:
+    def note_padded_call(args: tuple, kwargs: dict, reads: dict) -> None:
         """Count a padded call in the statistics, by its first padded input,
         and note the padded shape each padded input was read as."""
         counted = False
@@ -658,7 +675,7 @@ class CompiledOp:
                        fusable,
                        [self.hits])
         if (fusable is not None and self.replayable and self.simple and not writes and type(key[4]) is int
-                and _replayable(key[0]) and all(_replayable(k) for _, k in key[1])):
+                and all(_replayable(k) for k in key[0]) and all(_replayable(k) for _, k in key[1])):
             fusable.lane = _fused.Lane(self.func, key, self, entry.used, plan)
         with _lock:
             if len(self.cache) >= CACHE_ENTRIES:

@@ -58,7 +58,7 @@ SPLIT_RESULTS = 64
 _local = threading.local()
 _validated: set = set()  # traceable op functions known to trace with pending (abstract) inputs
 _refused: set = set()  # those that do not (they need concrete values), or trace to other shapes than planned
-_counts = {"segments": 0, "ops": 0, "programs": 0, "op_by_op": 0, "replayed": 0, "lane": 0}
+_counts = {"segments": 0, "ops": 0, "programs": 0, "op_by_op": 0, "replayed": 0, "lane": 0, "lane_padded": 0}
 _recompiles = logging.getLogger("pjrt_host.recompiles")
 _SCALARS = (int, float, bool, complex)
 #: ids of arrays that take a slot of their own at each use, as a Python
@@ -922,10 +922,13 @@ class Lane:
     dtypes.  Only for an op whose whole handler is the engine's call, with
     no out= targets, no random draw and no padded read."""
 
-    __slots__ = ("func", "cfg", "place", "args", "kwargs", "op", "traced", "used", "outputs", "container")
+    __slots__ = ("func", "cfg", "place", "args", "kwargs", "op", "traced", "used", "outputs", "container", "padded")
 
-    def __init__(self, func: Any, key: tuple, op: Any, used: list, plan: Any) -> None:
+    def __init__(self, func: Any, key: tuple, op: Any, used: list, plan: Any, padded: Any = None) -> None:
         self.func = func
+        #: A padded call's lane (``_dynamic_dims.PaddedLane``): it reads the
+        #: arguments and gives the results' shapes and padding per call.
+        self.padded = padded
         self.args, self.kwargs, _, self.cfg, self.place = key
         self.op = op
         # whether the op's scalars were traced (the key's rule for them):
@@ -934,6 +937,16 @@ class Lane:
         self.used = used
         self.outputs = tuple((spec.shape, spec.dtype, jax_dtype(spec.dtype)) for spec in plan.outputs)
         self.container = plan.container
+
+
+class _NoLane:
+    """The lane of an op whose calls of one key take the engine's way."""
+
+    __slots__ = ()
+    func = None
+
+
+NO_LANE = _NoLane()
 
 
 def replay(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -969,24 +982,30 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
     place = lane.place
     if seg is not None and seg.device != place:
         return None
-    keys = lane.args
-    if len(args) != len(keys):
-        return None
     dyn: list = []
-    for v, k in zip(args, keys):
-        if not matches(v, k, dyn, place):
+    padded = lane.padded
+    if padded is None:
+        keys = lane.args
+        if len(args) != len(keys):
             return None
-    if kwargs or lane.kwargs:
-        if len(kwargs) != len(lane.kwargs):
-            return None
-        for name, k in lane.kwargs:
-            if name not in kwargs or not matches(kwargs[name], k, dyn, place):
+        for v, k in zip(args, keys):
+            if not matches(v, k, dyn, place):
                 return None
+        if kwargs or lane.kwargs:
+            if len(kwargs) != len(lane.kwargs):
+                return None
+            for name, k in lane.kwargs:
+                if name not in kwargs or not matches(kwargs[name], k, dyn, place):
+                    return None
+    else:
+        padded = padded.match(args, kwargs, dyn, place)
+        if padded is None:
+            return None
     refs = step[1]
     if len(dyn) != len(refs):
         return None
     if CHECK:
-        _check_replay(lane, step[0], args, kwargs, dyn)
+        _check_replay(lane, step[0], args, kwargs, dyn, padded)
     if seg is None:  # the call opens the segment that replays the script
         seg = _local.segment = _local.previous = Segment(place, before.script)
     with seg.lock:
@@ -1023,7 +1042,16 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
         op.hits += 1
         lane.used[0] = op.hits
         results = seg.results
-        if lane.container == "single":
+        if padded is not None:
+            tensors = []
+            for (shape, physical, padding), (_, dtype, jdtype) in zip(padded[0], lane.outputs):
+                pending = Pending(seg, len(results), physical, jdtype)
+                t = result_tensor(pending, shape, dtype, place, place, padding)
+                results.append((weakref.ref(t._storage), pending))
+                tensors.append(t)
+            result = tensors[0] if lane.container == "single" else (
+                tuple(tensors) if lane.container == "tuple" else tensors)
+        elif lane.container == "single":
             shape, dtype, jdtype = lane.outputs[0]
             pending = Pending(seg, len(results), shape, jdtype)
             result: Any = result_tensor(pending, shape, dtype, place, place)
@@ -1037,6 +1065,9 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
                 tensors.append(t)
             result = tuple(tensors) if lane.container == "tuple" else tensors
         full = n + 1 == script.n and script.cut and not _may_go_on(seg, script)
+    if padded is not None:
+        _counts["lane_padded"] += 1
+        lane.op.note_padded_call(args, kwargs, padded[1])
     if full:
         _end(seg)
     return result
@@ -1047,11 +1078,29 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
 CHECK = _env.check_replay()
 
 
-def _check_replay(lane: Lane, op: Traceable, args: tuple, kwargs: dict, dyn: list) -> None:
+def _check_replay(lane: Lane, op: Traceable, args: tuple, kwargs: dict, dyn: list, padded: Any = None) -> None:
     """The replay lane's verdict checked against the engine's rule: the key
     the engine builds for the call is the recorded op's, and its run-time
-    values are the lane's."""
-    key, values = lane.op._key(args, kwargs, [])
+    values are the lane's (for a padded call, the engine's padded key, and
+    the results' shapes and padding it gives them)."""
+    if padded is not None:
+        made = lane.op.padded_key(args, kwargs, lane.cfg)
+        if len(made) == 3 or made[4] is not args or made[5] is not kwargs:
+            raise AssertionError(f"pjrt_host: fused eager's replay lane took a padded call of {op.name}, but the "
+                                 f"engine would run it otherwise ({made[0] if len(made) == 3 else 'lined up'})")
+        key, values, _, dims, _, _ = made
+        from ._dynamic_dims import lowered_exact, logical_shapes, result_padding
+        engine = []
+        for physical, shape in zip(lane.padded.physical, logical_shapes(lane.op, key, args, kwargs) or ()):
+            padding = result_padding(dims, physical, shape)
+            if padding is False and lowered_exact(physical):
+                shape, padding = physical, None
+            engine.append((shape, physical, padding))
+        if engine != padded[0]:
+            raise AssertionError(f"pjrt_host: fused eager's replay lane gave {op.name}'s results the shapes and "
+                                 f"padding {padded[0]}, the engine {engine}")
+    else:
+        key, values = lane.op._key(args, kwargs, [])
     if key != op.key or len(values) != len(dyn) or any(a is not b and not (type(a) in _SCALARS and a == b) for a, b in zip(values, dyn)):
         raise AssertionError(f"pjrt_host: fused eager's replay lane took a call of {op.name} as the one recorded, "
                              f"but the engine keys it otherwise:\n  recorded {op.key}\n  engine's {key}")
