@@ -767,7 +767,8 @@ def test_a_lane_that_took_another_call_would_fail_the_suite(monkeypatch):
     its argument check is made to take anything) raises at that call."""
     assert _fused.CHECK
     if _config.current().dynamic_shapes == "all":
-        pytest.skip("every call is padded in this run: the replay lane takes exact calls only")
+        # (the padded lane's net: test_dynamic_shapes.py::test_a_padded_lane_that_gave_other_shapes_would_fail_the_suite)
+        pytest.skip("every call is padded in this run: this net is the exact lane's")
     x = torch.randn(16, device="jax")
 
     def run(scale):
