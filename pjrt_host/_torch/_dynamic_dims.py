@@ -770,6 +770,28 @@ class PaddedLane:
             results.append((shape, pshape, padded))
         return results, reads
 
+    def engine_key(self, args: tuple, kwargs: dict, cfg: Any, results: list) -> tuple:
+        """The engine's key and run-time values for a call this lane took
+        (``PJRT_HOST_CHECK_REPLAY``), after checking that the engine lines
+        the call up alike and gives its results the lane's ``(shape,
+        physical, padding)``; AssertionError where it does not."""
+        name = self.op.name
+        made = self.op.padded_key(args, kwargs, cfg)
+        if len(made) == 3 or made[4] is not args or made[5] is not kwargs:
+            raise AssertionError(f"pjrt_host: fused eager's replay lane took a padded call of {name}, but the "
+                                 f"engine would run it otherwise ({made[0] if len(made) == 3 else 'lined up'})")
+        key, values, _, dims, _, _ = made
+        engine = []
+        for physical, shape in zip(self.physical, logical_shapes(self.op, key, args, kwargs) or ()):
+            padding = result_padding(dims, physical, shape)
+            if padding is False and lowered_exact(physical):
+                shape, padding = physical, None
+            engine.append((shape, physical, padding))
+        if engine != results:
+            raise AssertionError(f"pjrt_host: fused eager's replay lane gave {name}'s results the shapes and "
+                                 f"padding {results}, the engine {engine}")
+        return key, values
+
     def _one(self, v: Any, k: Any, at: Any, dyn: list, place: int, reads: dict, dims: dict, args: tuple,
              kwargs: dict) -> bool:
         if type(k) is not _padding.PaddedSpec:

@@ -1084,21 +1084,7 @@ def _check_replay(lane: Lane, op: Traceable, args: tuple, kwargs: dict, dyn: lis
     values are the lane's (for a padded call, the engine's padded key, and
     the results' shapes and padding it gives them)."""
     if padded is not None:
-        made = lane.op.padded_key(args, kwargs, lane.cfg)
-        if len(made) == 3 or made[4] is not args or made[5] is not kwargs:
-            raise AssertionError(f"pjrt_host: fused eager's replay lane took a padded call of {op.name}, but the "
-                                 f"engine would run it otherwise ({made[0] if len(made) == 3 else 'lined up'})")
-        key, values, _, dims, _, _ = made
-        from ._dynamic_dims import lowered_exact, logical_shapes, result_padding
-        engine = []
-        for physical, shape in zip(lane.padded.physical, logical_shapes(lane.op, key, args, kwargs) or ()):
-            padding = result_padding(dims, physical, shape)
-            if padding is False and lowered_exact(physical):
-                shape, padding = physical, None
-            engine.append((shape, physical, padding))
-        if engine != padded[0]:
-            raise AssertionError(f"pjrt_host: fused eager's replay lane gave {op.name}'s results the shapes and "
-                                 f"padding {padded[0]}, the engine {engine}")
+        key, values = lane.padded.engine_key(args, kwargs, lane.cfg, padded[0])
     else:
         key, values = lane.op._key(args, kwargs, [])
     if key != op.key or len(values) != len(dyn) or any(a is not b and not (type(a) in _SCALARS and a == b) for a, b in zip(values, dyn)):
