@@ -760,15 +760,8 @@ class PaddedLane:
                 memo[sizes] = shapes
         if shapes is None:
             return None
-        results = []
-        for pshape, shape in zip(self.physical, shapes):
-            padded = result_padding(dims, pshape, shape)
-            if padded is False and lowered_exact(pshape):
-                shape, padded = pshape, None
-            if padded is False:
-                return None
-            results.append((shape, pshape, padded))
-        return results, reads
+        results = result_layouts(dims, self.physical, shapes)
+        return None if results is None else (results, reads)
 
     def engine_key(self, args: tuple, kwargs: dict, cfg: Any, results: list) -> tuple:
         """The engine's key and run-time values for a call this lane took
@@ -781,12 +774,7 @@ class PaddedLane:
             raise AssertionError(f"pjrt_host: fused eager's replay lane took a padded call of {name}, but the "
                                  f"engine would run it otherwise ({made[0] if len(made) == 3 else 'lined up'})")
         key, values, _, dims, _, _ = made
-        engine = []
-        for physical, shape in zip(self.physical, logical_shapes(self.op, key, args, kwargs) or ()):
-            padding = result_padding(dims, physical, shape)
-            if padding is False and lowered_exact(physical):
-                shape, padding = physical, None
-            engine.append((shape, physical, padding))
+        engine = result_layouts(dims, self.physical, logical_shapes(self.op, key, args, kwargs) or ())
         if engine != results:
             raise AssertionError(f"pjrt_host: fused eager's replay lane gave {name}'s results the shapes and "
                                  f"padding {results}, the engine {engine}")
@@ -1080,6 +1068,30 @@ def result_padding(dims: dict, physical: tuple, shape: tuple) -> tuple | None:
             return False
         out.append(c)
     return tuple(out)
+
+
+def result_layout(dims: dict, physical: tuple, shape: tuple) -> tuple | None:
+    """A padded call's result of array shape ``physical`` and torch's
+    ``shape``: its ``(shape, padding)`` (:func:`result_padding`; an empty
+    result whose padding cannot be told takes the array's shape, exact:
+    :func:`lowered_exact`), or None when its padding is unknown (the call
+    runs exact)."""
+    padded = result_padding(dims, physical, shape)
+    if padded is not False:
+        return shape, padded
+    return (physical, None) if lowered_exact(physical) else None
+
+
+def result_layouts(dims: dict, physical: tuple, shapes: list) -> list | None:
+    """:func:`result_layout` of each result: ``(shape, physical, padding)``
+    each, or None when one's padding is unknown."""
+    out = []
+    for pshape, shape in zip(physical, shapes):
+        found = result_layout(dims, pshape, shape)
+        if found is None:
+            return None
+        out.append((found[0], pshape, found[1]))
+    return out
 
 
 def lowered_exact(physical: tuple) -> bool:

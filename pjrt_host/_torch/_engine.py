@@ -359,12 +359,10 @@ class CompiledOp:
             if spec.kind == "none":
                 made.append(None)
                 continue
-            padded = _dynamic_dims.result_padding(dims, tuple(arr.shape), shape)
-            if padded is False and _dynamic_dims.lowered_exact(tuple(arr.shape)):
-                shape, padded = tuple(arr.shape), None
-            if padded is False:
+            layout = _dynamic_dims.result_layout(dims, tuple(arr.shape), shape)
+            if layout is None:
                 return self._exact(args, kwargs, "a result whose padding is unknown")
-            made.append((arr, shape, spec.dtype, padded))
+            made.append((arr, layout[0], spec.dtype, layout[1]))
         self.note_padded_call(args, kwargs, reads)
         wrapped = []
         for m in made:
@@ -436,14 +434,9 @@ class CompiledOp:
             if len(self.physical) > 512:
                 self.physical.clear()
             self.physical[key] = physical
-        results = []
-        for pshape, shape in zip(physical, shapes):
-            padded = _dynamic_dims.result_padding(dims, pshape, shape)
-            if padded is False and _dynamic_dims.lowered_exact(pshape):
-                shape, padded = pshape, None
-            if padded is False:
-                return _EXACT
-            results.append((shape, pshape, padded))
+        results = _dynamic_dims.result_layouts(dims, physical, shapes)
+        if results is None:
+            return _EXACT
         return _fused.record(entry.fusable, dyn, entry.plan, place, place, padded=results)
 
     @staticmethod
