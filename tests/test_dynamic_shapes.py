@@ -261,6 +261,26 @@ def test_labels_moved_to_the_device_at_changing_lengths_are_shifted_in_their_buc
     assert compiled[5] == compiled[7] == compiled[8] == 0, compiled
 
 
+def test_a_batch_moved_at_changing_lengths_is_padded_on_its_way():
+    # a batch larger than the host's own pad copies: padded on the host as
+    # it moves (no pad program, no copy back from the device), its values
+    # and its logical sizes the host tensor's
+    _padding.reset()
+    with pjrt_host.config(dynamic_shapes=True):
+        for i, n in enumerate([40, 45, 50, 55, 60]):
+            batch = torch.randn(n, 2048, generator=torch.Generator().manual_seed(n))  # 160+ KiB floats...
+            batch = batch.double()  # ...as doubles, past HOST_PAD_BYTES
+            assert batch.nbytes > _padding.HOST_PAD_BYTES
+            before = _compiled()
+            moved = batch.to("jax")
+            assert _compiled() == before, f"the move of length {n} compiled a program"
+            assert moved.shape == batch.shape and moved.dtype == batch.dtype
+            assert (moved._storage.padded is not None) == (i >= 2), (n, moved._storage.padded)
+            assert torch.equal(moved.cpu(), batch)
+            assert torch.equal((moved * 2).sum(0).cpu(), (batch * 2).sum(0))
+    assert torch.jax.dynamic_shape_stats()["pads"] == 3
+
+
 def test_a_modules_own_move_pads_none_of_its_tensors():
     # module.to('jax') moves every parameter and buffer at one line
     _padding.reset()

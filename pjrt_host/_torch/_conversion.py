@@ -42,9 +42,11 @@ def zero_copy_devices() -> tuple[str, ...]:
     return _zero_copy
 
 
-def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) -> Any:
+def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None, padded: tuple | None = None) -> Any:
     """A jax array on device ``index`` with the values of torch tensor ``t``
-    (cast to ``dtype`` if given), made with one copy."""
+    (cast to ``dtype`` if given), made with one copy; laid out as
+    ``padded`` (per dim its components, ``_padding``) where given -- on
+    the host, on its way, for a host tensor."""
     given = t
     t = t.detach()
     if t.is_conj():
@@ -60,11 +62,13 @@ def to_jax_array(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) 
             arr = jax.dlpack.from_dlpack(t.clone(memory_format=torch.contiguous_format))
             if arr.devices() != {target}:
                 arr = jax.device_put(arr, target)
-            return arr
+            return arr if padded is None else _padding.pad_as(arr, padded)
         except Exception:
             pass  # e.g. a dtype DLPack does not carry: the host path below
     host = t.cpu() if t.device.type != "cpu" else t
     value = host_array(host)
+    if padded is not None:
+        return jax.device_put(_padding.host_padded(value, padded), target)  # (a fresh copy: the device may keep it)
     if _keeps_host_memory(target):
         storage = given.untyped_storage()
         if 0 <= value.ctypes.data - storage.data_ptr() < storage.nbytes():

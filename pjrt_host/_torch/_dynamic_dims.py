@@ -1607,17 +1607,20 @@ def cast_grows(t: Any) -> bool:
     return bool(dims) and _pad_storage(t, dims)
 
 
-def moved(source: Any, t: JaxTensor, before: Any) -> bool:
-    """``t``, just moved to the device from the host tensor ``source``
-    (``before``: the device's result note before it, ``_sync.last_note``):
-    its storage is padded along a dim that took a third size at the line
-    that moved it (a training loop's ``batch.to('jax')``, Trainer's and
-    accelerate's own), as a factory's result is, so that the ops reading a
-    batch of a new length run their bucket's programs from the first.  A
-    tensor read first by ops that never see its sizes change at their own
-    place (T5's and BART's labels, shifted right into the decoder's inputs
-    by a ``new_zeros`` and slice writes) otherwise stayed exact and compiled
-    at every length.
+def move_layout(source: Any, index: int, before: Any) -> tuple:
+    """How host tensor ``source``, about to move to device ``index``, is
+    laid out there (``before``: the device's result note before the move,
+    ``_sync.last_note``): ``(padded, mark)``, with ``padded`` per dim its
+    components where a dim took a third size at the line that moves it (a
+    training loop's ``batch.to('jax')``, Trainer's and accelerate's own),
+    as a factory's result is, so that the ops reading a batch of a new
+    length run their bucket's programs from the first, else None; and
+    ``mark`` for :func:`moved`, once it is there.  Padded on the host, on
+    its way: no copy back from the device (which waited for the device's
+    queue, every batch).  A tensor read first by ops that never see its
+    sizes change at their own place (T5's and BART's labels, shifted right
+    into the decoder's inputs by a ``new_zeros`` and slice writes)
+    otherwise stayed exact and compiled at every length.
 
     The place is the line and the tensor's position in a run of moves there
     with no other device work between them (a batch's dict comprehension:
@@ -1627,29 +1630,36 @@ def moved(source: Any, t: JaxTensor, before: Any) -> bool:
     one dim, the others keeping theirs (at most two: a last, short batch),
     is padded: a batch's length changes, not its rank's every dim.
     Parameters and buffers moved by ``module.to()`` are never padded (its
-    ``_apply``, which ``_modules`` wraps, is on the stack).  True when it
-    was."""
+    ``_apply``, which ``_modules`` wraps, is on the stack)."""
     mode = _config.current().dynamic_shapes
-    if not mode or mode == "all" or type(t) is not JaxTensor or t.dim() == 0 or t._view is not None \
-            or isinstance(source, torch.nn.Parameter):
-        return False
-    from . import _sync
+    if not mode or mode == "all" or source.dim() == 0 or isinstance(source, torch.nn.Parameter):
+        return None, None
     from ._meta import inside_backward
     from ._modules import moving_a_module
 
     if inside_backward() or moving_a_module():
-        return False
-    global _last_move
-    place, index, last = _caller(), t._storage.device_index, _last_move
+        return None, None
+    place, last = _caller(), _last_move
     # (nothing ran since the last move: the note before this one is its)
     position = last[2] + 1 if last is not None and last[0] == place and last[1] is before else 0
-    changing = _padding.changing_dims(("to_device", place, position), tuple(t.shape))
-    padded = len(changing) == 1 and _pad_storage(t, changing)
-    _last_move = (place, _sync.last_note(index), position)
-    return padded
+    shape = tuple(source.shape)
+    changing = _padding.changing_dims(("to_device", place, position), shape)
+    padded = _padding.bucket_layout(shape, changing) if len(changing) == 1 else None
+    return padded, (place, index, position)
 
 
-#: The last move: its place, the device's result note it left, its position in the run.
+def moved(mark: Any) -> None:
+    """A host tensor :func:`move_layout` gave ``mark`` is on the device:
+    the next move at its line, with no device work between, is the next
+    position of the run."""
+    global _last_move
+    if mark is not None:
+        from . import _sync
+
+        place, index, position = mark
+        _last_move = (place, _sync.last_note(index), position)
+
+
 _last_move: Any = None
 
 

@@ -521,10 +521,33 @@ def pad_storage_as(storage: Any, padded: tuple) -> bool:
         return False
     storage._array = pad_as(storage.computed(), padded)  # (a fused-eager result runs its segment)
     storage.padded = padded
+    noted_padding()
+    return True
+
+
+def bucket_layout(shape: tuple, dims: set) -> tuple | None:
+    """``shape`` padded along ``dims`` to their buckets, per dim its
+    components (as :func:`pad_storage` lays a storage out); None when that
+    is no padding at all (every such dim at its bucket's size)."""
+    padded = tuple(((room(n), n, True),) if d in dims else ((n, n, False),) for d, n in enumerate(shape))
+    return None if physical_shape(padded) == tuple(shape) else padded
+
+
+def host_padded(values: Any, padded: tuple) -> Any:
+    """Numpy array ``values`` (exact) laid out as ``padded`` on the host
+    (its padding zeros): a host tensor padded on its way to the device,
+    with no program and no copy back."""
+    import numpy as np
+
+    split, widths, physical = pad_layout(padded)
+    return np.pad(values.reshape(split), widths).reshape(physical)
+
+
+def noted_padding() -> None:
+    """Count a storage laid out padded (``stats()['pads']``)."""
     note("pads")
     global live
     live = True
-    return True
 
 
 _counts: collections.Counter = collections.Counter()
