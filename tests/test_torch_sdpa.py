@@ -8,6 +8,8 @@ and double backward."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -189,6 +191,29 @@ def test_attention_dropout_backward_sees_the_forwards_mask_and_double_backward_i
             results[device] = [grad_q.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()]
         for got, want in zip(results["jax"], results["cpu"]):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
+def test_attention_without_a_graph_draws_dropout_as_with_one(mode):
+    """Where no gradient is recorded (no_grad, inputs that need none) the
+    one op runs without autograd's Function: the same seed draws the same
+    dropout mask, and the values are those of a call that records one."""
+    import pjrt_host
+
+    gen = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(2, 2, 7, 8, generator=gen).to("jax") for _ in range(3)]
+    outs = []
+    with pjrt_host.config(eager=mode):
+        for way in ("graph", "no_grad", "no_inputs_need_it"):
+            torch.manual_seed(11)
+            q = inputs[0].clone().requires_grad_(way == "graph")
+            context = torch.no_grad() if way == "no_grad" else contextlib.nullcontext()
+            with context:
+                out = F.scaled_dot_product_attention(q, inputs[1], inputs[2], dropout_p=0.3, is_causal=True)
+            assert out.requires_grad == (way == "graph")
+            outs.append(out.detach().cpu())
+    assert (outs[0] == 0).any() and (outs[0] != 0).any()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 @pytest.mark.parametrize("p", [1.5, -0.2])

@@ -67,8 +67,10 @@ def _sdpa_checked(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     if isinstance(dropout_p, (int, float)) and not 0 <= dropout_p <= 1:  # (torch's dropout's own error)
         raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
     if _one_op(query, key, value, attn_mask, enable_gqa, dropout_p):
-        return _Attention.apply(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale,
-                                bool(enable_gqa))
+        args = (query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa))
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            return _Attention.apply(*args)
+        return _attention(*args)[1]  # no graph to record (generate()'s every token): not Function.apply's cost
     from .._padding import sized_after_padded
 
     with sized_after_padded(query, key):  # (its causal mask: padded at once where they are)
@@ -145,13 +147,10 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        keep = None
-        if dropout_p > 0:
-            keep = torch.ops.pjrt_host.attention_keep(query, key, dropout_p)
+        keep, out = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         ctx.save_for_backward(query, key, value, attn_mask, keep)
         ctx.args = (dropout_p, is_causal, scale, enable_gqa)
-        return torch.ops.pjrt_host.attention(query, key, value, attn_mask, keep, dropout_p, is_causal, scale,
-                                             enable_gqa)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -165,6 +164,14 @@ class _Attention(torch.autograd.Function):
             grads = torch.ops.pjrt_host.attention_backward(grad_out.contiguous(), query, key, value, attn_mask,
                                                            keep, *ctx.args)
         return (*grads, None, None, None, None, None)
+
+
+def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> tuple:
+    """``(keep, out)``: dropout's mask (None without dropout) and the
+    attention, as the one op computes them."""
+    keep = torch.ops.pjrt_host.attention_keep(query, key, dropout_p) if dropout_p > 0 else None
+    return keep, torch.ops.pjrt_host.attention(query, key, value, attn_mask, keep, dropout_p, is_causal, scale,
+                                               enable_gqa)
 
 
 def _math_attention(query, key, value, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa):
