@@ -590,6 +590,32 @@ def test_fused_eager_replays_padded_calls_without_the_engine():
             _padded_lane_step(dev, cpu, t)
 
 
+def test_a_padded_lane_keeps_how_a_call_lines_up_per_layout(monkeypatch):
+    """A matmul's, a norm's or the loss's padded lane lines its call up as
+    ``prepare`` does, once per layout of its arguments (each padded one's
+    read, which holds its logical sizes; the exact ones' sizes; the other
+    arguments): lengths seen before, the bucket's full size among them,
+    take the kept answers and still give CPU's values (the engine checks
+    every call the lane takes)."""
+    from pjrt_host._torch import _dynamic_dims
+
+    _padding.reset()
+    cpu, dev = _pair()
+    lined_up = []
+    prepare = _dynamic_dims.PaddedLane._prepare
+    monkeypatch.setattr(_dynamic_dims.PaddedLane, "_prepare",
+                        lambda self, *a: lined_up.append(self.op.name) or prepare(self, *a))
+    with pjrt_host.config(dynamic_shapes=True, eager="fused"):
+        # (a length's first step may record scripts; a later one takes their lanes)
+        for t in (20, 27, 23, 25, 26, *(22, 32, 19, 26) * 2):
+            _padded_lane_step(dev, cpu, t)
+        assert lined_up, "no lane of a full rule took a call"
+        for t in (22, 32, 19, 26):
+            del lined_up[:]
+            moved = _padded_lane_step(dev, cpu, t)
+            assert moved["lane_padded"] > 0 and not lined_up, (t, lined_up)
+
+
 def test_a_padded_lane_that_gave_other_shapes_would_fail_the_suite(monkeypatch):
     """The suite's net under the padded replay lane: a lane whose results'
     shapes or padding differ from the engine's raises at that call."""

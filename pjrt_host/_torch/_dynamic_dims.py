@@ -717,11 +717,13 @@ class PaddedLane:
     padded and its size where not (a dim at its bucket's full size is not
     read padded, and lining up goes by which dims are)."""
 
-    __slots__ = ("op", "key", "patterns", "physical", "full", "known", "shapes")
+    __slots__ = ("op", "key", "patterns", "physical", "full", "known", "shapes", "prepared")
 
     def __init__(self, op: Any, key: tuple, patterns: dict, physical: tuple, full: bool) -> None:
         self.op, self.key, self.patterns, self.physical, self.full = op, key, patterns, physical, full
         self.known: dict = {}  # id -> a PaddedRead found to encode to its entry (kept alive here)
+        #: (``full``) ``prepare``'s answers by what decides them (:meth:`_lined_up`)
+        self.prepared: dict = {}
         # the results' logical shapes by the call's tensors' sizes (the
         # engine's memo, without hashing the key per call); not where a
         # scalar is traced (its value is not among the sizes)
@@ -735,10 +737,10 @@ class PaddedLane:
         if len(args) != len(key_args) or len(kwargs) != len(key_kwargs):
             return None
         if self.full:
-            prepared = prepare(self.op.rule, args, kwargs)
-            if prepared is None or prepared[2] is not args or prepared[3] is not kwargs:
+            lined_up = self._lined_up(args, kwargs)
+            if lined_up is None:
                 return None  # (a call that pads an argument to line it up takes the engine's way)
-            reads, dims = prepared[0], prepared[1]
+            reads, dims = lined_up
         else:
             reads, dims = {}, {}
         for i, (v, k) in enumerate(zip(args, key_args)):
@@ -762,6 +764,55 @@ class PaddedLane:
             return None
         results = result_layouts(dims, self.physical, shapes)
         return None if results is None else (results, reads)
+
+    def _lined_up(self, args: tuple, kwargs: dict) -> tuple | None:
+        """``(reads, dims)`` as :func:`prepare` lines the call up, None
+        where it cannot or pads an argument to do so: kept per what decides
+        it (each padded tensor's ``PaddedRead``, kept alive with the answer,
+        so its id names it; each exact tensor's sizes and whether it is a
+        parameter; the call's other arguments), since ``prepare`` cost a
+        matmul's call 30 us of its 45 on the lane.  An exact tensor read
+        wider through an expand (``mark_wider``) is lined up every time."""
+        tensors = _tensor_args(args, kwargs, lists=True)
+        parts, found = [], []
+        for pos, t in tensors:
+            if t._storage.padded is None:
+                if _WIDE in t.__dict__:
+                    return self._prepare(args, kwargs)
+                parts.append((pos, t.shape, _is_parameter(t)))
+                found.append(None)
+            else:
+                r = read_of(t)
+                if r is None:
+                    return None  # (prepare's answer too)
+                parts.append((pos, t.shape, id(r)))
+                found.append(r)
+        try:
+            key = (tuple(parts), _plain(args), _plain(tuple(kwargs.items())) if kwargs else None)
+            kept = self.prepared.get(key, self.prepared)
+        except (TypeError, _NotPlain):
+            return self._prepare(args, kwargs)
+        if kept is self.prepared:
+            answer = self._prepare(args, kwargs)
+            if answer is not None:
+                by_id = answer[0]
+                # (each tensor's read as prepare gave it, by position in the call)
+                kept = (tuple(by_id.get(id(t)) for _, t in tensors), answer[1], tuple(found))
+            else:
+                kept = None
+            if len(self.prepared) > 64:
+                self.prepared.clear()
+            self.prepared[key] = kept  # (the reads in ``found`` stay alive with it: the ids in the key name them)
+        if kept is None:
+            return None
+        reads = {id(t): r for (_, t), r in zip(tensors, kept[0]) if r is not None}
+        return reads, kept[1]
+
+    def _prepare(self, args: tuple, kwargs: dict) -> tuple | None:
+        prepared = prepare(self.op.rule, args, kwargs)
+        if prepared is None or prepared[2] is not args or prepared[3] is not kwargs:
+            return None
+        return prepared[0], prepared[1]
 
     def engine_key(self, args: tuple, kwargs: dict, cfg: Any, results: list) -> tuple:
         """The engine's key and run-time values for a call this lane took
@@ -860,7 +911,44 @@ def padded_lane(op: Any, key: tuple, entry: Any, reads: dict, given: tuple, prep
         r = reads.get(id(v)) if type(v) is JaxTensor else None
         if r is not None:
             patterns[at] = tuple(-1 if p != n else n for p, n in zip(r.psize, v.shape))
-    return _fused.Lane(op.func, key, op, entry.used, entry.plan, PaddedLane(op, key, patterns, physical, full))
+    # one PaddedLane per op, key and patterns, whichever scripts take it (a
+    # step at another length replays other scripts): what it keeps per call
+    # layout (reads, shapes, prepare's answers) is found by all of them
+    shared = (op, key, tuple(patterns.items()))
+    lane = _padded_lanes.get(shared)
+    if lane is None or lane.physical != physical or lane.full != full:
+        if len(_padded_lanes) > 4096:
+            _padded_lanes.clear()
+        lane = _padded_lanes[shared] = PaddedLane(op, key, patterns, physical, full)
+    return _fused.Lane(op.func, key, op, entry.used, entry.plan, lane)
+
+
+#: (op, key, patterns) -> its PaddedLane (:func:`padded_lane`).
+_padded_lanes: dict = {}
+
+
+class _NotPlain(Exception):
+    pass
+
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _plain(values: tuple) -> tuple:
+    """The call's arguments other than its tensors, as a key (a tensor as
+    None: its own part of the key says it); _NotPlain for anything else."""
+    out = []
+    for v in values:
+        t = type(v)
+        if t is JaxTensor:
+            out.append(None)
+        elif t in _PLAIN:
+            out.append((t, v))
+        elif t is list or t is tuple:
+            out.append((t, _plain(v)))
+        else:
+            raise _NotPlain
+    return tuple(out)
 
 
 def _traces_a_scalar(key: tuple) -> bool:
