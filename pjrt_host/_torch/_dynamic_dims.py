@@ -721,7 +721,9 @@ class PaddedLane:
 
     def __init__(self, op: Any, key: tuple, patterns: dict, physical: tuple, full: bool) -> None:
         self.op, self.key, self.patterns, self.physical, self.full = op, key, patterns, physical, full
-        self.known: dict = {}  # id -> a PaddedRead found to encode to its entry (kept alive here)
+        #: (id, position) -> a PaddedRead found to encode to the entry at that
+        #: position (kept alive here): one read at two positions is checked at each
+        self.known: dict = {}
         #: (``full``) ``prepare``'s answers by what decides them (:meth:`_lined_up`)
         self.prepared: dict = {}
         # the results' logical shapes by the call's tensors' sizes (the
@@ -849,13 +851,13 @@ class PaddedLane:
             r = read_of(v)
             if r is None:
                 return False
-        if self.known.get(id(r)) is not r:
+        if self.known.get((id(r), at)) is not r:
             if (storage.jax_dtype != k.dtype or r.physical != k.physical or r.view != k.view or r.masks != k.masks
                     or tuple(tuple((c[0], c[2]) for c in dim) for dim in r.comps) != k.comps):
                 return False
             if len(self.known) > 64:
                 self.known.clear()
-            self.known[id(r)] = r
+            self.known[(id(r), at)] = r
         if not self.full:
             pattern = self.patterns.get(at)
             if pattern is None:
