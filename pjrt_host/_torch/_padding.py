@@ -492,9 +492,8 @@ def pad_storage(storage: Any, dims: set, odd: bool = False, padding: tuple | Non
     computed, not padded yet; else nothing (False)."""
     if storage.padded is not None or type(storage.place) is not int or storage._array is None or storage.numel == 0:
         return False
-    shape = storage.shape
-    return pad_storage_as(storage, tuple((padding if padding is not None else ((room(n, odd), n, True),))
-                                         if d in dims else ((n, n, False),) for d, n in enumerate(shape)))
+    layout = bucket_layout(storage.shape, dims, odd, padding)
+    return layout is not None and pad_storage_as(storage, layout)
 
 
 def pad_more(storage: Any, dims: set) -> bool:
@@ -525,11 +524,12 @@ def pad_storage_as(storage: Any, padded: tuple) -> bool:
     return True
 
 
-def bucket_layout(shape: tuple, dims: set) -> tuple | None:
-    """``shape`` padded along ``dims`` to their buckets, per dim its
-    components (as :func:`pad_storage` lays a storage out); None when that
-    is no padding at all (every such dim at its bucket's size)."""
-    padded = tuple(((room(n), n, True),) if d in dims else ((n, n, False),) for d, n in enumerate(shape))
+def bucket_layout(shape: tuple, dims: set, odd: bool = False, padding: tuple | None = None) -> tuple | None:
+    """``shape`` padded along ``dims`` to their buckets (or as ``padding``,
+    one dim's components), per dim its components; None when that is no
+    padding at all (every such dim at its bucket's size)."""
+    padded = tuple((padding if padding is not None else ((room(n, odd), n, True),)) if d in dims
+                   else ((n, n, False),) for d, n in enumerate(shape))
     return None if physical_shape(padded) == tuple(shape) else padded
 
 

@@ -30,9 +30,9 @@ from ._engine import CompiledOp, missing_lowering
 from ._meta import check_out_overlap, meta_view_of
 from . import _config, _dynamic_dims, _factories, _fused, _meta, _padding, _sharding, _storage_bridge, _strided
 from ._signatures import Traceable
-from ._sync import last_note, names_failed_collectives, note_result, run_deferred_checks
-from ._tensor import (JaxTensor, Pending, Storage, contiguous_strides, make, new_tensor, read, result_tensor,
-                      view_for, wrap_array, write)
+from ._sync import last_note, names_failed_collectives, run_deferred_checks
+from ._tensor import (JaxTensor, Pending, Storage, contiguous_strides, make, new_tensor, read, view_for,
+                      wrap_array, write)
 
 __all__ = ["STORAGE_OPS", "storage_op"]
 
@@ -88,12 +88,8 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
             return new_tensor(tuple(self.shape), dtype, index)
         # (a size that keeps changing at the line: padded on the way)
         padded, mark = _dynamic_dims.move_layout(self, index, last_note(index))
-        arr = to_jax_array(self, index, dtype, padded)
-        if padded is None:
-            moved = wrap_array(arr, index, dtype)
-        else:
-            note_result(index, arr)
-            moved = result_tensor(arr, tuple(self.shape), dtype, index, None, padded)
+        moved = wrap_array(to_jax_array(self, index, dtype, padded), index, dtype, None, padded, tuple(self.shape))
+        if padded is not None:
             _padding.noted_padding()
         _dynamic_dims.moved(mark)
         return moved

@@ -593,14 +593,16 @@ def result_tensor(array: Any, shape: tuple[int, ...], dtype: torch.dtype, index:
     return t
 
 
-def wrap_array(array: Any, index: int, dtype: torch.dtype | None = None, place: Any = None) -> JaxTensor:
+def wrap_array(array: Any, index: int, dtype: torch.dtype | None = None, place: Any = None,
+               padded: tuple | None = None, shape: tuple | None = None) -> JaxTensor:
     """A new tensor owning ``array`` (already on device ``index``, or on
     ``place``'s mesh with ``index`` its torch device), noted as the
-    device's latest result."""
+    device's latest result; of logical ``shape`` where ``array`` is laid
+    out ``padded``."""
     if dtype is None:
         dtype = torch_dtype(array.dtype)
     note_result(index, array)
-    return result_tensor(array, tuple(array.shape), dtype, index, place)
+    return result_tensor(array, tuple(array.shape) if shape is None else shape, dtype, index, place, padded)
 
 
 def new_tensor(shape: tuple[int, ...], dtype: torch.dtype, index: int) -> JaxTensor:
