@@ -1139,3 +1139,30 @@ def test_a_new_shape_after_an_optimizers_ops_compiles_only_the_new_ops():
     # compiles them as a piece: from the 5th on, no new program holds them
     late = [[op.name for op, _, _ in s.ops] for step in compiled[4:] for s in step]
     assert late and not any(name.startswith("aten::_foreach") for names in late for name in names), late
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
+def test_foreach_ops_whose_targets_alias_write_in_order_as_cpu(mode):
+    """A foreach in-place op whose list holds one storage twice, or writes
+    a tensor that another position reads, runs position by position as
+    CPU's kernels do (the functional op computes every position from the
+    old values); repeated, as a replayed segment."""
+    def run(device):
+        out = []
+        a = torch.ones(3, device=device)
+        b = torch.zeros(4, 2, device=device)
+        c = torch.full((2,), 3.0, device=device)
+        for _ in range(3):
+            torch._foreach_add_([a, a], 1.0)
+            torch._foreach_mul_([a, b[1]], 2.0)
+            torch._foreach_add_([b, b[2]], [1.0, 2.0])
+            torch._foreach_add_([c, b[0]], [b[3], c])
+            out.append([t.cpu().clone() for t in (a, b, c)] + [(a._version, b._version, c._version)])
+        return out
+
+    with pjrt_host.config(eager=mode):
+        got = run("jax")
+    for x, y in zip(got, run("cpu")):
+        for p, q in zip(x[:3], y[:3]):
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+        assert x[3] == y[3]

@@ -962,6 +962,14 @@ def _kernel_counts_writes(name: str) -> bool:
 
 def _write_back_each(func: Any, functional_op: Any, schema: Any, mutable: list, count_writes: bool, args: tuple,
                      kwargs: dict) -> Any:
+    if count_writes and args and _positions_meet(args[0], args[1:], kwargs):
+        # torch's kernels write position by position: a storage written at
+        # one position and read or written at another sees the first write
+        # (the functional op computes every position from the old values)
+        n = len(args[0])
+        for i in range(n):
+            func(*[_at_position(v, i, n) for v in args], **{k: _at_position(v, i, n) for k, v in kwargs.items()})
+        return args[0] if schema.returns else None
     with _fused.writing_back():
         return _write_back_each_held(func, functional_op, schema, mutable, count_writes, args, kwargs)
 
@@ -1001,6 +1009,30 @@ def _write_back_each_held(func: Any, functional_op: Any, schema: Any, mutable: l
         return None
     written = [bound[a.name] for a in mutable][:len(schema.returns)]  # an in-place op returns what it wrote
     return written[0] if len(written) == 1 else tuple(written)
+
+
+def _positions_meet(targets: Any, others: tuple, kwargs: dict) -> bool:
+    """Whether a foreach in-place op's positions share storage: a target's
+    storage written at two positions, or read at another position (or by
+    a tensor argument every position reads)."""
+    if (type(targets) is not list and type(targets) is not tuple) or len(targets) < 2:
+        return False
+    ours = [(id(t._storage), i) for i, t in enumerate(targets) if type(t) is _tensor.JaxTensor]
+    written = dict(ours)
+    if len(written) != len(ours):
+        return True
+    for v in (*others, *kwargs.values()):
+        if type(v) is list or type(v) is tuple:
+            if any(type(x) is _tensor.JaxTensor and written.get(id(x._storage), j) != j for j, x in enumerate(v)):
+                return True
+        elif type(v) is _tensor.JaxTensor and id(v._storage) in written:
+            return True
+    return False
+
+
+def _at_position(v: Any, i: int, n: int) -> Any:
+    """Argument ``v`` of a foreach op over ``n`` positions, at position ``i``."""
+    return [v[i]] if (type(v) is list or type(v) is tuple) and len(v) == n else v
 
 
 def _swapped_in(target: Any, value: Any) -> bool:
