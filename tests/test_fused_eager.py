@@ -1141,6 +1141,55 @@ def test_a_new_shape_after_an_optimizers_ops_compiles_only_the_new_ops():
     assert late and not any(name.startswith("aten::_foreach") for names in late for name in names), late
 
 
+def _foreach_run(device, steps, monkeypatch=None):
+    """AdamW's foreach step (weight decay, amsgrad) over parameters of
+    several shapes; per step, the number of tensors fused eager's lanes
+    made (``monkeypatch``: counted on a 'jax' run) and each parameter's
+    and state tensor's version."""
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(s, generator=g).to(device).requires_grad_() for s in [(5, 3), (7,), (2, 3, 4), (9,)]]
+    opt = torch.optim.AdamW(params, lr=0.05, weight_decay=0.1, amsgrad=True, foreach=True)
+    made, versions = [], []
+    if monkeypatch is not None:
+        real = _fused.result_tensor
+        count = [0]
+
+        def counting(*args, **kwargs):
+            count[0] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(_fused, "result_tensor", counting)
+    for step in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g).to(device)
+        before = 0 if monkeypatch is None else count[0]
+        with fused():
+            opt.step()
+            torch.jax.synchronize()  # as a training step's read of its loss
+            versions.append([t._version for t in params + [v for s in opt.state.values() for v in s.values()]])
+        made.append(0 if monkeypatch is None else count[0] - before)
+    return params, opt, made, versions
+
+
+def test_a_replayed_foreach_step_writes_its_targets_in_place(monkeypatch):
+    """The foreach in-place ops of an optimizer step, replayed, give each
+    target its result still pending, with no tensor made per result (a
+    GPT-2 AdamW step writes 364 of them: a tensor each was a third of its
+    cost), and count each write in the target's version as CPU's kernels
+    do; the step is CPU's foreach step."""
+    params, opt, made, versions = _foreach_run("jax", 6, monkeypatch)
+    cpu_params, cpu_opt, _, cpu_versions = _foreach_run("cpu", 6)
+    for a, b in zip(params, cpu_params):
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-6)
+    for sa, sb in zip(opt.state.values(), cpu_opt.state.values()):
+        for k in sb:
+            torch.testing.assert_close(sa[k].cpu(), sb[k], rtol=1e-5, atol=1e-6)
+    assert versions == cpu_versions
+    # replayed: only the ops that make new tensors (the denominator's
+    # sqrt) make them; written back, every in-place op made one per target
+    assert made[4:] == [len(params)] * 2, made
+
+
 @pytest.mark.parametrize("mode", ["op", "fused"])
 def test_foreach_ops_whose_targets_alias_write_in_order_as_cpu(mode):
     """A foreach in-place op whose list holds one storage twice, or writes

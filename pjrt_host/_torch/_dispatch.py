@@ -976,6 +976,14 @@ def _write_back_each(func: Any, functional_op: Any, schema: Any, mutable: list, 
 
 def _write_back_each_held(func: Any, functional_op: Any, schema: Any, mutable: list, count_writes: bool,
                           args: tuple, kwargs: dict) -> Any:
+    if _fused.replaying and not _profile.active and len(mutable) == 1 and mutable[0] is schema.arguments[0] \
+            and not mutable[0].kwarg_only and args:
+        storages = _whole_storages(args[0])
+        if storages is not None and _fused.replay(functional_op, args, kwargs, into=storages):
+            # the script's functional op, its results straight into the targets
+            if count_writes:
+                torch.autograd.graph.increment_version(args[0])
+            return args[0] if schema.returns else None
     out_names = {a.name for a in mutable if a.kwarg_only}
     results = functional_op(*args, **{k: v for k, v in kwargs.items() if k not in out_names})
     if len(mutable) == 1 or not isinstance(results, (tuple, list)):
@@ -1033,6 +1041,24 @@ def _positions_meet(targets: Any, others: tuple, kwargs: dict) -> bool:
 def _at_position(v: Any, i: int, n: int) -> Any:
     """Argument ``v`` of a foreach op over ``n`` positions, at position ``i``."""
     return [v[i]] if (type(v) is list or type(v) is tuple) and len(v) == n else v
+
+
+def _whole_storages(targets: Any) -> list | None:
+    """The storages of ``targets`` (a list of 'jax' tensors an in-place op
+    writes) where each is a whole, writable, unpadded storage on one device
+    (no view): what fused eager's replay lane can give its results
+    directly.  None otherwise."""
+    if type(targets) is not list and type(targets) is not tuple:
+        return None
+    storages = []
+    for t in targets:
+        if type(t) is not _tensor.JaxTensor or t._view is not None:
+            return None
+        storage = t._storage
+        if storage.padded is not None or storage.read_only is not None or type(storage.place) is not int:
+            return None
+        storages.append(storage)
+    return storages
 
 
 def _swapped_in(target: Any, value: Any) -> bool:

@@ -949,7 +949,7 @@ class _NoLane:
 NO_LANE = _NoLane()
 
 
-def replay(func: Any, args: tuple, kwargs: dict) -> Any:
+def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> Any:
     """The replay lane: the call ``func(*args, **kwargs)`` recorded as the
     next op of the script this thread's segment replays (or of the script
     that followed the segment before, which opens one) without the engine
@@ -957,7 +957,13 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
     script recorded there: the same op, arguments that encode to the same
     key (:func:`~._signatures.matches`) and are wired to the same values.
     None when it is not, or the op has no lane: the caller takes the
-    engine's way, which records it (or finds the segment is new from here)."""
+    engine's way, which records it (or finds the segment is new from here).
+
+    ``into``: the writable, unpadded storages (no views) that take the
+    results in order instead of new tensors, each of its result's shape
+    and dtype (an in-place foreach op replayed as its functional op: an
+    optimizer step writes each parameter and state tensor so, without a
+    tensor per result); True when they took them."""
     seg = getattr(_local, "segment", None)
     if seg is None:
         before = getattr(_local, "previous", None)
@@ -980,6 +986,11 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
     if op.in_trial or (op.dynamic is True) is not lane.traced:
         return None
     place = lane.place
+    if into is not None:
+        outputs = lane.outputs
+        if lane.padded is not None or len(outputs) != len(into) or any(
+                s.place != place or s.shape != o[0] or s.jax_dtype != o[2] for s, o in zip(into, outputs)):
+            return None
     if seg is not None and seg.device != place:
         return None
     dyn: list = []
@@ -1042,7 +1053,13 @@ def replay(func: Any, args: tuple, kwargs: dict) -> Any:
         op.hits += 1
         lane.used[0] = op.hits
         results = seg.results
-        if padded is not None:
+        if into is not None:
+            for storage, (shape, _, jdtype) in zip(into, lane.outputs):
+                pending = Pending(seg, len(results), shape, jdtype)
+                storage.commit(pending)
+                results.append((weakref.ref(storage), pending))
+            result = True
+        elif padded is not None:
             tensors = []
             for (shape, physical, padding), (_, dtype, jdtype) in zip(padded[0], lane.outputs):
                 pending = Pending(seg, len(results), physical, jdtype)
