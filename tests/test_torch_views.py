@@ -431,3 +431,22 @@ def test_a_view_of_a_base_whose_rank_changed_in_place_is_replayed_by_torch_as_it
         _backward_through_a_view_after_its_base_changed_rank(
             torch.arange(6.0).reshape(2, 3).to("jax").requires_grad_())
     assert str(by_device.value).splitlines()[0] == str(by_subclass.value).splitlines()[0]
+
+
+def test_clone_cast_and_likes_keep_the_strides_cpu_keeps():
+    """``clone()``, ``.to(dtype)`` and the ``*_like`` factories
+    (preserve_format) of views of every kind give the strides CPU gives: a
+    dense layout's own strides (size-1 dimensions' and an empty tensor's
+    included), a gapped or overlapping one's by torch's rule."""
+    def layouts(x):
+        x4 = x.reshape(2, 3, 1, 4)
+        return [x4, x4.permute(3, 0, 2, 1), x4.transpose(0, 1), x4[:, 1:], x4[..., ::2], x4.expand(2, 3, 5, 4),
+                x4.transpose(1, 3)[:, :, :, 1:], x4[:, :, :, :0].permute(3, 2, 1, 0), x.reshape(4, 6).t()[None],
+                x4.as_strided((3, 2), (1, 7))]
+
+    for got, want in zip(layouts(base("jax")), layouts(base("cpu"))):
+        for make in (lambda t: t.clone(), lambda t: t.to(torch.float64), torch.zeros_like,
+                     lambda t: torch.full_like(t, 2.5), lambda t: torch.empty_like(t).fill_(1)):
+            g, w = make(got), make(want)
+            assert g.stride() == w.stride(), (want.shape, want.stride(), g.stride(), w.stride())
+            torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0)

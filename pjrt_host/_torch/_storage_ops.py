@@ -311,11 +311,32 @@ def strides_for(t: Any, memory_format: Any) -> tuple[int, ...] | None:
     size = tuple(t.shape)
     if memory_format is None or memory_format == torch.contiguous_format:
         return None
+    if memory_format == torch.preserve_format and _dense(size, stride := tuple(t.stride())):
+        # torch's rule keeps a non-overlapping, dense layout's strides (a
+        # clone or cast of a whole tensor, or of a transpose: most calls)
+        return None if stride == contiguous_strides(size) else stride
     if memory_format == torch.preserve_format:  # torch's rule, as its meta kernel applies it
         stride = torch.empty_like(meta_view_of(t) if isinstance(t, JaxTensor) else t, device="meta").stride()
     else:
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
     return None if stride == contiguous_strides(size) else tuple(stride)
+
+
+def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether ``stride`` lays ``size`` out without overlap or gaps (torch's
+    ``is_non_overlapping_and_dense``: the dimensions of size 2 or more,
+    by increasing stride, each step the product of the sizes before; an
+    empty tensor is contiguous, whatever its strides)."""
+    if 0 in size:
+        return True
+    expected = 1
+    for d in sorted(range(len(size)), key=lambda d: stride[d]):
+        if size[d] < 2:
+            continue
+        if stride[d] != expected:
+            return False
+        expected *= size[d]
+    return True
 
 
 def laid_out(arr: Any, index: int, dtype: torch.dtype, place: Any, stride: tuple[int, ...] | None) -> JaxTensor:
@@ -661,6 +682,12 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
             out = torch.empty_strided(shape, tuple(meta.stride()), **factory_kwargs)
         else:
             out = factory(shape, args[fill], **factory_kwargs) if fill is not None else factory(shape, **factory_kwargs)
+    stride = strides_for(self, kwargs.get("memory_format", torch.preserve_format)) \
+        if func.name().endswith("_like") and not random and out.device.type == DEVICE_NAME else None
+    if stride is not None:
+        # laid out as torch lays it out (preserve_format keeps a transpose's
+        # layout: CPU's zeros_like of one is transposed too)
+        out = laid_out(out._storage.get(), out._storage.device_index, out.dtype, out._storage.place, stride)
     storage = self._storage
     if type(storage.place) is not int and self._view is None and device == self.device and shape == storage.shape:
         # Shaped like a sharded tensor (an optimizer's state of a sharded
