@@ -1215,3 +1215,24 @@ def test_foreach_ops_whose_targets_alias_write_in_order_as_cpu(mode):
         for p, q in zip(x[:3], y[:3]):
             torch.testing.assert_close(p, q, rtol=0, atol=0)
         assert x[3] == y[3]
+
+
+def test_an_empty_tensor_made_every_step_replays_on_the_lane():
+    """transformers' DynamicCache cats each layer's keys onto a fresh
+    ``torch.tensor([])`` every forward: an empty tensor, whose storage has
+    no array until read, is matched by the replay lane as the recorded
+    call's (its shared array of no elements), so the join replays."""
+    x = torch.randn(2, 3, 4, device="jax")
+
+    def step():
+        empty = torch.tensor([], device="jax")
+        return (torch.cat([empty, x * 2], dim=-2) + 1).sum().item()
+
+    with fused(), pjrt_host.config(dynamic_shapes=False):  # (exact: a padded x's join takes its own way)
+        for _ in range(4):
+            step()
+        before = _fused.stats()
+        got = step()
+        after = _fused.stats()
+    assert after["ops"] - before["ops"] == after["lane"] - before["lane"] == 4, (before, after)
+    assert got == pytest.approx((x.cpu() * 2 + 1).sum().item(), rel=1e-6)

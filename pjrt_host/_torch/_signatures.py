@@ -195,8 +195,12 @@ def matches(v: Any, k: Any, dyn: list, place: int) -> bool:
             return False
         storage = v._storage
         a = storage._array
-        if storage.place != place or storage.padded is not None or a is None:
+        if storage.place != place or storage.padded is not None:
             return False
+        if a is None:  # an empty tensor: one of no elements has its shared array (DynamicCache's, every layer)
+            if 0 not in storage.shape or type(place) is not int:
+                return False
+            a = storage.get()
         view = v._view
         if view is None:
             if storage.spec != k:
