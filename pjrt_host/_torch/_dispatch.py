@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _lowerings
+from .._lowerings._dtypes import dtype_name
 from .._errors import user_stacklevel
 from . import (_backward, _config, _dynamic_dims, _fused, _index_checks, _memory, _meta, _profile, _sdpa, _sequences,
                _storage_ops, _sync, _tensor, _value_checks)
@@ -1104,7 +1105,7 @@ _reshapes: dict = {}
 def _reshape_into(shape: tuple, into: tuple, dtype: Any) -> Any:
     """The recorded op that gives a storage of shape ``into`` an array of
     ``shape`` (the same elements, row-major)."""
-    return _fused.host_op(_reshapes, "pjrt_host.reshape_into", (shape, into, str(dtype)),
+    return _fused.host_op(_reshapes, "pjrt_host.reshape_into", (shape, into, dtype_name(dtype)),
                           lambda: (lambda a: a.reshape(into), None))
 
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from .. import _program_cache
+from .._lowerings._dtypes import dtype_name
 from . import _config, _padding
 from ._signatures import GENERATOR, DynamicScalar, HostScalar, SequenceArg, matches
 from ._tensor import JaxTensor, Pending, Storage, TensorSpec, contiguous_strides, make, read_through, view_for
@@ -1484,7 +1485,7 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
     if physical_out > _padding.MAX_SIZE:
         return None  # its length could not travel as an int32: the exact cat
     views = tuple(p[3] for p in parts)
-    key = (tuple(tuple(p[0].shape) for p in parts), str(parts[0][0].dtype), dim, physical_out, views)
+    key = (tuple(tuple(p[0].shape) for p in parts), dtype_name(parts[0][0].dtype), dim, physical_out, views)
     found = _join_programs.get(key)
     if found is None:
         count = len(parts)
@@ -1591,7 +1592,7 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
     physical_out = max(_padding.room(n, _config.current().dynamic_shapes == "all"), arr.shape[dim])
     if physical_out > _padding.MAX_SIZE:
         return None  # (as in join)
-    key = (tuple(arr.shape), str(arr.dtype), dim, physical_out)
+    key = (tuple(arr.shape), dtype_name(arr.dtype), dim, physical_out)
     program = _placing_programs.get(key)
     if program is None:
         def body(a, at, count):
@@ -1613,7 +1614,7 @@ def _placed_along_exact(arr: Any, padded: tuple, sizes: tuple, dim: int, start: 
     zeros after it up to ``sizes[dim]``; one program per bucket."""
     n = sizes[dim]
     after = n - start - arr.shape[dim]
-    key = ("exact", tuple(arr.shape), str(arr.dtype), dim, start, after)
+    key = ("exact", tuple(arr.shape), dtype_name(arr.dtype), dim, start, after)
     program = _placing_programs.get(key)
     if program is None:
         widths = tuple((start, after) if d == dim else (0, 0) for d in range(arr.ndim))
@@ -1793,7 +1794,7 @@ def pad_end(x: Any, pad: Any, value: Any, record: Callable | None = None) -> Jax
         value = int(value)
     else:
         value = float(value)
-    key = (tuple(arr.shape), str(arr.dtype), dim, physical_out, type(value))
+    key = (tuple(arr.shape), dtype_name(arr.dtype), dim, physical_out, type(value))
     program = _growing_programs.get(key)
     if program is None:
         def body(a, count, v):
@@ -1894,8 +1895,8 @@ def write(t: JaxTensor, value: Any) -> bool:
             return False
     fit = tuple(fit)
     sizes = [_padding.device_scalar(n, storage.place) for d in r.sizes for n in d]
-    key = (_padding.physical_shape(storage.padded), str(storage.jax_dtype), r.view, psize, r.masks, fit, vshape,
-           tuple(value.shape), str(value.dtype), vstatic)
+    key = (_padding.physical_shape(storage.padded), dtype_name(storage.jax_dtype), r.view, psize, r.masks, fit, vshape,
+           tuple(value.shape), dtype_name(value.dtype), vstatic)
     storage.check_writable()
     import sys
 

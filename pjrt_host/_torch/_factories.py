@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .. import _lowerings, _program_cache
-from .._lowerings._dtypes import jax_dtype
+from .._lowerings._dtypes import dtype_name, jax_dtype
 from . import _config, _fused, _memory, _meta, _padding, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, jax_device, sharding
@@ -467,7 +467,7 @@ def _placed(flat: Any, padded: tuple, index: int) -> Any:
     logical sizes passed at run time."""
     physical = _padding.physical_shape(padded)
     comps = tuple(tuple((c[0], c[2]) for c in dim) for dim in padded)
-    key = (tuple(flat.shape), str(flat.dtype), physical, comps)
+    key = (tuple(flat.shape), dtype_name(flat.dtype), physical, comps)
     fn = _placings.get(key)
     if fn is None:
         if len(_placings) > 256:

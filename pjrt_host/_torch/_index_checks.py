@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .. import _program_cache
-from .._lowerings._dtypes import jax_dtype, torch_dtype
+from .._lowerings._dtypes import dtype_name, jax_dtype, torch_dtype
 from . import _config, _fused, _padding
 from ._meta import OutputPlan, OutputSpec
 from ._sync import defer_check
@@ -193,7 +193,7 @@ def _recorded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
             or jax_dtype(index.dtype) != storage.jax_dtype:
         return None
     static = None if view is None else view.static
-    key = (static, str(storage.jax_dtype), ignore)
+    key = (static, dtype_name(storage.jax_dtype), ignore)
     def make() -> tuple:
         from . import _strided
 
@@ -325,7 +325,7 @@ def _wider_bounds(index: JaxTensor, ignore: int | None, mode: Any) -> tuple | No
         r = _dynamic_dims.read_wider(index, wide)
     if r is None:
         return None
-    key = ("wider", r.view, r.physical, str(storage.jax_dtype), r.masks, ignore is not None)
+    key = ("wider", r.view, r.physical, dtype_name(storage.jax_dtype), r.masks, ignore is not None)
     fn = _padded_programs.get(key)
     if fn is None:
         from . import _strided
@@ -428,7 +428,7 @@ def _pad_storage_as(storage: Any, padded: tuple) -> bool:
     def make() -> tuple:
         return (lambda a: jnp.pad(a.reshape(split), widths).reshape(physical)), None
 
-    op = _fused.host_op(_pad_ops, "pjrt_host.pad_as", (storage.shape, padded, str(storage.jax_dtype)), make)
+    op = _fused.host_op(_pad_ops, "pjrt_host.pad_as", (storage.shape, padded, dtype_name(storage.jax_dtype)), make)
     plan = OutputPlan("single", (OutputSpec("tensor", physical, torch_dtype(storage.jax_dtype)),))
     laid_out = _fused.record(op, [storage._array], plan, storage.device_index, storage.place)
     pending = None if laid_out is None else laid_out._storage._array

@@ -21,7 +21,7 @@ import torch
 from torch.utils._mode_utils import no_dispatch
 
 from .. import _lowerings, _program_cache
-from .._lowerings._dtypes import jax_dtype, torch_dtype
+from .._lowerings._dtypes import dtype_name, jax_dtype, torch_dtype
 from .._lowerings._util import broadcast_shapes_or_raise
 from ._conversion import to_jax_array, to_torch
 from ._devices import DEVICE_NAME, device_index, jax_device
@@ -160,7 +160,7 @@ def _recorded_read(t: JaxTensor, dtype: torch.dtype | None = None, to_copy: Any 
     cast = jax_dtype(dtype) if jax_dtype(dtype) != storage.jax_dtype else None
     if static is None and cast is None:
         return None
-    key = (static, str(storage.jax_dtype), None if cast is None else str(dtype))
+    key = (static, dtype_name(storage.jax_dtype), None if cast is None else dtype_name(dtype))
     def make() -> tuple:
         lowering = _lowerings.lookup(to_copy) if cast is not None else None
         ctx = _lowerings.LoweringContext()  # a cast does no matmul and draws nothing
