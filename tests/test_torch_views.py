@@ -446,7 +446,8 @@ def test_clone_cast_and_likes_keep_the_strides_cpu_keeps():
 
     for got, want in zip(layouts(base("jax")), layouts(base("cpu"))):
         for make in (lambda t: t.clone(), lambda t: t.to(torch.float64), torch.zeros_like,
-                     lambda t: torch.full_like(t, 2.5), lambda t: torch.empty_like(t).fill_(1)):
+                     lambda t: torch.full_like(t, 2.5), lambda t: torch.empty_like(t).fill_(1),
+                     lambda t: torch.ones_like(t, device="cpu")):
             g, w = make(got), make(want)
             assert g.stride() == w.stride(), (want.shape, want.stride(), g.stride(), w.stride())
             torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0)

@@ -683,11 +683,14 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
         else:
             out = factory(shape, args[fill], **factory_kwargs) if fill is not None else factory(shape, **factory_kwargs)
     stride = strides_for(self, kwargs.get("memory_format", torch.preserve_format)) \
-        if func.name().endswith("_like") and not random and out.device.type == DEVICE_NAME else None
+        if func.name().endswith("_like") and not random else None
     if stride is not None:
         # laid out as torch lays it out (preserve_format keeps a transpose's
         # layout: CPU's zeros_like of one is transposed too)
-        out = laid_out(out._storage.get(), out._storage.device_index, out.dtype, out._storage.place, stride)
+        if out.device.type == DEVICE_NAME:
+            out = laid_out(out._storage.get(), out._storage.device_index, out.dtype, out._storage.place, stride)
+        else:
+            out = torch.empty_strided(shape, stride, dtype=out.dtype, device=out.device).copy_(out)
     storage = self._storage
     if type(storage.place) is not int and self._view is None and device == self.device and shape == storage.shape:
         # Shaped like a sharded tensor (an optimizer's state of a sharded
