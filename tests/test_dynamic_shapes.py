@@ -329,6 +329,41 @@ def test_any_all_min_max_prod_run_padded():
     assert compiled[3:] == [0] * 3, compiled
 
 
+def _membership(t: int, device: str, tested_padded: bool) -> list:
+    # what generate()'s stopping criteria and logits processors ask every
+    # token: are the ids among the end-of-sequence ones
+    ids = (torch.arange(t, device=device) * 7) % 11 + torch.tensor([[0], [1], [2]], device=device)
+    eos = torch.tensor([0, 4], device=device)
+    if not tested_padded:
+        return [torch.isin(ids, eos), torch.isin(ids[:, -2:], eos, invert=True).any(-1), torch.isin(ids, 3)]
+    lengths = torch.arange(t, device=device) % 5
+    return [torch.isin(4, ids), torch.isin(eos, lengths), torch.isin(ids, test_elements=lengths)]
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_isin_runs_padded_elements_and_never_tests_padding(eager):
+    """isin is one op (not torch's decomposition): padded elements run
+    padded, every length of a bucket one program; padded test elements
+    are read exact (their padding would be tested), so their op gets its
+    inputs cut, counted by name -- and the values are CPU's."""
+    for tested_padded in (False, True):
+        _padding.reset()
+        compiled = []
+        with pjrt_host.config(dynamic_shapes=True, eager=eager):
+            for t in (20, 23, 27, 29, 21, 30):
+                before = _compiled()
+                got = [v.cpu() for v in _membership(t, "jax", tested_padded)]
+                compiled.append(_compiled() - before)
+                for a, b in zip(got, _membership(t, "cpu", tested_padded)):
+                    assert torch.equal(a, b), (t, tested_padded, a, b)
+        cuts = torch.jax.dynamic_shape_stats()["cuts_by_op"]
+        if tested_padded:
+            assert set(cuts) == {"aten::isin.Tensor_Tensor", "aten::isin.Scalar_Tensor"}, cuts
+        else:
+            assert not cuts, cuts
+            assert compiled[3:] == [0] * 3, compiled
+
+
 def test_a_random_draw_of_a_changing_length_is_padded_and_draws_the_same_numbers():
     # a small draw is made flat in a power-of-two bucket; of a changing
     # length, its elements are placed padded at their logical flat index:

@@ -973,6 +973,24 @@ def bucketize(x, boundaries, *, out_int32=False, right=False):
     return jnp.searchsorted(boundaries, x, side=side).astype(jnp.int32 if out_int32 else jnp.int64)
 
 
+#: Above this many element pairs ``isin`` searches the sorted test
+#: elements instead of comparing every pair (a ``[n, m]`` array of bools).
+_ISIN_PAIRS = 1 << 20
+
+
+@lowering("aten::isin.Tensor_Tensor", "aten::isin.Tensor_Scalar", "aten::isin.Scalar_Tensor", opmath=False)
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    """``torch.isin``: one op, where torch's decomposition runs several
+    (transformers' stopping criteria and logits processors call it every
+    token).  Numbers stay weakly typed, so promotion is torch's; a NaN is
+    in nothing."""
+    if not hasattr(test_elements, "ndim") or test_elements.ndim == 0:
+        return elements != test_elements if invert else elements == test_elements
+    size = getattr(elements, "size", 1)
+    method = "compare_all" if size * test_elements.size <= _ISIN_PAIRS else "binary_search"
+    return jnp.isin(elements, test_elements, invert=invert, method=method)
+
+
 # ------------------------------------------------------------------- complex views
 
 

@@ -128,6 +128,16 @@ def _gathered_exact(args: tuple, kwargs: dict) -> dict:
             2: {d for d in range(index.dim()) if d != dim and index.shape[d] != x.shape[d]}}
 
 
+def _tested_exact(args: tuple, kwargs: dict) -> dict:
+    """isin's test elements, every dim: their padding would be tested too
+    (the elements are read as an elementwise op's operand)."""
+    if len(args) > 1:
+        test, pos = args[1], 1
+    else:
+        test, pos = kwargs.get("test_elements"), "test_elements"
+    return {pos: set(range(test.dim()))} if isinstance(test, torch.Tensor) else {}
+
+
 def _one_component_corner(args: tuple, kwargs: dict) -> dict:
     """tril / triu keep or zero a position by its row and column, which a
     padded input holds at its own logical indices only where each of its
@@ -368,6 +378,10 @@ _RULES: dict[str, Rule] = {
     # every element the value, the padding too (``fill_`` runs as ``fill``:
     # torch's SiLU backward fills an ``empty_like`` of a padded activation)
     "aten::fill.Scalar": Rule(fill=None), "aten::fill.Tensor": Rule(fill=None),
+    # membership of each element, tested against exact test elements
+    "aten::isin.Tensor_Tensor": Rule(fill=None, exact=_tested_exact),
+    "aten::isin.Scalar_Tensor": Rule(fill=None, exact=_tested_exact),
+    "aten::isin.Tensor_Scalar": Rule(fill=None),
 }
 
 _ELEMENTWISE = Rule(fill=None)
