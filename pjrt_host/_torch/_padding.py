@@ -367,15 +367,17 @@ def pad_as(arr: Any, padded: tuple) -> Any:
     return _padded_copy(arr, *pad_layout(padded))
 
 
-def _padded_copy(arr: Any, split: tuple, widths: tuple, physical: tuple) -> Any:
+def _padded_copy(arr: Any, split: tuple, widths: tuple, physical: tuple, on_device: bool = False) -> Any:
     """``arr`` reshaped to ``split``, given ``widths`` of zeros at the ends
     of those dims, reshaped to ``physical``: every padding the host lays out
     (a storage padded, widened along more dims, a bucket grown).  Up to
     :data:`HOST_PAD_BYTES` through the host (a copy there and back, no
     program); larger ones by a program per shapes and widths, kept on disk
     (``widen`` and ``grow_bucket`` split by physical sizes, so theirs do not
-    depend on the padded dims' logical sizes; ``pad_as``'s do)."""
-    if arr.nbytes <= HOST_PAD_BYTES:
+    depend on the padded dims' logical sizes; ``pad_as``'s do).
+    ``on_device``: by the program whatever its size (the host's copy would
+    wait for ``arr``'s value)."""
+    if arr.nbytes <= HOST_PAD_BYTES and not on_device:
         import jax
         import numpy as np
 
@@ -411,8 +413,10 @@ def grow_bucket(storage: Any, d: int, physical: int) -> bool:
         return False
     axis = sum(len(c) for c in padded[:d])
     widths = tuple((0, physical - have) if i == axis else (0, 0) for i in range(arr.ndim))
+    # on the device: the host's copy would wait for the cache's value (the
+    # step that made it), once per crossing per layer's key and value
     grown = _padded_copy(arr, tuple(arr.shape), widths,
-                         tuple(physical if i == axis else size for i, size in enumerate(arr.shape)))
+                         tuple(physical if i == axis else size for i, size in enumerate(arr.shape)), on_device=True)
     storage._array = grown
     storage.padded = (*padded[:d], ((physical, n, True),), *padded[d + 1:])
     return True
