@@ -1190,6 +1190,51 @@ def test_a_replayed_foreach_step_writes_its_targets_in_place(monkeypatch):
     assert made[4:] == [len(params)] * 2, made
 
 
+def test_an_optimizer_after_autograds_thread_replays_on_the_lane(monkeypatch):
+    """A training step's backward runs in autograd's device thread, which
+    runs the forward's last segment (it reads the loss) and leaves its own
+    last gradients pending.  The optimizer's foreach ops that follow in the
+    main thread replay on the lane all the same: the done segment is left
+    for the next one, as the engine's way leaves it, and the other
+    thread's pending gradients run first.  No foreach op takes the
+    engine's way in a steady step, and the step is CPU's (exact dims:
+    padded targets are written back, not given their results)."""
+    def train(device, steps, recorded=None):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.LayerNorm(16),
+                                    torch.nn.Linear(16, 4)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(6, 8, generator=g).to(device), torch.randint(0, 4, (6,), generator=g).to(device)
+        losses = []
+        for i in range(steps):
+            if recorded is not None:
+                recorded.append([])
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses, [p.detach().cpu() for p in model.parameters()]
+
+    recorded: list = []
+    real = _fused.record
+
+    def spy(op, *args, **kwargs):
+        recorded[-1].append(str(op))
+        return real(op, *args, **kwargs)
+
+    monkeypatch.setattr(_fused, "record", spy)
+    with fused(), pjrt_host.config(dynamic_shapes=False):  # (padded targets take the written-back way)
+        losses, params = train("jax", 7, recorded)
+    cpu_losses, cpu_params = train("cpu", 7)
+    torch.testing.assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params, cpu_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert any("_foreach" in op for op in recorded[0]), recorded[0]  # (the spy sees the engine's way)
+    assert not [op for step in recorded[4:] for op in step if "_foreach" in op], recorded[4:]
+
+
 @pytest.mark.parametrize("mode", ["op", "fused"])
 def test_foreach_ops_whose_targets_alias_write_in_order_as_cpu(mode):
     """A foreach in-place op whose list holds one storage twice, or writes

@@ -965,6 +965,10 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
     optimizer step writes each parameter and state tensor so, without a
     tensor per result); True when they took them."""
     seg = getattr(_local, "segment", None)
+    if seg is not None and seg.done:
+        # another thread ran it (autograd's device thread read the loss):
+        # the call opens the next segment, as the engine's way does (``_segment``)
+        seg = None
     if seg is None:
         before = getattr(_local, "previous", None)
         if before is None or before.script is None or not before.script.following:
@@ -1017,6 +1021,14 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
         return None
     if CHECK:
         _check_replay(lane, step[0], args, kwargs, dyn, padded)
+    for i, v in enumerate(dyn):
+        if type(v) is Pending and v.segment is not seg:
+            # a value of another segment still open (autograd's device
+            # thread computed the last gradients an optimizer step reads):
+            # it runs first, as the engine's way runs it (``record``), and
+            # its array is an input here as it was where the script was recorded
+            v.segment.flush()
+            dyn[i] = _resolved(v)
     if seg is None:  # the call opens the segment that replays the script
         seg = _local.segment = _local.previous = Segment(place, before.script)
     with seg.lock:
