@@ -223,8 +223,15 @@ class Gen:
                 out.append(name)
         return out
 
+    def usable(self, pred: Callable[[torch.Tensor], bool] = lambda t: True, exact: bool = False) -> list[str]:
+        """The names :meth:`names` gives, without those whose values are not
+        compared (a refused statement wrote them, an out= resize grew their
+        storage): what follows from them is not defined either (a ``*_like``
+        of a tensor a refused ``matmul(out=)`` resized on CPU only)."""
+        return [n for n in self.names(pred, exact) if n not in self.unspecified and n not in self.grown]
+
     def pick(self, pred: Callable[[torch.Tensor], bool] = lambda t: True, exact: bool = False) -> str:
-        names = [n for n in self.names(pred, exact) if n not in self.unspecified and n not in self.grown]
+        names = self.usable(pred, exact)
         if not names:
             raise Skip
         # favour recent values: programs are chains, not bags
@@ -306,9 +313,14 @@ class Gen:
             resized = tuple(t.shape) != shapes[n] and not stmt.text.startswith(f"{n}.")  # an out= resize
             key = t.untyped_storage()._cdata
             group = {m for m, u in before.items() if u.untyped_storage()._cdata == key}
-            if t.untyped_storage().nbytes() > sizes[n] or (resized and not all(row_major[m] for m in group)):
+            # (a resize that laid the out tensor out as its input, not row-major
+            # -- a transpose's layout -- rewrote what its other views read)
+            if t.untyped_storage().nbytes() > sizes[n] or (resized and not all(row_major[m] for m in group)) \
+                    or (resized and t._base is None and not t.is_contiguous()):
                 if len(group) > 1:
                     self.grown.update(group)
+                if resized and t._base is None and not t.is_contiguous():
+                    self.odd_layout.add(key)
         # a write reaches every tensor that shares the written storage
         written = [n for n, t in before.items() if t._version != versions[n]]
         for w in written:
@@ -600,7 +612,7 @@ def op_factory(g: Gen) -> None:
     opts = [f"torch.zeros({_fmt(s)}, dtype={_dt(dt)}, device=DEV)", f"torch.ones({_fmt(s)}, device=DEV)",
             f"torch.full({_fmt(s)}, 3, dtype={_dt(dt)}, device=DEV)", f"torch.arange({r.randrange(6)}, device=DEV)",
             f"torch.arange(0.0, {r.randrange(1, 4)}, 0.5, device=DEV)", f"torch.eye({r.randrange(4)}, device=DEV)"]
-    names = g.names()
+    names = g.usable()
     if names:
         a = g.choice(names)
         opts += [f"torch.zeros_like({a})", f"torch.ones_like({a}, dtype={_dt(dt)})", f"{a}.new_full((2,), 2)",
@@ -615,7 +627,7 @@ def op_random(g: Gen) -> None:
     opts = [f"torch.randn({_fmt(s)}, device=DEV)", f"torch.rand({_fmt(s)}, device=DEV)",
             f"torch.randint(0, 5, {_fmt(s)}, device=DEV)", f"torch.randperm({r.randrange(6)}, device=DEV)",
             f"torch.bernoulli(torch.full({_fmt(s)}, 0.5, device=DEV))", f"torch.empty({_fmt(s)}, device=DEV)"]
-    floats = g.names(_is_float)
+    floats = g.usable(_is_float)
     if floats:
         a = g.choice(floats)
         opts += [f"torch.rand_like({a})", f"F.dropout({a}, 0.5, training=True)", f"torch.randn_like({a})",
