@@ -30,6 +30,7 @@ import jax
 import torch
 
 from .._jax_settings import x64_scope as _x64_scope
+from .._torch._tensor import dense_layout
 from . import _checks, _door, _padded_graph
 from ._interpreter import GraphLoweringError, Program
 
@@ -354,19 +355,9 @@ def _traced_layout(node: torch.fx.Node) -> tuple | None:
         offset = int(val.storage_offset())
     except (TypeError, ValueError, RuntimeError):
         return None  # a symbolic size: the layout is not known here
-    if offset or not _dense(size, stride):
+    if offset or not dense_layout(size, stride):
         return None
     return size, stride
-
-
-def _dense(size: tuple, stride: tuple) -> bool:
-    """Whether a layout holds its elements with no gap and no overlap."""
-    expected = 1
-    for s, n in sorted((s, n) for n, s in zip(size, stride) if n != 1):
-        if s != expected:
-            return False
-        expected *= n
-    return True
 
 
 def _relaid(t: torch.Tensor, layout: tuple | None) -> torch.Tensor | None:

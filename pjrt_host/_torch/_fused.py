@@ -1021,14 +1021,6 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
         return None
     if CHECK:
         _check_replay(lane, step[0], args, kwargs, dyn, padded)
-    for i, v in enumerate(dyn):
-        if type(v) is Pending and v.segment is not seg:
-            # a value of another segment still open (autograd's device
-            # thread computed the last gradients an optimizer step reads):
-            # it runs first, as the engine's way runs it (``record``), and
-            # its array is an input here as it was where the script was recorded
-            v.segment.flush()
-            dyn[i] = _resolved(v)
     if seg is None:  # the call opens the segment that replays the script
         seg = _local.segment = _local.previous = Segment(place, before.script)
     with seg.lock:
@@ -1038,9 +1030,16 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
         added: list | None = None
         for v, r in zip(dyn, refs):
             if type(v) is Pending:
-                if v.segment is not seg or r != ~v.index:
-                    return None  # (a value of another segment: the engine's way runs that one first)
-                continue
+                if v.segment is seg:
+                    if r != ~v.index:
+                        return None
+                    continue
+                # a value of another segment still open (autograd's device
+                # thread computed the last gradients an optimizer step
+                # reads): it runs first, as in ``record``, and its array is
+                # an input here as it was where the script was recorded
+                v.segment.flush()
+                v = _resolved(v)
             i = None
             if type(v) not in _SCALARS and id(v) not in unshared:  # (a slot of its own: record())
                 i = seg.ext_ids.get(id(v))

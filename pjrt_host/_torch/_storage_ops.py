@@ -31,7 +31,7 @@ from ._meta import check_out_overlap, meta_view_of
 from . import _config, _dynamic_dims, _factories, _fused, _meta, _padding, _sharding, _storage_bridge, _strided
 from ._signatures import Traceable
 from ._sync import last_note, names_failed_collectives, run_deferred_checks
-from ._tensor import (JaxTensor, Pending, Storage, contiguous_strides, make, new_tensor, read, view_for,
+from ._tensor import (JaxTensor, Pending, Storage, contiguous_strides, dense_layout, make, new_tensor, read, view_for,
                       wrap_array, write)
 
 __all__ = ["STORAGE_OPS", "storage_op"]
@@ -311,7 +311,7 @@ def strides_for(t: Any, memory_format: Any) -> tuple[int, ...] | None:
     size = tuple(t.shape)
     if memory_format is None or memory_format == torch.contiguous_format:
         return None
-    if memory_format == torch.preserve_format and _dense(size, stride := tuple(t.stride())):
+    if memory_format == torch.preserve_format and dense_layout(size, stride := tuple(t.stride())):
         # torch's rule keeps a non-overlapping, dense layout's strides (a
         # clone or cast of a whole tensor, or of a transpose: most calls)
         return None if stride == contiguous_strides(size) else stride
@@ -320,23 +320,6 @@ def strides_for(t: Any, memory_format: Any) -> tuple[int, ...] | None:
     else:
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
     return None if stride == contiguous_strides(size) else tuple(stride)
-
-
-def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """Whether ``stride`` lays ``size`` out without overlap or gaps (torch's
-    ``is_non_overlapping_and_dense``: the dimensions of size 2 or more,
-    by increasing stride, each step the product of the sizes before; an
-    empty tensor is contiguous, whatever its strides)."""
-    if 0 in size:
-        return True
-    expected = 1
-    for d in sorted(range(len(size)), key=lambda d: stride[d]):
-        if size[d] < 2:
-            continue
-        if stride[d] != expected:
-            return False
-        expected *= size[d]
-    return True
 
 
 def laid_out(arr: Any, index: int, dtype: torch.dtype, place: Any, stride: tuple[int, ...] | None) -> JaxTensor:

@@ -37,8 +37,9 @@ from ._dtype_policy import device_dtype
 from ._sync import note_result, wait_queued
 
 __all__ = [
-    "DONATE", "JaxTensor", "Pending", "Storage", "TensorSpec", "View", "contiguous_strides", "finish_op",
-    "install_dispatcher", "make", "new_tensor", "read", "read_through", "result_tensor", "view_for", "wrap_array", "write",
+    "DONATE", "JaxTensor", "Pending", "Storage", "TensorSpec", "View", "contiguous_strides", "dense_layout",
+    "finish_op", "install_dispatcher", "make", "new_tensor", "read", "read_through", "result_tensor", "view_for",
+    "wrap_array", "write",
 ]
 
 
@@ -250,6 +251,23 @@ def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(acc)
         acc *= max(s, 1)
     return tuple(reversed(strides))
+
+
+def dense_layout(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether ``stride`` lays ``size`` out without overlap or gaps (torch's
+    ``is_non_overlapping_and_dense``: the dimensions of size 2 or more,
+    by increasing stride, each step the product of the sizes before; an
+    empty tensor is contiguous, whatever its strides)."""
+    if 0 in size:
+        return True
+    expected = 1
+    for d in sorted(range(len(size)), key=lambda d: stride[d]):
+        if size[d] < 2:
+            continue
+        if stride[d] != expected:
+            return False
+        expected *= size[d]
+    return True
 
 
 def view_for(storage: Storage, size: tuple[int, ...], stride: tuple[int, ...], offset: int,
