@@ -19,11 +19,12 @@ from .._lowerings._dtypes import jax_dtype, torch_dtype
 from .._torch import (DEVICE_NAME, _config, _conversion, _devices, _dtype_policy, _dynamic_dims, _index_checks,
                       _lowering_context, _padding, _rng, _sharding, _strided, _sync, _tensor, _value_checks)
 from .._torch._hiding import dynamo_compiling, our_trace
-from .._torch._tensor import DONATE, JaxTensor, TensorSpec
+from .._torch._tensor import DONATE, JaxTensor, TensorSpec, dense_layout
 
 __all__ = [
     "DEVICE_NAME", "DONATE", "JaxTensor", "TensorSpec", "argument", "check_results_fit", "check_writable", "config",
-    "constraint_sharding", "current_index", "custom_op_kernel", "defer_check", "device_dtype", "device_index",
+    "constraint_sharding", "current_index", "custom_op_kernel", "defer_check", "dense_layout", "device_dtype",
+    "device_index",
     "draw_key", "dynamo_compiling", "eager_dispatch_hooks", "load_device", "has_index_check", "has_value_check", "host_values",
     "index_failure", "index_of_array", "index_sites", "jax_device", "lowering_context", "next_key_args",
     "note_result", "our_trace", "out_of_memory", "put_storage", "read", "storage", "storage_of", "to_device_array",

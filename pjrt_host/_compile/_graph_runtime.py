@@ -30,7 +30,6 @@ import jax
 import torch
 
 from .._jax_settings import x64_scope as _x64_scope
-from .._torch._tensor import dense_layout
 from . import _checks, _door, _padded_graph
 from ._interpreter import GraphLoweringError, Program
 
@@ -355,7 +354,7 @@ def _traced_layout(node: torch.fx.Node) -> tuple | None:
         offset = int(val.storage_offset())
     except (TypeError, ValueError, RuntimeError):
         return None  # a symbolic size: the layout is not known here
-    if offset or not dense_layout(size, stride):
+    if offset or not _door.dense_layout(size, stride):
         return None
     return size, stride
 
