@@ -1655,6 +1655,49 @@ def test_a_cache_join_reads_its_views_inside_its_own_program(monkeypatch):
     torch.testing.assert_close(results["jax"], results["cpu"])
 
 
+def test_a_cache_join_replays_on_the_lane_token_after_token(monkeypatch):
+    """Fused eager: a key/value cache growing by a token, as a decoder's
+    layers grow theirs, takes the replay lane once its loop repeats (the
+    join's own lane, ``_dynamic_dims.JoinLane``): no call reaches the
+    join's handler within a bucket, and a call whose cache crosses into the
+    next bucket takes the engine's way, which lays the cache out there
+    first.  Values equal CPU's at every token; the suite's
+    PJRT_HOST_CHECK_REPLAY=1 checks each lane call against the join's key."""
+    from pjrt_host._torch import _dynamic_dims, _fused
+
+    joins = []
+    original = _dynamic_dims.join
+    monkeypatch.setattr(_dynamic_dims, "join", lambda *a, **k: (joins.append(1), original(*a, **k))[1])
+    torch.manual_seed(0)
+    w = torch.randn(8, 8)
+    tokens = [torch.randn(1, 8) for _ in range(40)]
+    results = {}
+    for dev in ("cpu", "jax"):
+        wd = w.to(dev)
+        cache = (tokens[0] @ w).view(1, 2, 1, 4).to(dev)
+        values, per_token = [], []
+        with pjrt_host.config(dynamic_shapes=True, eager="fused"):
+            for step, token in enumerate(tokens[1:]):
+                x = token.to(dev)
+                key = (x @ wd).view(1, 1, 2, 4).transpose(1, 2)  # (a pending view of the projection)
+                before_lane, before = _fused.stats()["lane_padded"], len(joins)
+                cache = torch.cat([cache, key], dim=2)
+                scores = (key @ cache.transpose(-1, -2)).softmax(-1)
+                values.append((scores @ cache).sum().item())  # (a read a token, as a decoder's stopping check)
+                per_token.append((cache.shape[2], len(joins) - before, _fused.stats()["lane_padded"] - before_lane))
+        results[dev] = (values, cache.cpu())
+        if dev == "jax":
+            assert cache._storage.padded is not None
+            late = [(n, handled) for n, handled, _ in per_token[16:]]
+            # within a bucket the join's handler is not reached; a crossing (a
+            # length one past a bucket's) grows the cache there
+            crossings = [n for n, handled in late if handled]
+            assert len(crossings) <= 2 and all(_padding.room(n - 1) != _padding.room(n) for n in crossings), late
+            assert all(lane >= 1 for n, handled, lane in per_token[16:] if not handled), per_token
+    torch.testing.assert_close(torch.tensor(results["jax"][0]), torch.tensor(results["cpu"][0]))
+    torch.testing.assert_close(results["jax"][1], results["cpu"][1])
+
+
 def test_a_join_past_the_int32_limit_runs_exact(monkeypatch):
     """A join, a gradient placed in its bucket and a pad at the end carry
     lengths as int32 scalars: one whose bucket would pass the limit runs

@@ -480,7 +480,7 @@ def _handler_for(func: Any) -> Handler:
             if op_name(func) in _MEANS:
                 return _summed_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::cat":
-                return _joined_when_padded(CompiledOp(func, lowering).__call__)
+                return _joined_when_padded(func, CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::slice_backward":
                 return _placed_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) == "aten::select_backward":
@@ -601,9 +601,10 @@ def _cast_when_padded(handler: Handler) -> Handler:
     return _unpadded_is(handler, handle)
 
 
-def _joined_when_padded(handler: Handler) -> Handler:
+def _joined_when_padded(func: Any, handler: Handler) -> Handler:
     """cat along a dim its tensors hold padded: placed at run-time offsets
-    in the bucket of the joined length (``_dynamic_dims.join``)."""
+    in the bucket of the joined length (``_dynamic_dims.join``); in fused
+    eager recorded with a replay lane of its own (``_dynamic_dims.JoinLane``)."""
     def handle(args: tuple, kwargs: dict) -> Any:
         tensors = args[0] if args else kwargs.get("tensors")
         dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
@@ -616,7 +617,7 @@ def _joined_when_padded(handler: Handler) -> Handler:
                 result = handler(args, kwargs)
                 _dynamic_dims.joined(result, place)  # (fed back next time: an accumulator)
                 return result
-        record = _record_join if _config.current().eager == "fused" else None
+        record = functools.partial(_record_join, func=func) if _config.current().eager == "fused" else None
         joined = _dynamic_dims.join(list(tensors), dim, record)
         if joined is not None:
             return joined
@@ -696,14 +697,19 @@ _pad_end_ops: dict = {}
 
 
 def _record_join(body: Callable, key: tuple, inputs: list, shape: tuple, physical: tuple, padded: tuple,
-                 dtype: torch.dtype, index: int, name: str = "pjrt_host.join", table: dict = _join_ops) -> Any:
+                 dtype: torch.dtype, index: int, name: str = "pjrt_host.join", table: dict = _join_ops,
+                 func: Any = None) -> Any:
     """Fused eager: a join of pending values (``_dynamic_dims.join``)
     recorded into the segment instead of running it first, as one op whose
     traceable function is the join's (one per key, so that the segments
-    of a bucket repeat)."""
+    of a bucket repeat).  ``func``: the cat it is, whose later calls at
+    this place in a replayed script take the op's lane."""
     op = _fused.host_op(table, name, key, lambda: (body, None))
     plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
-    return _fused.record(op, inputs, plan, index, index, padded=[(shape, physical, padded)])
+    joined = _fused.record(op, inputs, plan, index, index, padded=[(shape, physical, padded)])
+    if joined is not None and func is not None and op.lane is None:
+        op.lane = _dynamic_dims.JoinLane(func, key, index, dtype)
+    return joined
 
 
 def _record_pad_end(body: Callable, key: tuple, inputs: list, shape: tuple, physical: tuple, padded: tuple,

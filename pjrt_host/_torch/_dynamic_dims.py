@@ -1438,104 +1438,27 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
     padded, dtype, index)`` when a tensor is a whole storage whose value is
     still pending, it records the join into the segment and returns its
     result (None: the values are computed and the join runs now)."""
-    if not _config.current().dynamic_shapes or not all(type(t) is JaxTensor for t in tensors):
+    joining = _joining(tensors, dim)
+    if joining is None:
         return None
-    # one dtype only: torch promotes over every tensor, the skipped ones below too
-    if any(t.dtype != tensors[0].dtype for t in tensors):
-        return None
-    # torch skips an empty 1-d tensor in a cat (a cache's initial torch.tensor([]))
-    tensors = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
-    if not tensors:
-        return None
-    first = tensors[0]
-    ndim = first.dim()
-    if ndim == 0 or any(t.dim() != ndim for t in tensors) or not -ndim <= dim < ndim:
-        return None  # (a dim out of range: torch's cat raises its error)
-    dim %= ndim
+    tensors, dim, total = joining
     # a whole storage whose bucket the result outgrows is laid out in the
     # result's bucket first (one program per bucket, not one per crossing)
-    total = sum(t.shape[dim] for t in tensors)
     for t in tensors:
         if t._view is None and t._storage.padded is not None:
             _padding.grow_bucket(t._storage, dim, _padding.room(total))
-    parts = []
-    for t in tensors:
-        storage = t._storage
-        if type(storage.place) is not int or storage.device_index != first._storage.device_index:
-            return None
-        exact = tuple(((n, n, False),) for n in t.shape)
-        view = t._view
-        # each part: (array, its padding, its length along dim, the view the
-        # join reads it through, or None, its run-time offset, the shape read);
-        # a view is read inside the join's program, not by a program of its own
-        if record is not None and storage.pending and (view is None or (storage.padded is None and view.elem is None)):
-            # recorded as it is: a pending whole storage, or a view of an exact one read in the join
-            static, offset = (None, 0) if view is None else (view.static, view.run_offset)
-            parts.append((storage._array, storage.padded or exact, t.shape[dim], static, offset,
-                          tuple(storage.shape if view is None else t.shape)))
-        elif storage.padded is not None:
-            r = read_of(t)
-            if r is None:
-                return None
-            # a pending view of a padded storage (a cache's first key, a view of
-            # the q/k/v projection) is read in the join recorded with it: its
-            # value computed here ran the segment (two programs a layer)
-            arr = storage._array if record is not None and storage.pending else storage.computed()
-            padded = None if r.psize == tuple(t.shape) else r.comps
-            parts.append((arr, padded or exact, t.shape[dim], r.view, r.offset if r.view is not None else 0,
-                          tuple(r.psize if r.view is not None else arr.shape)))
-        elif view is not None and view.elem is None:
-            parts.append((storage.get(), exact, t.shape[dim], view.static, view.run_offset, tuple(t.shape)))
-        else:
-            arr = read_through(storage.get(), view.static, view.run_offset) if view is not None else storage.get()
-            parts.append((arr, exact, t.shape[dim], None, 0, tuple(arr.shape)))
-    if not any(p[1][dim][0][2] for p in parts if len(p[1][dim]) == 1) or any(len(p[1][dim]) != 1 for p in parts):
-        return None  # nothing padded along dim, or a merged dim there
-    others = [tuple(c for d, c in enumerate(p[1]) if d != dim) for p in parts]
-    if any(o != others[0] for o in others) or any(p[0].dtype != parts[0][0].dtype for p in parts):
+    call = _join_call(tensors, dim, total, record is not None, False)
+    if call is None:
         return None
-    shapes = [p[5] for p in parts]  # each part's shape as the join reads it
-    physical_out = max(_padding.room(total), max(shape[dim] for shape in shapes))
-    if physical_out > _padding.MAX_SIZE:
-        return None  # its length could not travel as an int32: the exact cat
-    views = tuple(p[3] for p in parts)
-    key = (tuple(tuple(p[0].shape) for p in parts), dtype_name(parts[0][0].dtype), dim, physical_out, views)
+    key, inputs, shape, physical, padded = call
     found = _join_programs.get(key)
     if found is None:
-        count = len(parts)
-
-        def body(*inputs):
-            import jax.numpy as jnp
-
-            from . import _strided
-
-            arrays = [_strided.read(a, v, off) for a, v, off in zip(inputs[:count], views, inputs[2 * count:])]
-            lengths = inputs[count:2 * count]
-            shape = list(arrays[0].shape)
-            shape[dim] = physical_out
-            out = jnp.zeros(tuple(shape), arrays[0].dtype)
-            offset = jnp.int32(0)
-            for a, n in zip(arrays, lengths):
-                if a.shape[dim] == 0:
-                    continue  # an empty part places nothing (and has nothing to take from)
-                out = _placed(a, dim, physical_out, offset, n, out)
-                offset = offset + n
-            return out
-
+        body = _join_body(key)
         found = _join_programs[key] = (body, _program_cache.Kept("pjrt_host.join", body, key))
     body, program = found
-    import numpy as np
-
-    shape = list(first.shape)
-    shape[dim] = total
-    shape = tuple(shape)
-    padded = list(parts[0][1])
-    padded[dim] = ((physical_out, total, True),)
-    padded = tuple(padded)
-    physical = tuple(_padding.physical_shape(padded))
-    inputs = [p[0] for p in parts] + [np.int32(p[2]) for p in parts] + [p[4] for p in parts]
+    first = tensors[0]
     index = first._storage.device_index
-    pending = [i for i, p in enumerate(parts) if type(p[0]) is Pending]
+    pending = [i for i, v in enumerate(inputs[:len(tensors)]) if type(v) is Pending]
     if pending:
         joined = record(body, key, inputs, shape, physical, padded, first.dtype, index)
         if joined is not None:
@@ -1549,6 +1472,230 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
 
     note_result(index, arr)
     return make(Storage(arr, shape, arr.dtype, index, first._storage.place, padded), shape, first.dtype)
+
+
+class JoinLane:
+    """Fused eager's replay lane of a join recorded into a segment (a
+    key/value cache's cat, every layer and token): a later call of the
+    script's join at the same place is matched by the join's own key
+    (:func:`_join_call`, which runs nothing) and recorded without the
+    dispatcher's handler.  A call whose cache would grow into the next
+    bucket (:func:`join` lays it out first) or whose key differs takes the
+    engine's way.  It serves ``_fused.replay`` as the lane, its op and its
+    padded rule at once."""
+
+    __slots__ = ("func", "cfg", "place", "key", "outputs", "used", "hits")
+    container = "single"
+    traced = False
+    in_trial = False
+    dynamic = None
+
+    def __init__(self, func: Any, key: tuple, place: int, dtype: torch.dtype) -> None:
+        from ._tensor import jax_dtype
+
+        self.func, self.key, self.place = func, key, place
+        self.cfg = _config.current()
+        self.outputs = ((None, dtype, jax_dtype(dtype)),)
+        self.used = [0]
+        self.hits = 0
+
+    @property
+    def op(self) -> JoinLane:
+        return self
+
+    @property
+    def padded(self) -> JoinLane:
+        return self
+
+    def _call(self, args: tuple, kwargs: dict, lane: bool) -> tuple | None:
+        tensors = args[0] if args else kwargs.get("tensors")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        if type(tensors) not in (list, tuple) or type(dim) is not int or len(args) + len(kwargs) > 2:
+            return None
+        joining = _joining(list(tensors), dim)
+        if joining is None:
+            return None
+        tensors, dim, total = joining
+        room = _padding.room(total)
+        for t in tensors:
+            padded = t._storage.padded
+            if (lane and t._view is None and padded is not None and len(padded[dim]) == 1 and padded[dim][0][2]
+                    and padded[dim][0][0] < room and not t._storage.pending):
+                return None  # (join grows it first)
+        return _join_call(tensors, dim, total, True, lane)
+
+    def match(self, args: tuple, kwargs: dict, dyn: list, place: int) -> tuple | None:
+        """``(((shape, physical, padding),), (physical, shape))`` when the
+        call is a join of this lane's key (its inputs appended to ``dyn``),
+        None when it is not."""
+        call = self._call(args, kwargs, True)
+        if call is None or call[0] != self.key:
+            return None
+        key, inputs, shape, physical, padded = call
+        dyn.extend(inputs)
+        return ((shape, physical, padded),), (physical, shape)
+
+    def note_padded_call(self, args: tuple, kwargs: dict, noted: tuple) -> None:
+        _padding.note_padded_call(*noted)
+
+    def engine_key(self, args: tuple, kwargs: dict, cfg: Any, results: tuple) -> tuple:
+        """The key and inputs :func:`join` gives the call
+        (``PJRT_HOST_CHECK_REPLAY``); AssertionError where its result's
+        layout is not the lane's."""
+        call = self._call(args, kwargs, False)
+        if call is None:
+            raise AssertionError("pjrt_host: fused eager's replay lane took a cat as a join, but join would not take it")
+        key, inputs, shape, physical, padded = call
+        if ((shape, physical, padded),) != tuple(results):
+            raise AssertionError(f"pjrt_host: fused eager's replay lane gave a join the layout {results}, join "
+                                 f"{((shape, physical, padded),)}")
+        return key, inputs
+
+
+def _joining(tensors: list, dim: int) -> tuple | None:
+    """``(tensors, dim, total)`` of a cat :func:`join` may take: the
+    tensors it places (torch's skipped empty ones left out), ``dim``
+    made positive and the joined length; None where it cannot."""
+    if not _config.current().dynamic_shapes or not tensors:
+        return None
+    dtype = tensors[0].dtype
+    kept = []
+    for t in tensors:
+        # one dtype only: torch promotes over every tensor, the skipped ones below too
+        if type(t) is not JaxTensor or t.dtype != dtype:
+            return None
+        # torch skips an empty 1-d tensor in a cat (a cache's initial torch.tensor([]))
+        shape = t.shape
+        if not (len(shape) == 1 and shape[0] == 0):
+            kept.append(t)
+    if not kept:
+        return None
+    ndim = len(kept[0].shape)
+    if ndim == 0 or not -ndim <= dim < ndim:
+        return None  # (a dim out of range: torch's cat raises its error)
+    dim %= ndim
+    total = 0
+    for t in kept:
+        shape = t.shape
+        if len(shape) != ndim:
+            return None
+        total += shape[dim]
+    return kept, dim, total
+
+
+def _join_call(tensors: list, dim: int, total: int, fused: bool, lane: bool) -> tuple | None:
+    """``(key, inputs, shape, physical, padded)`` of :func:`join`'s
+    program for the call, without running anything: its key, its inputs
+    (each tensor's array, its length along ``dim``, its view's run-time
+    offset), the result's logical shape, its array's shape and its
+    padding.  ``fused``: a pending whole storage (or view of an exact
+    one) is read as its pending value, recorded with the join.  ``lane``
+    (:class:`JoinLane`): a tensor read through a program of its own gives
+    None instead."""
+    first = tensors[0]
+    index = first._storage.device_index
+    arrays, lengths, offsets, views, layouts = [], [], [], [], []
+    read_along = 0  # the largest length along dim a part is read with
+    along = False  # whether a part is padded along dim
+    for t in tensors:
+        storage = t._storage
+        if type(storage.place) is not int or storage.device_index != index:
+            return None
+        view = t._view
+        padded = storage.padded
+        # each part: its array, its padding (None: exact), its length along
+        # dim, the view the join reads it through, or None, its run-time
+        # offset, the shape read; a view is read inside the join's program,
+        # not by a program of its own
+        if fused and storage.pending and (view is None or (padded is None and view.elem is None)):
+            # recorded as it is: a pending whole storage, or a view of an exact one read in the join
+            arr = storage._array
+            static, offset = (None, 0) if view is None else (view.static, view.run_offset)
+            read = storage.shape if view is None else t.shape
+        elif padded is not None:
+            r = read_of(t)
+            if r is None:
+                return None
+            # a pending view of a padded storage (a cache's first key, a view of
+            # the q/k/v projection) is read in the join recorded with it: its
+            # value computed here ran the segment (two programs a layer)
+            if fused and storage.pending:
+                arr = storage._array
+            elif lane and storage._array is None:
+                return None
+            else:
+                arr = storage.computed()
+            if r.psize == tuple(t.shape):
+                padded = None
+            else:
+                padded = r.comps
+            static, offset = (r.view, r.offset) if r.view is not None else (None, 0)
+            read = r.psize if r.view is not None else arr.shape
+        elif view is not None and view.elem is None:
+            if lane and storage._array is None:
+                return None
+            arr, static, offset, read = storage.get(), view.static, view.run_offset, t.shape
+        elif lane:
+            return None  # (read through a program of its own)
+        else:
+            arr = read_through(storage.get(), view.static, view.run_offset) if view is not None else storage.get()
+            static, offset, read = None, 0, arr.shape
+        if padded is None:
+            layout = tuple([((n, n, False),) for n in t.shape])
+        else:
+            layout = padded
+            if len(padded[dim]) != 1:
+                return None  # a merged dim there
+            along = along or padded[dim][0][2]
+        if layouts and (layout[:dim] != layouts[0][:dim] or layout[dim + 1:] != layouts[0][dim + 1:]
+                        or arr.dtype != arrays[0].dtype):
+            return None  # other dims that do not line up
+        arrays.append(arr)
+        lengths.append(t.shape[dim])
+        offsets.append(offset)
+        views.append(static)
+        layouts.append(layout)
+        read_along = max(read_along, read[dim])
+    if not along:
+        return None  # nothing padded along dim
+    physical_out = max(_padding.room(total), read_along)
+    if physical_out > _padding.MAX_SIZE:
+        return None  # its length could not travel as an int32: the exact cat
+    import numpy as np
+
+    key = (tuple([tuple(a.shape) for a in arrays]), dtype_name(arrays[0].dtype), dim, physical_out, tuple(views))
+    shape = list(first.shape)
+    shape[dim] = total
+    padded = list(layouts[0])
+    padded[dim] = ((physical_out, total, True),)
+    padded = tuple(padded)
+    return key, [*arrays, *[np.int32(n) for n in lengths], *offsets], tuple(shape), _padding.physical_shape(padded), padded
+
+
+def _join_body(key: tuple) -> Callable:
+    """(Traced.) :func:`join`'s program for ``key``: each input placed at
+    its run-time offset in a zero bucket of the joined length."""
+    shapes, _, dim, physical_out, views = key
+    count = len(shapes)
+
+    def body(*inputs):
+        import jax.numpy as jnp
+
+        from . import _strided
+
+        arrays = [_strided.read(a, v, off) for a, v, off in zip(inputs[:count], views, inputs[2 * count:])]
+        lengths = inputs[count:2 * count]
+        shape = list(arrays[0].shape)
+        shape[dim] = physical_out
+        out = jnp.zeros(tuple(shape), arrays[0].dtype)
+        offset = jnp.int32(0)
+        for a, n in zip(arrays, lengths):
+            if a.shape[dim] == 0:
+                continue  # an empty part places nothing (and has nothing to take from)
+            out = _placed(a, dim, physical_out, offset, n, out)
+            offset = offset + n
+        return out
+    return body
 
 
 def _placed(a: Any, dim: int, physical: int, at: Any, count: Any, otherwise: Any) -> Any:

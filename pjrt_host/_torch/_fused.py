@@ -34,6 +34,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import jax
+import numpy as _np
 
 from .. import _env, _program_cache
 from .._jax_settings import x64_scope
@@ -1115,9 +1116,16 @@ def _check_replay(lane: Lane, op: Traceable, args: tuple, kwargs: dict, dyn: lis
         key, values = lane.padded.engine_key(args, kwargs, lane.cfg, padded[0])
     else:
         key, values = lane.op._key(args, kwargs, [])
-    if key != op.key or len(values) != len(dyn) or any(a is not b and not (type(a) in _SCALARS and a == b) for a, b in zip(values, dyn)):
+    if key != op.key or len(values) != len(dyn) or any(a is not b and not _same_value(a, b) for a, b in zip(values, dyn)):
         raise AssertionError(f"pjrt_host: fused eager's replay lane took a call of {op.name} as the one recorded, "
                              f"but the engine keys it otherwise:\n  recorded {op.key}\n  engine's {key}")
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether run-time values ``a`` and ``b`` are one value: Python
+    scalars, and the NumPy scalars a join's lengths travel as, are values
+    (each call makes its own)."""
+    return (type(a) in _SCALARS or isinstance(a, _np.generic)) and type(a) is type(b) and a == b
 
 
 class writing_back:
