@@ -1190,6 +1190,43 @@ def test_a_replayed_foreach_step_writes_its_targets_in_place(monkeypatch):
     assert made[4:] == [len(params)] * 2, made
 
 
+def test_a_segments_program_takes_no_host_scalar(monkeypatch):
+    """A segment's Python ints (views' run-time offsets, a join's lengths)
+    reach its program as device arrays made once per value, of the type
+    jit gives the int (weakly typed), not as host scalars that are moved
+    at every call.  Values equal CPU's, int results keep their dtype."""
+    import numpy as np
+
+    seen = []
+    original = _fused._scalars_on_device
+    monkeypatch.setattr(_fused, "_scalars_on_device",
+                        lambda ext, device: (original(ext, device), seen.append(list(ext)))[0])
+    torch.manual_seed(0)
+    base = torch.randn(64)
+    counts = torch.arange(64, dtype=torch.int32)
+    results = {}
+    for dev in ("cpu", "jax"):
+        x, c = base.to(dev), counts.to(dev)
+        out = []
+        with pjrt_host.config(eager="fused", dynamic_shapes=False):
+            for step in range(12):
+                i = step % 6
+                y = (x[i:i + 8] * 2 + x[i + 1:i + 9]).sum()  # (views at run-time offsets)
+                n = c[i:i + 4] + 1  # (int32 stays int32)
+                out.append((y.item(), n.dtype, n.cpu()))
+        results[dev] = out
+    for (y, dt, n), (y0, dt0, n0) in zip(results["jax"], results["cpu"]):
+        assert dt == dt0 == torch.int32
+        torch.testing.assert_close(torch.tensor(y), torch.tensor(y0))
+        torch.testing.assert_close(n, n0)
+    assert seen and any(ext for ext in seen)
+    host = [type(v).__name__ for ext in seen for v in ext if type(v) in (int, np.int32)]
+    assert not host, host
+    scalars = [v for ext in seen for v in ext if getattr(v, "shape", None) == () and v.weak_type]
+    assert scalars, "the views' offsets should reach the programs as weakly typed device scalars"
+    assert len({id(v) for v in scalars}) <= 8, "one device array per offset value, not one per call"
+
+
 def test_an_optimizer_after_autograds_thread_replays_on_the_lane(monkeypatch):
     """A training step's backward runs in autograd's device thread, which
     runs the forward's last segment (it reads the loss) and leaves its own
