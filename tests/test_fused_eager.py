@@ -1192,9 +1192,10 @@ def test_a_replayed_foreach_step_writes_its_targets_in_place(monkeypatch):
 
 def test_a_segments_program_takes_no_host_scalar(monkeypatch):
     """A segment's Python ints (views' run-time offsets, a join's lengths)
-    reach its program as device arrays made once per value, of the type
-    jit gives the int (weakly typed), not as host scalars that are moved
-    at every call.  Values equal CPU's, int results keep their dtype."""
+    reach its program as device arrays made once per value (from its
+    second sighting), of the type jit gives the int (weakly typed), not as
+    host scalars moved at every call.  Values equal CPU's, int results
+    keep their dtype."""
     import numpy as np
 
     seen = []
@@ -1220,11 +1221,21 @@ def test_a_segments_program_takes_no_host_scalar(monkeypatch):
         torch.testing.assert_close(torch.tensor(y), torch.tensor(y0))
         torch.testing.assert_close(n, n0)
     assert seen and any(ext for ext in seen)
-    host = [type(v).__name__ for ext in seen for v in ext if type(v) in (int, np.int32)]
+    # (a value met for the first time stays a host scalar: a loop's counter
+    # would otherwise make an array at every call; the offsets repeat)
+    late = seen[len(seen) // 2:]
+    host = [type(v).__name__ for ext in late for v in ext if type(v) in (int, np.int32)]
     assert not host, host
     scalars = [v for ext in seen for v in ext if getattr(v, "shape", None) == () and v.weak_type]
     assert scalars, "the views' offsets should reach the programs as weakly typed device scalars"
     assert len({id(v) for v in scalars}) <= 8, "one device array per offset value, not one per call"
+    # a counter that changes every step is not given an array at each value
+    made = len(_fused._scalar_arrays)
+    x = base.to("jax")
+    with pjrt_host.config(eager="fused", dynamic_shapes=False):
+        for step in range(1000, 1030):
+            assert (x[2:10] * 2 + step).sum().item() == pytest.approx((base[2:10] * 2 + step).sum().item())
+    assert len(_fused._scalar_arrays) - made <= 2
 
 
 def test_an_optimizer_after_autograds_thread_replays_on_the_lane(monkeypatch):

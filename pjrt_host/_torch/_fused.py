@@ -591,8 +591,10 @@ def _kept(jitted: Any, script: Script, live: tuple, donated: tuple, ext: list, d
 
 #: The device arrays that stand for a segment's Python ints (views'
 #: run-time offsets, logical sizes) and a join's int32 lengths, one per
-#: value, dtype and device (bounded).
+#: value, dtype and device (bounded); and the values seen once, which are
+#: given an array at their second sighting.
 _scalar_arrays: dict = {}
+_scalars_seen: set = set()
 
 
 def _scalars_on_device(ext: list, device: Any) -> None:
@@ -602,7 +604,10 @@ def _scalars_on_device(ext: list, device: Any) -> None:
     a host scalar is a transfer at every call of the program, and a GPT-2
     layer's program took 16 ints and 4 int32 lengths (its call cost
     about 200 us on cpu_ref, 20-40 us of it per 10 host ints in a
-    measurement of jax alone)."""
+    measurement of jax alone).  A value met for the first time stays a
+    host scalar: making its array (``jax.device_put``) costs more than
+    jit's own transfer, and a value that changes at every call (a loop's
+    counter) would pay that each time."""
     if type(device) is not int:
         return
     wide = None
@@ -618,6 +623,11 @@ def _scalars_on_device(ext: list, device: Any) -> None:
             continue
         found = _scalar_arrays.get(key)
         if found is None:
+            if key not in _scalars_seen:
+                if len(_scalars_seen) > 4096:
+                    _scalars_seen.clear()
+                _scalars_seen.add(key)
+                continue
             try:
                 found = jax.device_put(v, jax_device(device))  # (a Python int stays weakly typed)
             except OverflowError:
