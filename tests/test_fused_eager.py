@@ -9,6 +9,7 @@ own files with fused eager as the default."""
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -1188,6 +1189,45 @@ def test_a_replayed_foreach_step_writes_its_targets_in_place(monkeypatch):
     # replayed: only the ops that make new tensors (the denominator's
     # sqrt) make them; written back, every in-place op made one per target
     assert made[4:] == [len(params)] * 2, made
+
+
+def test_factories_replay_on_the_lane_with_their_flags(monkeypatch):
+    """The factories a decoding loop makes every step (``arange`` of the
+    vocabulary, ``full`` of a stopping flag, a scalar tensor of -inf) take
+    fused eager's replay lane once the loop repeats: no meta kernel, no
+    key.  A flag ``full`` takes at run time is the call's own (False at
+    every step, True at the last, as generate()'s criteria make it); a
+    value of another type at the same place (1 where True was) takes the
+    factory's way and torch's dtype.  Values equal CPU's."""
+    from pjrt_host._torch import _factories
+
+    ways = []  # the factories that take their own way (their device index is looked up first)
+    original = _factories._target_index
+    monkeypatch.setattr(_factories, "_target_index", lambda kwargs: (ways.append(1), original(kwargs))[1])
+    torch.manual_seed(0)
+    scores = torch.randn(12, 2, 10)
+    results = {}
+    for dev in ("cpu", "jax"):
+        out, per_step = [], []
+        with pjrt_host.config(eager="fused", dynamic_shapes=False):
+            for step in range(12):
+                s = scores[step].to(dev)
+                before = len(ways)
+                vocab = torch.arange(s.shape[-1], device=dev)
+                banned = torch.isin(vocab, torch.tensor([3, 7], device=dev))
+                s = torch.where(banned, torch.scalar_tensor(-math.inf, device=dev), s)
+                done = torch.full((s.shape[0],), step == 11, device=dev)  # (a flag, True at the last step)
+                other = torch.full((2,), 1 if step == 10 else True, device=dev)  # (1 at one step: int64)
+                out.append((s.argmax(-1).cpu(), (done | (s.max(-1).values > 1.5)).cpu(), other.cpu()))
+                per_step.append(len(ways) - before)
+        results[dev] = out
+        if dev == "jax":
+            steady = [n for i, n in enumerate(per_step) if i >= 4 and i not in (10, 11)]
+            assert steady and max(steady) == 0, per_step
+    for got, want in zip(results["jax"], results["cpu"]):
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            torch.testing.assert_close(g, w)
 
 
 def test_a_segments_program_takes_no_host_scalar(monkeypatch):

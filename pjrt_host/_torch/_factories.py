@@ -105,6 +105,11 @@ def run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
+    if _fused.replaying:
+        # fused eager replays a script: the factory it recorded here, if this is it
+        replayed = _fused.replay(op, args, kwargs)
+        if replayed is not None:
+            return replayed
     index = _target_index(kwargs)
     meta_kwargs = dict(kwargs, device="meta")
     meta_kwargs.pop("pin_memory", None)
@@ -287,6 +292,11 @@ def _of_a_varying_value(op: Any, base: tuple, lowering: Any, args: tuple, at: in
         recorded = _fused.record(traceable, [value], plan, index, index,
                                  padded=None if padded is None else [(shape, drawn, padded)])
         if recorded is not None:
+            if padded is None and traceable.lane is None and type(given) is bool and dtype == torch.bool:
+                # (a flag: no value check to make at a later call)
+                lane = FactoryLane(op, key, args, kwargs, shape, dtype, index, at)
+                if lane.typed is not None:
+                    traceable.lane = lane
             return recorded
     fn = _compiled.get(key)
     if fn is None:
@@ -394,11 +404,103 @@ def _recorded(op: Any, key: tuple, name: str, lowering: Any, args: tuple, kwargs
         body = _body(name, lowering, args, kwargs, jax_dtype(dtype), drawn)
         return body, jax.jit(body, out_shardings=sharding(index))
 
-    op_traceable = _fused.host_op(_traceables, f"aten::{name}", key, make,
-                                  _disk_signature(key, kwargs, lowering) if _program_cache.directory() else None)
+    op_traceable = _traceables.get(key)
+    if op_traceable is None:
+        op_traceable = _fused.host_op(_traceables, f"aten::{name}", key, make,
+                                      _disk_signature(key, kwargs, lowering) if _program_cache.directory() else None)
     plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
-    return _fused.record(op_traceable, [], plan, index, index,
-                         padded=None if padded is None else [(shape, drawn, padded)])
+    recorded = _fused.record(op_traceable, [], plan, index, index,
+                             padded=None if padded is None else [(shape, drawn, padded)])
+    if recorded is not None and padded is None and op_traceable.lane is None:
+        lane = FactoryLane(op, key, args, kwargs, shape, dtype, index)
+        if lane.typed is not None:
+            op_traceable.lane = lane
+    return recorded
+
+
+class FactoryLane:
+    """Fused eager's replay lane of a factory recorded into a script (the
+    ``arange``, ``full`` and scalar tensors ``generate()`` makes every
+    token): a later call at that place in the script with the same typed
+    arguments, under the same default dtype, is recorded again without the
+    meta kernel, the key or the padding bookkeeping (one program for the
+    same arguments: their key is the recorded op's).  Exact results only;
+    inside :func:`_padding.sized_after_padded` (where a factory may be
+    padded at once) and for any other arguments the call takes the
+    factory's own way.  ``at``: the position of a bool flag ``full`` takes
+    at run time (:func:`_of_a_varying_value`), any bool there.  It serves
+    ``_fused.replay`` as the lane, its op and its rule at once."""
+
+    __slots__ = ("func", "cfg", "place", "key", "typed", "shape", "outputs", "used", "hits", "at")
+    container = "single"
+    traced = False
+    in_trial = False
+    dynamic = None
+
+    def __init__(self, func: Any, key: tuple, args: tuple, kwargs: dict, shape: tuple, dtype: torch.dtype,
+                 place: int, at: int | None = None) -> None:
+        self.func, self.key, self.shape, self.place, self.at = func, key, shape, place, at
+        self.cfg = _config.current()
+        self.typed = self._typed(self._fixed(args), kwargs)
+        self.outputs = ((shape, dtype, jax_dtype(dtype)),)
+        self.used = [0]
+        self.hits = 0
+
+    @property
+    def op(self) -> FactoryLane:
+        return self
+
+    @property
+    def padded(self) -> FactoryLane:
+        return self
+
+    @staticmethod
+    def _typed(args: tuple, kwargs: dict) -> tuple | None:
+        """The call's arguments with their types (1, True and 1.0 apart),
+        and torch's default dtype; None for an argument that is no plain
+        value."""
+        try:
+            typed = (_freeze(args), _freeze(tuple(sorted(kwargs.items()))) if kwargs else (),
+                     torch.get_default_dtype())
+            hash(typed)
+        except TypeError:
+            return None
+        if any(isinstance(v, torch.Tensor) for v in (*args, *kwargs.values())):
+            return None
+        return typed
+
+    def _fixed(self, args: tuple) -> tuple:
+        """``args`` with the run-time flag's place marked, not its value."""
+        at = self.at
+        if at is None or len(args) <= at:
+            return args
+        return (*args[:at], ("run-time flag", type(args[at]) is bool), *args[at + 1:])
+
+    def match(self, args: tuple, kwargs: dict, dyn: list, place: int) -> tuple | None:
+        """``(((shape, shape, None),), None)`` when the call is the one
+        recorded (its flag, if any, appended to ``dyn`` as the factory's
+        way passes it), None when not."""
+        if _padding.factory_lengths() is not None or self._typed(self._fixed(args), kwargs) != self.typed:
+            return None
+        if self.at is not None:
+            dyn.append(_device_flag(args[self.at], place))
+        return ((self.shape, self.shape, None),), None
+
+    def note_padded_call(self, args: tuple, kwargs: dict, noted: Any) -> None:
+        pass
+
+    def engine_key(self, args: tuple, kwargs: dict, cfg: Any, results: tuple) -> tuple:
+        """The recorded key after checking the factory's meta kernel gives
+        the call the lane's shape and dtype (``PJRT_HOST_CHECK_REPLAY``)."""
+        meta_kwargs = dict(kwargs, device="meta")
+        meta_kwargs.pop("pin_memory", None)
+        meta = _meta_result(self.func, args, meta_kwargs)
+        if tuple(meta.shape) != self.shape or device_dtype(meta.dtype) != self.outputs[0][1]:
+            raise AssertionError(f"pjrt_host: fused eager's replay lane took a call of {self.func} as the one "
+                                 f"recorded, but its result is {tuple(meta.shape)} {meta.dtype}")
+        if tuple(results) != ((self.shape, self.shape, None),):
+            raise AssertionError(f"pjrt_host: fused eager's replay lane gave a factory the layout {results}")
+        return self.key, [] if self.at is None else [_device_flag(args[self.at], self.place)]
 
 
 def _body(name: str, lowering: Any, args: tuple, kwargs: dict, dtype: Any, shape: tuple) -> Any:

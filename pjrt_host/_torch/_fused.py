@@ -1144,7 +1144,7 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
                 tensors.append(t)
             result = tuple(tensors) if lane.container == "tuple" else tensors
         full = n + 1 == script.n and script.cut and not _may_go_on(seg, script)
-    if padded is not None:
+    if padded is not None and padded[1] is not None:  # (a factory's lane reads nothing padded)
         _counts["lane_padded"] += 1
         lane.op.note_padded_call(args, kwargs, padded[1])
     if full:
