@@ -1191,6 +1191,38 @@ def test_a_replayed_foreach_step_writes_its_targets_in_place(monkeypatch):
     assert made[4:] == [len(params)] * 2, made
 
 
+def test_a_small_inputs_changing_holders_compile_nothing_again():
+    """A segment is given (donated) the arrays only it holds, but not
+    small ones: whether a flag, a token or a mask's row is still held
+    elsewhere changes from run to run, and each change compiled the
+    segment again (a variant donating the other set).  A large one is
+    still given, and values stay right either way."""
+    if not _tensor.DONATE:
+        pytest.skip("PJRT_HOST_DONATE=0: nothing is donated")
+    w = torch.randn(64, device="jax")
+    big = torch.randn(_fused.DONATE_MIN_BYTES // 4, device="jax")
+    with fused():
+        made, kept = [], None
+        for step in range(8):
+            before = _fused.stats()["programs"]
+            t = w[:1] * 2
+            torch.jax.synchronize()  # (t computed: the next segment reads its array)
+            kept = t if step % 2 else None  # held elsewhere at every other step
+            u = (t + 1) * 3
+            del t
+            assert u.item() == pytest.approx((w[:1].cpu().item() * 2 + 1) * 3)
+            made.append(_fused.stats()["programs"] - before)
+        assert sum(made[1:]) == 0, made
+        # a large array nothing else holds is still given to the segment
+        buffer = big._storage.array.unsafe_buffer_pointer()
+        expected = big.cpu() * 2 + 1
+        big.mul_(2).add_(1)
+        torch.jax.synchronize()
+        assert big._storage.array.unsafe_buffer_pointer() == buffer
+        torch.testing.assert_close(big.cpu(), expected)
+    del kept
+
+
 def test_factories_replay_on_the_lane_with_their_flags(monkeypatch):
     """The factories a decoding loop makes every step (``arange`` of the
     vocabulary, ``full`` of a stopping flag, a scalar tensor of -inf) take

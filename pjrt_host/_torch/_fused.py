@@ -678,13 +678,23 @@ def _only_here(ext: list) -> tuple[int, ...]:
     deleted after the segment read them (gradients after ``zero_grad``).
     The program is given them (donated), so it writes its results into
     their buffers or frees them as it runs, as op by op's in-place writes
-    do: without that a segment's peak holds each buffer twice."""
+    do: without that a segment's peak holds each buffer twice.  Arrays
+    under DONATE_MIN_BYTES are not given: holding them twice costs
+    nothing to speak of, and whether a small value (a flag, a token, a
+    mask's row) is still held elsewhere changes from one run to the next,
+    each change a program of its own (a tiny Llama's generate() compiled
+    one more per bucket for a (1,) array)."""
     positions = []
     for i in range(len(ext)):
         # the list's reference and getrefcount's argument: nothing else
-        if isinstance(ext[i], jax.Array) and sys.getrefcount(ext[i]) == 2:
+        a = ext[i]
+        if sys.getrefcount(a) == 3 and isinstance(a, jax.Array) and a.nbytes >= DONATE_MIN_BYTES:
             positions.append(i)
     return tuple(positions)
+
+
+#: The smallest array a segment is given to write into (:func:`_only_here`).
+DONATE_MIN_BYTES = 1 << 16
 
 
 def _program(ops: list, live: tuple[int, ...], own: bool = False) -> Any:
