@@ -35,7 +35,7 @@ import torch
 from .. import _program_cache
 from .._lowerings._dtypes import dtype_name
 from . import _config, _padding
-from ._signatures import GENERATOR, DynamicScalar, HostScalar, SequenceArg, matches
+from ._signatures import GENERATOR, DynamicScalar, HostLane, HostScalar, SequenceArg, matches
 from ._tensor import JaxTensor, Pending, Storage, TensorSpec, contiguous_strides, make, read_through, view_for
 
 __all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "pad_end", "place_gradient", "placed_at", "prepare", "read_of",
@@ -1474,38 +1474,19 @@ def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor |
     return make(Storage(arr, shape, arr.dtype, index, first._storage.place, padded), shape, first.dtype)
 
 
-class JoinLane:
+class JoinLane(HostLane):
     """Fused eager's replay lane of a join recorded into a segment (a
     key/value cache's cat, every layer and token): a later call of the
     script's join at the same place is matched by the join's own key
     (:func:`_join_call`, which runs nothing) and recorded without the
     dispatcher's handler.  A call whose cache would grow into the next
     bucket (:func:`join` lays it out first) or whose key differs takes the
-    engine's way.  It serves ``_fused.replay`` as the lane, its op and its
-    padded rule at once."""
+    engine's way."""
 
-    __slots__ = ("func", "cfg", "place", "key", "outputs", "used", "hits")
-    container = "single"
-    traced = False
-    in_trial = False
-    dynamic = None
+    __slots__ = ()
 
     def __init__(self, func: Any, key: tuple, place: int, dtype: torch.dtype) -> None:
-        from ._tensor import jax_dtype
-
-        self.func, self.key, self.place = func, key, place
-        self.cfg = _config.current()
-        self.outputs = ((None, dtype, jax_dtype(dtype)),)
-        self.used = [0]
-        self.hits = 0
-
-    @property
-    def op(self) -> JoinLane:
-        return self
-
-    @property
-    def padded(self) -> JoinLane:
-        return self
+        super().__init__(func, key, place, None, dtype)
 
     def _call(self, args: tuple, kwargs: dict, lane: bool) -> tuple | None:
         tensors = args[0] if args else kwargs.get("tensors")

@@ -36,7 +36,7 @@ from . import _config, _fused, _memory, _meta, _padding, _rng
 from ._conversion import to_jax_array
 from ._devices import DEVICE_NAME, device_index, jax_device, sharding
 from ._dtype_policy import device_dtype
-from ._signatures import Traceable, scalar_key
+from ._signatures import HostLane, Traceable, scalar_key
 from ._lowering_context import lowering_context
 from ._sync import note_result
 from ._tensor import Storage, contiguous_strides, make, new_tensor, result_tensor, view_for, wrap_array
@@ -418,7 +418,7 @@ def _recorded(op: Any, key: tuple, name: str, lowering: Any, args: tuple, kwargs
     return recorded
 
 
-class FactoryLane:
+class FactoryLane(HostLane):
     """Fused eager's replay lane of a factory recorded into a script (the
     ``arange``, ``full`` and scalar tensors ``generate()`` makes every
     token): a later call at that place in the script with the same typed
@@ -428,31 +428,15 @@ class FactoryLane:
     inside :func:`_padding.sized_after_padded` (where a factory may be
     padded at once) and for any other arguments the call takes the
     factory's own way.  ``at``: the position of a bool flag ``full`` takes
-    at run time (:func:`_of_a_varying_value`), any bool there.  It serves
-    ``_fused.replay`` as the lane, its op and its rule at once."""
+    at run time (:func:`_of_a_varying_value`), any bool there."""
 
-    __slots__ = ("func", "cfg", "place", "key", "typed", "shape", "outputs", "used", "hits", "at")
-    container = "single"
-    traced = False
-    in_trial = False
-    dynamic = None
+    __slots__ = ("typed", "shape", "at")
 
     def __init__(self, func: Any, key: tuple, args: tuple, kwargs: dict, shape: tuple, dtype: torch.dtype,
                  place: int, at: int | None = None) -> None:
-        self.func, self.key, self.shape, self.place, self.at = func, key, shape, place, at
-        self.cfg = _config.current()
+        super().__init__(func, key, place, shape, dtype)
+        self.shape, self.at = shape, at
         self.typed = self._typed(self._fixed(args), kwargs)
-        self.outputs = ((shape, dtype, jax_dtype(dtype)),)
-        self.used = [0]
-        self.hits = 0
-
-    @property
-    def op(self) -> FactoryLane:
-        return self
-
-    @property
-    def padded(self) -> FactoryLane:
-        return self
 
     @staticmethod
     def _typed(args: tuple, kwargs: dict) -> tuple | None:
@@ -485,9 +469,6 @@ class FactoryLane:
         if self.at is not None:
             dyn.append(_device_flag(args[self.at], place))
         return ((self.shape, self.shape, None),), None
-
-    def note_padded_call(self, args: tuple, kwargs: dict, noted: Any) -> None:
-        pass
 
     def engine_key(self, args: tuple, kwargs: dict, cfg: Any, results: tuple) -> tuple:
         """The recorded key after checking the factory's meta kernel gives

@@ -463,3 +463,40 @@ class Traceable:
 
     def __repr__(self) -> str:
         return f"Traceable({self.name})"
+
+
+class HostLane:
+    """The replay lane of one of the host's own recorded computations (a
+    cache's join, a factory): ``_fused.replay`` reads it as it reads a
+    padded call's lane, and it is its own op and its own rule --
+    ``match(args, kwargs, dyn, place)`` gives ``(((shape, physical,
+    padding),), noted)`` for a call it takes (its run-time values appended
+    to ``dyn``), and ``engine_key`` what the host's own way would key the
+    call by (``PJRT_HOST_CHECK_REPLAY``).  One result; ``noted``, when not
+    None, is counted as a padded call (:meth:`note_padded_call`)."""
+
+    __slots__ = ("func", "cfg", "place", "key", "outputs", "used", "hits")
+    container = "single"
+    traced = False
+    in_trial = False
+    dynamic = None
+
+    def __init__(self, func: Any, key: tuple, place: int, shape: Any, dtype: Any) -> None:
+        from . import _config
+
+        self.func, self.key, self.place = func, key, place
+        self.cfg = _config.current()
+        self.outputs = ((shape, dtype, jax_dtype(dtype)),)
+        self.used = [0]
+        self.hits = 0
+
+    @property
+    def op(self) -> HostLane:
+        return self
+
+    @property
+    def padded(self) -> HostLane:
+        return self
+
+    def note_padded_call(self, args: tuple, kwargs: dict, noted: Any) -> None:
+        pass
