@@ -1230,7 +1230,9 @@ def test_factories_replay_on_the_lane_with_their_flags(monkeypatch):
     key.  A flag ``full`` takes at run time is the call's own (False at
     every step, True at the last, as generate()'s criteria make it); a
     value of another type at the same place (1 where True was) takes the
-    factory's way and torch's dtype.  Values equal CPU's."""
+    factory's way and torch's dtype.  The same factory spelt otherwise
+    before (``device='jax:0'``) is one op, and both spellings take its
+    lane.  Values equal CPU's."""
     from pjrt_host._torch import _factories
 
     ways = []  # the factories that take their own way (their device index is looked up first)
@@ -1238,6 +1240,10 @@ def test_factories_replay_on_the_lane_with_their_flags(monkeypatch):
     monkeypatch.setattr(_factories, "_target_index", lambda kwargs: (ways.append(1), original(kwargs))[1])
     torch.manual_seed(0)
     scores = torch.randn(12, 2, 10)
+    with pjrt_host.config(eager="fused", dynamic_shapes=False):
+        for _ in range(3):  # the same factories spelt otherwise first (another module's): one op, two spellings
+            (torch.arange(10, device="jax:0") + 1).cpu()
+            (torch.full((2,), True, device=torch.device("jax")) | True).cpu()
     results = {}
     for dev in ("cpu", "jax"):
         out, per_step = [], []

@@ -292,11 +292,9 @@ def _of_a_varying_value(op: Any, base: tuple, lowering: Any, args: tuple, at: in
         recorded = _fused.record(traceable, [value], plan, index, index,
                                  padded=None if padded is None else [(shape, drawn, padded)])
         if recorded is not None:
-            if padded is None and traceable.lane is None and type(given) is bool and dtype == torch.bool:
+            if padded is None and type(given) is bool and dtype == torch.bool:
                 # (a flag: no value check to make at a later call)
-                lane = FactoryLane(op, key, args, kwargs, shape, dtype, index, at)
-                if lane.typed is not None:
-                    traceable.lane = lane
+                FactoryLane.of(traceable, op, key, shape, dtype, index, at).accept(args, kwargs)
             return recorded
     fn = _compiled.get(key)
     if fn is None:
@@ -411,10 +409,8 @@ def _recorded(op: Any, key: tuple, name: str, lowering: Any, args: tuple, kwargs
     plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
     recorded = _fused.record(op_traceable, [], plan, index, index,
                              padded=None if padded is None else [(shape, drawn, padded)])
-    if recorded is not None and padded is None and op_traceable.lane is None:
-        lane = FactoryLane(op, key, args, kwargs, shape, dtype, index)
-        if lane.typed is not None:
-            op_traceable.lane = lane
+    if recorded is not None and padded is None:
+        FactoryLane.of(op_traceable, op, key, shape, dtype, index).accept(args, kwargs)
     return recorded
 
 
@@ -430,13 +426,33 @@ class FactoryLane(HostLane):
     factory's own way.  ``at``: the position of a bool flag ``full`` takes
     at run time (:func:`_of_a_varying_value`), any bool there."""
 
-    __slots__ = ("typed", "shape", "at")
+    __slots__ = ("forms", "shape", "at")
 
-    def __init__(self, func: Any, key: tuple, args: tuple, kwargs: dict, shape: tuple, dtype: torch.dtype,
-                 place: int, at: int | None = None) -> None:
+    def __init__(self, func: Any, key: tuple, shape: tuple, dtype: torch.dtype, place: int,
+                 at: int | None = None) -> None:
         super().__init__(func, key, place, shape, dtype)
         self.shape, self.at = shape, at
-        self.typed = self._typed(self._fixed(args), kwargs)
+        #: the typed arguments of the calls recorded with this op: each
+        #: spelling of one call (``device='jax'`` or ``x.device``, a dtype
+        #: given or not) that the factory's way keyed alike (bounded)
+        self.forms: set = set()
+
+    @classmethod
+    def of(cls, traceable: Traceable, func: Any, key: tuple, shape: tuple, dtype: torch.dtype, place: int,
+           at: int | None = None) -> FactoryLane:
+        """The lane of ``traceable`` (a factory's recorded op), made at its
+        first recording."""
+        lane = traceable.lane
+        if lane is None:
+            lane = traceable.lane = cls(func, key, shape, dtype, place, at)
+        return lane
+
+    def accept(self, args: tuple, kwargs: dict) -> None:
+        """Note a call the factory's way recorded as this lane's op: its
+        later calls of the same typed arguments take the lane."""
+        typed = self._typed(self._fixed(args), kwargs)
+        if typed is not None and len(self.forms) < 16:
+            self.forms.add(typed)
 
     @staticmethod
     def _typed(args: tuple, kwargs: dict) -> tuple | None:
@@ -464,7 +480,7 @@ class FactoryLane(HostLane):
         """``(((shape, shape, None),), None)`` when the call is the one
         recorded (its flag, if any, appended to ``dyn`` as the factory's
         way passes it), None when not."""
-        if _padding.factory_lengths() is not None or self._typed(self._fixed(args), kwargs) != self.typed:
+        if _padding.factory_lengths() is not None or self._typed(self._fixed(args), kwargs) not in self.forms:
             return None
         if self.at is not None:
             dyn.append(_device_flag(args[self.at], place))
