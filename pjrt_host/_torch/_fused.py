@@ -39,7 +39,7 @@ import numpy as _np
 from .. import _env, _program_cache
 from .._jax_settings import x64_scope
 from .._lowerings._dtypes import jax_dtype
-from . import _config
+from . import _config, _padding
 from ._devices import jax_device
 from ._signatures import Traceable, difference, matches
 from ._sync import note_result, open_segments
@@ -628,10 +628,13 @@ def _scalars_on_device(ext: list, device: Any) -> None:
                     _scalars_seen.clear()
                 _scalars_seen.add(key)
                 continue
-            try:
-                found = jax.device_put(v, jax_device(device))  # (a Python int stays weakly typed)
-            except OverflowError:
-                continue  # (jit raises its own error)
+            if t is _np.int32:
+                found = _padding.device_scalar(key[0], device)  # (the padded route's kept int32 scalars)
+            else:
+                try:
+                    found = jax.device_put(v, jax_device(device))  # (a Python int stays weakly typed)
+                except OverflowError:
+                    continue  # (jit raises its own error)
             if len(_scalar_arrays) > 4096:
                 _scalar_arrays.clear()
             _scalar_arrays[key] = found
