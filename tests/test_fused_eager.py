@@ -1232,7 +1232,9 @@ def test_factories_replay_on_the_lane_with_their_flags(monkeypatch):
     value of another type at the same place (1 where True was) takes the
     factory's way and torch's dtype.  The same factory spelt otherwise
     before (``device='jax:0'``) is one op, and both spellings take its
-    lane.  Values equal CPU's."""
+    lane.  The same factories recorded under other settings before (an
+    earlier test's) leave no lane this loop's settings cannot take.
+    Values equal CPU's."""
     from pjrt_host._torch import _factories
 
     ways = []  # the factories that take their own way (their device index is looked up first)
@@ -1240,6 +1242,10 @@ def test_factories_replay_on_the_lane_with_their_flags(monkeypatch):
     monkeypatch.setattr(_factories, "_target_index", lambda kwargs: (ways.append(1), original(kwargs))[1])
     torch.manual_seed(0)
     scores = torch.randn(12, 2, 10)
+    with pjrt_host.config(eager="fused"):  # other settings, the same ops (the way CI's order found)
+        for _ in range(3):
+            (torch.full((2,), True, device="jax") | True).cpu()
+            (torch.scalar_tensor(-math.inf, device="jax") + 1).cpu()
     with pjrt_host.config(eager="fused", dynamic_shapes=False):
         for _ in range(3):  # the same factories spelt otherwise first (another module's): one op, two spellings
             (torch.arange(10, device="jax:0") + 1).cpu()

@@ -707,8 +707,8 @@ def _record_join(body: Callable, key: tuple, inputs: list, shape: tuple, physica
     op = _fused.host_op(table, name, key, lambda: (body, None))
     plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
     joined = _fused.record(op, inputs, plan, index, index, padded=[(shape, physical, padded)])
-    if joined is not None and func is not None and op.lane is None:
-        op.lane = _dynamic_dims.JoinLane(func, key, index, dtype)
+    if joined is not None and func is not None:
+        _dynamic_dims.JoinLane.of(op, func, key, index, dtype)
     return joined
 
 

@@ -437,16 +437,6 @@ class FactoryLane(HostLane):
         #: given or not) that the factory's way keyed alike (bounded)
         self.forms: set = set()
 
-    @classmethod
-    def of(cls, traceable: Traceable, func: Any, key: tuple, shape: tuple, dtype: torch.dtype, place: int,
-           at: int | None = None) -> FactoryLane:
-        """The lane of ``traceable`` (a factory's recorded op), made at its
-        first recording."""
-        lane = traceable.lane
-        if lane is None:
-            lane = traceable.lane = cls(func, key, shape, dtype, place, at)
-        return lane
-
     def accept(self, args: tuple, kwargs: dict) -> None:
         """Note a call the factory's way recorded as this lane's op: its
         later calls of the same typed arguments take the lane."""

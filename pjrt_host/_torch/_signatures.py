@@ -490,6 +490,20 @@ class HostLane:
         self.used = [0]
         self.hits = 0
 
+    @classmethod
+    def of(cls, op: Any, *args: Any) -> HostLane:
+        """The lane of ``op`` (the host computation's recorded op) under
+        the settings in force, made at its first recording under them: a
+        lane made under other settings (an earlier ``with
+        pjrt_host.config(...)``, another module's) is replaced, since the
+        replay takes a lane under its own settings only."""
+        from . import _config
+
+        lane = op.lane
+        if lane is None or lane.cfg is not _config.current():
+            lane = op.lane = cls(*args)
+        return lane
+
     @property
     def op(self) -> HostLane:
         return self
