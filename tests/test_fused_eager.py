@@ -800,16 +800,17 @@ def test_a_lane_that_took_another_call_would_fail_the_suite(monkeypatch):
 
 
 def test_a_segment_whose_results_all_died_is_still_replayed_after():
-    """A segment that ends with none of its results held computes nothing,
-    but it is still what the next segment follows: the ops after it replay
-    their script (they recorded afresh every time, and a loop of ops whose
-    results die never replayed at all)."""
+    """A segment that ends with none of its results held still runs its
+    ops (as every queued op runs on torch's other devices), and it is what
+    the next segment follows: both replay their scripts (the ops after it
+    recorded afresh every time, and a loop of ops whose results die never
+    replayed at all)."""
     x = torch.randn(128, device="jax")
 
     def run():
         for _ in range(30):
             x * 1.0001
-        torch.jax.synchronize()  # ends a segment that holds no result: it computes nothing
+        torch.jax.synchronize()  # ends a segment that holds no result: it runs all the same
         return (x.tanh() + 1).cpu()
 
     with pjrt_host.config(eager="op"):
@@ -820,8 +821,50 @@ def test_a_segment_whose_results_all_died_is_still_replayed_after():
             run()
         segments, replayed, programs = _replay_counts(run)
         got = run()
-    assert (segments, replayed, programs) == (1, 1, 0)
+    assert (segments, replayed, programs) == (2, 2, 0)
     torch.testing.assert_close(got, expected)
+
+
+def test_ops_whose_results_nobody_reads_run_before_synchronize_returns():
+    """A timing loop as torch users write it for any device (``a @ b``
+    dropped, then a synchronize) measures the work: each op whose results
+    nothing holds and no later op reads is still computed, in a segment
+    that ends at the synchronize and in one that ends itself where the loop
+    repeats.  The fused count of programs run equals the ops queued, and a
+    dropped result's program is the one for its held form (no new
+    program when the result is kept the next time)."""
+    from pjrt_host._torch import _fused
+
+    a = torch.randn(64, 64, device="jax")
+    b = torch.randn(64, 64, device="jax")
+    with fused():
+        for _ in range(2):
+            a @ b
+            torch.jax.synchronize()
+        computed = []
+        original = _fused.Segment._run
+
+        def spy(self, script, replayed, ext, live, donated):
+            computed.append(len(live))
+            return original(self, script, replayed, ext, live, donated)
+
+        _fused.Segment._run = spy
+        try:
+            a @ b
+            torch.jax.synchronize()
+            assert computed == [1]  # the dropped product is computed
+            computed.clear()
+            for _ in range(40):
+                a @ b
+            torch.jax.synchronize()
+            assert sum(computed) == 40, computed  # each matmul of the loop, in the segments its repeats make
+            before = _fused.stats()["programs"]
+            kept = a @ b
+            torch.jax.synchronize()
+            assert _fused.stats()["programs"] == before  # the held product: the dropped one's program
+        finally:
+            _fused.Segment._run = original
+    torch.testing.assert_close(kept.cpu(), a.cpu() @ b.cpu())
 
 
 def test_a_replay_that_stops_matching_records_the_rest_and_a_read_ends_only_its_own_script():

@@ -145,6 +145,7 @@ class Segment:
                 held = {i for i, refs in self.shared.items()
                         if any((s := r()) is not None and s._array is self.results[i][1] for r in refs)}
                 live = tuple(sorted(held.union(live)))
+            live = _with_dead_ends(self, live)
             ext, self.externals = self.externals, []
             inputs = tuple([_signature(v) for v in ext])
             if self.diverged or self.cuts or (self.expect is not None and self.expect.inputs != inputs):
@@ -158,9 +159,8 @@ class Segment:
                 return
             script, replayed = self._noted(ext, inputs)
             if not live:
-                # nothing to compute, but the next segment replays after
-                # this one all the same (a loop whose results die before a
-                # read recorded every op afresh, every time)
+                # nothing to compute (no op made a result), but the next
+                # segment replays after this one all the same
                 return
             donated = _only_here(ext) if DONATE else ()
             try:
@@ -395,6 +395,30 @@ class Segment:
                             given = True
         note_result(self.device, outs[-1])
         return live, outs
+
+
+def _with_dead_ends(seg: Segment, live: tuple[int, ...]) -> tuple[int, ...]:
+    """``live`` and the first result of each op whose results nothing
+    holds and no later op of the segment reads: every op queued runs, as
+    on torch's other devices, though nothing reads what it made (a timing
+    loop's ``a @ b`` then ``torch.jax.synchronize()`` measured nothing,
+    and the report card printed 85 TFLOP/s for a 2-core CPU); its result
+    is dropped as the program returns."""
+    read = set(live)
+    for _, refs, _ in seg.ops:
+        for r in refs:
+            if r < 0:
+                read.add(~r)
+    slots, ends = seg.slots, None
+    stop = len(seg.results)
+    for k in range(len(slots) - 1, -1, -1):
+        first = slots[k]
+        if first < stop and not any(i in read for i in range(first, stop)):
+            if ends is None:
+                ends = set(live)
+            ends.add(first)
+        stop = first
+    return live if ends is None else tuple(sorted(ends))
 
 
 class Script:
