@@ -145,9 +145,9 @@ class Segment:
                 held = {i for i, refs in self.shared.items()
                         if any((s := r()) is not None and s._array is self.results[i][1] for r in refs)}
                 live = tuple(sorted(held.union(live)))
-            live = _with_dead_ends(self, live)
             ext, self.externals = self.externals, []
             inputs = tuple([_signature(v) for v in ext])
+            live = _with_dead_ends(self, live, inputs)
             if self.diverged or self.cuts or (self.expect is not None and self.expect.inputs != inputs):
                 self._choose_pieces(ext, inputs)
             if self.cuts:
@@ -397,28 +397,41 @@ class Segment:
         return live, outs
 
 
-def _with_dead_ends(seg: Segment, live: tuple[int, ...]) -> tuple[int, ...]:
+def _with_dead_ends(seg: Segment, live: tuple[int, ...], inputs: tuple) -> tuple[int, ...]:
     """``live`` and the first result of each op whose results nothing
     holds and no later op of the segment reads: every op queued runs, as
     on torch's other devices, though nothing reads what it made (a timing
     loop's ``a @ b`` then ``torch.jax.synchronize()`` measured nothing,
     and the report card printed 85 TFLOP/s for a 2-core CPU); its result
-    is dropped as the program returns."""
-    read = set(live)
+    is dropped as the program returns.  Which ops no later op reads is the
+    script's (found once per script: a replayed segment has its ops)."""
+    script = seg.expect
+    if script is not None and script.n == len(seg.ops) and script.inputs == inputs:  # (as _noted's replayed)
+        ends = script.ends
+        if ends is None:
+            ends = script.ends = _unread(seg)
+    else:
+        ends = _unread(seg)
+    held = set(live)
+    extra = [first for first, stop in ends if held.isdisjoint(range(first, stop))]
+    return tuple(sorted(held.union(extra))) if extra else live
+
+
+def _unread(seg: Segment) -> tuple[tuple[int, int], ...]:
+    """The result ranges ``(first, stop)`` of the ops of ``seg`` whose
+    results no later op of it reads."""
+    read = set()
     for _, refs, _ in seg.ops:
         for r in refs:
             if r < 0:
                 read.add(~r)
-    slots, ends = seg.slots, None
+    ends = []
     stop = len(seg.results)
-    for k in range(len(slots) - 1, -1, -1):
-        first = slots[k]
-        if first < stop and not any(i in read for i in range(first, stop)):
-            if ends is None:
-                ends = set(live)
-            ends.add(first)
+    for first in reversed(seg.slots):
+        if first < stop and read.isdisjoint(range(first, stop)):
+            ends.append((first, stop))
         stop = first
-    return live if ends is None else tuple(sorted(ends))
+    return tuple(ends)
 
 
 class Script:
@@ -431,7 +444,7 @@ class Script:
     script matches it op by op (:func:`record`), ends where it ended, and
     finds its program without building the key of its ops."""
 
-    __slots__ = ("ops", "inputs", "n", "variants", "following", "cut")
+    __slots__ = ("ops", "inputs", "n", "variants", "following", "cut", "ends")
 
     def __init__(self, ops: tuple, inputs: tuple) -> None:
         self.ops = ops
@@ -442,6 +455,8 @@ class Script:
         # whether a segment of these ops ended itself there (a replay ends
         # there too; where a read ended it, the read ends the replay)
         self.cut = False
+        #: the result ranges of its ops that no later op reads (_unread)
+        self.ends: tuple | None = None
 
     def followed_by(self, script: Script) -> None:
         global replaying
