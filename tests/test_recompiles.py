@@ -47,6 +47,34 @@ def test_an_op_compiling_every_step_after_warm_up_warns_once():
     assert "pad or bucket" in warnings[0]
 
 
+OTHER_WORK = r"""
+import logging, sys, torch
+logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")
+x = torch.ones(4, 8, device="jax")
+for _ in range(70):
+    x.exp()
+print("warm")
+# the program turns to other work (training, then generate() at batch 1):
+# a burst of new signatures of many forms, two sizes each, reused after
+for _ in range(3):
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for rank in (1, 3, 4):
+            for n in (5, 6):
+                torch.ones(*[2] * (rank - 1), n, dtype=dtype, device="jax").exp()
+print("done")
+"""
+
+
+def test_an_op_turning_to_other_work_after_warm_up_does_not_warn():
+    # 18 new signatures after running warm, but none of its forms (dtype,
+    # rank, view kind) keeps changing: a phase of new work, not a length
+    # changing every step.  (Counted over all forms, this warned.)
+    proc = run_python(["-c", OTHER_WORK], env=PER_SHAPE)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "done" in proc.stdout
+    assert "WARNING" not in proc.stdout, proc.stdout
+
+
 def test_the_recompile_log_says_what_changed():
     proc = run_python(["-c", SCRIPT, "info"], env=PER_SHAPE)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -147,7 +147,7 @@ class CompiledOp:
         self.dynamic: bool | None = True if lowering.traced_scalars and self.scalar_slots else None
         self.misses = 0
         self.hits = 0
-        self.late_misses = 0  # new signatures after the op had run warm (see _signatures.note_miss)
+        self.late_misses: dict | None = None  # per form, new signatures after the op had run warm (see _signatures.note_miss)
         self.warm_hits = 0  # its reuses at the first of those
         self.last_key: Any = None
         self.in_trial = False

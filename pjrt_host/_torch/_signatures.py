@@ -349,7 +349,7 @@ def first_jax_device(values: Any) -> Any:
 #: signatures after it had run warm -- a shape that changes every step.
 recompiles = logging.getLogger("pjrt_host.recompiles")
 #: An op "runs warm" once it has reused its programs this many times; this
-#: many new signatures after that warn.
+#: many new signatures of one form after that warn.
 _WARM_HITS = 64
 _LATE_MISSES_WARN = 8
 
@@ -359,28 +359,59 @@ def note_miss(op: Any, key: tuple, bucketed: bool = False) -> None:
     keeps compiling after running warm.  ``bucketed``: a padded call's,
     whose dynamic dims are in buckets already -- bounded, and no advice to
     pad applies (a length entering a new bucket is not a shape changing
-    every step)."""
+    every step).
+
+    A shape that changes every step gives new signatures of one *form*
+    (:func:`form`: the key with its sizes and scalar values left out)
+    again and again; a program that turns to other work (training, then
+    ``generate()`` at batch 1) gives a burst of new signatures of many
+    forms, a few each, which its later calls then reuse.  Only the
+    former warns: late signatures are counted per form (with the last
+    of each, so that the warning names what changed at that call site)."""
     prev, op.last_key = op.last_key, key
     if prev is None:
         return
     if op.hits >= _WARM_HITS and not bucketed:
-        if not op.late_misses:
+        late = op.late_misses
+        if late is None:
+            late = op.late_misses = {}
             op.warm_hits = op.hits  # -1 once warned
-        op.late_misses += 1
+        shape = form(key)
+        count, before = late.get(shape, (0, prev))
+        count += 1
+        if len(late) > 256:  # (forms that never come back: bound the memory)
+            late.clear()
+        late[shape] = (count, key)
         # Often, against the reuses since: a shape changing every step, not
         # a few more models or layers among thousands of reuses.
-        if op.late_misses >= _LATE_MISSES_WARN and op.late_misses * 32 >= op.hits - op.warm_hits \
-                and op.warm_hits >= 0:
+        if count >= _LATE_MISSES_WARN and count * 32 >= op.hits - op.warm_hits and op.warm_hits >= 0:
             op.warm_hits = -1  # warned: once per op
             recompiles.warning(
-                "pjrt_host: %s keeps compiling new programs after running warm (%d new signatures after %d reuses; "
-                "the last: %s). Each new shape compiles once: pad or bucket the sizes that change (sequence "
-                "lengths to a multiple of 64, drop_last=True for the last batch); torch.jax.dynamic_shape_stats() "
-                "names the ops that cut padded dims (docs/dynamic-shapes.md). logging.getLogger("
-                "'pjrt_host.recompiles').setLevel('INFO') logs every recompilation.",
-                op.name, op.late_misses, op.hits, difference(prev, key))
+                "pjrt_host: %s keeps compiling new programs after running warm (%d new signatures of one form after "
+                "%d reuses; the last: %s). Each new shape compiles once: pad or bucket the sizes that change "
+                "(sequence lengths to a multiple of 64, drop_last=True for the last batch); "
+                "torch.jax.dynamic_shape_stats() names the ops that cut padded dims (docs/dynamic-shapes.md). "
+                "logging.getLogger('pjrt_host.recompiles').setLevel('INFO') logs every recompilation.",
+                op.name, count, op.hits, difference(before, key))
     if recompiles.isEnabledFor(logging.INFO):
         recompiles.info("%s compiles a new program: %s", op.name, difference(prev, key))
+
+
+def form(key: Any) -> Any:
+    """``key`` without its sizes and scalar values: per tensor its dtype,
+    rank and view kind, per compiled-in scalar its type.  The signatures
+    of one call site whose lengths (or a scalar) change share it."""
+    t = type(key)
+    if t is TensorSpec:
+        view = key.view
+        return (key[0], len(key[1]), None if view is None else (view[0], len(view[1])))
+    if t is PaddedSpec:
+        return ("padded", key.dtype, len(key.physical))
+    if t is tuple and len(key) >= 2 and isinstance(key[0], type):  # a scalar compiled in
+        return key[0]
+    if isinstance(key, tuple):
+        return tuple(form(k) for k in key)
+    return key
 
 
 def difference(prev: tuple, key: tuple) -> str:
