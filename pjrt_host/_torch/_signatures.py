@@ -362,12 +362,14 @@ def note_miss(op: Any, key: tuple, bucketed: bool = False) -> None:
     every step).
 
     A shape that changes every step gives new signatures of one *form*
-    (:func:`form`: the key with its sizes and scalar values left out)
-    again and again; a program that turns to other work (training, then
-    ``generate()`` at batch 1) gives a burst of new signatures of many
-    forms, a few each, which its later calls then reuse.  Only the
-    former warns: late signatures are counted per form (with the last
-    of each, so that the warning names what changed at that call site)."""
+    (:func:`form`: the key without its sizes and scalar values) in which
+    one size (or scalar) takes value after value; a program that turns
+    to other work (training, then ``generate()`` at batch 1) gives a
+    burst of new signatures at its new call sites, each size among a few
+    values (the batch, the prompt's length and 1, the widths), which its
+    later calls then reuse.  Only the former warns: after running warm,
+    each size of each form collects the values it takes (and the form its
+    last key, so that the warning names what changed at that call site)."""
     prev, op.last_key = op.last_key, key
     if prev is None:
         return
@@ -377,19 +379,26 @@ def note_miss(op: Any, key: tuple, bucketed: bool = False) -> None:
             late = op.late_misses = {}
             op.warm_hits = op.hits  # -1 once warned
         shape = form(key)
-        count, before = late.get(shape, (0, prev))
-        count += 1
-        if len(late) > 256:  # (forms that never come back: bound the memory)
-            late.clear()
-        late[shape] = (count, key)
+        seen, before = late.get(shape, (None, prev))
+        sizes = values(key)
+        if seen is None:
+            if len(late) >= 256:  # (forms that never come back: bound the memory)
+                late.clear()
+            seen = [set() for _ in sizes]
+        late[shape] = (seen, key)
+        count = 0
+        for taken, v in zip(seen, sizes):
+            if len(taken) < _LATE_MISSES_WARN:
+                taken.add(v)
+            count = max(count, len(taken))
         # Often, against the reuses since: a shape changing every step, not
         # a few more models or layers among thousands of reuses.
         if count >= _LATE_MISSES_WARN and count * 32 >= op.hits - op.warm_hits and op.warm_hits >= 0:
             op.warm_hits = -1  # warned: once per op
             recompiles.warning(
-                "pjrt_host: %s keeps compiling new programs after running warm (%d new signatures of one form after "
-                "%d reuses; the last: %s). Each new shape compiles once: pad or bucket the sizes that change "
-                "(sequence lengths to a multiple of 64, drop_last=True for the last batch); "
+                "pjrt_host: %s keeps compiling new programs after running warm (a size took %d values in its new "
+                "signatures after %d reuses; the last: %s). Each new shape compiles once: pad or bucket the sizes "
+                "that change (sequence lengths to a multiple of 64, drop_last=True for the last batch); "
                 "torch.jax.dynamic_shape_stats() names the ops that cut padded dims (docs/dynamic-shapes.md). "
                 "logging.getLogger('pjrt_host.recompiles').setLevel('INFO') logs every recompilation.",
                 op.name, count, op.hits, difference(before, key))
@@ -412,6 +421,26 @@ def form(key: Any) -> Any:
     if isinstance(key, tuple):
         return tuple(form(k) for k in key)
     return key
+
+
+def values(key: Any, out: list | None = None) -> list:
+    """What :func:`form` leaves out of ``key``, in order: its tensors'
+    sizes (and their views') and its compiled-in scalars' values."""
+    if out is None:
+        out = []
+    t = type(key)
+    if t is TensorSpec:
+        out.extend(key[1])
+        if key.view is not None:
+            out.extend(key.view[1])
+    elif t is PaddedSpec:
+        out.extend(key.physical)
+    elif t is tuple and len(key) >= 2 and isinstance(key[0], type):
+        out.append(key[1])
+    elif isinstance(key, tuple):
+        for k in key:
+            values(k, out)
+    return out
 
 
 def difference(prev: tuple, key: tuple) -> str:
