@@ -209,6 +209,35 @@ def test_a_mixture_of_experts_model_trains_and_generates_like_cpu():
     assert tokens.tolist() == cpu.generate(ids[:1], max_new_tokens=4, do_sample=False).tolist()
 
 
+def test_beam_search_over_a_left_padded_batch_generates_cpus_tokens_and_scores():
+    """generate() as a batch of prompts is served: left-padded by its
+    attention mask, beam search (the cache reordered by the beams'
+    indices each step), a repetition penalty and banned n-grams (gathers
+    and scatters over the vocabulary), and the scores returned."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cpu = transformers.LlamaForCausalLM(config).eval()
+    dev = copy.deepcopy(cpu).to("jax")
+    ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    kw = dict(max_new_tokens=5, num_beams=3, num_return_sequences=2, do_sample=False, repetition_penalty=1.3,
+              no_repeat_ngram_size=2, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        want = cpu.generate(ids, attention_mask=mask, **kw)
+        got = dev.generate(ids.to("jax"), attention_mask=mask.to("jax"), **kw)
+    assert got.sequences.device.type == "jax"
+    assert got.sequences.cpu().tolist() == want.sequences.tolist()
+    assert len(got.scores) == len(want.scores)
+    for g, w in zip(got.scores, want.scores):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.sequences_scores.cpu(), want.sequences_scores, rtol=1e-4, atol=1e-4)
+
+
 def test_grad_clipping_and_no_grad_eval():
     torch.manual_seed(0)
     model = nn.Linear(4, 4).to("jax")
