@@ -1595,6 +1595,48 @@ def test_a_cat_result_fed_back_to_its_cat_is_dynamic_from_the_second_step(eager)
     torch.testing.assert_close(sums[-1], want.softmax(-1).sum(-1))
 
 
+def test_a_second_generate_joins_its_first_token_as_the_first_did():
+    """A decoder's key and value caches as transformers' DynamicCache grows
+    them: a cat onto an empty tensor takes the prompt (the prefill), then a
+    cat per token, each result fed back; both caches' cats have one key.
+    Fused eager replays the second call's prefill on its replay lane, which
+    must note each cat's result at its place as the cat's handler does, or
+    the first token's cats of the second call ran exact (not joined in the
+    cache's bucket) and compiled what the first call never needed -- each
+    later call of a GPT-2's generate() compiled 3 or 4 programs more."""
+    torch.manual_seed(0)
+    wk, wv = torch.randn(8, 8), torch.randn(8, 8)
+    prompt = torch.randn(1, 5, 8)
+    tokens = [torch.randn(1, 1, 8) for _ in range(5)]
+
+    def generate(dev, joined=None):
+        keys = values = torch.zeros(1, 2, 0, 4, device=dev)
+        outs = []
+        for x in [prompt, *tokens]:
+            x = x.to(dev)
+            k = (x @ wk.to(dev)).view(1, -1, 2, 4).transpose(1, 2)
+            v = (x @ wv.to(dev)).view(1, -1, 2, 4).transpose(1, 2)
+            keys = torch.cat([keys, k], dim=-2)
+            values = torch.cat([values, v], dim=-2)
+            outs.append(((k @ keys.transpose(-1, -2)).softmax(-1) @ values).sum().item())
+            if joined is not None:
+                joined.append((keys._storage.padded is not None, values._storage.padded is not None))
+        return outs
+
+    want = generate("cpu")
+    with pjrt_host.config(dynamic_shapes=True, eager="fused"):
+        torch.jax.synchronize()  # (ops an earlier test left queued would share the first call's first segment)
+        first = []
+        torch.testing.assert_close(torch.tensor(generate("jax", first)), torch.tensor(want))
+        # the prompt exact, every token joined
+        assert first == [(False, False)] + [(True, True)] * len(tokens), first
+        for _ in range(2):
+            again, before = [], _compiled()
+            torch.testing.assert_close(torch.tensor(generate("jax", again)), torch.tensor(want))
+            assert again == first
+            assert _compiled() == before
+
+
 @pytest.mark.parametrize("eager", ["op", "fused"])
 def test_a_join_that_crosses_into_the_next_bucket_runs_that_buckets_program(eager):
     """The join whose result outgrows its accumulator's bucket (length 15 to

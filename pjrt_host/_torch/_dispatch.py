@@ -614,8 +614,14 @@ def _joined_when_padded(func: Any, handler: Handler) -> Handler:
         if not any(type(t) is _tensor.JaxTensor and t._storage.padded is not None for t in tensors):
             grown, place = _dynamic_dims.grows(tensors, dim)
             if not grown:
+                if place is None:
+                    return handler(args, kwargs)
+                _fused.forget_recorded()
                 result = handler(args, kwargs)
                 _dynamic_dims.joined(result, place)  # (fed back next time: an accumulator)
+                lane = _fused.recorded_lane()
+                if lane is not None:  # a replay of the recorded cat notes its result so too
+                    _dynamic_dims.note_on_replay(lane, place)
                 return result
         record = functools.partial(_record_join, func=func) if _config.current().eager == "fused" else None
         joined = _dynamic_dims.join(list(tensors), dim, record)
@@ -625,8 +631,11 @@ def _joined_when_padded(func: Any, handler: Handler) -> Handler:
     # fused eager's replay lane may take an exact cat recorded at its place
     # in a script (rotary embeddings' halves, every token): its sizes are
     # the recorded ones, which the place has seen; a growing tensor is a
-    # call of new sizes, which takes this way (a replayed result is not
-    # noted as an accumulator: the sizes its place took still find it)
+    # call of new sizes, which takes this way.  A replayed result is noted
+    # at the place as a recorded one is (``Lane.noted``): a second
+    # generate() replayed its prefill's cat onto the empty cache, and
+    # without the note the first token's cat ran exact, not joined --
+    # programs the first call never needed.
     return _unpadded_is(handler, handle)
 
 

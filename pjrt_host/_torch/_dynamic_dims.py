@@ -27,6 +27,7 @@ op cost before buckets, never a wrong value.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -1403,7 +1404,8 @@ def grows(tensors: list, dim: int) -> tuple[bool, Any]:
         # (the sizes are noted for fed-back ones too: a fresh tensor at a place
         # known to change -- a new prompt's -- is padded at once)
         changing = _padding.changing_dims((place, i, t.dim()), (t.shape[d],))
-        fed_back = _results_of is not None and _results_of.get(t._storage) == place
+        noted = None if _results_of is None else _results_of.get(t._storage)
+        fed_back = noted == place or (type(noted) is frozenset and place in noted)
         if (changing or fed_back) and _pad_storage(t, {d}):
             padded_any = True
     return padded_any, place
@@ -1424,6 +1426,30 @@ def joined(result: Any, place: Any) -> None:
 
         _results_of = weakref.WeakKeyDictionary()
     _results_of[result._storage] = place
+
+
+def note_on_replay(lane: Any, place: Any) -> None:
+    """Have fused eager's replay lane of an exact cat (``lane``, the
+    recorded op's) note each result it gives at ``place`` too, as the cat's
+    handler notes its own (:func:`joined`).  Ops of one key share a lane,
+    and the key and value caches' cats of a layer share a key, so the lane
+    notes its results at every place its key was recorded at (a result
+    taken for an accumulator it is not is at worst joined padded: its
+    values are the same)."""
+    places = lane.noted.keywords["places"] if lane.noted is not None else frozenset()
+    if place not in places and len(places) < 16:
+        lane.noted = functools.partial(_noted_at, places=places | {place})
+
+
+def _noted_at(result: Any, places: frozenset) -> None:
+    global _results_of
+    if type(result) is not JaxTensor or result._view is not None:
+        return
+    if _results_of is None:
+        import weakref
+
+        _results_of = weakref.WeakKeyDictionary()
+    _results_of[result._storage] = places
 
 
 def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor | None:

@@ -969,6 +969,7 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
         seg.ops.append((op, refs_t, single))
         seg.slots.append(len(seg.results))
         _counts["ops"] += 1
+        _local.recorded = op
         if into is not None:
             result: Any = True
             for storage in into:
@@ -1005,6 +1006,18 @@ def record(op: Traceable, dyn: list, plan: Any, index: int, place: Any, into: li
     return result
 
 
+def recorded_lane() -> Lane | None:
+    """The replay lane of the op this thread recorded last (None: none,
+    or one without a lane), which :func:`forget_recorded` forgets."""
+    op = getattr(_local, "recorded", None)
+    lane = None if op is None else op.lane
+    return lane if type(lane) is Lane else None
+
+
+def forget_recorded() -> None:
+    _local.recorded = None
+
+
 def _end(seg: Segment) -> None:
     """The segment ends itself (a block repeated, LIMIT, or the script it
     replays ended there): it runs now, or once the caller has written the
@@ -1025,7 +1038,8 @@ class Lane:
     dtypes.  Only for an op whose whole handler is the engine's call, with
     no out= targets, no random draw and no padded read."""
 
-    __slots__ = ("func", "cfg", "place", "args", "kwargs", "op", "traced", "used", "outputs", "container", "padded")
+    __slots__ = ("func", "cfg", "place", "args", "kwargs", "op", "traced", "used", "outputs", "container", "padded",
+                 "noted")
 
     def __init__(self, func: Any, key: tuple, op: Any, used: list, plan: Any, padded: Any = None) -> None:
         self.func = func
@@ -1040,6 +1054,11 @@ class Lane:
         self.used = used
         self.outputs = tuple((spec.shape, spec.dtype, jax_dtype(spec.dtype)) for spec in plan.outputs)
         self.container = plan.container
+        #: What the op's handler does with a result besides the engine's
+        #: call, done for a replayed one too (an exact cat notes its result
+        #: at its place, where it may come back as an accumulator:
+        #: ``_dynamic_dims.joined``); None: nothing
+        self.noted: Any = None
 
 
 class _NoLane:
@@ -1187,6 +1206,8 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
             pending = Pending(seg, len(results), shape, jdtype)
             result: Any = result_tensor(pending, shape, dtype, place, place)
             results.append((weakref.ref(result._storage), pending))
+            if lane.noted is not None:
+                lane.noted(result)
         else:
             tensors = []
             for shape, dtype, jdtype in lane.outputs:
