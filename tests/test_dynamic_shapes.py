@@ -1806,8 +1806,11 @@ def _passes_padded(args: list[str], extra_env: dict | None = None) -> str:
 
 def test_a_sample_of_the_suite_passes_with_every_dim_padded():
     # fused eager (the default) records padded ops: views and in-place
-    # writes over padded storages, and the fused tests (they train models)
-    _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_fused_eager.py"])
+    # writes over padded storages, and the fused tests (they train models);
+    # not the two that start processes to check settings and a clean exit
+    # (10 s, no padded op in them that the rest does not run)
+    _passes_padded(["-x", "tests/test_torch_views.py", "tests/test_fused_eager.py",
+                    "-k", "not exits_cleanly and not unknown_mode"])
 
 
 @pytest.mark.slow
