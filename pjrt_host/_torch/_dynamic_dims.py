@@ -27,7 +27,6 @@ op cost before buckets, never a wrong value.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -1417,7 +1416,8 @@ _results_of: Any = None
 
 
 def joined(result: Any, place: Any) -> None:
-    """Note ``result`` (an exact cat's, at ``place`` from :func:`grows`)."""
+    """Note ``result`` (an exact cat's, at ``place`` from :func:`grows`; a
+    replayed one's, at the frozenset of its lane's places)."""
     global _results_of
     if place is None or type(result) is not JaxTensor or result._view is not None:
         return
@@ -1436,20 +1436,9 @@ def note_on_replay(lane: Any, place: Any) -> None:
     notes its results at every place its key was recorded at (a result
     taken for an accumulator it is not is at worst joined padded: its
     values are the same)."""
-    places = lane.noted.keywords["places"] if lane.noted is not None else frozenset()
+    places = lane.noted or frozenset()
     if place not in places and len(places) < 16:
-        lane.noted = functools.partial(_noted_at, places=places | {place})
-
-
-def _noted_at(result: Any, places: frozenset) -> None:
-    global _results_of
-    if type(result) is not JaxTensor or result._view is not None:
-        return
-    if _results_of is None:
-        import weakref
-
-        _results_of = weakref.WeakKeyDictionary()
-    _results_of[result._storage] = places
+        lane.noted = places | {place}
 
 
 def join(tensors: list, dim: int, record: Callable | None = None) -> JaxTensor | None:

@@ -1054,11 +1054,10 @@ class Lane:
         self.used = used
         self.outputs = tuple((spec.shape, spec.dtype, jax_dtype(spec.dtype)) for spec in plan.outputs)
         self.container = plan.container
-        #: What the op's handler does with a result besides the engine's
-        #: call, done for a replayed one too (an exact cat notes its result
-        #: at its place, where it may come back as an accumulator:
-        #: ``_dynamic_dims.joined``); None: nothing
-        self.noted: Any = None
+        #: An exact cat's places (``_dynamic_dims.note_on_replay``): a
+        #: replayed result is noted at them, as the cat's handler notes its
+        #: own (it may come back as an accumulator); None: not such an op
+        self.noted: frozenset | None = None
 
 
 class _NoLane:
@@ -1206,8 +1205,10 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
             pending = Pending(seg, len(results), shape, jdtype)
             result: Any = result_tensor(pending, shape, dtype, place, place)
             results.append((weakref.ref(result._storage), pending))
-            if lane.noted is not None:
-                lane.noted(result)
+            if lane.noted is not None:  # an exact cat: noted at its places, as its handler notes it
+                from ._dynamic_dims import joined
+
+                joined(result, lane.noted)
         else:
             tensors = []
             for shape, dtype, jdtype in lane.outputs:

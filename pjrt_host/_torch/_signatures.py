@@ -378,9 +378,9 @@ def note_miss(op: Any, key: tuple, bucketed: bool = False) -> None:
         if late is None:
             late = op.late_misses = {}
             op.warm_hits = op.hits  # -1 once warned
-        shape = form(key)
+        sizes: list = []
+        shape = form(key, sizes)
         seen, before = late.get(shape, (None, prev))
-        sizes = values(key)
         if seen is None:
             if len(late) >= 256:  # (forms that never come back: bound the memory)
                 late.clear()
@@ -406,41 +406,29 @@ def note_miss(op: Any, key: tuple, bucketed: bool = False) -> None:
         recompiles.info("%s compiles a new program: %s", op.name, difference(prev, key))
 
 
-def form(key: Any) -> Any:
+def form(key: Any, sizes: list) -> Any:
     """``key`` without its sizes and scalar values: per tensor its dtype,
-    rank and view kind, per compiled-in scalar its type.  The signatures
-    of one call site whose lengths (or a scalar) change share it."""
+    rank and view kind, per compiled-in scalar its type; what it leaves out
+    is appended to ``sizes`` in order (tensors' sizes, their views', the
+    scalars' values).  The signatures of one call site whose lengths (or a
+    scalar) change share a form."""
     t = type(key)
     if t is TensorSpec:
         view = key.view
-        return (key[0], len(key[1]), None if view is None else (view[0], len(view[1])))
+        sizes.extend(key[1])
+        if view is None:
+            return (key[0], len(key[1]), None)
+        sizes.extend(view[1])
+        return (key[0], len(key[1]), (view[0], len(view[1])))
     if t is PaddedSpec:
+        sizes.extend(key.physical)
         return ("padded", key.dtype, len(key.physical))
     if t is tuple and len(key) >= 2 and isinstance(key[0], type):  # a scalar compiled in
+        sizes.append(key[1])
         return key[0]
     if isinstance(key, tuple):
-        return tuple(form(k) for k in key)
+        return tuple(form(k, sizes) for k in key)
     return key
-
-
-def values(key: Any, out: list | None = None) -> list:
-    """What :func:`form` leaves out of ``key``, in order: its tensors'
-    sizes (and their views') and its compiled-in scalars' values."""
-    if out is None:
-        out = []
-    t = type(key)
-    if t is TensorSpec:
-        out.extend(key[1])
-        if key.view is not None:
-            out.extend(key.view[1])
-    elif t is PaddedSpec:
-        out.extend(key.physical)
-    elif t is tuple and len(key) >= 2 and isinstance(key[0], type):
-        out.append(key[1])
-    elif isinstance(key, tuple):
-        for k in key:
-            values(k, out)
-    return out
 
 
 def difference(prev: tuple, key: tuple) -> str:
