@@ -1054,10 +1054,10 @@ class Lane:
         self.used = used
         self.outputs = tuple((spec.shape, spec.dtype, jax_dtype(spec.dtype)) for spec in plan.outputs)
         self.container = plan.container
-        #: An exact cat's places (``_dynamic_dims.note_on_replay``): a
-        #: replayed result is noted at them, as the cat's handler notes its
+        #: An exact cat's note of a replayed result at its places
+        #: (``_dynamic_dims.note_on_replay``), as the cat's handler notes its
         #: own (it may come back as an accumulator); None: not such an op
-        self.noted: frozenset | None = None
+        self.noted: Any = None
 
 
 class _NoLane:
@@ -1206,9 +1206,7 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
             result: Any = result_tensor(pending, shape, dtype, place, place)
             results.append((weakref.ref(result._storage), pending))
             if lane.noted is not None:  # an exact cat: noted at its places, as its handler notes it
-                from ._dynamic_dims import joined
-
-                joined(result, lane.noted)
+                lane.noted(result)
         else:
             tensors = []
             for shape, dtype, jdtype in lane.outputs:
