@@ -1329,7 +1329,10 @@ def test_attention_with_dropout_over_padded_lengths_is_one_op_drawing_as_exact(e
     bucket compiles nothing."""
     _padding.reset()
     made = []
-    for n in (33, 37, 41):
+    # lengths no other case of this test ran at these lines: a size that ran
+    # exact at a place stays exact there (_padding.runs_padded)
+    # (queries and keys, n + 6, inside bucket 48)
+    for n in (33, 37, 41) if eager == "op" else (34, 36, 39):
         heads_k, lk = (2, n + 6) if case == "cross gqa" else (4, n)
         g = torch.Generator().manual_seed(n)
         inputs = (torch.randn(3, 4, n, 8, generator=g), torch.randn(3, heads_k, lk, 8, generator=g),
@@ -1373,6 +1376,29 @@ def test_attention_with_dropout_over_padded_lengths_is_one_op_drawing_as_exact(e
     assert made[1:] == [0, 0], made
     stats = torch.jax.dynamic_shape_stats()
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_length_that_ran_exact_at_a_line_runs_its_exact_programs_again(eager):
+    """Prompts of 12 tokens, then 17, then 12 again: the third prefill runs
+    the programs the first left (the 12 ran exact there, and stays exact),
+    not padded programs of bucket 16 that nothing ran before.  The lines
+    also saw a decode step's length 1 between them, so 12 was no longer
+    among the first two sizes there; until 2026-12-03 the third prefill
+    compiled again."""
+    def f(x):
+        return (x.softmax(-1) * 2).sum(-1) + x.mean(-1)
+
+    made, got = [], []
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for n in (12, 1, 17, 12):
+            x = torch.arange(2 * n, dtype=torch.float32).reshape(2, n) / 7
+            before = _compiled()
+            got.append(f(x.to("jax")).cpu())
+            made.append(_compiled() - before)
+            torch.testing.assert_close(got[-1], f(x))
+    assert made[3] == 0, made
+    assert made[2] > 0, made  # (17: the third size there, padded into bucket 32)
 
 
 def test_a_line_that_runs_layers_of_every_width_pads_no_width():

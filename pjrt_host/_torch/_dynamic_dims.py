@@ -1212,11 +1212,10 @@ def lowered_exact(physical: tuple) -> bool:
 
 def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
     """A new signature of ``op``, which has a rule: the dims of its inputs
-    that took a third size at the same place (the op's input position
-    called from the same line of code outside torch, by the same module
-    instance, with the same parameters, as dynamo's automatic dynamic goes
-    by the frame and source;
-    see :data:`_SIZES`), the dims ``torch._dynamo.mark_dynamic`` marked, and
+    that run padded at their place (the op's input position called from
+    the same line of code outside torch, by the same module instance, with
+    the same parameters, as dynamo's automatic dynamic goes by the frame
+    and source: from a third size on, :func:`_padding.runs_padded`), the dims ``torch._dynamo.mark_dynamic`` marked, and
     with ``mode`` "all" every dim, become dynamic, and the inputs holding
     them are padded.  True when one was."""
     seen = op.seen_shapes
@@ -1259,11 +1258,8 @@ def on_miss(op: Any, args: tuple, kwargs: dict, mode: Any) -> bool:
             if sizes is None:
                 if len(seen) > 16384:  # (a place per module instance: room for a few hundred layers)
                     seen.clear()
-                sizes = seen[(place, pos, len(shape))] = [set() for _ in shape]
-            for d, n in enumerate(shape):
-                sizes[d].add(n)
-                if len(sizes[d]) >= _SIZES and _padding.dynamic_ok(n):
-                    dims.add(d)
+                sizes = seen[(place, pos, len(shape))] = [{} for _ in shape]
+            dims = {d for d, n in enumerate(shape) if _padding.runs_padded(sizes[d], n)}
             marked = getattr(t, "_dynamo_dynamic_indices", None)
             if marked:
                 dims |= {d for d in marked if d < len(shape) and _padding.dynamic_ok(shape[d])}
@@ -1332,8 +1328,6 @@ def _fits_wider(t: JaxTensor, sizes: dict) -> bool:
     last = t.storage_offset() + sum((sizes.get(d, n) - 1) * st for d, (n, st) in enumerate(zip(t.shape, stride)))
     return last < t._storage.numel
 
-
-_SIZES = _padding.SIZES
 
 
 def _is_parameter(t: JaxTensor) -> bool:

@@ -213,11 +213,9 @@ def _recorded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
                          storage.place)
 
 
-#: The distinct sizes a dim of an embedding's indices takes before they are
-#: padded at its check: the third, as ``_dynamic_dims.on_miss`` decides for
-#: an op's inputs.
-_SIZES = 3
-#: (op, place, rank) -> per dim, the sizes its checked indices had
+#: (op, place, rank) -> per dim, the sizes its checked indices had and how
+#: they ran (``_padding.runs_padded``, as ``_dynamic_dims.on_miss`` decides
+#: for an op's inputs)
 _seen: dict = {}
 _padded_programs: dict = {}
 _padded_bodies: dict = {}  #: key -> the traceable function of _padded_programs' program
@@ -370,13 +368,8 @@ def _changing_index_dims(shape: tuple, mode: Any) -> set:
         _seen.clear()
     first = _local.args[0] if _local.args else None
     place = (_padding.caller(), tuple(first.shape) if isinstance(first, torch.Tensor) else None)
-    sizes = _seen.setdefault((_local.op, place, len(shape)), [set() for _ in shape])
-    dims = set()
-    for d, n in enumerate(shape):
-        sizes[d].add(n)
-        if len(sizes[d]) >= _SIZES and n > 1:
-            dims.add(d)
-    return dims
+    sizes = _seen.setdefault((_local.op, place, len(shape)), [{} for _ in shape])
+    return {d for d, n in enumerate(shape) if _padding.runs_padded(sizes[d], n)}
 
 
 def _pad_index(storage: Any, mode: Any) -> bool:

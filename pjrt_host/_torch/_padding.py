@@ -179,6 +179,24 @@ SIZES = 3
 _place_sizes: dict = {}
 
 
+def runs_padded(seen: dict, n: int) -> bool:
+    """Note size ``n`` of one dim at one place (``seen``: each size noted
+    there -> whether it ran exact) and say whether it runs dynamic: from the
+    :data:`SIZES`-th distinct size on, a size runs padded in its bucket.  A
+    size that ran exact at a place stays exact there, as dynamo keeps a
+    frame's static graph beside the dynamic one: prompts of 12, then 17,
+    then 12 tokens ran the third prompt padded into bucket 16, compiling
+    the prefill's programs again beside the exact ones the first had left.
+    So each size is decided once per place, and a length seen before runs
+    the programs it ran then."""
+    exact = seen.get(n)
+    if exact is None:
+        exact = len(seen) < SIZES - 1 or not dynamic_ok(n)
+        if len(seen) < SIZES:  # (past that, every new size is padded: no need to keep it)
+            seen[n] = exact
+    return not exact
+
+
 _lengths = threading.local()
 
 
@@ -213,7 +231,7 @@ def sized_after_padded(*tensors: Any) -> Iterator[None]:
 
 
 def changing_dims(place: Any, shape: tuple) -> set:
-    """The dims of ``shape`` that took a third size at ``place`` (a
+    """The dims of ``shape`` that run padded at ``place`` (:func:`runs_padded`; a
     factory's name and the line that called it), as an op's inputs' dims
     become dynamic (``_dynamic_dims.on_miss``): a position ids' ``arange``
     or a mask's ``ones`` of a sequence's length."""
@@ -221,15 +239,8 @@ def changing_dims(place: Any, shape: tuple) -> set:
     if sizes is None:
         if len(_place_sizes) > 4096:
             _place_sizes.clear()
-        sizes = _place_sizes[(place, len(shape))] = [set() for _ in shape]
-    dims = set()
-    for d, n in enumerate(shape):
-        seen = sizes[d]
-        if len(seen) < SIZES:
-            seen.add(n)
-        if len(seen) >= SIZES and dynamic_ok(n):
-            dims.add(d)
-    return dims
+        sizes = _place_sizes[(place, len(shape))] = [{} for _ in shape]
+    return {d for d, n in enumerate(shape) if runs_padded(sizes[d], n)}
 
 
 def fill(arr: Any, masks: tuple, sizes: Any, value: Any) -> Any:
