@@ -2518,6 +2518,27 @@ def test_a_compiled_view_chain_whose_size_no_input_binds_keeps_the_programs_resu
         torch.testing.assert_close(got[i].cpu(), want[i])
 
 
+def test_a_compiled_view_of_sizes_a_guard_narrowed_to_one_value_is_cpus():
+    """``as_strided`` with an offset on a ``dynamic=True`` input makes a
+    guard that narrows the input's symbolic sizes to one value each, after
+    the graph's ``diagonal`` recorded its size as ``Min(s0, s1)`` of the
+    symbols: the placeholders then report numbers, no size was bound to the
+    symbols, and the output's layout raised "Cannot convert symbols to int"
+    out of the compiled call (fuzz seed 28008578). As aot_eager on CPU."""
+    def program(v0):
+        v2 = torch.nn.functional.gelu(v0)
+        return v0, v2, v2.as_strided((2, 2), (2, 1), 3), v0.diagonal()
+
+    torch._dynamo.reset()
+    x = torch.arange(8, dtype=torch.float32).reshape(2, 4) - 3
+    want = program(x)
+    with pjrt_host.config(dynamic_shapes="all"):
+        got = torch.compile(program, backend="jax", dynamic=True)(x.to("jax"))
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g.cpu(), w)
+        assert g.stride() == w.stride() and g.storage_offset() == w.storage_offset()
+
+
 def test_a_compiled_negative_index_counts_from_the_logical_end_with_checks_off():
     """``x[:, i]`` with ``i = -1`` along a symbolic length, index checks off
     (``checks=False``, where the check no longer refused the padded graph):

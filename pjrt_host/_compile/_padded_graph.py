@@ -222,17 +222,31 @@ def bindings_of(program: Any, args: list) -> dict:
     bindings: dict = {}
     for val, a in zip(input_metas(program), args):
         if isinstance(val, torch.SymInt):
-            e = _expr(val)
-            if e.is_Symbol:
+            e = _traced_symbol(val)
+            if e is not None:
                 bindings[e] = int(a)
         elif isinstance(val, torch.Tensor) and isinstance(a, torch.Tensor):
             for traced, given in ((val.shape, a.shape), (val.stride(), a.stride()),
                                   ((val.storage_offset(),), (a.storage_offset(),))):
                 for n, m in zip(traced, given):
-                    e = _expr(n)
-                    if e.is_Symbol:
+                    e = _traced_symbol(n)
+                    if e is not None:
                         bindings.setdefault(e, m)
     return bindings
+
+
+def _traced_symbol(d: Any) -> Any:
+    """The symbol a placeholder's size was traced as, or None. A symbol the
+    shape environment later narrowed to one value (a guard such as
+    ``as_strided``'s storage bound) still names the size in expressions
+    recorded before the narrowing, so it is bound under its own name too."""
+    if isinstance(d, int):
+        return None
+    e = sympy.sympify(d.node.expr)
+    if e.is_Symbol:
+        return e
+    raw = getattr(d.node, "_expr", None)
+    return raw if raw is not None and raw.is_Symbol else None
 
 
 def canonical(expr: Any, buckets: dict, padded_outer: bool = False) -> tuple:
@@ -374,7 +388,14 @@ def _evaluator(expr: Any) -> Any:
         return lambda b: math.prod(p(b) for p in parts)
     if type(expr).__name__ == "FloorDiv":
         return lambda b: parts[0](b) // parts[1](b)
-    return lambda b: int(expr.xreplace(b))
+    free = tuple(expr.free_symbols)
+
+    def general(b: dict) -> int:
+        missing = [s for s in free if s not in b]
+        if missing:
+            raise KeyError(missing[0])  # (a size no input binds: the caller's fallback)
+        return int(expr.xreplace(b))
+    return general
 
 
 def physical(dims: tuple) -> tuple:
