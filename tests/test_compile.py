@@ -354,6 +354,31 @@ def test_aliasing_outputs_meet_aot_autograds_view_replay_as_aot_eager_on_cpu_doe
     assert outcome("jax", "jax") == outcome("cpu", "aot_eager")
 
 
+def test_a_view_of_an_outputs_detach_is_a_view_of_that_output_as_in_eager():
+    """``v8 = v7.detach(); v9 = v8.flatten()`` returned from a graph: eager's
+    ``v9._base`` is ``v8`` (``detach`` is no view autograd follows). The
+    backend made ``v9`` from a second ``detach`` of ``v7``, so a later graph
+    that takes both and writes ``v8`` met AOTAutograd's "non-differentiable
+    view input mutations" refusal, where aot_eager on CPU runs it (fuzz
+    seed 28008528, the graph break of an ``out=`` that resizes)."""
+    def program(v3):
+        v7 = torch.sign(v3)
+        v8 = v7.detach()
+        v9 = v8.flatten()
+        v15 = torch.empty(0, dtype=torch.int64, device=v3.device)
+        torch.add(v9, v9, out=v15)  # (a graph break: the out= is resized)
+        v8 += v8
+        return v7, v8, v9, v15, torch.sum(v9)
+
+    def run(dev, backend):
+        torch._dynamo.reset()
+        outs = torch.compile(program, backend=backend)(torch.tensor(-3, device=dev))
+        assert outs[2]._base is outs[1]
+        return [o.cpu().tolist() for o in outs]
+
+    assert run("jax", "jax") == run("cpu", "aot_eager") == [-2, -2, [-2], [-2], -2]
+
+
 def _strided_of_a_made_views_chunk(x):
     """Fuzz seed 6000217: the chunk holds one element of the arange; the
     as_strided reads two of its storage."""

@@ -257,8 +257,22 @@ def output_aliases(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tu
                 continue  # a view of a value no other output shares
             base = len(outs) + len(added)
             added.append(root)
-        aliases += [OutputAlias(pos, base, chain, _traced_layout(root) if _reads_storage(chain) else None)
-                    for pos, chain in members if pos != base]
+        made = {pos: chain for pos, chain in members if pos == base}
+        for pos, chain in sorted((m for m in members if m[0] != base), key=lambda m: len(m[1])):
+            if _reads_storage(chain):
+                aliases.append(OutputAlias(pos, base, chain, _traced_layout(root)))
+                continue
+            # From the output whose chain is the longest start of this one,
+            # as eager made it: ``v9 = v8.flatten()`` of ``v8 = v7.detach()``
+            # is a view of ``v8``, not of a second ``detach`` of ``v7``
+            # (AOTAutograd asks aliased inputs of a later graph for one base).
+            start, rest = base, chain
+            for other, done in made.items():
+                if not len(chain) - len(rest) < len(done) < len(chain) or done != chain[:len(done)]:
+                    continue
+                start, rest = other, chain[len(done):]
+            aliases.append(OutputAlias(pos, start, rest, None))
+            made[pos] = chain
     if added:
         out_node.args = (type(out_node.args[0])((*outs, *added)),)
         gm.recompile()
