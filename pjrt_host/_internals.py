@@ -399,6 +399,17 @@ INTERNALS: tuple[Internal, ...] = (
         fallback="none: the ops section fails (the other sections still run).",
         pins=("tests/test_opinfo.py",),
     ),
+    Internal(
+        names=("._expr",),
+        files=("pjrt_host/_compile/_padded_graph.py",),
+        why="a graph placeholder's size as it was traced (`SymNode._expr`): a guard can narrow the "
+            "symbol to one value after the graph recorded expressions of it, and `SymNode.expr` then "
+            "reports the value; the symbol is needed to evaluate those expressions at the call's sizes.",
+        fallback="AttributeError out of the compiled call of such a graph (the pin fails); binding only "
+                 "`expr`'s symbols would keep the program's own result for the narrowed outputs.",
+        pins=("tests/test_dynamic_shapes.py::test_a_compiled_view_of_sizes_a_guard_narrowed_to_one_value_is_cpus",),
+        probe="torch.fx.experimental.symbolic_shapes.ShapeEnv().create_unbacked_symint().node",
+    ),
     # -- jax and jaxlib -------------------------------------------------------------------------
     Internal(
         names=("jax._src.xla_bridge", "jax._src.xla_bridge._backend_factories", "jax._src.xla_bridge._backend_lock",

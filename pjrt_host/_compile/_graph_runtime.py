@@ -268,9 +268,8 @@ def output_aliases(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tu
             # (AOTAutograd asks aliased inputs of a later graph for one base).
             start, rest = base, chain
             for other, done in made.items():
-                if not len(chain) - len(rest) < len(done) < len(chain) or done != chain[:len(done)]:
-                    continue
-                start, rest = other, chain[len(done):]
+                if len(chain) - len(rest) < len(done) < len(chain) and chain[:len(done)] == done:
+                    start, rest = other, chain[len(done):]
             aliases.append(OutputAlias(pos, start, rest, None))
             made[pos] = chain
     if added:

@@ -138,10 +138,10 @@ def plan(program: Any) -> Plan | str:
         if step.kind == "input":
             val = node.meta.get("val")
             if isinstance(val, torch.SymInt):
-                symbols |= _expr(val).free_symbols
+                symbols |= size_expression(val).free_symbols
             elif isinstance(val, torch.Tensor):
                 for d in val.shape:
-                    symbols |= _expr(d).free_symbols
+                    symbols |= size_expression(d).free_symbols
             elif isinstance(val, (torch.SymFloat, torch.SymBool)):
                 return f"input {node.name} is a symbolic {type(val).__name__}"
             continue
@@ -195,25 +195,23 @@ def plan(program: Any) -> Plan | str:
     inputs = []
     for val in input_metas(program):
         if isinstance(val, torch.Tensor):
-            sizes = tuple(_expr(d) for d in val.shape)
+            sizes = tuple(size_expression(d) for d in val.shape)
             inputs.append(("tensor", sizes, tuple((d, e) for d, e in enumerate(sizes) if e.is_Symbol),
                            tuple(d for d, e in enumerate(sizes) if not e.is_Symbol and not e.is_Integer)))
         elif isinstance(val, torch.SymInt):
-            e = _expr(val)
+            e = size_expression(val)
             inputs.append(("size", e if e.is_Symbol else None))
         else:
             inputs.append(("value",))
     return Plan(tuple(sorted(symbols, key=str)), kinds, tuple(inputs), {})
 
 
-def _expr(d: Any) -> Any:
+def size_expression(d: Any) -> Any:
     """A size (int or SymInt) as a sympy expression."""
     if isinstance(d, int):
         return sympy.Integer(d)
     return sympy.sympify(d.node.expr)
 
-
-size_expression = _expr
 
 
 def bindings_of(program: Any, args: list) -> dict:
@@ -242,11 +240,11 @@ def _traced_symbol(d: Any) -> Any:
     recorded before the narrowing, so it is bound under its own name too."""
     if isinstance(d, int):
         return None
-    e = sympy.sympify(d.node.expr)
+    e = size_expression(d)
     if e.is_Symbol:
         return e
-    raw = getattr(d.node, "_expr", None)
-    return raw if raw is not None and raw.is_Symbol else None
+    raw = d.node._expr  # (torch's SymNode: the expression as traced, before the narrowing)
+    return raw if raw.is_Symbol else None
 
 
 def canonical(expr: Any, buckets: dict, padded_outer: bool = False) -> tuple:
@@ -475,7 +473,7 @@ class _Trace:
         symbol's bucket."""
         out = []
         for d in val.shape:
-            e = _expr(d)
+            e = size_expression(d)
             if e.is_Integer:
                 out.append(_exact_dim(int(e)))
             elif e in known:
@@ -495,7 +493,7 @@ class _Trace:
         found: dict = {}
         for n in tensors:
             for dim, d in zip(self.dims[n], n.meta["val"].shape):
-                e = _expr(d)
+                e = size_expression(d)
                 if e.is_Integer:
                     continue
                 if found.setdefault(e, dim) != dim:
@@ -529,12 +527,12 @@ class _Trace:
                     env[node] = inputs[step.index]
                     self.dims[node] = comps[step.index]
                 elif isinstance(val, torch.SymInt):
-                    env[node] = _expr(val)
+                    env[node] = size_expression(val)
                 else:
                     env[node] = inputs[step.index]
             elif kind in ("symbolic", "python"):
                 val = node.meta.get("val")
-                env[node] = _expr(val) if isinstance(val, (torch.SymInt, int)) else val
+                env[node] = size_expression(val) if isinstance(val, (torch.SymInt, int)) else val
             elif kind == "noop":
                 env[node] = None
             elif kind == "constant":
@@ -573,7 +571,7 @@ class _Trace:
             # torch skips empty tensors in a cat (a cache's first torch.tensor([])):
             # one left is the result itself, whatever dim it is joined along
             tensors = node.args[0]
-            full = [t for t in tensors if 0 not in [_expr(d) for d in t.meta["val"].shape]]
+            full = [t for t in tensors if 0 not in [size_expression(d) for d in t.meta["val"].shape]]
             if len(full) == 1 and len(tensors) > 1:
                 env[node] = env[full[0]] if step.meta is None else env[full[0]].astype(step.meta)
                 self._set(node, what, env[node], val, self.dims[full[0]])
@@ -639,7 +637,7 @@ class _Trace:
             result = self.slice_backward(step, what, env, ctx, known)
         elif kind == "reshape":
             src = node.args[0]
-            dims = _reshape(self.dims[src], [_expr(d) for d in val.shape], what)
+            dims = _reshape(self.dims[src], [size_expression(d) for d in val.shape], what)
             result = env[src].reshape(physical(dims))
             self._set(node, what, result, val, dims)
             env[node] = result
@@ -651,7 +649,7 @@ class _Trace:
             dims = []
             for i, d in enumerate(val.shape):
                 j = i - (rank - len(sdims))
-                e = _expr(d)
+                e = size_expression(d)
                 if j >= 0 and physical((sdims[j],))[0] != 1:
                     dims.append(sdims[j])
                 elif e.is_Integer:
@@ -775,7 +773,7 @@ class _Trace:
         start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start", None)
         step_ = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
         start = 0 if start is None else start
-        out = _expr(node.meta["val"].shape[dim])
+        out = size_expression(node.meta["val"].shape[dim])
         p, n, _ = sdims[dim][0]
         arr = env[src]
         if out.is_Integer and step_ == 1:
@@ -845,7 +843,7 @@ class _Trace:
             if len(sdims[d]) != 1 or lo != 0 or hi < 0:
                 raise Unpaddable(f"{what}: a pad of a padded dim other than at its end")
             p, n, _ = sdims[d][0]
-            out = _expr(val.shape[d])
+            out = size_expression(val.shape[d])
             want = self.anchored(out)
             if want is None or want < p:
                 raise Unpaddable(f"{what}: a pad to a length of {out}")
@@ -864,7 +862,7 @@ class _Trace:
         placed at its run-time offset, the sum of the logical lengths before
         it; the other dims must line up."""
         val = node.meta["val"]
-        out = _expr(val.shape[dim])
+        out = size_expression(val.shape[dim])
         want = self.anchored(out)
         if want is None:
             raise Unpaddable(f"{what}: a join along a padded dim to a length of {out}")
@@ -982,7 +980,7 @@ class _Trace:
         start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start", None)
         step_ = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
         start = 0 if start is None else start
-        out = _expr(node.meta["val"].shape[dim])
+        out = size_expression(node.meta["val"].shape[dim])
         want = self.anchored(out)
         if _short(what) != "aten::slice.Tensor" or step_ != 1 or not isinstance(start, int) or start < 0 \
                 or want is None or len(sdims[dim]) != 1 or start + want > sdims[dim][0][0]:
@@ -1045,7 +1043,7 @@ class _Trace:
         program = self.program
         for number in numbers:
             site = program.sites[number]
-            size = _expr(site.size) if not isinstance(site.size, int) else sympy.Integer(site.size)
+            size = size_expression(site.size) if not isinstance(site.size, int) else sympy.Integer(site.size)
             # (against a symbolic size: its logical value, traced, as torch's check reads it)
             bound = int(size) if size.is_Integer else self.logical(size)
             v = None
