@@ -884,7 +884,11 @@ def _run_compiled(program: Program, device: str, ns: dict, fn: Any) -> Outcome:
             values = fn(device, *leaves)
         except Exception as err:  # noqa: BLE001
             text = " ".join(line.strip() for line in str(err).splitlines()[:3])
-            return Outcome({-1: type(err)}, {}, f"{type(err).__name__}: {text}")
+            # a backend's failure is named by its cause too: dynamo wraps every
+            # backend error alike, and two failures agree only if their causes do
+            inner = getattr(err, "inner_exception", None)
+            name = type(err).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
+            return Outcome({-1: type(err)}, {}, f"{name}: {text}")
         ns.update(values)
         for i, s in enumerate(program.stmts):
             if s.post:

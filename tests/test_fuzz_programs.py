@@ -109,6 +109,26 @@ def test_a_compiled_difference_torch_compile_makes_on_cpu_too_is_known_and_no_ot
     assert not fuzz_programs.torch_compiles_so(program, ref)
 
 
+def test_two_backend_failures_agree_only_if_their_causes_do():
+    """dynamo wraps every backend's error in BackendCompilerFailed, so its
+    name alone made any backend failure of the device pass as torch's
+    whenever aot_eager on CPU failed too.  A program AOTAutograd refuses on
+    CPU (an in-place write to ``exp``'s output, which its backward needs)
+    fails alike on the device and is torch's; the same failure with another
+    cause is not."""
+    S = fuzz_programs.Stmt
+    program = fuzz_programs.Program(1, [
+        S("v0 = make((3,), torch.float32, 7, DEV, requires_grad=True)", ("v0",)),
+        S("v1 = v0.exp()", ("v1",), ("v0",)),
+        S("v1.add_(1)", (), ("v1",)),
+        S("backward(v1)", (), ("v1",), post=True)], {"v0": (True, True), "v1": (True, True)}, grads=("v0",))
+    dev = fuzz_programs.run_compiled(program, "jax")
+    assert dev.final_error.startswith("BackendCompilerFailed(RuntimeError): ")
+    assert fuzz_programs.torch_compiles_so(program, dev)
+    dev.final_error = dev.final_error.replace("(RuntimeError)", "(NotImplementedError)", 1)
+    assert not fuzz_programs.torch_compiles_so(program, dev)
+
+
 def test_a_compiled_difference_aot_eager_makes_too_with_other_draws_is_known():
     """Seed 13001433: after a graph break, a value written through a view
     (``masked_fill_``) comes back as another output's value (``v21``, made
