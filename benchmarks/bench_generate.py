@@ -5,8 +5,13 @@ cache, one shape for every decoding step), on 'jax' eager beside torch
 CPU eager.
 
 For each it prints the first call (everything compiles), the same prompt
-again, a prompt of another length, and the first prompt twice more
-("steady": the second of these, every program it runs made before).  The 'jax' runs go over one
+again, a prompt of another length, the first prompt twice more
+("steady": the second of these, every program it runs made before), and
+last prompts of a third and a fourth length (21 and 19, both in the bucket
+of 17): eager's places pad a dim at its third size, so the third length
+compiles its bucket's programs once and the fourth compiles nothing.
+Under torch.compile dynamo's symbolic graphs exist from the second length
+on (automatic dynamic), so after it only a new bucket compiles.  The 'jax' runs go over one
 program-cache directory: a cold process (an empty cache) and a second one
 that finds the first one's programs on disk; then the same two with fused
 eager.  Every run must generate CPU's tokens (the weights are the same
@@ -42,6 +47,8 @@ if compiled:
 g = torch.Generator().manual_seed(1)
 prompt = torch.randint(1, 1000, (1, 12), generator=g)
 other = torch.randint(1, 1000, (1, 17), generator=g)
+third = torch.randint(1, 1000, (1, 21), generator=g)
+fourth = torch.randint(1, 1000, (1, 19), generator=g)
 
 def timed(ids):
     t = time.perf_counter()
@@ -56,7 +63,10 @@ again, b = timed(prompt)
 new_length, c = timed(other)
 timed(prompt)  # (under torch.compile its prefill's first symbolic graph: the first call's was static)
 steady, d = timed(prompt)  # every program of it made before
-out = {"first": first, "again": again, "new_length": new_length, "steady": steady, "tokens": [a, b, c, d]}
+third_length, e = timed(third)  # eager's places pad at their third size: its bucket's programs compile
+fourth_length, f = timed(fourth)  # every program of its bucket (32) made before
+out = {"first": first, "again": again, "new_length": new_length, "steady": steady, "third_length": third_length,
+       "fourth_length": fourth_length, "tokens": [a, b, c, d, e, f]}
 if device == "jax":
     out["programs"] = torch.jax.program_cache_stats()
     out["fallbacks"] = torch.jax.dynamic_shape_stats()["fallbacks"]
@@ -90,12 +100,13 @@ def main() -> None:
                     ("jax, warm cache (2nd process)", run("jax", args.tokens, op, args.cache)),
                     ("jax fused, cold cache", run("jax", args.tokens, fused, args.cache)),
                     ("jax fused, warm cache (2nd process)", run("jax", args.tokens, fused, args.cache))]
-    print(f"{'run':40s} {'first':>9s} {'again':>9s} {'new length':>11s} {'steady':>9s}"
-          f"   vs cpu: first / again / new length / steady")
+    keys = ("first", "again", "new_length", "steady", "third_length", "fourth_length")
+    print(f"{'run':40s} {'first':>9s} {'again':>9s} {'new length':>11s} {'steady':>9s} {'3rd length':>11s}"
+          f" {'4th length':>11s}   vs cpu: first / again / new / steady / 3rd / 4th length")
     for name, r in rows:
-        ratios = "" if r is cpu else "   " + " ".join(f"{r[k] / cpu[k]:6.1f}x"
-                                                      for k in ("first", "again", "new_length", "steady"))
-        print(f"{name:40s} {r['first']:8.3f}s {r['again']:8.3f}s {r['new_length']:10.3f}s {r['steady']:8.3f}s{ratios}")
+        ratios = "" if r is cpu else "   " + " ".join(f"{r[k] / cpu[k]:6.1f}x" for k in keys)
+        print(f"{name:40s} {r['first']:8.3f}s {r['again']:8.3f}s {r['new_length']:10.3f}s {r['steady']:8.3f}s"
+              f" {r['third_length']:10.3f}s {r['fourth_length']:10.3f}s{ratios}")
     for name, r in rows[1:]:
         print(f"{name:40s} programs: {r['programs']}; padded fallbacks: {r['fallbacks']}")
     wrong = [name for name, r in rows[1:] if r["tokens"] != cpu["tokens"]]
