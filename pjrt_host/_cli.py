@@ -276,6 +276,7 @@ def _plugin_members(record: PluginRecord) -> dict[str, Any]:
         "dense_gather_factor": plugin.dense_gather_factor,
         "conv_as_matmul_max_positions": plugin.conv_as_matmul_max_positions,
         "widen_16bit_matmul_operands": plugin.widen_16bit_matmul_operands,
+        "compile_options": dict(plugin.compile_options),
         "unsupported_dtypes": dict(plugin.unsupported_dtypes),
         "zero_copy_torch_devices": list(plugin.zero_copy_torch_devices),
         "is_host_cpu": bool(plugin.is_host_cpu),

@@ -27,7 +27,7 @@ import itertools
 from typing import Any, Callable
 
 from ._jax_settings import x64_scope as _x64_scope
-from . import _env, _process, _runtime
+from . import _env, _process, _program_cache, _runtime
 from ._errors import PjrtHostError, cause_text
 
 __all__ = ["CollectiveError", "REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast", "register_array_type"]
@@ -179,7 +179,6 @@ def _process_mesh() -> _Mesh:
 
 @functools.lru_cache(maxsize=None)
 def _compiled(kind: tuple[Any, ...]) -> Callable[[Any], Any]:
-    import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -200,7 +199,7 @@ def _compiled(kind: tuple[Any, ...]) -> Callable[[Any], Any]:
     else:
         src = kind[1]
         body = lambda g: g[src]  # noqa: E731
-    return jax.jit(body, out_shardings=NamedSharding(mesh, PartitionSpec()))
+    return _program_cache.jit(body, out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def _run(kind: tuple[Any, ...], value: Any) -> Any:

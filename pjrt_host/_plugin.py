@@ -119,6 +119,18 @@ class DevicePlugin:
     #: product takes the 16-bit operands and accumulates in float32.
     widen_16bit_matmul_operands: ClassVar[bool] = False
 
+    #: XLA compile options (``DebugOptions`` fields, by name) for every
+    #: program the host compiles on this device -- eager ops, fused
+    #: segments, ``torch.compile`` graphs, ``assume_pure`` functions -- as
+    #: jax's ``compiler_options``: a compiler's own trade of compile time
+    #: against run time, e.g. ``{"xla_backend_optimization_level": 2}``
+    #: (the reference plugin: XLA:CPU's LLVM pipeline at its default level 3
+    #: takes 2.6x as long on a fused layer's program for no faster code,
+    #: docs/writing-a-plugin.md).  A flag the user sets in ``XLA_FLAGS``
+    #: wins over the plugin's.  Values: str, int, float or bool.  Default:
+    #: none, the compiler's defaults.
+    compile_options: ClassVar[Mapping[str, Union[str, int, float, bool]]] = {}
+
     #: dtypes the device cannot hold, mapped to the dtype used instead, by
     #: torch dtype name without the ``torch.`` prefix, e.g.
     #: ``{"float64": "float32"}``.  The host maps such tensors and warns once

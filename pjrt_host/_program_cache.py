@@ -49,8 +49,8 @@ from typing import Any
 from . import _env, _jax_settings
 from ._program_files import DiskStore, private_directory, safe_name
 
-__all__ = ["DiskStore", "Kept", "Spelt", "compiled", "configure", "directory", "learnt", "prefetch", "remember", "remembered",
-           "stats",
+__all__ = ["DiskStore", "Kept", "Spelt", "compile_options", "compiled", "configure", "directory", "jit", "learnt", "prefetch",
+           "remember", "remembered", "stats", "try_options",
            "with_retrace"]
 
 logger = logging.getLogger(__name__)
@@ -73,15 +73,19 @@ def directory() -> str | None:
     return _directory
 
 
-def configure(plugin_name: str, plugin_identity: str = "", sources: tuple[str, ...] = ()) -> str | None:
+def configure(plugin_name: str, plugin_identity: str = "", sources: tuple[str, ...] = (),
+              options: dict[str, Any] | None = None) -> str | None:
     """Turn the cache on for the selected plugin (before its client
     exists), and start counting compilations.  ``plugin_identity`` (its
     distribution, version and class) and the source of the modules
     ``sources`` names (its vendor kernels) key the programs :func:`compiled`
-    keeps.  Returns the directory, or None when the cache stays off."""
-    global _directory, _plugin, _sources
+    keeps; ``options`` (its ``compile_options``) go to every compile of
+    the device's programs (:func:`compile_options`) and key them too.
+    Returns the directory, or None when the cache stays off."""
+    global _directory, _plugin, _sources, _options
     _plugin = f"{plugin_name} {plugin_identity}"
     _sources = sources
+    _options = dict(options) if options else None
     _listen()
     if not _env.program_cache_enabled():
         return None
@@ -135,6 +139,23 @@ _setting: str | None = None
 _plugin = ""
 _sources: tuple[str, ...] = ()  #: the plugin's modules whose source keys the programs too (its kernels)
 _unserializable = False  #: the plugin cannot serialize executables: stop trying
+_options: dict[str, Any] | None = None  #: the plugin's compile_options (None: the compiler's defaults)
+
+
+def compile_options() -> dict[str, Any] | None:
+    """The selected plugin's XLA compile options (None: the compiler's
+    defaults), which :func:`jit` gives every program of the device."""
+    return _options
+
+
+def jit(fn: Any, **kwargs: Any) -> Any:
+    """``jax.jit(fn, **kwargs)`` with the plugin's compile options: every
+    program the host makes for the device is jitted here."""
+    import jax
+
+    if _options is not None:
+        kwargs["compiler_options"] = _options
+    return jax.jit(fn, **kwargs)
 
 
 def compiled(name: str, signature: Any, jitted: Any, args: tuple, device: Any) -> Any:
@@ -255,11 +276,9 @@ class Kept:
     else (arrays over several devices, numpy values) runs through
     ``jax.jit`` as usual."""
 
-    __slots__ = ("name", "signature", "jitted", "_programs")
+    __slots__ = ("name", "signature", "_named", "_options", "_jitted", "_programs")
 
     def __init__(self, name: str, fn: Any, signature: Any = (), **options: Any) -> None:
-        import jax
-
         self.name, self.signature = name, signature
 
         @functools.wraps(fn)
@@ -269,8 +288,17 @@ class Kept:
         # jax names the program after the function: compile logs, profiles and
         # jax.monitoring events then say jit(pjrt_host.read), not jit(<lambda>).
         named.__name__ = named.__qualname__ = name
-        self.jitted = jax.jit(named, **options)
+        self._named, self._options, self._jitted = named, options, None
         self._programs: dict[tuple, Any] = {}
+
+    @property
+    def jitted(self) -> Any:
+        """The ``jax.jit`` of the function, made at first use: a module
+        makes its Kept functions at import, before the plugin (and its
+        compile options, :func:`jit`) is chosen."""
+        if self._jitted is None:
+            self._jitted = jit(self._named, **self._options)
+        return self._jitted
 
     def __call__(self, *args: Any) -> Any:
         if _disk is None:
@@ -392,7 +420,8 @@ def _setting_text() -> str:
     """What every program of this process depends on beyond its own key:
     pjrt_host's source (a changed lowering is a new program), the versions
     of torch, jax and jaxlib, the selected plugin (its distribution,
-    version and class, its vendor kernels' source) and the XLA flags;
+    version and class, its vendor kernels' source, its compile options)
+    and the XLA flags;
     computed once (about 10 ms)."""
     global _setting
     if _setting is None:
@@ -412,7 +441,7 @@ def _setting_text() -> str:
             h.update(module.encode() + b"\0" + _module_source(module))
         flags = sorted((k, v) for k, v in os.environ.items() if k.startswith(("XLA_", "LIBTPU_", "TPU_")))
         _setting = "|".join([h.hexdigest(), torch.__version__, jax.__version__, jaxlib.__version__, _plugin,
-                             repr(flags)])
+                             repr(flags), repr(sorted((_options or {}).items()))])
     return _setting
 
 
@@ -636,7 +665,20 @@ def _listen() -> None:
     _listening = True
 
 
+def try_options(device: Any) -> None:
+    """Compile an empty program with the plugin's compile options on
+    ``device`` (raising what the compiler raises), uncounted: the host's
+    own check, not one of the device's programs."""
+    _local.quiet = True
+    try:
+        jit(lambda: 0, device=device).lower().compile()
+    finally:
+        _local.quiet = False
+
+
 def _on_event(event: str, **_: Any) -> None:
+    if getattr(_local, "quiet", False):
+        return
     if event == _HIT_EVENT:
         _local.jax_entry = getattr(_local, "read", None)
         with _lock:
@@ -647,7 +689,7 @@ def _on_event(event: str, **_: Any) -> None:
 
 
 def _on_duration(event: str, duration: float, **_: Any) -> None:
-    if event == _COMPILE_EVENT:
+    if event == _COMPILE_EVENT and not getattr(_local, "quiet", False):
         with _lock:
             _counts["programs"] += 1
             _seconds["compile_seconds"] += duration

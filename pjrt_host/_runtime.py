@@ -152,7 +152,7 @@ def _create(record: PluginRecord) -> Runtime:
     _skip_jax_plugin_discovery(xla_bridge)
     # before the first program compiles
     _program_cache.configure(record.name, f"{record.distribution} {record.version} {record.target}",
-                             _kernel_modules(plugin))
+                             _kernel_modules(plugin), _compile_options(record))
     if record.library is None:
         backend = plugin.jaxlib_backend
     else:
@@ -168,6 +168,7 @@ def _create(record: PluginRecord) -> Runtime:
         raise _error(record, "the PJRT client could not be created", err) from err
     if not devs:
         raise _error(record, "the PJRT client has no addressable devices", None)
+    _check_compile_options(record, devs[0])
     logger.info("plugin %r: %d device(s) on backend %r", record.name, len(devs), backend)
     pm.hook.pjrt_host_client_created(name=record.name, plugin=plugin, devices=list(devs))
     _program_cache.prefetch(list(devs))  # what the last run of this script loaded, on a thread
@@ -188,6 +189,35 @@ def _kernel_modules(plugin: Any) -> tuple[str, ...]:
             if target:
                 names.add(target.partition(":")[0])
     return tuple(sorted(names))
+
+
+def _compile_options(record: PluginRecord) -> dict[str, Any]:
+    """The plugin's ``compile_options``, less the flags the user set in
+    ``XLA_FLAGS`` (theirs win); a value of another type is refused here,
+    naming the plugin, not by XLA at the first op."""
+    options = dict(getattr(record.plugin, "compile_options", None) or {})
+    for name, value in options.items():
+        if not isinstance(name, str) or not isinstance(value, (str, int, float, bool)):
+            raise _error(record, f"its compile_options[{name!r}] is {value!r}", None,
+                         fix="give compile_options as XLA option names mapped to str, int, float or bool values")
+    user = os.environ.get("XLA_FLAGS", "")
+    return {name: value for name, value in options.items() if f"--{name}=" not in user and f"--{name} " not in user
+            and not user.endswith(f"--{name}")}
+
+
+def _check_compile_options(record: PluginRecord, device: Any) -> None:
+    """The plugin's compile options tried on one empty program, so that an
+    option the compiler does not know fails here, naming the plugin, and
+    not at the user's first op (a warm process finds the program in jax's
+    cache)."""
+    options = _program_cache.compile_options()
+    if not options:
+        return
+    try:
+        _program_cache.try_options(device)
+    except Exception as err:
+        raise _error(record, f"its compile_options {options} are refused by the compiler", err,
+                     fix="remove or rename the options the compiler does not know") from err
 
 
 def _skip_jax_plugin_discovery(xla_bridge: Any) -> None:

@@ -155,3 +155,54 @@ def test_device_count_that_can_no_longer_take_effect_is_explained():
                       env={"PJRT_HOST_CPU_REF_DEVICES": "2"})
     assert proc.returncode != 0
     assert "jax's CPU backend already exists with 1 device(s), so PJRT_HOST_CPU_REF_DEVICES=2 cannot take effect" in proc.stderr
+
+
+_DUMPED_PROGRAMS = """
+    import os, sys
+    import pjrt_host_cpu_ref
+    pjrt_host_cpu_ref.CpuRefPlugin.compile_options = {"xla_dump_to": sys.argv[1]}
+    import torch, pjrt_host
+    a = torch.arange(6., device="jax").reshape(2, 3)
+    with pjrt_host.config(eager="op"):
+        (a * 3).cpu()
+    with pjrt_host.config(eager="fused"):
+        (a + 1).exp().sum(0).cpu()
+    torch.compile(lambda x: (x.sin() * 2).sum(), backend="jax")(a).cpu()
+    print(sorted({n.split(".")[1] for n in os.listdir(sys.argv[2]) if n.startswith("module_")}))
+"""
+
+
+def test_a_plugins_compile_options_reach_every_program_it_compiles(tmp_path):
+    """``xla_dump_to`` as a plugin's compile option: XLA writes each program
+    it compiles there, so the directory lists the programs the option
+    reached -- an eager op's, a fused segment's and a torch.compile
+    graph's (a fresh program cache: nothing loads from disk)."""
+    dump = tmp_path / "dump"
+    proc = run_python(["-c", textwrap.dedent(_DUMPED_PROGRAMS), str(dump), str(dump)],
+                      env={"PJRT_HOST_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    names = set(eval(proc.stdout.strip().splitlines()[-1]))
+    assert {"jit_aten", "jit_segment", "jit_fn"} <= names, names
+
+
+def test_the_users_xla_flags_win_over_the_plugins_compile_options(tmp_path):
+    theirs, plugins = tmp_path / "theirs", tmp_path / "plugins"
+    proc = run_python(["-c", textwrap.dedent(_DUMPED_PROGRAMS), str(plugins), str(theirs)],
+                      env={"PJRT_HOST_CACHE_DIR": str(tmp_path / "cache"), "XLA_FLAGS": f"--xla_dump_to={theirs}"})
+    assert proc.returncode == 0, proc.stderr
+    assert {"jit_aten", "jit_segment", "jit_fn"} <= set(eval(proc.stdout.strip().splitlines()[-1]))
+    assert not plugins.exists()
+
+
+def test_compile_options_the_compiler_refuses_fail_at_the_client_naming_the_plugin():
+    out = run("""
+        import pjrt_host, pjrt_host_cpu_ref
+        pjrt_host_cpu_ref.CpuRefPlugin.compile_options = {"xla_no_such_option": 1}
+        try:
+            pjrt_host.devices()
+        except pjrt_host.ClientCreationError as err:
+            print(err)
+    """)
+    assert "plugin 'cpu_ref'" in out
+    assert "its compile_options {'xla_no_such_option': 1} are refused by the compiler" in out
+    assert "No such compile option: 'xla_no_such_option'" in out

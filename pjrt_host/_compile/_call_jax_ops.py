@@ -17,6 +17,7 @@ import jax
 import torch
 
 from .._lowerings._dtypes import torch_dtype
+from .. import _program_cache
 from . import _door, _handles
 
 __all__ = ["call"]
@@ -83,7 +84,7 @@ def _jitted(handle: int, what: str) -> Callable:
     fn = _jits.get((handle, what))
     if fn is None:
         call = _handles.get(handle)
-        fn = jax.jit(call.flat if what == "fwd" else call.vjp)
+        fn = _program_cache.jit(call.flat if what == "fwd" else call.vjp)
         with _jit_lock:
             _jits[(handle, what)] = fn
     return fn

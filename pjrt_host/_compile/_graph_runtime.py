@@ -26,10 +26,10 @@ import threading
 import warnings
 from typing import Any, NamedTuple
 
-import jax
 import torch
 
 from .._jax_settings import x64_scope as _x64_scope
+from .. import _program_cache
 from . import _checks, _door, _padded_graph
 from ._interpreter import GraphLoweringError, Program
 
@@ -118,7 +118,7 @@ def _donating(core: Any, slots: tuple[int, ...], n: int) -> Any:
         arrays = [donated[where[s]] if s in where else kept[s] for s in range(n)]
         return core(arrays, offsets, *rng)
 
-    return jax.jit(split, donate_argnums=(0,))
+    return _program_cache.jit(split, donate_argnums=(0,))
 
 
 class EagerGraph:
@@ -747,7 +747,7 @@ class CompiledGraph:
         if recompiles.isEnabledFor(logging.INFO):
             recompiles.info("torch.compile(backend='jax'): the %s graph compiles a program for the buckets %s",
                             self.what, ", ".join(f"{s}: {b}" for s, b in buckets.items()))
-        return jax.jit(fn), out_info, written
+        return _program_cache.jit(fn), out_info, written
 
     def _oom_name(self) -> str:
         return f"the {self.what} graph of torch.compile(backend='jax')"
@@ -821,7 +821,7 @@ class CompiledGraph:
             return tuple(arrays_out), tuple(new[s] for s in mutated_slots)
 
         foreign = tuple(spec[1] for spec in layout if type(spec) is tuple and spec[0] == "c")
-        entry = _Entry(jax.jit(fn), tuple(mutated_slots), static_outputs, foreign, fn, {}, checking)
+        entry = _Entry(_program_cache.jit(fn), tuple(mutated_slots), static_outputs, foreign, fn, {}, checking)
         with self._lock:
             if len(self.cache) > 64:  # layouts that never repeat: bound the memory
                 self.cache.clear()

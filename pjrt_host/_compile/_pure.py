@@ -32,6 +32,7 @@ import jax
 import torch
 
 from .._jax_settings import x64_api as _x64_api, x64_scope as _x64_scope
+from .. import _program_cache
 from . import _checks, _door
 from ._trace import NotTraceable, call_with_leaves, fake_tensors, trace
 
@@ -109,7 +110,7 @@ class _Entry:
                         body(arrays, _Entry._key(rng))
                 return outs, [_like(v, arrays[i]) for i, v in muts], None if rows is None else _checks.stack(rows)
 
-            programs.plain = jax.jit(_named(fn, name))
+            programs.plain = _program_cache.jit(_named(fn, name))
         return programs.plain
 
     def forward(self) -> Any:
@@ -142,7 +143,7 @@ class _Entry:
                 res, treedef[0] = jax.tree_util.tree_flatten(pullback)
                 return fl, rest, muts, res, flags
 
-            programs.forward = jax.jit(_named(fn, name + ".forward"))
+            programs.forward = _program_cache.jit(_named(fn, name + ".forward"))
         return programs.forward
 
     def backward(self) -> Any:
@@ -155,7 +156,7 @@ class _Entry:
                 with jax.named_scope(name + ".backward"):
                     return jax.tree_util.tree_unflatten(treedef[0], res)(cts)[0]
 
-            programs.backward = jax.jit(_named(fn, name + ".backward"))
+            programs.backward = _program_cache.jit(_named(fn, name + ".backward"))
         return programs.backward
 
 

@@ -537,7 +537,7 @@ class CompiledOp:
                     fn = entry.donating.get(donated)
                     if fn is None:
                         fn = entry.donating[donated] = self._program(
-                            key, jax.jit(entry.raw, donate_argnums=donated, keep_unused=True), donated)
+                            key, _program_cache.jit(entry.raw, donate_argnums=donated, keep_unused=True), donated)
                         with warnings.catch_warnings():  # an unusable donated buffer is freed all the same
                             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                             return fn(*dyn)
@@ -659,7 +659,7 @@ class CompiledOp:
         # keep_unused: an input the op only overwrites (uniform_, fill_ of a
         # tensor) places the program on its device; jax would drop it and run
         # on its default device, leaving a tensor of jax:1 on device 0
-        program = self._program(key, jax.jit(fn, keep_unused=True), signature=disk_signature) if jitted else fn
+        program = self._program(key, _program_cache.jit(fn, keep_unused=True), signature=disk_signature) if jitted else fn
         fusable = Traceable(fn, self.name, key, disk_signature, program) if jitted and (tensors or writes) else None
         entry = _Entry(program,
                        plan,

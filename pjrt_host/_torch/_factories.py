@@ -284,7 +284,7 @@ def _of_a_varying_value(op: Any, base: tuple, lowering: Any, args: tuple, at: in
 
         def make() -> tuple:
             _meta.check_cpu_factory(op, args, kwargs)
-            return body, jax.jit(body, out_shardings=sharding(index))
+            return body, _program_cache.jit(body, out_shardings=sharding(index))
 
         traceable = _fused.host_op(_traceables, f"aten::{name}", key, make,
                                    _disk_signature(key, kwargs, lowering) if _program_cache.directory() else None)
@@ -300,7 +300,7 @@ def _of_a_varying_value(op: Any, base: tuple, lowering: Any, args: tuple, at: in
     if fn is None:
         _meta.check_cpu_factory(op, args, kwargs)
         fn = _compiled[key] = _program_cache.compiled(f"aten::{name}", _disk_signature(key, kwargs, lowering),
-                                                      jax.jit(body, out_shardings=sharding(index)), (value,),
+                                                      _program_cache.jit(body, out_shardings=sharding(index)), (value,),
                                                       jax_device(index))
     arr = fn(value)
     if padded is not None:
@@ -400,7 +400,7 @@ def _recorded(op: Any, key: tuple, name: str, lowering: Any, args: tuple, kwargs
     def make() -> tuple:
         _meta.check_cpu_factory(op, args, kwargs)  # once per signature: CPU's kernel refusals
         body = _body(name, lowering, args, kwargs, jax_dtype(dtype), drawn)
-        return body, jax.jit(body, out_shardings=sharding(index))
+        return body, _program_cache.jit(body, out_shardings=sharding(index))
 
     op_traceable = _traceables.get(key)
     if op_traceable is None:
@@ -505,7 +505,7 @@ def _compile(name: str, lowering: Any, args: tuple, kwargs: dict, dtype: Any, sh
     """The factory's lowering jitted on the target device, its arguments
     static (what the key in ``_compiled`` holds)."""
     if not lowering.needs_rng:
-        return jax.jit(_body(name, lowering, args, kwargs, dtype, shape), out_shardings=sharding(index))
+        return _program_cache.jit(_body(name, lowering, args, kwargs, dtype, shape), out_shardings=sharding(index))
     ctx = lowering_context(_config.current(), True)  # a factory makes its tensor on one device
 
     def body(key_data, counter):
@@ -513,7 +513,7 @@ def _compile(name: str, lowering: Any, args: tuple, kwargs: dict, dtype: Any, sh
         return _lowerings.invoke(lowering, args, kwargs, dataclasses.replace(ctx, rng_key=key), dtype, shape)
 
     body.__name__ = body.__qualname__ = f"aten.{name}"  # what jax's compile logs and events name
-    return jax.jit(body, out_shardings=sharding(index))
+    return _program_cache.jit(body, out_shardings=sharding(index))
 
 
 #: Random factories and in-place draws made element by element

@@ -372,7 +372,7 @@ class Segment:
             with warnings.catch_warnings():  # a donated buffer no output can reuse is freed all the same
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 # keep_unused: an input only overwritten still places the program (_engine._build)
-                jitted = jax.jit(_program(self.ops, live), donate_argnums=donated, keep_unused=True,
+                jitted = _program_cache.jit(_program(self.ops, live), donate_argnums=donated, keep_unused=True,
                                  **_placement(ext, self.device))
                 program = variant[2] = _kept(jitted, script, live, donated, ext, self.device)
                 outs = program(*ext)
@@ -804,7 +804,7 @@ def _compile(ops: tuple, live: tuple, donated: tuple, example: tuple, signature:
     has a ``signature`` there)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        jitted = jax.jit(_program(ops, live), donate_argnums=donated, keep_unused=True, **_placement(example, device))
+        jitted = _program_cache.jit(_program(ops, live), donate_argnums=donated, keep_unused=True, **_placement(example, device))
         if signature is None:
             return _program_cache.with_retrace(jitted.lower(*example).compile(), jitted)
         compiled = _program_cache.compiled("pjrt_host.fused", signature, jitted, example, jax_device(device))

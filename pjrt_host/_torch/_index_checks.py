@@ -29,7 +29,6 @@ import math
 import threading
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -203,7 +202,7 @@ def _recorded_bounds(index: JaxTensor, ignore: int | None) -> tuple | None:
             kept = a if ignore is None else jnp.where(a == ignore, 0, a)
             return jnp.stack([jnp.min(kept), jnp.max(kept)]).astype(jnp.int64), a
 
-        return body, jax.jit(body)
+        return body, _program_cache.jit(body)
 
     op = _fused.host_op(_bounds_ops, "pjrt_host.minmax", key, make)
     plan = OutputPlan("tuple", (OutputSpec("tensor", (2,), torch.int64),

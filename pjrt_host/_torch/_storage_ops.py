@@ -172,7 +172,7 @@ def _recorded_read(t: JaxTensor, dtype: torch.dtype | None = None, to_copy: Any 
                 a = _lowerings.invoke(lowering, (a,), {"dtype": dtype}, ctx, cast)
             return a
 
-        return body, jax.jit(body)
+        return body, _program_cache.jit(body)
 
     op = _fused.host_op(_read_ops, "pjrt_host.read", key, make)
     plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))

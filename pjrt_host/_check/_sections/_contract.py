@@ -49,11 +49,16 @@ def contract(rec: Recorder, name: str, quick: bool, **_: Any) -> None:
             if not isinstance(key, str) or not isinstance(value, _CLIENT_OPTION_TYPES):
                 problems.append(f"client_create_options()[{key!r}] is {value!r}, not a PJRT named value "
                                 "(str, int, float, bool or list of int)")
+        for key, value in dict(plugin.compile_options).items():
+            if not isinstance(key, str) or not isinstance(value, (str, int, float, bool)):
+                problems.append(f"compile_options[{key!r}] is {value!r}, not an XLA option value "
+                                "(str, int, float or bool)")
         if problems:
             raise AssertionError("; ".join(problems))
         info["detail"] = (f"priority {plugin.priority}, dense_gather_factor {plugin.dense_gather_factor}, "
                           f"conv_as_matmul_max_positions {plugin.conv_as_matmul_max_positions}, "
                           f"widen_16bit_matmul_operands {plugin.widen_16bit_matmul_operands}, "
+                          f"compile_options {dict(plugin.compile_options)}, "
                           f"unsupported_dtypes {dict(plugin.unsupported_dtypes)}, zero_copy_torch_devices "
                           f"{list(plugin.zero_copy_torch_devices)}, physical_chip_count {chips}")
 

@@ -24,6 +24,7 @@ import time
 import weakref
 from typing import Any, Iterator
 
+from ... import _program_cache
 from . import _waiting
 
 __all__ = ["GroupMesh", "holding_results", "is_holding", "wait_for"]
@@ -228,7 +229,6 @@ class GroupMesh:
         """``body`` over the global array of every rank's ``local`` (shape
         (ranks, *local.shape)); this rank's part of the result: all of it
         (replicated), or with ``split`` its row of axis 0, shape (1, ...)."""
-        import jax
         from jax.sharding import NamedSharding, PartitionSpec
 
         key = kind + (tuple(local.shape), str(local.dtype))
@@ -237,7 +237,7 @@ class GroupMesh:
             self._agree(key)
         if fn is None:
             spec = PartitionSpec("ranks") if split else PartitionSpec()
-            fn = self._cache[key] = jax.jit(
+            fn = self._cache[key] = _program_cache.jit(
                 _ordered(body), keep_unused=True,
                 out_shardings=(NamedSharding(self.mesh, spec), NamedSharding(self.mesh, PartitionSpec())))
         with _order_lock:
@@ -451,9 +451,7 @@ _BITWISE = ("band", "bor", "bxor")
 
 @functools.lru_cache(maxsize=None)
 def _local_reduce(op: str) -> Any:
-    import jax
-
-    return jax.jit(_reducer(op))
+    return _program_cache.jit(_reducer(op))
 
 
 def _reducer(op: str) -> Any:
