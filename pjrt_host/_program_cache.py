@@ -192,7 +192,7 @@ def compiled(name: str, signature: Any, jitted: Any, args: tuple, device: Any) -
     # cannot be kept (constants closed over) takes jax's entry as before.
     _local.fresh = key is not None and not _unserializable and remembered("unkept", key) is None
     try:
-        program = jitted.lower(*args).compile()
+        program = jitted.lower(*args).compile(compiler_options=_options)
     finally:
         _local.fresh = False
     if key is not None and not _unserializable:
@@ -276,7 +276,7 @@ class Kept:
     else (arrays over several devices, numpy values) runs through
     ``jax.jit`` as usual."""
 
-    __slots__ = ("name", "signature", "_named", "_options", "_jitted", "_programs")
+    __slots__ = ("name", "signature", "_named", "_options", "_jitted", "_top", "_programs")
 
     def __init__(self, name: str, fn: Any, signature: Any = (), **options: Any) -> None:
         self.name, self.signature = name, signature
@@ -288,21 +288,31 @@ class Kept:
         # jax names the program after the function: compile logs, profiles and
         # jax.monitoring events then say jit(pjrt_host.read), not jit(<lambda>).
         named.__name__ = named.__qualname__ = name
-        self._named, self._options, self._jitted = named, options, None
+        self._named, self._options, self._jitted, self._top = named, options, None, None
         self._programs: dict[tuple, Any] = {}
 
     @property
     def jitted(self) -> Any:
-        """The ``jax.jit`` of the function, made at first use: a module
-        makes its Kept functions at import, before the plugin (and its
-        compile options, :func:`jit`) is chosen."""
+        """The ``jax.jit`` of the function, which another traced function
+        may call (jax refuses compile options on a nested jit: they are
+        given where it is compiled, :func:`compiled`)."""
         if self._jitted is None:
-            self._jitted = jit(self._named, **self._options)
+            import jax
+
+            self._jitted = jax.jit(self._named, **self._options)
         return self._jitted
+
+    def _run(self, *args: Any) -> Any:
+        """The function run as its own program, with the plugin's compile
+        options (:func:`jit`), made at first use: a module makes its Kept
+        functions at import, before the plugin is chosen."""
+        if self._top is None:
+            self._top = jit(self._named, **self._options)
+        return self._top(*args)
 
     def __call__(self, *args: Any) -> Any:
         if _disk is None:
-            return self.jitted(*args)
+            return self._run(*args)
         device = None
         spec = []
         for a in args:
@@ -313,17 +323,17 @@ class Kept:
                 devices = a.devices()
                 aval = (a.shape, a.dtype, a.weak_type)
             except AttributeError:
-                return self.jitted(*args)
+                return self._run(*args)
             if len(devices) != 1:
-                return self.jitted(*args)
+                return self._run(*args)
             (d,) = devices
             if device is None:
                 device = d
             elif d != device:
-                return self.jitted(*args)
+                return self._run(*args)
             spec.append(aval)
         if device is None:
-            return self.jitted(*args)
+            return self._run(*args)
         key = (*spec, device.id)
         program = self._programs.get(key)
         if program is None:
@@ -333,7 +343,7 @@ class Kept:
             made = compiled(self.name, (self.signature, types), self.jitted, args, device)
             if len(self._programs) > 256:  # shapes that never repeat: bound the memory
                 self._programs.clear()
-            program = self._programs[key] = with_retrace(made, self.jitted)
+            program = self._programs[key] = with_retrace(made, self._run)
         return program(*args)
 
 
