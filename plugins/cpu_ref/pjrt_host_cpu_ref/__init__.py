@@ -48,12 +48,10 @@ class CpuRefPlugin(DevicePlugin):
     # larger programs ("Unsupported element type for DotThunk::Execute"):
     # the matmul family widens 16-bit operands first (the same values).
     widen_16bit_matmul_operands = True
-    # XLA:CPU's LLVM pipeline at its default level (3) spends 2.6x the time
-    # of level 2 compiling a fused transformer layer's program (407 against
-    # 158 ms) for code no faster (the program runs in 0.53 against 0.55 ms),
-    # and a new sequence length compiles several such programs
-    # (benchmarks/bench_compile_options.py).
-    compile_options = {"xla_backend_optimization_level": 2}
+    # compile_options: none. XLA:CPU at optimization level 2 instead of its
+    # default 3 saved 9% of a GPT-2 training run's compile time and made
+    # its steady fused step 3-4% slower (benchmarks/bench_compile_options.py,
+    # docs/writing-a-plugin.md): not worth other low bits than today's.
     # Vendor kernels, by strings: nothing is imported (or compiled) until the
     # client exists and an op is lowered (pjrt_host_cpu_ref/_kernels).
     kernels = {
