@@ -150,12 +150,49 @@ def compile_options() -> dict[str, Any] | None:
 
 def jit(fn: Any, **kwargs: Any) -> Any:
     """``jax.jit(fn, **kwargs)`` with the plugin's compile options: every
-    program the host makes for the device is jitted here."""
+    program the host makes for the device is jitted here.  Another trace may
+    call the result (:class:`_TopLevelJit`)."""
     import jax
 
-    if _options is not None:
-        kwargs["compiler_options"] = _options
-    return jax.jit(fn, **kwargs)
+    if _options is None:
+        return jax.jit(fn, **kwargs)
+    return _TopLevelJit(fn, kwargs)
+
+
+# jax's words when a jit with compile options is called inside another trace
+# (tests/test_runtime.py pins them: a change fails a test, not a user).
+_NESTED = "can only be passed to top-level `jax.jit`"
+
+
+class _TopLevelJit:
+    """``jax.jit`` with the plugin's compile options where it runs as its own
+    program; called inside another trace, where jax refuses options on a
+    nested jit, the same function without them (the outer program is compiled
+    with them).  Everything else (``lower``, ``trace`` ...) is the top-level
+    jit's."""
+
+    __slots__ = ("_fn", "_kwargs", "_top", "_nested")
+
+    def __init__(self, fn: Any, kwargs: dict[str, Any]) -> None:
+        import jax
+
+        self._fn, self._kwargs, self._nested = fn, kwargs, None
+        self._top = jax.jit(fn, compiler_options=_options, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._top(*args, **kwargs)
+        except ValueError as err:
+            if _NESTED not in str(err):
+                raise
+        if self._nested is None:
+            import jax
+
+            self._nested = jax.jit(self._fn, **self._kwargs)
+        return self._nested(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._top, name)
 
 
 def compiled(name: str, signature: Any, jitted: Any, args: tuple, device: Any) -> Any:

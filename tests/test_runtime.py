@@ -194,6 +194,29 @@ def test_the_users_xla_flags_win_over_the_plugins_compile_options(tmp_path):
     assert not plugins.exists()
 
 
+def test_a_program_with_compile_options_runs_inside_another_trace_too(tmp_path):
+    """jax refuses compile options on a jit that another trace calls; the
+    host's programs with a plugin's options run both ways (nested, the
+    outer program carries the options).  This also pins jax's refusal
+    message, which the host reads."""
+    out = run(f"""
+        import pjrt_host_cpu_ref
+        pjrt_host_cpu_ref.CpuRefPlugin.compile_options = {{"xla_dump_to": {str(tmp_path)!r}}}
+        import jax, jax.numpy as jnp, pjrt_host
+        from pjrt_host import _program_cache
+        pjrt_host.devices()
+        double = _program_cache.jit(lambda x: x * 2)
+        x = jnp.arange(3.0)
+        print(double(x).tolist(), jax.jit(lambda x: double(x) + 1)(x).tolist(),
+              jax.grad(lambda x: double(x).sum())(x).tolist(), double.lower(x).compile()(x).tolist())
+        try:
+            jax.jit(lambda x: jax.jit(lambda y: y, compiler_options={{"xla_dump_to": "x"}})(x))(x)
+        except ValueError as err:
+            print(_program_cache._NESTED in str(err))
+    """)
+    assert out.splitlines()[-2:] == ["[0.0, 2.0, 4.0] [1.0, 3.0, 5.0] [2.0, 2.0, 2.0] [0.0, 2.0, 4.0]", "True"], out
+
+
 def test_compile_options_the_compiler_refuses_fail_at_the_client_naming_the_plugin():
     out = run("""
         import pjrt_host, pjrt_host_cpu_ref
