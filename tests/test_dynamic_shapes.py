@@ -739,6 +739,62 @@ def test_a_gather_along_a_flattened_padded_dim_reads_its_logical_positions(mode)
 
 
 @pytest.mark.parametrize("mode", ["op", "fused"])
+def test_a_matmuls_free_dim_keeps_its_size_when_a_padded_dim_has_it_too(mode):
+    """A projection's width of 16 beside rows that are [2 x length] with the
+    length padded: at a length of 8 the rows' logical size is 16 as well,
+    and the weight's columns took their padding, so the heads after the
+    projection were padded along the head dim and the rotary multiply's
+    program failed (a Llama with head dim 8 at a prompt of 8; it ran exact
+    after the failure).  A free dim of a contraction meets nothing."""
+    _padding.reset()
+    torch.manual_seed(0)
+    w, g = torch.randn(32, 16), torch.randn(16)
+    gain = torch.nn.Parameter(g.to("jax"))  # (a parameter is never padded to line up)
+    with pjrt_host.config(dynamic_shapes=True, eager=mode):
+        for t in (12, 17, 21, 8):
+            x, c = torch.randn(2, t, 32), torch.randn(1, 1, t, 8)
+            heads = ((x.to("jax") * 1).reshape(-1, 32) @ w.to("jax")).view(2, t, 2, 8).transpose(1, 2)
+            got = (heads * (c.to("jax") * 1)).transpose(1, 2).reshape(2, t, 16) * gain
+            want = ((x.reshape(-1, 32) @ w).view(2, t, 2, 8).transpose(1, 2) * c).transpose(1, 2).reshape(2, t, 16) * g
+            torch.testing.assert_close(got.detach().cpu(), want)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0 and stats["cuts"] == 0, (stats["fallbacks_by_reason"], stats["cuts_by_op"])
+    assert stats["padded_calls"] > 0
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
+def test_a_gathers_backward_runs_padded_along_the_dynamic_dim(mode):
+    """gather's backward is scatter_add into zeros: over a padded length
+    (DeBERTa's relative positions gather along the sequence) its padded
+    index (0) adds its padded gradient (0) at position 0, so it runs in the
+    bucket's program instead of cutting its inputs at every length; the
+    gradients equal CPU's, as does a scatter_add of a source shorter than
+    the tensor."""
+    _padding.reset()
+    torch.manual_seed(0)
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True, eager=mode):
+        for t in (5, 9, 13, 7, 11, 14):
+            x = torch.randn(2, t, 3)
+            idx = torch.randint(0, t, (2, t, 3))
+            w = torch.randn(2, t, 3)
+            dx = (x.to("jax") * 1).requires_grad_()
+            before = _compiled()
+            (dx.gather(1, idx.to("jax") * 1) * w.to("jax")).sum().backward()
+            rows = torch.randint(0, t, (2, 2, 3))
+            part = torch.randn(2, 2, 3)
+            got = (x.to("jax") * 1).scatter_add(1, rows.to("jax"), part.to("jax"))
+            xc = x.clone().requires_grad_()
+            (xc.gather(1, idx) * w).sum().backward()
+            torch.testing.assert_close(dx.grad.cpu(), xc.grad)
+            torch.testing.assert_close(got.cpu(), x.scatter_add(1, rows, part))
+            compiled.append(_compiled() - before)
+    stats = torch.jax.dynamic_shape_stats()
+    assert "aten::scatter_add" not in stats["cuts_by_op"], stats["cuts_by_op"]
+    assert compiled[3:] == [0, 0, 0], compiled  # 7, 11 and 14 run the bucket's programs
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
 def test_a_gather_by_several_index_tensors_runs_padded(mode):
     """x[i, j] with integer index tensors that broadcast, as transformers
     builds its masks (``padding_mask[batch[:, None, None, None],

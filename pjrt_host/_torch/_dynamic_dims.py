@@ -129,6 +129,27 @@ def _gathered_exact(args: tuple, kwargs: dict) -> dict:
             2: {d for d in range(index.dim()) if d != dim and index.shape[d] != x.shape[d]}}
 
 
+def _scattered_exact(args: tuple, kwargs: dict) -> dict:
+    """scatter_add's exact dims: the tensor's dims that merged several (an
+    index value is a logical position, which one component holds at the
+    same physical one), and the index's and the source's dims where the
+    two differ or, besides ``dim``, where they are shorter than the tensor
+    (a padded index would write past it).  A padded index is filled 0 and
+    its source 0: it adds zeros at position 0 (gather's backward)."""
+    x = args[0] if args else kwargs.get("self")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    index = args[2] if len(args) > 2 else kwargs.get("index")
+    src = args[3] if len(args) > 3 else kwargs.get("src")
+    tensors = (x, index, src)
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or x.dim() == 0 \
+            or not index.dim() == src.dim() == x.dim():
+        return {p: set(range(max(getattr(t, "ndim", 0), 1))) for p, t in zip((0, 2, 3), tensors)}
+    dim %= x.dim()
+    uneven = {d for d in range(x.dim())
+              if index.shape[d] != src.shape[d] or (d != dim and index.shape[d] != x.shape[d])}
+    return {0: {d for d in range(x.dim()) if _merged(x, (d,))}, 2: uneven, 3: uneven}
+
+
 def _tested_exact(args: tuple, kwargs: dict) -> dict:
     """isin's test elements, every dim: their padding would be tested too
     (the elements are read as an elementwise op's operand)."""
@@ -373,6 +394,8 @@ _RULES: dict[str, Rule] = {
     "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::gather": Rule(fill=0, exact=_gathered_exact),
+    # gather's backward: a padded index (0) adds its source's padding (0) at position 0
+    "aten::scatter_add": Rule(fill=0, exact=_scattered_exact),
     # padded targets are ignored, as the loss's own ignore_index
     "aten::nll_loss_forward": Rule(fill=0, fills={1: (4, None)}),
     "aten::nll_loss_backward": Rule(fill=0, fills={2: (5, None)}),
@@ -1044,11 +1067,17 @@ def _line_up(pos: Any, t: JaxTensor, tensors: list, reads: dict, dims: dict, exa
             if any(u.shape[-back] != n for u in aligned):
                 return None  # sizes that do not broadcast: the exact run raises torch's error
             found = {reads[id(u)].comps[u.dim() - back] for u in aligned}
-        elif meets is not None and (pos, d) in meets:
+        elif meets is not None:
             # a dim that meets others (a contraction's): padded alike
             # where they are; its size says nothing (a head dim as long
-            # as the key/value length).  A free dim (a row, a column)
-            # lines up by its size, below
+            # as the key/value length).  A free dim (a matmul's rows or
+            # columns, a convolution's channels) meets nothing: it stays
+            # as it is, whatever its size (a projection's width of 16
+            # took the padding of the [batch * length] rows it multiplies,
+            # 2 x 8 of a bucket of 16: a Llama with head dim 8 at a prompt
+            # of 8 padded its heads, and a later op's program failed)
+            if (pos, d) not in meets:
+                continue
             found = set()
             for pos2, d2 in meets.get((pos, d), ()):
                 u = at[pos2]
