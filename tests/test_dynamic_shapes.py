@@ -763,6 +763,39 @@ def test_a_matmuls_free_dim_keeps_its_size_when_a_padded_dim_has_it_too(mode):
 
 
 @pytest.mark.parametrize("mode", ["op", "fused"])
+def test_every_other_element_stacked_back_runs_padded_both_ways(mode):
+    """GPT-J's rotary ``rotate_every_two``: ``x[..., ::2]`` and
+    ``x[..., 1::2]`` of activations padded along the length, stacked along
+    a new last dim and flattened.  The stack lines its padded inputs up as
+    an elementwise op does, and the slices' backward places the gradient at
+    every other position of the exact head dim, keeping its padding; both
+    cut their inputs at every length before (44 stacks and 46
+    slice_backwards in 7 steps of a GPT-J of variable lengths)."""
+    _padding.reset()
+    torch.manual_seed(0)
+    compiled = []
+
+    def rotate(x):
+        return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+    with pjrt_host.config(dynamic_shapes=True, eager=mode):
+        for t in (5, 9, 13, 7, 11, 14):
+            x, w = torch.randn(2, t, 8), torch.randn(2, t, 8)
+            dx = (x.to("jax") * 1).requires_grad_()
+            before = _compiled()
+            got = rotate(dx)
+            (got * w.to("jax")).sum().backward()
+            xc = x.clone().requires_grad_()
+            (rotate(xc) * w).sum().backward()
+            torch.testing.assert_close(got.detach().cpu(), rotate(x))
+            torch.testing.assert_close(dx.grad.cpu(), xc.grad)
+            compiled.append(_compiled() - before)
+    stats = torch.jax.dynamic_shape_stats()
+    assert not {"aten::stack", "aten::slice_backward"} & set(stats["cuts_by_op"]), stats["cuts_by_op"]
+    assert compiled[3:] == [0, 0, 0], compiled  # 7, 11 and 14 run the bucket's programs
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
 def test_a_gathers_backward_runs_padded_along_the_dynamic_dim(mode):
     """gather's backward is scatter_add into zeros: over a padded length
     (DeBERTa's relative positions gather along the sequence) its padded

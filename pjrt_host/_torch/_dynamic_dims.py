@@ -394,6 +394,8 @@ _RULES: dict[str, Rule] = {
     "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::gather": Rule(fill=0, exact=_gathered_exact),
+    # tensors of one shape stacked along a new dim: padded ones line up as an elementwise op's operands
+    "aten::stack": Rule(fill=None),
     # gather's backward: a padded index (0) adds its source's padding (0) at position 0
     "aten::scatter_add": Rule(fill=0, exact=_scattered_exact),
     # padded targets are ignored, as the loss's own ignore_index
@@ -1746,9 +1748,9 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
     ``grad`` placed at the slice's ``start`` (a run-time scalar, as is its
     length) in the bucket of ``sizes[dim]``, zeros around it, so that every
     length of a bucket runs one program.  None: not such a call (dynamic
-    shapes off, a step, ``grad`` not padded along ``dim`` alone, a view that
-    is not a physical one)."""
-    if not _config.current().dynamic_shapes or type(grad) is not JaxTensor or step != 1:
+    shapes off, ``grad`` not padded along ``dim`` alone, a view that is not a
+    physical one, a step along a padded dim)."""
+    if not _config.current().dynamic_shapes or type(grad) is not JaxTensor or type(step) is not int or step < 1:
         return None
     sizes = tuple(sizes)
     ndim = grad.dim()
@@ -1762,13 +1764,14 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
     comps = padded[dim]
     n, length = sizes[dim], grad.shape[dim]
     start = min(max(start + n if start < 0 else start, 0), n)
-    if length == 0 or start + length > n:
+    if length == 0 or start + step * (length - 1) >= n:
         return None
     if comps == ((length, length, False),) and all(sizes[d] == grad.shape[d] for d in range(ndim) if d != dim):
         # sliced along an exact dim (rotary embeddings' halves of the head
-        # dim): zeros around the gradient there, its padding kept elsewhere
-        return _placed_along_exact(arr, padded, sizes, dim, start, grad)
-    if len(comps) != 1 or not comps[0][2]:
+        # dim, GPT-J's every other element): zeros around the gradient
+        # there, its padding kept elsewhere
+        return _placed_along_exact(arr, padded, sizes, dim, start, step, grad)
+    if step != 1 or len(comps) != 1 or not comps[0][2]:
         return None  # not padded along dim, or merged there
     # the bucket the input was padded to (odd ones in the test mode "all")
     physical_out = max(_padding.room(n, _config.current().dynamic_shapes == "all"), arr.shape[dim])
@@ -1790,21 +1793,28 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
     return _grown(out, sizes, padded, dim, ((physical_out, n, True),), grad)
 
 
-def _placed_along_exact(arr: Any, padded: tuple, sizes: tuple, dim: int, start: int, grad: JaxTensor) -> JaxTensor:
+def _placed_along_exact(arr: Any, padded: tuple, sizes: tuple, dim: int, start: int, step: int,
+                        grad: JaxTensor) -> JaxTensor:
     """``slice_backward`` of ``grad`` (its padded array ``arr``) along a dim
-    it holds exact: ``arr`` with ``start`` zeros before it along ``dim`` and
-    zeros after it up to ``sizes[dim]``; one program per bucket."""
+    it holds exact: ``arr`` at every ``step``-th position from ``start``
+    along ``dim``, zeros elsewhere up to ``sizes[dim]``; one program per
+    bucket."""
     n = sizes[dim]
     after = n - start - arr.shape[dim]
-    key = ("exact", tuple(arr.shape), dtype_name(arr.dtype), dim, start, after)
+    key = ("exact", tuple(arr.shape), dtype_name(arr.dtype), dim, start, after, step)
     program = _placing_programs.get(key)
     if program is None:
         widths = tuple((start, after) if d == dim else (0, 0) for d in range(arr.ndim))
+        shape = tuple(n if d == dim else s for d, s in enumerate(arr.shape))
+        at = tuple(slice(start, start + step * (arr.shape[dim] - 1) + 1, step) if d == dim else slice(None)
+                   for d in range(arr.ndim))
 
         def body(a):
             import jax.numpy as jnp
 
-            return jnp.pad(a, widths)
+            if step == 1:
+                return jnp.pad(a, widths)
+            return jnp.zeros(shape, a.dtype).at[at].set(a)
 
         if len(_placing_programs) > 512:
             _placing_programs.clear()
