@@ -33,8 +33,8 @@ import subprocess
 import sys
 import tempfile
 
-MODELS = ("gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "neox", "opt", "bert", "roberta", "distilbert", "t5",
-          "bart")
+MODELS = ("gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "neox", "opt", "gptj", "falcon", "bert", "roberta",
+          "distilbert", "deberta", "t5", "bart")
 
 CHILD = r"""
 import json, sys, time
@@ -66,8 +66,17 @@ def make():
     if name == "opt":
         return t.OPTForCausalLM(t.OPTConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, ffn_dim=128,
                                             num_attention_heads=4, word_embed_proj_dim=64, **P))
+    if name == "gptj":
+        return t.GPTJForCausalLM(t.GPTJConfig(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
+                                              n_positions=256))
+    if name == "falcon":
+        return t.FalconForCausalLM(t.FalconConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                                                  num_attention_heads=4, new_decoder_architecture=True, num_kv_heads=2))
     if name == "bert":
         return t.BertForMaskedLM(t.BertConfig(**C, **P))
+    if name == "deberta":
+        return t.DebertaV2ForMaskedLM(t.DebertaV2Config(**C, **P, relative_attention=True, position_buckets=16,
+                                                        pos_att_type=["p2c", "c2p"]))
     if name == "roberta":
         return t.RobertaForMaskedLM(t.RobertaConfig(**C, max_position_embeddings=260))
     if name == "distilbert":

@@ -796,6 +796,37 @@ def test_every_other_element_stacked_back_runs_padded_both_ways(mode):
 
 
 @pytest.mark.parametrize("mode", ["op", "fused"])
+def test_values_put_along_an_exact_dim_run_padded_along_the_others(mode):
+    """The backward of ``qkv[:, :, [-2]]`` (Falcon's keys) is index_put of
+    the gradient, padded along the length, into zeros: the values' other
+    dims are the tensor's, so the zeros are padded alike and the padded
+    gradient lands in their padding.  It cut its inputs at every length
+    (22 cuts in 7 steps of a Falcon of variable lengths).  A put that
+    overwrites does too; values put by a padded index stay exact (its
+    padding would write position 0)."""
+    _padding.reset()
+    torch.manual_seed(0)
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True, eager=mode):
+        for t in (5, 9, 13, 7, 11, 14):
+            x, w = torch.randn(2, t, 4, 3), torch.randn(2, t, 1, 3)
+            dx = (x.to("jax") * 1).requires_grad_()
+            before = _compiled()
+            got = dx[:, :, [-2]]
+            (got * w.to("jax")).sum().backward()
+            put = torch.ops.aten.index_put(x.to("jax") * 1, [None, None, torch.tensor([1], device="jax")], w.to("jax") * 1)
+            xc = x.clone().requires_grad_()
+            (xc[:, :, [-2]] * w).sum().backward()
+            torch.testing.assert_close(got.detach().cpu(), x[:, :, [-2]])
+            torch.testing.assert_close(dx.grad.cpu(), xc.grad)
+            torch.testing.assert_close(put.cpu(), torch.ops.aten.index_put(x, [None, None, torch.tensor([1])], w))
+            compiled.append(_compiled() - before)
+    stats = torch.jax.dynamic_shape_stats()
+    assert "aten::index_put" not in stats["cuts_by_op"], stats["cuts_by_op"]
+    assert compiled[3:] == [0, 0, 0], compiled  # 7, 11 and 14 run the bucket's programs
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
 def test_a_gathers_backward_runs_padded_along_the_dynamic_dim(mode):
     """gather's backward is scatter_add into zeros: over a padded length
     (DeBERTa's relative positions gather along the sequence) its padded

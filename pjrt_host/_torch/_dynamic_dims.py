@@ -150,6 +150,30 @@ def _scattered_exact(args: tuple, kwargs: dict) -> dict:
     return {0: {d for d in range(x.dim()) if _merged(x, (d,))}, 2: uneven, 3: uneven}
 
 
+def _put_exact(args: tuple, kwargs: dict) -> dict:
+    """index_put's exact dims when one integer index tensor (1-D) indexes
+    one dim (the backward of ``x[:, :, [-2]]``, Falcon's key and value):
+    that dim of the tensor and of the values, the index, and the tensor's
+    dims that merged several.  The values' other dims are the tensor's, so
+    they line up; padded values land in the tensor's padding.  Any other
+    indexing (several index tensors, a mask, values that broadcast) keeps
+    everything exact."""
+    x = args[0] if args else kwargs.get("self")
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    values = args[2] if len(args) > 2 else kwargs.get("values")
+    given = [(d, i) for d, i in enumerate(indices or ()) if i is not None]
+    if isinstance(x, torch.Tensor) and isinstance(values, torch.Tensor) and len(given) == 1 \
+            and values.dim() == x.dim() and isinstance(given[0][1], torch.Tensor) and given[0][1].dim() == 1 \
+            and given[0][1].dtype not in (torch.bool, torch.uint8):
+        k = given[0][0]
+        return {0: {k} | {d for d in range(x.dim()) if _merged(x, (d,))}, 1: {0}, 2: {k}}
+    every = {}
+    for pos, t in ((0, x), (2, values)):
+        every[pos] = set(range(max(getattr(t, "ndim", 0), 1)))
+    every[1] = set(range(max((getattr(i, "ndim", 0) for _, i in given), default=1)))
+    return every
+
+
 def _tested_exact(args: tuple, kwargs: dict) -> dict:
     """isin's test elements, every dim: their padding would be tested too
     (the elements are read as an elementwise op's operand)."""
@@ -396,6 +420,8 @@ _RULES: dict[str, Rule] = {
     "aten::gather": Rule(fill=0, exact=_gathered_exact),
     # tensors of one shape stacked along a new dim: padded ones line up as an elementwise op's operands
     "aten::stack": Rule(fill=None),
+    # values put along one dim by one index tensor: the values' other dims are the tensor's
+    "aten::index_put": Rule(fill=0, exact=_put_exact),
     # gather's backward: a padded index (0) adds its source's padding (0) at position 0
     "aten::scatter_add": Rule(fill=0, exact=_scattered_exact),
     # padded targets are ignored, as the loss's own ignore_index

@@ -351,9 +351,20 @@ def _padded_layout(name: str, shape: tuple) -> tuple | None:
     dynamic inputs are (``_dynamic_dims.on_miss``): one program per bucket
     instead of one per length, and the ops after it read it padded.  None:
     none did."""
+    lengths = _padding.factory_lengths()
+    if not lengths and _meta.inside_backward():
+        # autograd's thread has no user frame, so sizes counted at a place
+        # would pool every backward's; a backward's zeros of its forward
+        # input's shape (``new_zeros``: index's gradient is put into them)
+        # are padded as a padded call last read a tensor of that shape, as
+        # its expands are (``_dynamic_dims.on_miss``), else exact
+        physical = _padding.padded_read_of(tuple(shape))
+        if physical is None or len(physical) != len(shape) or all(p == n for p, n in zip(physical, shape)):
+            return None
+        _padding.live = True
+        return tuple(((p, n, True),) if p != n else ((n, n, False),) for p, n in zip(physical, shape))
     if getattr(_local, "after_a_tensor", False):
         return None
-    lengths = _padding.factory_lengths()
     if lengths and any(n in lengths for n in shape):
         _padding.live = True
         return tuple(((lengths[n], n, True),) if n in lengths else ((n, n, False),) for n in shape)
