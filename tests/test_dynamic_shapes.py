@@ -827,6 +827,30 @@ def test_values_put_along_an_exact_dim_run_padded_along_the_others(mode):
 
 
 @pytest.mark.parametrize("mode", ["op", "fused"])
+def test_a_cache_whose_heads_merged_two_dims_joins_a_new_tokens_heads(mode):
+    """Falcon's key/value cache: its heads are key/value heads x their
+    groups (2 x 2) merged by a reshape, a new token's are 4.  Neither is
+    padded along the heads, so the cat joins them in buckets; it ran as
+    "inputs that do not line up" and cut the cache at every token (8 cuts in
+    a generate() of 5 prompts), and a cache that then crossed into the next
+    bucket laid out the wrong axis of its array (an error, not a result)."""
+    _padding.reset()
+    torch.manual_seed(0)
+    with pjrt_host.config(dynamic_shapes=True, eager=mode):
+        for t in (5, 9, 13, 7, 11):
+            x = torch.randn(2, t, 2, 2, 8)
+            cache = (x.to("jax") * 1).permute(0, 2, 3, 1, 4).reshape(2, 4, t, 8)
+            want = x.permute(0, 2, 3, 1, 4).reshape(2, 4, t, 8)
+            for _ in range(12):  # decoding: the cache crosses into the next bucket
+                token = torch.randn(2, 1, 4, 8)
+                cache = torch.cat([cache, (token.to("jax") * 1).transpose(1, 2)], dim=-2)
+                want = torch.cat([want, token.transpose(1, 2)], dim=-2)
+            torch.testing.assert_close(cache.cpu(), want)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["fallbacks"] == 0 and stats["cuts"] == 0, (stats["fallbacks_by_reason"], stats["cuts_by_op"])
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
 def test_a_gathers_backward_runs_padded_along_the_dynamic_dim(mode):
     """gather's backward is scatter_add into zeros: over a padded length
     (DeBERTa's relative positions gather along the sequence) its padded

@@ -1632,6 +1632,14 @@ def _joining(tensors: list, dim: int) -> tuple | None:
     return kept, dim, total
 
 
+def _unpadded_alike(layout: tuple) -> tuple:
+    """``layout`` (per dim, its components) with each dim padded nowhere as
+    one exact component: a cache whose heads merged key/value heads and
+    their groups (Falcon's, 2 x 2) lines up with a new token's 4 heads."""
+    return tuple(comps if any(c[2] for c in comps) else ((math.prod(c[1] for c in comps),) * 2 + (False,),)
+                 for comps in layout)
+
+
 def _join_call(tensors: list, dim: int, total: int, fused: bool, lane: bool) -> tuple | None:
     """``(key, inputs, shape, physical, padded)`` of :func:`join`'s
     program for the call, without running anything: its key, its inputs
@@ -1696,7 +1704,8 @@ def _join_call(tensors: list, dim: int, total: int, fused: bool, lane: bool) -> 
             if len(padded[dim]) != 1:
                 return None  # a merged dim there
             along = along or padded[dim][0][2]
-        if layouts and (layout[:dim] != layouts[0][:dim] or layout[dim + 1:] != layouts[0][dim + 1:]
+        if layouts and (_unpadded_alike(layout[:dim]) != _unpadded_alike(layouts[0][:dim])
+                        or _unpadded_alike(layout[dim + 1:]) != _unpadded_alike(layouts[0][dim + 1:])
                         or arr.dtype != arrays[0].dtype):
             return None  # other dims that do not line up
         arrays.append(arr)

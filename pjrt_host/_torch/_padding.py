@@ -422,7 +422,7 @@ def grow_bucket(storage: Any, d: int, physical: int) -> bool:
     arr = storage._array
     if not dynamic or have >= physical or arr is None:
         return False
-    axis = sum(len(c) for c in padded[:d])
+    axis = d  # (the array has one axis per dim, a merged dim's components in one: ``physical_shape``)
     widths = tuple((0, physical - have) if i == axis else (0, 0) for i in range(arr.ndim))
     # on the device: the host's copy would wait for the cache's value (the
     # step that made it), once per crossing per layer's key and value
