@@ -851,6 +851,24 @@ def test_a_cache_whose_heads_merged_two_dims_joins_a_new_tokens_heads(mode):
 
 
 @pytest.mark.parametrize("mode", ["op", "fused"])
+def test_rows_merged_from_a_padded_batch_meet_however_their_exact_parts_split(mode):
+    """A weight's gradient contracts rows that merged a padded batch with
+    exact dims, split as batch x 8 x 8 in one operand and batch x 64 in the
+    other (Swin's and SegFormer's patches): the same layout, which the
+    contraction took for two and ran cut at every batch size."""
+    _padding.reset()
+    torch.manual_seed(0)
+    with pjrt_host.config(dynamic_shapes=True, eager=mode):
+        for b in (2, 3, 5, 7, 6, 4):
+            x, y = torch.randn(b, 8, 8, 4), torch.randn(b, 64, 3)
+            got = (x.to("jax") * 1).reshape(-1, 4).t() @ (y.to("jax") * 1).reshape(-1, 3)
+            torch.testing.assert_close(got.cpu(), x.reshape(-1, 4).t() @ y.reshape(-1, 3), rtol=1e-5, atol=1e-5)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["padded_calls"] > 0
+    assert stats["fallbacks"] == 0 and stats["cuts"] == 0, (stats["fallbacks_by_reason"], stats["cuts_by_op"])
+
+
+@pytest.mark.parametrize("mode", ["op", "fused"])
 def test_a_gathers_backward_runs_padded_along_the_dynamic_dim(mode):
     """gather's backward is scatter_add into zeros: over a padded length
     (DeBERTa's relative positions gather along the sequence) its padded

@@ -1065,8 +1065,23 @@ def _alike_layout(a: tuple, b: tuple) -> bool:
     """Whether two dims' components lay their elements out alike: the same
     components once the ones of size 1 are left out (a ``[2, 1, 1, T]``
     read as one dim of ``2 x T`` against a ``[2, T]`` one: Gemma's
-    attention output projected back)."""
-    return a == b or tuple(c for c in a if c[0] != 1) == tuple(c for c in b if c[0] != 1)
+    attention output projected back) and neighbouring exact ones taken as
+    one (Swin's rows, a padded batch x 8 x 8 against the same batch x 64,
+    in a weight's gradient)."""
+    return a == b or _one_layout(a) == _one_layout(b)
+
+
+def _one_layout(comps: tuple) -> tuple:
+    out: list = []
+    for c in comps:
+        if c[0] == 1:
+            continue
+        if not c[2] and out and not out[-1][2]:
+            n = out[-1][0] * c[0]
+            out[-1] = (n, n, False)
+        else:
+            out.append(c)
+    return tuple(out)
 
 
 def _line_up(pos: Any, t: JaxTensor, tensors: list, reads: dict, dims: dict, exact: dict, exact_sizes: set,
