@@ -72,6 +72,16 @@ def test_a_fixed_sample_of_programs_agrees_with_cpu_with_every_dim_padded(tmp_pa
     assert result["found"] == 0, result["summary"]
 
 
+def test_programs_padded_in_the_test_mode_leave_no_odd_bucket_to_the_next(tmp_path):
+    """Run AX's seeds 28009720-28009737, each op by op and then with every
+    dim padded to the test mode's odd buckets, in one process: a backward's
+    zeros took the padding of the last padded read of their shape, a (4,)
+    read at 7 by an earlier program's padded run, and then met a gradient
+    padded to 16 (the program failed: the device raised where CPU ran)."""
+    stats = fuzz_programs.fuzz(28009720, 18, ("op", "padded"), str(tmp_path), shrink_budget=20, log=lambda line: None)
+    _no_mismatch(stats)
+
+
 @pytest.mark.slow
 def test_a_long_sample_agrees_with_cpu_in_every_mode(tmp_path):
     stats = fuzz_programs.fuzz(8000, 600, fuzz_programs.MODES, str(tmp_path), compile_every=4,
