@@ -1719,9 +1719,10 @@ def _join_call(tensors: list, dim: int, total: int, fused: bool, lane: bool) -> 
             if len(padded[dim]) != 1:
                 return None  # a merged dim there
             along = along or padded[dim][0][2]
-        if layouts and (_unpadded_alike(layout[:dim]) != _unpadded_alike(layouts[0][:dim])
-                        or _unpadded_alike(layout[dim + 1:]) != _unpadded_alike(layouts[0][dim + 1:])
-                        or arr.dtype != arrays[0].dtype):
+        if layouts and (arr.dtype != arrays[0].dtype or (
+                (layout[:dim] != layouts[0][:dim] or layout[dim + 1:] != layouts[0][dim + 1:])  # (every token's cat)
+                and (_unpadded_alike(layout[:dim]) != _unpadded_alike(layouts[0][:dim])
+                     or _unpadded_alike(layout[dim + 1:]) != _unpadded_alike(layouts[0][dim + 1:])))):
             return None  # other dims that do not line up
         arrays.append(arr)
         lengths.append(t.shape[dim])
