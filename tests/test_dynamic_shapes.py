@@ -2098,6 +2098,31 @@ def test_a_contraction_of_dims_padded_in_two_ways_runs_exact_without_tracing():
     assert reasons.get("aten::mm: inputs that do not line up") == 1, reasons
 
 
+def test_one_logical_size_padded_to_two_buckets_runs_exact_without_tracing():
+    # a tensor padded under the test mode's odd buckets (5 rows in 7) beside
+    # one padded at the default setting (5 in 16): broadcasting lines the
+    # rows up, and the padded route traced a program that failed on every
+    # such call (add of 7 against 16) before it ran exact; it now sees they
+    # do not line up.  The same for every op broadcasting aligns.
+    torch.manual_seed(0)
+    a, b = torch.randn(5, 3), torch.randn(5, 3)
+    ops = {"add": torch.add, "mul": torch.mul, "where": lambda x, y: torch.where(x > 0, x, y),
+           "stack": lambda x, y: torch.stack([x, y]), "addcmul": lambda x, y: torch.addcmul(x, x, y)}
+    for name, op in ops.items():
+        with pjrt_host.config(dynamic_shapes="all"):
+            aj = a.to("jax") * 1
+        bj = b.to("jax")
+        torch._dynamo.mark_dynamic(bj, 0)
+        bj = bj * 1
+        assert aj._storage.padded[0][0][0] != bj._storage.padded[0][0][0], (aj._storage.padded, bj._storage.padded)
+        _padding.reset()
+        got = op(aj, bj).cpu()
+        reasons = torch.jax.dynamic_shape_stats()["fallbacks_by_reason"]
+        torch.testing.assert_close(got, op(a, b))
+        assert not any("program failed" in r for r in reasons), (name, reasons)
+        assert any("do not line up" in r for r in reasons), (name, reasons)
+
+
 def test_a_16_bit_mean_of_a_padded_tensor_sums_in_float32_as_cpu():
     # torch CPU's mean of float16 / bfloat16 sums in float32 and rounds once;
     # the padded mean (its sum over the logical count) summed in the 16-bit

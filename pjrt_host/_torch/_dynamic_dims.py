@@ -716,6 +716,8 @@ def prepare(rule: Rule, args: tuple, kwargs: dict) -> tuple | None:
         exact_sizes.update(n for p, n in zip(r.psize, t.shape) if p == n and n > 1)
         reads[id(t)] = r
     elementwise = rule.fill is None and not rule.fills
+    if elementwise and not _broadcast_alike(tensors, reads):
+        return None
     meets = rule.align(args, kwargs) if rule.align is not None else None
     at = {pos: t for pos, t in tensors} if meets is not None else None
     if meets is not None:
@@ -1036,6 +1038,27 @@ def _exact_entry(k: Any, tensors: bool) -> bool:
     if t is TensorSpec:
         return tensors
     return t is not _padding.PaddedSpec and t is not HostScalar and k is not GENERATOR
+
+
+def _broadcast_alike(tensors: list, reads: dict) -> bool:
+    """Whether the dims broadcasting lines up (counted from the last), where
+    two tensors are read padded along them, are padded alike: one logical
+    size in two buckets (a tensor padded under another setting's buckets,
+    or a cache grown into the next bucket, beside one padded now) would not
+    trace, and the program failed on every such call before it ran exact."""
+    seen: dict = {}
+    for _, t in tensors:
+        r = reads.get(id(t))
+        if r is None:
+            continue
+        rank = t.dim()
+        for d, (p, n) in enumerate(zip(r.psize, t.shape)):
+            if p == n:
+                continue
+            first = seen.setdefault(rank - d, (p, r.comps[d]))
+            if first[0] != p or not _alike_layout(first[1], r.comps[d]):
+                return False
+    return True
 
 
 def _alike(meets: dict, at: dict, reads: dict) -> bool:
