@@ -1067,6 +1067,66 @@ def test_convolutions_and_poolings_run_padded_along_the_batch(eager):
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, (stats["cuts_by_op"], stats["fallbacks_by_reason"])
 
 
+class _Windows(torch.nn.Module):
+    """A Swin-like classifier: patches, the feature map padded to whole
+    windows along its height and width (by nothing at some sizes), a layer
+    norm, windows joined and pooled as Swin's pooler pools (a transposed
+    sequence to one: torch restrides that result in place, and autograd's
+    backward of it copies the gradient into a flat zeros), a mean loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches = torch.nn.Conv2d(3, 8, 2, stride=2)
+        self.norm = torch.nn.LayerNorm(8)
+        self.pool = torch.nn.AdaptiveAvgPool1d(1)
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.patches(x).permute(0, 2, 3, 1)  # (B, 6, 6, 8)
+        h = F.pad(h, (0, 0, 0, 2, 0, 2))  # whole windows of 4
+        h = F.pad(h, (0, 0, 0, 0, 0, 0))  # windows already whole
+        h = self.norm(h).flatten(1, 2)  # (B, 64, 8)
+        return self.head(self.pool(h.transpose(1, 2)).flatten(1))
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_window_model_runs_padded_along_the_batch(eager):
+    """constant_pad_nd along exact dims of a batch-padded tensor, a mean of
+    all elements, the pooler's restrided result's backward (a padded
+    gradient copied into all of an exact storage) and a resampling run
+    padded: before, each cut (Swin's at every new batch: a pad, then the
+    matmuls after it, whose inputs no longer lined up, and the gradient's
+    copy, and a zeros of the gradient's size made for it), and every batch
+    size compiled the model's programs again."""
+    import copy
+
+    _padding.reset()
+    torch.manual_seed(0)
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        cpu = _Windows()
+        dev = copy.deepcopy(cpu).to("jax")
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (cpu, dev)]
+        # (sizes of their own per mode: a backward's zeros of a size seen
+        # before is a program's second call, which compiles it)
+        for i, b in enumerate((2, 3, 5, 7, 6, 4, 9) if eager == "op" else (3, 2, 6, 5, 8, 10, 12)):
+            x, y = torch.randn(b, 3, 12, 12), torch.randint(0, 10, (b,))
+            before = _compiled()
+            for model, opt, dx, dy in ((cpu, opts[0], x, y), (dev, opts[1], x.to("jax"), y.to("jax"))):
+                out = model(dx)
+                (F.cross_entropy(out, dy) + out.pow(2).mean()).backward()
+                opt.step()
+                opt.zero_grad()
+            for (name, p), q in zip(dev.state_dict().items(), cpu.state_dict().values()):
+                torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6, msg=name)
+            up = F.interpolate(x.to("jax"), scale_factor=2, mode="bilinear")
+            torch.testing.assert_close(up.cpu(), F.interpolate(x, scale_factor=2, mode="bilinear"))
+            # (the loss's counts become run-time scalars by the fifth batch)
+            if i >= 5:
+                assert _compiled() == before, f"batch {b} compiled"
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["fallbacks"] == 0, (stats["cuts_by_op"], stats["fallbacks_by_reason"])
+
+
 def test_a_compiled_batch_norm_step_runs_padded_with_its_logical_samples():
     """Batch norm's training lowering and its backward count the logical
     samples from the mask eager's padded route gives them; a padded

@@ -559,7 +559,8 @@ def _viewed_when_padded(func: Any, handler: Handler) -> Handler:
 
 #: A mean of a padded tensor: its sum (which knows padding) over the count of
 #: logical elements, a run-time scalar (the count changes with every size).
-_MEANS = frozenset({"aten::mean.dim"})
+#: ``aten::mean`` (all elements, ``loss.mean()``) takes no dims: all of them.
+_MEANS = frozenset({"aten::mean.dim", "aten::mean"})
 _HALVES = (torch.float16, torch.bfloat16)
 
 

@@ -331,6 +331,17 @@ def _flipped_dims(args: tuple, kwargs: dict) -> dict:
     return {0: {d % ndim for d in dims} if ndim else set()}
 
 
+def _padded_ends(args: tuple, kwargs: dict) -> dict:
+    """constant_pad_nd's exact dims: the ones it pads or crops (two amounts
+    per dim, from the last); the others keep their padding at their ends
+    (Swin pads its feature map's height and width to whole windows while
+    its batch is padded: by nothing, at most sizes)."""
+    x = args[0] if args else kwargs.get("self")
+    pad = args[1] if len(args) > 1 else kwargs.get("pad", ())
+    ndim = x.dim() if isinstance(x, torch.Tensor) else 0
+    return {0: {ndim - 1 - k for k in range(len(pad) // 2) if pad[2 * k] or pad[2 * k + 1]}}
+
+
 def _attention_rule(first: int) -> Rule:
     """Attention as one op (``pjrt_host::attention``, its backward with the
     output's gradient first) over a padded query, key and value: zeros in
@@ -392,6 +403,9 @@ _RULES: dict[str, Rule] = {
     "aten::cat": Rule(fill=None, exact=_joined_dim),
     # reversed along exact dims, the others keep their padding at their ends
     "aten::flip": Rule(fill=None, exact=_flipped_dims),
+    # padded (or cropped) along exact dims, the same (growing a padded dim
+    # at its end runs in its bucket first: pad_end)
+    "aten::constant_pad_nd": Rule(fill=None, exact=_padded_ends),
     # convolutions and poolings padded along the batch only: each sample
     # alone (padded rows compute what they compute); the backwards' weight
     # and bias gradients sum over samples (zeros), a max pool's padded
@@ -405,6 +419,12 @@ _RULES: dict[str, Rule] = {
     "aten::avg_pool2d": Rule(fill=None, exact=_samples_apart()),
     "aten::avg_pool2d_backward": Rule(fill=0, exact=_samples_apart(), align=_meeting(((0, 0), (1, 0)))),
     "aten::_adaptive_avg_pool2d": Rule(fill=None, exact=_samples_apart()),
+    # resampling: each sample alone, to output sizes that are spatial only
+    # (the backwards take the input's sizes, its batch among them: exact)
+    **{f"aten::{name}{overload}": Rule(fill=None, exact=_samples_apart())
+       for name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+                    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d",
+                    "upsample_bilinear2d", "upsample_trilinear3d") for overload in ("", ".vec")},
     "aten::_adaptive_avg_pool2d_backward": Rule(fill=0, exact=_samples_apart(), align=_meeting(((0, 0), (1, 0)))),
     # batch norm with running statistics (eval): per channel, elementwise
     "aten::_native_batch_norm_legit_no_training": Rule(fill=None, exact=_channels_exact),
@@ -2091,6 +2111,48 @@ def pad_end(x: Any, pad: Any, value: Any, record: Callable | None = None) -> Jax
         arr = x._storage.computed()
     out = program(arr, count, value)
     return _grown(out, shape, padded, dim, ((physical_out, total, True),), x)
+
+
+def adopt(dst: JaxTensor, src: JaxTensor) -> bool:
+    """``dst.copy_(src)`` where ``src`` is all of a padded storage and
+    ``dst`` all of an exact one (itself, or a contiguous view of it of
+    ``src``'s shape): ``dst``'s storage takes ``src``'s values laid out as
+    they are, its dims' components grouped as its own shape groups them.
+    Autograd's ``as_strided`` backward copies a padded gradient into a flat
+    zeros of its size (torch's ``adaptive_avg_pool2d`` to 1 restrides its
+    output in place: Swin's pooler, ConvNeXt's); the exact copy cut the
+    gradient, a program per batch size.  False: not such a copy."""
+    storage = src._storage
+    into = dst._storage
+    if src._view is not None or storage.padded is None or into.padded is not None or src.dtype != dst.dtype \
+            or src.shape != dst.shape or type(into.place) is not int or into.place != storage.place \
+            or into.read_only is not None or _is_parameter(dst) or into.numel != dst.numel() \
+            or dst.storage_offset() != 0 or not dst.is_contiguous():
+        return False
+    comps = [c for dim in storage.padded for c in dim if c[1] != 1]
+    layout: list = []
+    i = 0
+    for n in into.shape:
+        group: list = []
+        size = 1
+        while size < n and i < len(comps):
+            group.append(comps[i])
+            size *= comps[i][1]
+            i += 1
+        if size != n:
+            return False
+        layout.append(tuple(group) if group else ((1, 1, False),))
+    if i != len(comps):
+        return False
+    layout = tuple(layout)
+    physical = _padding.physical_shape(layout)
+    arr = storage.computed()  # (a fused-eager result runs its segment)
+    if tuple(arr.shape) != physical:
+        arr = arr.reshape(physical)
+    into.commit(arr)
+    into.padded = layout
+    _padding.noted_padding()
+    return True
 
 
 _write_programs: dict = {}

@@ -164,6 +164,14 @@ def _run_factory(op: Any, name: str, args: tuple, kwargs: dict) -> torch.Tensor:
         base = (name, ("run-time start", step, len(args)), dtype, drawn, index)  # (n, in drawn: the key but the start)
         if _varying_start(args, kwargs, step, dtype, base):
             return _of_a_varying_value(op, base, lowering, args, 0, kwargs, dtype, shape, drawn, None, index)
+    if name == "zeros" and padded is None and fn is None and key is not None and len(shape) == 1 \
+            and _once_in_a_backward(key, numel, meta):
+        # a backward's flat zeros of a size with no program yet (autograd's
+        # ``as_strided`` backward makes one of its gradient's size, which the
+        # padded gradient then takes all of, at every new batch): zeros on
+        # first use, from the host, as ``empty``'s; a second call of the size
+        # makes the program (as ``_padding.relayout`` does)
+        return new_tensor(shape, dtype, index)
     if (key is not None and not lowering.needs_rng and (drawn == shape or padded is not None)
             and _config.current().eager == "fused"):
         recorded = _recorded(op, key, name, lowering, args, kwargs, dtype, shape, drawn, padded, index)
@@ -378,6 +386,23 @@ def _padded_layout(name: str, shape: tuple) -> tuple | None:
         return None
     _padding.live = True  # (the ops' padded route is looked at from now on)
     return tuple(((_padding.room(n), n, True),) if d in dims else ((n, n, False),) for d, n in enumerate(shape))
+
+
+#: Keys of backward zeros made lazily once (:func:`_once_in_a_backward`).
+_lazy_zeros: set = set()
+
+
+def _once_in_a_backward(key: tuple, numel: int, meta: Any) -> bool:
+    """Whether a flat zeros of ``key`` (no program yet) is made lazily:
+    inside a backward, with dynamic shapes on, small, and its key's first
+    time."""
+    if not _config.current().dynamic_shapes or not _meta.inside_backward() \
+            or numel * meta.element_size() > _padding.HOST_PAD_BYTES or key in _lazy_zeros:
+        return False
+    if len(_lazy_zeros) > 4096:
+        _lazy_zeros.clear()
+    _lazy_zeros.add(key)
+    return True
 
 
 def _unsized(name: str, args: tuple) -> tuple:

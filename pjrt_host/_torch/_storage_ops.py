@@ -210,6 +210,8 @@ def copy_(func: Any, args: tuple, kwargs: dict) -> Any:
     if dst._storage.padded is not None and isinstance(src, JaxTensor) and src._storage.place == dst._storage.place \
             and src.dim() <= dst.dim() and _dynamic_dims.write(dst, src):
         return dst  # in the storage's bucket (a padded source as it is laid out)
+    if isinstance(src, JaxTensor) and src._storage.padded is not None and _dynamic_dims.adopt(dst, src):
+        return dst  # all of an exact storage, laid out as the padded source is
     if isinstance(src, JaxTensor):
         value = read(src)
         if src._storage.place != dst._storage.place:
