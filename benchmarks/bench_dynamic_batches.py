@@ -8,7 +8,11 @@ the batch is dynamic, and every size after it falls in the bucket of 16),
 inference and training (SGD):
 - ``cnn``: conv, batch norm, ReLU, max pool, conv, avg pool, adaptive avg
   pool, linear (images 32x32);
-- ``vit``: transformers' ViT (2 layers, width 64, patches of 8 on 32x32).
+- ``vit``: transformers' ViT (2 layers, width 64, patches of 8 on 32x32);
+- ``swin``, ``mobilevit``, ``segformer``: transformers' Swin (windows of 4),
+  MobileViT (every weight drawn at random: its initialisation zeroes the
+  features at this size) and SegFormer's segmentation model (its map
+  averaged into class logits), small configurations on 32x32.
 torch CPU eager first, then 'jax' in the default eager mode, each in a
 fresh process with an empty program cache, with dynamic shapes on and off.
 
@@ -34,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 
-MODELS = ("cnn", "vit")
+MODELS = ("cnn", "vit", "swin", "mobilevit", "segformer")
 
 CHILD = r"""
 import copy, json, sys, time
@@ -52,10 +56,25 @@ def make():
         return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(16, 32, 3, stride=2), nn.BatchNorm2d(32), nn.ReLU(), nn.AvgPool2d(2),
                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-    import transformers
-    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, intermediate_size=128, num_labels=10)
-    model = transformers.ViTForImageClassification(config)
+    import transformers as t
+    if name == "swin":
+        model = t.SwinForImageClassification(t.SwinConfig(image_size=32, patch_size=2, embed_dim=16, depths=[1, 1],
+                                                          num_heads=[2, 2], window_size=4, num_labels=10))
+    elif name == "mobilevit":
+        model = t.MobileViTForImageClassification(t.MobileViTConfig(
+            image_size=32, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_labels=10))
+        with torch.no_grad():  # (its initialisation zeroes the features at this size)
+            for p in model.parameters():
+                p.normal_(0, 0.2)
+    elif name == "segformer":  # the segmentation model, its map averaged into class logits
+        model = t.SegformerForSemanticSegmentation(t.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+            decoder_hidden_size=32, num_labels=10))
+        return lambda x: model(pixel_values=x).logits.mean((2, 3)), model
+    else:
+        model = t.ViTForImageClassification(t.ViTConfig(image_size=32, patch_size=8, hidden_size=64,
+                                                        num_hidden_layers=2, num_attention_heads=4,
+                                                        intermediate_size=128, num_labels=10))
     return lambda x: model(pixel_values=x).logits, model
 
 

@@ -850,6 +850,34 @@ def test_a_cache_whose_heads_merged_two_dims_joins_a_new_tokens_heads(mode):
     assert stats["fallbacks"] == 0 and stats["cuts"] == 0, (stats["fallbacks_by_reason"], stats["cuts_by_op"])
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_a_view_merging_a_padded_batch_with_part_of_an_exact_dim_reads_padded(eager):
+    # MobileViT's attention: patches of (batch x 4, 24) viewed as (batch x 4
+    # x 4, 1, 6), the head dim split off the channels and its outer part
+    # merged with the padded batch: not a physical view before, so every
+    # matmul of its attention cut (bmm 125 times in 7 steps) and compiled per
+    # batch; now the rows are the padded batch, 4 and 4 as one dim
+    _padding.reset()
+    torch.manual_seed(0)
+    compiled = []
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        for b in (2, 3, 5, 7, 6):
+            a, w = torch.randn(b * 4, 24), torch.randn(6, 6)
+            x = a.to("jax")
+            torch._dynamo.mark_dynamic(x, 0)
+            x = x * 1
+            before = _compiled()
+            q = x.view(b * 16, 1, 6)
+            scores = q @ q.transpose(1, 2)  # bmm of rows that merged batch, 4 and 4
+            mixed = (q @ w.to("jax")).view(b * 4, 24)  # the same view as mm's operand
+            torch.testing.assert_close(scores.cpu(), a.view(b * 16, 1, 6) @ a.view(b * 16, 1, 6).transpose(1, 2))
+            torch.testing.assert_close(mixed.cpu(), (a.view(b * 16, 1, 6) @ w).view(b * 4, 24))
+            compiled.append(_compiled() - before)
+    stats = torch.jax.dynamic_shape_stats()
+    assert stats["cuts"] == 0 and stats["fallbacks"] == 0, (stats["cuts_by_op"], stats["fallbacks_by_reason"])
+    assert compiled[3:] == [0, 0], compiled
+
+
 @pytest.mark.parametrize("mode", ["op", "fused"])
 def test_rows_merged_from_a_padded_batch_meet_however_their_exact_parts_split(mode):
     """A weight's gradient contracts rows that merged a padded batch with
@@ -1072,7 +1100,8 @@ class _Windows(torch.nn.Module):
     windows along its height and width (by nothing at some sizes), a layer
     norm, windows joined and pooled as Swin's pooler pools (a transposed
     sequence to one: torch restrides that result in place, and autograd's
-    backward of it copies the gradient into a flat zeros), a mean loss."""
+    backward of it copies the gradient into a flat zeros), a resampling
+    joined along the channels, a mean loss."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -1082,19 +1111,23 @@ class _Windows(torch.nn.Module):
         self.head = torch.nn.Linear(8, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.patches(x).permute(0, 2, 3, 1)  # (B, 6, 6, 8)
-        h = F.pad(h, (0, 0, 0, 2, 0, 2))  # whole windows of 4
+        p = self.patches(x)  # (B, 8, 6, 6)
+        h = F.pad(p.permute(0, 2, 3, 1), (0, 0, 0, 2, 0, 2))  # whole windows of 4
         h = F.pad(h, (0, 0, 0, 0, 0, 0))  # windows already whole
         h = self.norm(h).flatten(1, 2)  # (B, 64, 8)
-        return self.head(self.pool(h.transpose(1, 2)).flatten(1))
+        # a decoder's resampling, joined along the channels (SegFormer's):
+        # its backward reads a channel slice of the join's gradient
+        up = F.interpolate(p, scale_factor=2, mode="bilinear")
+        decoded = torch.cat([up, 0.5 * up], 1).mean((2, 3))[:, :10]
+        return self.head(self.pool(h.transpose(1, 2)).flatten(1)) + decoded
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])
 def test_a_window_model_runs_padded_along_the_batch(eager):
     """constant_pad_nd along exact dims of a batch-padded tensor, a mean of
     all elements, the pooler's restrided result's backward (a padded
-    gradient copied into all of an exact storage) and a resampling run
-    padded: before, each cut (Swin's at every new batch: a pad, then the
+    gradient copied into all of an exact storage) and a resampling and its
+    backward (over the bucket's whole batch) run padded: before, each cut (Swin's at every new batch: a pad, then the
     matmuls after it, whose inputs no longer lined up, and the gradient's
     copy, and a zeros of the gradient's size made for it), and every batch
     size compiled the model's programs again."""

@@ -491,6 +491,8 @@ def _handler_for(func: Any) -> Handler:
                 return _cast_when_padded(CompiledOp(func, lowering).__call__)
             if op_name(func) in _COPYING_VIEWS:
                 return _viewed_when_padded(func, CompiledOp(func, lowering).__call__)
+            if op_name(func) in _dynamic_dims.RESAMPLING_BACKWARDS:
+                return _whole_batch_when_padded(CompiledOp(func, lowering).__call__)
             return CompiledOp(func, lowering).__call__
     else:
         first = schema.arguments[0]
@@ -584,6 +586,20 @@ def _summed_when_padded(handler: Handler) -> Handler:
                 return torch.ops.aten.div.Tensor(total, float(count)).to(out)
             total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=dtype)
             return torch.ops.aten.div.Tensor(total, float(count))
+        return handler(args, kwargs)
+    return _unpadded_is(handler, handle)
+
+
+def _whole_batch_when_padded(handler: Handler) -> Handler:
+    """A resampling's backward of a gradient padded along the batch only:
+    exact over the bucket's whole batch (``_dynamic_dims.whole_batch``)."""
+    def handle(args: tuple, kwargs: dict) -> Any:
+        g = args[0] if args else None
+        if type(g) is _tensor.JaxTensor and g._storage.padded is not None and not kwargs and len(args) > 2:
+            run = _dynamic_dims.whole_batch(g, args[2])
+            if run is not None:
+                whole, sizes, finish = run
+                return finish(handler((whole, args[1], sizes, *args[3:]), {}))
         return handler(args, kwargs)
     return _unpadded_is(handler, handle)
 

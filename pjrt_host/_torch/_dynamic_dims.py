@@ -651,9 +651,17 @@ def _translate(padded: tuple, dtype: Any, size: tuple, stride: tuple, offset: in
             sizes.append((n,))
             vcomps.append(((P[j], n, True),))
             continue
+        top, q = j, 1
         if mult != 1:
-            return None
-        a, spanned = j, 1
+            # the outer factor of an exact component, its inner factor
+            # another dim's (a head dim split off the channels), merged with
+            # the components outside it: MobileViT's (B x 4, 24) patches
+            # viewed as (B x 4 x 4, 1, 6) for its attention's matmuls
+            if comps[j][2] or L[j] % mult or coords[j]:
+                return None
+            top, q = j - 1, L[j] // mult
+            extent[j] += (q - 1) * mult
+        a, spanned = top, q
         while a >= 0 and spanned < n and spanned * L[a] <= n:
             spanned *= L[a]
             a -= 1
@@ -668,22 +676,22 @@ def _translate(padded: tuple, dtype: Any, size: tuple, stride: tuple, offset: in
         if spanned != n:
             return None
         terms, logical = [], []
-        for i in range(a, j + 1):
+        for i in range(a, top + 1):
             if coords[i] != 0:
                 return None
             extent[i] += L[i] - 1
             if comps[i][2]:
                 touched[i] += 1
-                terms.append((math.prod(P[i + 1:j + 1]), P[i]))
+                terms.append((math.prod(P[i + 1:top + 1]) * q, P[i]))
                 logical.append(L[i])
-        psize.append(part * math.prod(P[a:j + 1]))
-        pstride.append(ps[j])
+        psize.append(part * math.prod(P[a:top + 1]) * q)
+        pstride.append(ps[j] * mult)
         masks.append(tuple(terms))
         sizes.append(tuple(logical))
         # (the exact outer factor is a component of the dim too: without
         # it the components' sizes multiply to less than the dim's, and a
         # tensor lined up with this one was padded to the wrong shape)
-        vcomps.append(((part, part, False),) * (part > 1) + tuple(comps[a:j + 1]))
+        vcomps.append(((part, part, False),) * (part > 1) + tuple(comps[a:top + 1]) + ((q, q, False),) * (q > 1))
     for j in range(m):
         if touched[j] > 1 or (extent[j] and coords[j] + extent[j] >= L[j]):
             return None
@@ -2153,6 +2161,55 @@ def adopt(dst: JaxTensor, src: JaxTensor) -> bool:
     into.padded = layout
     _padding.noted_padding()
     return True
+
+
+#: Backwards of resampling (each sample alone) that take the input's sizes,
+#: its batch among them: :func:`whole_batch` runs them.
+RESAMPLING_BACKWARDS = frozenset(
+    f"aten::{name}_backward" for name in (
+        "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+        "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+        "upsample_trilinear3d"))
+
+
+def whole_batch(g: Any, sizes: Any) -> tuple | None:
+    """A gradient ``g`` of an op that computes each sample alone, read
+    padded along its batch only (one component), and the op's input ``sizes``
+    (its batch first), as the op runs exact over every sample of the
+    bucket: ``(g's whole array as an exact tensor, the sizes with the
+    bucket's batch, finish)``, where ``finish`` makes the exact result of
+    the bucket the padded result of the logical batch (its padding rows are
+    computed from padding: unread).  One program per bucket, where the size
+    list keyed one per batch and the op cut its gradient (SegFormer's and
+    MobileViT's resampling).  None: not such a call."""
+    storage = g._storage
+    if storage.padded is None or type(storage.place) is not int or g.dim() < 2 \
+            or type(sizes) not in (list, tuple) or len(sizes) != g.dim() or sizes[0] != g.shape[0]:
+        return None
+    r = read_of(g)
+    if r is None or len(r.comps[0]) != 1 or not r.comps[0][0][2] \
+            or any(len(c) != 1 or c[0][2] for c in r.comps[1:]):
+        return None
+    first = r.comps[0]
+    bucket, n = first[0][0], g.shape[0]
+    alias = Storage(None, r.physical, storage.jax_dtype, storage.device_index)
+    alias.take(storage)  # (a pending result is shared: its segment goes on recording)
+    alias.padded = None
+    whole = make(alias, r.physical, g.dtype)
+    if g._view is not None:  # (a channel slice of a cat's gradient: SegFormer's decoder)
+        whole = torch.ops.aten.as_strided.default(whole, list(r.psize), list(r.pstride), r.offset_elements)
+    _padding.note("padded_calls")
+
+    def finish(out: Any) -> Any:
+        if type(out) is not JaxTensor or out._view is not None or out.dim() != g.dim() or out.shape[0] != bucket:
+            return out[:n]  # (not a result of the whole bucket's layout: its logical rows)
+        shape = (n, *out.shape[1:])
+        result = Storage(None, shape, out._storage.jax_dtype, out._storage.device_index)
+        result.take(out._storage)
+        result.padded = (first, *(((k, k, False),) for k in out.shape[1:]))
+        return make(result, shape, out.dtype)
+
+    return whole, [bucket, *sizes[1:]], finish
 
 
 _write_programs: dict = {}
