@@ -361,6 +361,10 @@ def _attention_rule(first: int) -> Rule:
     return Rule(fill=0, exact=_attention_exact(first), align=_meeting(*pairs), logical=True)
 
 
+#: The resampling ops (each sample alone, to spatial output sizes).
+_RESAMPLINGS = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+                "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+                "upsample_trilinear3d")
 _SUMS = Rule(fill=0)
 _RULES: dict[str, Rule] = {
     # attention: zeros in the padding, the key positions past the logical
@@ -422,9 +426,7 @@ _RULES: dict[str, Rule] = {
     # resampling: each sample alone, to output sizes that are spatial only
     # (the backwards take the input's sizes, its batch among them: exact)
     **{f"aten::{name}{overload}": Rule(fill=None, exact=_samples_apart())
-       for name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
-                    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d",
-                    "upsample_bilinear2d", "upsample_trilinear3d") for overload in ("", ".vec")},
+       for name in _RESAMPLINGS for overload in ("", ".vec")},
     "aten::_adaptive_avg_pool2d_backward": Rule(fill=0, exact=_samples_apart(), align=_meeting(((0, 0), (1, 0)))),
     # batch norm with running statistics (eval): per channel, elementwise
     "aten::_native_batch_norm_legit_no_training": Rule(fill=None, exact=_channels_exact),
@@ -2165,11 +2167,7 @@ def adopt(dst: JaxTensor, src: JaxTensor) -> bool:
 
 #: Backwards of resampling (each sample alone) that take the input's sizes,
 #: its batch among them: :func:`whole_batch` runs them.
-RESAMPLING_BACKWARDS = frozenset(
-    f"aten::{name}_backward" for name in (
-        "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
-        "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
-        "upsample_trilinear3d"))
+RESAMPLING_BACKWARDS = frozenset(f"aten::{name}_backward" for name in _RESAMPLINGS)
 
 
 def whole_batch(g: Any, sizes: Any) -> tuple | None:
