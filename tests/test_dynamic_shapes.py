@@ -2134,6 +2134,41 @@ def test_dropout_over_padding_draws_what_an_exact_draw_draws():
             torch.testing.assert_close(a, b)
 
 
+def test_in_place_draws_over_padding_draw_what_exact_draws_draw_and_compile_once_per_bucket():
+    """In-place dropout (``empty_like`` of the activation, ``bernoulli_``,
+    ``div_``, ``mul_``), ``bernoulli_`` and ``uniform_`` into a padded
+    tensor: each logical element takes what an exact draw gives it, and a
+    new batch of a seen bucket compiles nothing.  Before, the mask was drawn
+    flat into a bucket of elements and copied to the exact shape: two
+    programs per batch size (MobileViT's in-place dropout)."""
+    def step(x: torch.Tensor) -> list:
+        y = x * 2.0
+        y = F.dropout(y, 0.3, training=True, inplace=True)
+        z = (x + 1.0).bernoulli_(0.4)
+        w = (x - 1.0).uniform_(-2.0, 3.0)
+        return [t.cpu() for t in (y, z, w)]
+
+    xs = {n: torch.randn(n, 12) for n in (5, 7, 9, 11, 13)}
+    drawn = {}
+    for mode in (False, True):
+        with pjrt_host.config(dynamic_shapes=mode):
+            _padding.reset()
+            for n, x in xs.items():
+                torch.manual_seed(n)
+                before = _compiled()
+                drawn[mode, n] = step(x.to("jax"))
+                if mode and n == 13:  # (9 opened the bucket of 16; 11 and 13 reuse it)
+                    assert _compiled() == before
+            if mode:
+                stats = torch.jax.dynamic_shape_stats()
+                assert stats["cuts"] == 0, stats["cuts_by_op"]
+    for n in xs:
+        for got, want in zip(drawn[True, n], drawn[False, n]):
+            torch.testing.assert_close(got, want)
+    y = drawn[True, 13][0]
+    assert 0 < (y == 0).sum() < y.numel()  # (a mask was drawn)
+
+
 def test_a_padded_input_beside_one_that_does_not_broadcast_raises_cpus_error():
     # a padded (5, 5) and an exact (5, 6) mask: the exact tensor's last dim was
     # aligned with the padded one and padded to its bucket, and numpy's

@@ -286,12 +286,14 @@ def _drawn_in_buckets(handler: Handler) -> Handler:
     bucket of elements and copied into it, so the random program (about
     0.4 s to compile on XLA:CPU) compiles per bucket, not per shape (the
     copy compiles per shape, cheaply).  Initialising a model's parameters
-    on the device meets a new shape per layer."""
+    on the device meets a new shape per layer.  A padded tensor (an
+    ``empty_like`` of a padded activation: in-place dropout's mask) is drawn
+    in its own bucket instead (``CompiledOp._padded_in_place``)."""
     from ._factories import bucket
 
     def handle(args: tuple, kwargs: dict) -> Any:
         self = args[0] if args else None
-        if isinstance(self, _tensor.JaxTensor) and type(self._storage.place) is int:
+        if isinstance(self, _tensor.JaxTensor) and type(self._storage.place) is int and self._storage.padded is None:
             n = self.numel()
             size = bucket(n)
             if size is not None and (size != n or self._view is not None):

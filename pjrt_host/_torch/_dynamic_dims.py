@@ -496,7 +496,9 @@ def rule_for(func: Any, name: str, lowering: Any, inplace: int | None, out_names
     if inplace is not None or out_names or lowering.data_dependent:
         return None
     if lowering.needs_rng:
-        return _DRAWS.get(name)
+        # (an in-place draw per element, ``bernoulli_(p)``, runs as this
+        # functional call: ``CompiledOp._padded_in_place``)
+        return _DRAWS.get(name, _ELEMENTWISE if lowering.per_element and not lowering.factory else None)
     rule = _RULES.get(name)
     if rule is not None:
         return rule

@@ -177,7 +177,7 @@ class CompiledOp:
         fell_back = False
         if _padding.live:
             if self.rule is None:
-                if self.inplace is not None and self.meta_op is not self.func:
+                if self.inplace is not None and (self.meta_op is not self.func or self.lowering.per_element):
                     written = self._padded_in_place(args, kwargs)
                     if written is not None:
                         return written
