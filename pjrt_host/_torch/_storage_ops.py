@@ -652,6 +652,10 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
     if "generator" in kwargs:
         factory_kwargs["generator"] = kwargs["generator"]
     shape = tuple(meta.shape)
+    if self._storage.padded is not None and random and device == self.device:
+        drawn = _drawn_like(self, meta, func.name(), kwargs.get("generator"))
+        if drawn is not None:
+            return drawn
     if self._storage.padded is not None and random is False and device == self.device:
         def values(physical: tuple) -> JaxTensor:
             with _factories.shaped_after_a_tensor():
@@ -685,6 +689,32 @@ def like(func: Any, args: tuple, kwargs: dict) -> Any:
             arr = np.zeros(shape, dtype=out._storage.jax_dtype)
         out._storage.place = storage.place
         out._storage.array = _sharding.device_put(arr, storage.get().sharding)
+    return out
+
+
+#: Random ``*_like`` factories and the in-place draw each amounts to.
+_DRAWN_LIKE = {"aten::rand_like": "uniform_", "aten::randn_like": "normal_"}
+
+
+def _drawn_like(self: JaxTensor, meta: Any, name: str, generator: Any) -> JaxTensor | None:
+    """``rand_like`` / ``randn_like`` of a padded tensor (a diffusion
+    step's noise, a VAE's sample, at a changing batch), drawn into a padded
+    tensor laid out as it: each logical element takes what an exact draw
+    gives it (``uniform_(0, 1)`` and ``normal_(0, 1)`` draw ``rand``'s and
+    ``randn``'s numbers), one program per bucket instead of one per size.
+    None where it is not one (see :func:`_padded_like`; complex and integer
+    dtypes are drawn exact)."""
+    method = _DRAWN_LIKE.get(name)
+    if method is None or not meta.dtype.is_floating_point:
+        return None
+
+    def zeros(physical: tuple) -> JaxTensor:
+        with _factories.shaped_after_a_tensor():
+            return torch.zeros(physical, dtype=meta.dtype, device=self.device)
+
+    out = _padded_like(self, meta, zeros)
+    if out is not None:
+        getattr(out, method)(generator=generator)
     return out
 
 
