@@ -261,6 +261,49 @@ def test_one_table_says_which_ops_are_factories():
     assert random == {n for n in listed if n.split("::")[1].split(".")[0] in ("rand", "randn", "randint", "randperm")}
 
 
+def test_ops_with_a_cpu_autograd_kernel_reach_the_device_as_themselves():
+    """No lowered op takes torch's composite (math) kernel on the device's
+    autograd key where CPU has an autograd kernel of its own
+    (``_kernels.AUTOGRAD_KERNEL_OPS`` gives each such op a device kernel):
+    torch's dispatch tables are read, so a torch release that adds one
+    fails here.  SiLU's and Mish's bfloat16 gradients then equal CPU's (the
+    composite rounded each of its steps: a SiLU gradient one bfloat16 step
+    off, found by the differential fuzzer), and their double backward works."""
+    import torch.nn.functional as F
+
+    from pjrt_host import _lowerings
+    from pjrt_host._torch._boot import _kernels
+
+    _lowerings.load_all()
+
+    def entry(name: str, key: str) -> str:
+        return next((line for line in torch._C._dispatch_dump_table(name).splitlines()
+                     if line.startswith(key + ":")), "")
+
+    composite = [name for name in _lowerings._TABLE if name.startswith("aten::")
+                 and "[autograd kernel]" in entry(name, "AutogradCPU")
+                 and "[math kernel]" in entry(name, "AutogradPrivateUse1")]
+    assert composite == []
+    for name in _kernels.AUTOGRAD_KERNEL_OPS:  # each still needs its kernel
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "CompositeImplicitAutograd"), name
+        assert "aten::" + name in _lowerings._TABLE, name
+    x = torch.randn(4, 9, dtype=torch.float64) * 3
+    for fn in (F.silu, F.mish):
+        for dtype in (torch.bfloat16, torch.float16):
+            got = {}
+            for dev in ("cpu", DEV):
+                t = x.to(dtype).to(dev).requires_grad_()
+                fn(t).backward(torch.full_like(t, 3.0))
+                got[dev] = t.grad.cpu()
+            assert torch.equal(got["cpu"], got[DEV]), (fn.__name__, dtype)
+        got = {}
+        for dev in ("cpu", DEV):
+            t = x.clone().to(dev).requires_grad_()
+            (g,) = torch.autograd.grad(fn(t).sum(), t, create_graph=True)
+            got[dev] = torch.autograd.grad((g * g).sum(), t)[0].cpu()
+        torch.testing.assert_close(got[DEV], got["cpu"])
+
+
 def test_default_device():
     torch.set_default_device(DEV)
     try:

@@ -17,7 +17,7 @@ import torch
 
 from .. import _loader
 
-__all__ = ["CPU_FACTORY_OPS", "DEVICE_OPS", "FACTORY_OPS", "aten_op", "never_traced", "register"]
+__all__ = ["AUTOGRAD_KERNEL_OPS", "CPU_FACTORY_OPS", "DEVICE_OPS", "FACTORY_OPS", "aten_op", "never_traced", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,17 @@ CPU_FACTORY_OPS = (
 # (``torch.tensor(data, device='jax')`` calls ``_to_copy`` that way).
 DEVICE_OPS = ("_to_copy", "copy_")
 
+# Ops with a kernel and an autograd formula of their own on CPU and cuda, and
+# a composite (math) kernel for other devices: a device key without a kernel
+# for them gets that composite on its autograd key, so they never reached the
+# device as themselves.  SiLU's and Mish's backwards then ran as 4-8 ops, each
+# rounded to bfloat16 / float16 where CPU's kernel rounds once (a bfloat16
+# SiLU gradient off by a bfloat16 step and more, where CPU is within half of
+# one).  A kernel here gives the autograd key torch's own autograd kernel;
+# the op then reaches the device's lowering (tests/test_torch_dispatch_keys.py
+# keeps this list equal to the ops it applies to).
+AUTOGRAD_KERNEL_OPS = ("silu_backward", "mish_backward", "native_channel_shuffle")
+
 
 def never_traced(fn: Callable) -> Callable:
     # C++ -> Python entry points: dynamo must never trace them, also when a
@@ -101,7 +112,7 @@ def register() -> torch.library.Library:
     aten = torch.library.Library("aten", "IMPL")
     _libraries.append(aten)
     for names, make_kernel in ((FACTORY_OPS, _factory_kernel), (CPU_FACTORY_OPS, _cpu_factory_kernel),
-                               (DEVICE_OPS, _device_kernel)):
+                               (DEVICE_OPS + AUTOGRAD_KERNEL_OPS, _device_kernel)):
         for name in names:
             try:
                 aten.impl(name, never_traced(scoped(make_kernel(name))), "PrivateUse1")
