@@ -2171,6 +2171,46 @@ def test_in_place_draws_over_padding_draw_what_exact_draws_draw_and_compile_once
     assert 0 < (y == 0).sum() < y.numel()  # (a mask was drawn)
 
 
+def test_a_pooler_reading_the_first_token_of_padded_lengths_compiles_once_per_bucket():
+    """BERT's pooler and classification heads read ``hidden[:, 0]``: the
+    gradient of that select (batch x width) holds no padded dim, and
+    torch's ``select_backward`` is keyed by the input's sizes, so each length
+    compiled a program (every step of a Trainer fine-tuning on padded
+    batches).  It is placed in the bucket the forward's input was read in.
+    Torch's dropout backward (``mask.type_as(grad_output)``) cut a padded
+    gradient beside an exact mask, of which only the dtype is read."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 3)
+    grads = {}
+    for mode in (True, False):
+        with pjrt_host.config(dynamic_shapes=mode):
+            _padding.reset()
+            for n in (5, 7, 9, 13):
+                x = torch.randn(4, n, 16, generator=torch.Generator().manual_seed(n))
+                got = []
+                for dev in ("cpu", "jax"):
+                    h = x.clone().to(dev).requires_grad_()
+                    wd = w.clone().to(dev).requires_grad_()
+                    before = _compiled()
+                    ((h * 2.0).tanh()[:, 0] @ wd).square().sum().backward()
+                    if dev == "jax" and mode and n == 13:  # (9 opened the bucket of 16)
+                        assert _compiled() == before
+                    got.append((h.grad.cpu(), wd.grad.cpu()))
+                grads[mode, n] = got
+            if mode:
+                exact = torch.ones(4, 13, 16, dtype=torch.bool, device="jax")
+                padded = h.grad * 1.0  # (the last length's gradient, padded to 16)
+                assert padded._storage.padded is not None
+                with torch.inference_mode():  # (type_as reaches the device undecomposed, as inside a decomposition)
+                    cast = exact.type_as(padded)
+                torch.testing.assert_close(cast.cpu(), torch.ones(4, 13, 16))
+                stats = torch.jax.dynamic_shape_stats()
+                assert stats["cuts"] == 0 and stats["fallbacks"] == 0, (stats["cuts_by_op"], stats["fallbacks_by_reason"])
+    for (cpu_h, cpu_w), (dev_h, dev_w) in grads.values():
+        torch.testing.assert_close(dev_h, cpu_h)
+        torch.testing.assert_close(dev_w, cpu_w)
+
+
 def test_a_padded_input_beside_one_that_does_not_broadcast_raises_cpus_error():
     # a padded (5, 5) and an exact (5, 6) mask: the exact tensor's last dim was
     # aligned with the padded one and padded to its bucket, and numpy's

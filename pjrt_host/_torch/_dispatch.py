@@ -608,11 +608,17 @@ def _whole_batch_when_padded(handler: Handler) -> Handler:
 
 def _cast_when_padded(handler: Handler) -> Handler:
     """``type_as`` of a padded tensor: its padded cast (a new tensor sharing
-    its array when the dtype is already the other's)."""
+    its array when the dtype is already the other's).  Of an exact tensor
+    as a padded one on the same device: the same, without cutting the
+    other, of which only the dtype is read (torch's dropout backward,
+    ``mask.type_as(grad_output)``, cut a padded gradient so at every step
+    of a BERT fine-tuning whose mask was exact)."""
     def handle(args: tuple, kwargs: dict) -> Any:
         x = args[0] if args else kwargs.get("self")
         other = args[1] if len(args) > 1 else kwargs.get("other")
-        if type(x) is _tensor.JaxTensor and x._storage.padded is not None and isinstance(other, torch.Tensor):
+        if type(x) is _tensor.JaxTensor and isinstance(other, torch.Tensor) and (
+                x._storage.padded is not None or type(other) is _tensor.JaxTensor
+                and other._storage.padded is not None and other.device == x.device):
             if x.dtype == other.dtype:
                 return torch.ops.aten.clone.default(x)  # a new tensor sharing the padded array
             return x.to(other.dtype)  # the padded cast
@@ -680,7 +686,9 @@ def _selected_when_padded(handler: Handler) -> Handler:
     token, ``x[:, 0]``, of a batch padded to its bucket): the gradient
     with the selected dim put back, zeros around it there, its padding
     kept elsewhere (``_dynamic_dims.place_gradient``, as a slice's of
-    length 1)."""
+    length 1); of an exact gradient whose input was padded along the
+    selected dim (BERT's pooler), placed in that bucket
+    (``_dynamic_dims.select_into_bucket``)."""
     names = ("grad_output", "input_sizes", "dim", "index")
 
     def handle(args: tuple, kwargs: dict) -> Any:
@@ -693,9 +701,12 @@ def _selected_when_padded(handler: Handler) -> Handler:
         if not -sizes[dim] <= index < sizes[dim]:
             raise IndexError(f"select(): index {index} out of range for tensor of size {list(sizes)} at dimension "
                              f"{dim % len(sizes)}")
-        if type(grad) is _tensor.JaxTensor and grad._storage.padded is not None:
+        if type(grad) is _tensor.JaxTensor:
             dim %= len(sizes)
-            placed = _dynamic_dims.place_gradient(grad.unsqueeze(dim), sizes, dim, index % sizes[dim], 1)
+            if grad._storage.padded is not None:
+                placed = _dynamic_dims.place_gradient(grad.unsqueeze(dim), sizes, dim, index % sizes[dim], 1)
+            else:  # (an exact gradient of a padded input's select: BERT's pooler)
+                placed = _dynamic_dims.select_into_bucket(grad, sizes, dim, index % sizes[dim])
             if placed is not None:
                 return placed
         return handler(args, kwargs)

@@ -1883,6 +1883,16 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
     physical_out = max(_padding.room(n, _config.current().dynamic_shapes == "all"), arr.shape[dim])
     if physical_out > _padding.MAX_SIZE:
         return None  # (as in join)
+    index = grad._storage.device_index
+    out = _placing_program(arr, dim, physical_out)(arr, _padding.device_scalar(start, index),
+                                                   _padding.device_scalar(length, index))
+    return _grown(out, sizes, padded, dim, ((physical_out, n, True),), grad)
+
+
+def _placing_program(arr: Any, dim: int, physical_out: int) -> Any:
+    """The program placing an array like ``arr`` along ``dim`` of a bucket
+    of ``physical_out`` (:func:`_placed`, zeros around it): ``(array, at,
+    count)``, one per shape and bucket."""
     key = (tuple(arr.shape), dtype_name(arr.dtype), dim, physical_out)
     program = _placing_programs.get(key)
     if program is None:
@@ -1894,9 +1904,41 @@ def place_gradient(grad: Any, sizes: Any, dim: int, start: int, step: int) -> Ja
         if len(_placing_programs) > 512:
             _placing_programs.clear()
         program = _placing_programs[key] = _program_cache.Kept("pjrt_host.place_gradient", body, key)
-    index = grad._storage.device_index
-    out = program(arr, _padding.device_scalar(start, index), _padding.device_scalar(length, index))
-    return _grown(out, sizes, padded, dim, ((physical_out, n, True),), grad)
+    return program
+
+
+def select_into_bucket(grad: Any, sizes: Any, dim: int, index: int) -> JaxTensor | None:
+    """``select_backward`` of an exact gradient inside a backward whose
+    forward input (of ``sizes``) a padded call read padded along ``dim``
+    alone: BERT's pooler and its classification heads read ``hidden[:,
+    0]``, whose gradient (batch x width) holds no padded dim, while torch's
+    ``select_backward`` is keyed by the input's sizes, so every length
+    compiled a program.  ``grad`` is placed at ``index`` in that bucket,
+    zeros around it, the length a run-time scalar: one program per bucket,
+    and the gradient joins the other padded ones as it is.  None where it
+    is not such a call."""
+    cfg = _config.current()
+    if not cfg.dynamic_shapes or type(grad) is not JaxTensor or type(grad._storage.place) is not int:
+        return None
+    from ._meta import inside_backward
+
+    sizes = tuple(sizes)
+    if grad.dim() + 1 != len(sizes) or not inside_backward():
+        return None
+    physical = _padding.padded_read_of(sizes)
+    n = sizes[dim]
+    if physical is None or len(physical) != len(sizes) or physical[dim] > _padding.MAX_SIZE \
+            or any((p != s) != (d == dim) for d, (p, s) in enumerate(zip(physical, sizes))) \
+            or physical[dim] != _padding.room(n, cfg.dynamic_shapes == "all"):
+        return None
+    from ._tensor import read
+
+    arr = read(grad).reshape(tuple(1 if d == dim else s for d, s in enumerate(sizes)))
+    at = grad._storage.device_index
+    out = _placing_program(arr, dim, physical[dim])(arr, _padding.device_scalar(index, at),
+                                                    _padding.device_scalar(1, at))
+    exact = tuple(((s, s, False),) for s in arr.shape)
+    return _grown(out, sizes, exact, dim, ((physical[dim], n, True),), grad)
 
 
 def _placed_along_exact(arr: Any, padded: tuple, sizes: tuple, dim: int, start: int, step: int,
