@@ -76,12 +76,12 @@ DEVICE_OPS = ("_to_copy", "copy_")
 # Ops with a kernel and an autograd formula of their own on CPU and cuda, and
 # a composite (math) kernel for other devices: a device key without a kernel
 # for them gets that composite on its autograd key, so they never reached the
-# device as themselves.  SiLU's and Mish's backwards then ran as 4-8 ops, each
-# rounded to bfloat16 / float16 where CPU's kernel rounds once (a bfloat16
-# SiLU gradient off by a bfloat16 step and more, where CPU is within half of
+# device as themselves.  SiLU's backward then ran as 7 ops, each rounded to
+# bfloat16 / float16 where CPU's kernel rounds once (a bfloat16 SiLU
+# gradient off by a bfloat16 step and more, where CPU is within half of
 # one).  A kernel here gives the autograd key torch's own autograd kernel;
-# the op then reaches the device's lowering (tests/test_torch_dispatch_keys.py
-# keeps this list equal to the ops it applies to).
+# the op then reaches the device's lowering (tests/test_torch_factories.py
+# reads torch's dispatch tables so that no lowered op is left out).
 AUTOGRAD_KERNEL_OPS = ("silu_backward", "mish_backward", "native_channel_shuffle")
 
 
