@@ -2211,6 +2211,52 @@ def test_a_pooler_reading_the_first_token_of_padded_lengths_compiles_once_per_bu
         torch.testing.assert_close(dev_w, cpu_w)
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_beam_search_reorders_a_padded_cache_and_repeats_a_padded_mask_in_their_buckets(eager):
+    """Beam search as transformers runs it: the prompt's mask repeated per
+    beam (``repeat_interleave``: its batch dim merges batch and beams, exact
+    components both) and read by ``mask[batch[:, None], positions[None, :]]``,
+    and a key/value cache grown by a token per step and reordered each step
+    by the surviving beams (``index_select(0, beam_idx)``).  Both cut the
+    padded tensors to their logical sizes: a program per length and step
+    (GPT-2's beam search compiled 3-12 programs at prompts of seen buckets).
+    Now a length of a seen bucket compiles nothing; values are CPU's."""
+    torch.manual_seed(0)
+    beams, width = 3, 4
+    wk = torch.randn(width, width)
+
+    def search(dev, n, stats):
+        g = torch.Generator().manual_seed(n)
+        x = torch.randn(2, n, width, generator=g).to(dev)
+        mask = torch.ones(2, n, dtype=torch.long)
+        mask[0, :2] = 0
+        mask = mask.to(dev).repeat_interleave(beams, dim=0)  # (batch x beams, n)
+        rows = torch.arange(2 * beams, device=dev)
+        seen = mask[rows[:, None], torch.arange(n, device=dev)[None, :]]  # transformers' padding mask
+        cache = (x @ wk.to(dev)).repeat_interleave(beams, dim=0) * seen[..., None]
+        outs = []
+        for step in range(4):
+            order = torch.tensor([(i + step) % (2 * beams) for i in range(2 * beams)]).to(dev)
+            token = torch.randn(2 * beams, 1, width, generator=g).to(dev)
+            cache = torch.cat([cache.index_select(0, order), token], dim=1)
+            outs.append(cache.softmax(1).sum(1).cpu())
+        if stats is not None:
+            stats.append(torch.jax.dynamic_shape_stats()["cuts_by_op"])
+        return outs
+
+    lengths = (5, 9, 13, 11, 14)  # 13 opens the bucket of 16 at the third size; 11 and 14 are in it
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        _padding.reset()
+        for n in lengths:
+            before, stats = _compiled(), []
+            got = search("jax", n, stats)
+            for a, b in zip(got, search("cpu", n, None)):
+                torch.testing.assert_close(a, b)
+            if n in (11, 14):
+                assert _compiled() == before, n
+            assert not any(op in stats[0] for op in ("aten::index_select", "aten::index.Tensor")), stats[0]
+
+
 def test_a_padded_input_beside_one_that_does_not_broadcast_raises_cpus_error():
     # a padded (5, 5) and an exact (5, 6) mask: the exact tensor's last dim was
     # aligned with the padded one and padded to its bucket, and numpy's

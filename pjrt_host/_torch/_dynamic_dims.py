@@ -129,6 +129,21 @@ def _gathered_exact(args: tuple, kwargs: dict) -> dict:
             2: {d for d in range(index.dim()) if d != dim and index.shape[d] != x.shape[d]}}
 
 
+def _selected_exact(args: tuple, kwargs: dict) -> dict:
+    """index_select's exact dims: the selected dim of the tensor where it
+    merged several (one component holds logical position i at physical i,
+    and the indices are checked against the logical size).  Its other dims
+    are copied whole, their padding with them (beam search reorders a key /
+    value cache padded along its length by the beams' indices).  A padded
+    index is filled 0: it reads position 0 into the result's padding."""
+    x = args[0] if args else kwargs.get("self")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return {0: set(), 2: {0}}
+    dim %= x.dim()
+    return {0: {dim} if _merged(x, (dim,)) else set()}
+
+
 def _scattered_exact(args: tuple, kwargs: dict) -> dict:
     """scatter_add's exact dims: the tensor's dims that merged several (an
     index value is a logical position, which one component holds at the
@@ -199,11 +214,13 @@ def _one_component_corner(args: tuple, kwargs: dict) -> dict:
 def _merged(t: Any, dims: tuple) -> bool:
     """Whether any of ``dims`` of ``t``, read padded, is not one component
     (it merged a padded dim with others, so its logical positions are not
-    its first ones), or ``t``'s view cannot be read padded at all."""
+    its first ones), or ``t``'s view cannot be read padded at all.  A dim
+    that merged exact ones only holds its positions in order (beam search's
+    mask, its batch and beams merged by ``repeat_interleave``)."""
     if type(t) is not JaxTensor or t._storage.padded is None or any(d >= t.dim() for d in dims):
         return False
     r = read_of(t)
-    return r is None or any(len(r.comps[d]) != 1 for d in dims)
+    return r is None or any(len(r.comps[d]) != 1 and any(c[0] != c[1] for c in r.comps[d]) for d in dims)
 
 
 def _meeting(*pairs: tuple) -> Callable[[tuple, dict], dict]:
@@ -440,6 +457,7 @@ _RULES: dict[str, Rule] = {
     "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::gather": Rule(fill=0, exact=_gathered_exact),
+    "aten::index_select": Rule(fill=0, exact=_selected_exact),
     # tensors of one shape stacked along a new dim: padded ones line up as an elementwise op's operands
     "aten::stack": Rule(fill=None),
     # values put along one dim by one index tensor: the values' other dims are the tensor's
