@@ -20,7 +20,10 @@ compile ``model.forward`` with ``torch.compile(backend='jax')`` (dynamo
 makes the growing cache's length symbolic at its second size, so its
 graphs run in buckets), against CPU eager.
 
-    python benchmarks/bench_generate.py [--tokens 32] [--compile]
+``--beams N``: beam search with N beams instead of greedy decoding (the
+key/value cache reordered by the surviving beams at every token).
+
+    python benchmarks/bench_generate.py [--tokens 32] [--compile] [--beams 3]
 
 Ratios: each 'jax' figure over CPU's.
 """
@@ -37,7 +40,7 @@ import json, sys, time
 import torch
 import transformers
 
-device, tokens, cache, compiled = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+device, tokens, cache, compiled, beams = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", int(sys.argv[5])
 transformers.set_seed(0)
 config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=128,
                                  bos_token_id=0, eos_token_id=0, pad_token_id=0)
@@ -54,6 +57,8 @@ def timed(ids):
     t = time.perf_counter()
     with torch.no_grad():
         extra = {} if cache == "default" else {"cache_implementation": cache}
+        if beams > 1:  # beam search: the cache reordered by the surviving beams at every token
+            extra.update(num_beams=beams, early_stopping=False)
         out = model.generate(ids.to(device), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **extra)
     out = out.cpu()  # the host waits for the tokens
     return time.perf_counter() - t, out[0].tolist()
@@ -74,8 +79,9 @@ print(json.dumps(out))
 """
 
 
-def run(device: str, tokens: int, env: dict[str, str], cache: str = "default", compiled: bool = False) -> dict:
-    return fresh_process(CHILD, [device, str(tokens), cache, str(int(compiled))], env)
+def run(device: str, tokens: int, env: dict[str, str], cache: str = "default", compiled: bool = False,
+        beams: int = 1) -> dict:
+    return fresh_process(CHILD, [device, str(tokens), cache, str(int(compiled)), str(beams)], env)
 
 
 def main() -> None:
@@ -83,23 +89,25 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--cache", default="default",
                         help="generate()'s cache_implementation ('static': one shape for every step)")
+    parser.add_argument("--beams", type=int, default=1, help="beam search with this many beams (1: greedy)")
     parser.add_argument("--compile", action="store_true",
                         help="the 'jax' runs compile model.forward with torch.compile(backend='jax')")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as fused_cache:
         op = {"PJRT_HOST_CACHE_DIR": cache, "PJRT_HOST_EAGER": "op"}
         fused = {"PJRT_HOST_CACHE_DIR": fused_cache, "PJRT_HOST_EAGER": "fused"}
-        cpu = run("cpu", args.tokens, {}, args.cache)
+        b = args.beams
+        cpu = run("cpu", args.tokens, {}, args.cache, beams=b)
         if args.compile:
             rows = [("torch cpu", cpu),
-                    ("jax compiled, cold cache", run("jax", args.tokens, fused, args.cache, True)),
-                    ("jax compiled, warm cache (2nd process)", run("jax", args.tokens, fused, args.cache, True))]
+                    ("jax compiled, cold cache", run("jax", args.tokens, fused, args.cache, True, b)),
+                    ("jax compiled, warm cache (2nd process)", run("jax", args.tokens, fused, args.cache, True, b))]
         else:
             rows = [("torch cpu", cpu),
-                    ("jax, cold cache", run("jax", args.tokens, op, args.cache)),
-                    ("jax, warm cache (2nd process)", run("jax", args.tokens, op, args.cache)),
-                    ("jax fused, cold cache", run("jax", args.tokens, fused, args.cache)),
-                    ("jax fused, warm cache (2nd process)", run("jax", args.tokens, fused, args.cache))]
+                    ("jax, cold cache", run("jax", args.tokens, op, args.cache, beams=b)),
+                    ("jax, warm cache (2nd process)", run("jax", args.tokens, op, args.cache, beams=b)),
+                    ("jax fused, cold cache", run("jax", args.tokens, fused, args.cache, beams=b)),
+                    ("jax fused, warm cache (2nd process)", run("jax", args.tokens, fused, args.cache, beams=b))]
     keys = ("first", "again", "new_length", "steady", "third_length", "fourth_length")
     print(f"{'run':40s} {'first':>9s} {'again':>9s} {'new length':>11s} {'steady':>9s} {'3rd length':>11s}"
           f" {'4th length':>11s}   vs cpu: first / again / new / steady / 3rd / 4th length")
