@@ -102,18 +102,18 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
     if storage.padded is None and index == storage.device_index and stride is None \
             and jax_dtype(dtype) != storage.jax_dtype:
         _dynamic_dims.cast_grows(self)  # (a size that keeps changing at the line: padded first)
-    if index == storage.device_index and stride is None:
-        recorded = _recorded_read(self, dtype, func)
+    if index == storage.device_index:
+        recorded = _recorded_copy(self, stride, dtype, func)
         if recorded is not None:
             return recorded
-    if storage.padded is not None and index == storage.device_index and stride is None:
+    if storage.padded is not None and index == storage.device_index and _row_major(tuple(self.shape), stride):
         found = _dynamic_dims.padded_values(self)  # cast padded: one program per bucket
         if found is not None:
             arr, padded = found
             if arr.dtype != jax_dtype(dtype):
                 arr = _cast(arr, dtype, func)
-            return make(Storage(arr, tuple(self.shape), arr.dtype, index, storage.place, padded), tuple(self.shape),
-                        dtype)
+            return _strided_as(Storage(arr, tuple(self.shape), arr.dtype, index, storage.place, padded),
+                               tuple(self.shape), dtype, stride)
     arr = read(self)
     if arr.dtype != jax_dtype(dtype):
         arr = _cast(arr, dtype, func)
@@ -125,6 +125,36 @@ def to_copy(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 _read_ops: dict[tuple, Traceable] = {}
+
+
+def _row_major(size: tuple, stride: tuple | None) -> bool:
+    """Whether a copy's ``stride`` (``strides_for``'s; None: row-major)
+    lays its values out row-major all the same: they differ from
+    row-major ones in dims of size 1 only (a row selected from a longer
+    tensor, ``logits[:, i, :]``, keeps its stride there, as CPU's clone
+    keeps it)."""
+    return stride is None or all(n == 1 or s == c for n, s, c in zip(size, stride, contiguous_strides(size)))
+
+
+def _strided_as(storage: Storage, size: tuple, dtype: torch.dtype, stride: tuple | None) -> JaxTensor:
+    """A tensor over the row-major ``storage`` with ``stride`` (see
+    :func:`_row_major`)."""
+    if stride is None:
+        return make(storage, size, dtype)
+    return make(storage, size, dtype, stride, 0, view_for(storage, size, stride, 0))
+
+
+def _recorded_copy(t: JaxTensor, stride: tuple | None, dtype: torch.dtype | None = None,
+                   to_copy: Any = None) -> JaxTensor | None:
+    """:func:`_recorded_read` of a copy torch gives ``stride`` (None:
+    row-major), when those lay it out row-major (:func:`_row_major`)."""
+    size = tuple(t.shape)
+    if not _row_major(size, stride):
+        return None
+    recorded = _recorded_read(t, dtype, to_copy)
+    if recorded is None or stride is None:
+        return recorded
+    return _strided_as(recorded._storage, size, recorded.dtype, stride)
 
 
 def _recorded_read(t: JaxTensor, dtype: torch.dtype | None = None, to_copy: Any = None) -> JaxTensor | None:
@@ -278,8 +308,8 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
         copy = Storage(storage.computed(), storage.shape, storage.jax_dtype, storage.device_index, storage.place,
                        storage.padded)
         return make(copy, tuple(self.shape), self.dtype, stride, 0, view_for(copy, view.size, stride, 0))
-    if stride is None and (view is not None or storage.padded is not None):
-        recorded = _recorded_read(self)
+    if view is not None or storage.padded is not None:
+        recorded = _recorded_copy(self, stride)
         if recorded is not None:
             return recorded
     if view is None and stride is None and type(storage._array) is Pending and type(storage.place) is int:
@@ -292,12 +322,12 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
         if pending.segment.share(pending, copy):
             copy.padded = storage.padded  # (after the write, which makes a storage exact)
             return make(copy, tuple(self.shape), self.dtype)
-    if storage.padded is not None and stride is None:
+    if storage.padded is not None and _row_major(tuple(self.shape), stride):
         found = _dynamic_dims.padded_values(self)  # a padded copy, when the view is a physical one
         if found is not None:
             arr, padded = found
-            return make(Storage(arr, tuple(self.shape), storage.jax_dtype, storage.device_index, storage.place,
-                                padded), tuple(self.shape), self.dtype)
+            return _strided_as(Storage(arr, tuple(self.shape), storage.jax_dtype, storage.device_index,
+                                       storage.place, padded), tuple(self.shape), self.dtype, stride)
     if view is None and stride is None:
         return make(Storage(storage.array, storage.shape, storage.jax_dtype, storage.device_index, storage.place),
                     tuple(self.shape), self.dtype)
