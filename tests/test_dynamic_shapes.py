@@ -2257,6 +2257,51 @@ def test_beam_search_reorders_a_padded_cache_and_repeats_a_padded_mask_in_their_
             assert not any(op in stats[0] for op in ("aten::index_select", "aten::index.Tensor")), stats[0]
 
 
+@pytest.mark.parametrize("eager", ["op", "fused"])
+def test_assisted_decodings_reads_of_padded_logits_stay_in_their_buckets(eager):
+    """Assisted generation checks the assistant's k candidate tokens against
+    the model's logits of the last k + 1 positions, padded along the length:
+    it copies each position's row (``new[:, i, :].clone()``, whose stride
+    torch keeps from the longer tensor), takes the argmax over the
+    vocabulary, compares the candidates (none at the last step: empty
+    tensors) and reads a max and a min along the length.  Each of these cut
+    the padded logits (a program per length); now none does, and a length of
+    a seen bucket compiles nothing.  Values, dtypes and strides are CPU's
+    (ties and NaN too)."""
+    torch.manual_seed(0)
+    vocab = 7
+
+    def check(dev, n, k):
+        logits = torch.randn(1, n, vocab, generator=torch.Generator().manual_seed(n))
+        logits[0, 1, 3] = float("nan")
+        logits[0, 2, :] = float("-inf")
+        logits = logits.to(dev) * 1.0
+        new = logits[:, -k - 1:]
+        rows = [new[:, i, :].clone() for i in range(k + 1)] + [new[:, 0, :].to(torch.float64)]
+        selected = new.argmax(-1)
+        candidates = torch.arange(k, device=dev)[None, :] % vocab
+        matched = ((candidates == selected[:, :-1]).cumsum(-1) < 1).sum()
+        extremes = (*new.max(1), *new.min(1, keepdim=True), new.argmin(1), logits.argmax(1))
+        return [(r.stride(), r.cpu()) for r in rows], [t.cpu() for t in (selected, matched, *extremes)]
+
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        _padding.reset()
+        for n in (9, 12, 14, 11, 13):  # 14 opens the bucket of 16 at the third size; 11 and 13 are in it
+            before = _compiled()
+            for k in (3, 1, 0):
+                (rows, outs), (want_rows, want_outs) = check("jax", n, k), check("cpu", n, k)
+                for (stride, row), (want_stride, want_row) in zip(rows, want_rows):
+                    assert stride == want_stride
+                    torch.testing.assert_close(row, want_row, equal_nan=True)
+                for got, want in zip(outs, want_outs):
+                    assert got.dtype == want.dtype
+                    torch.testing.assert_close(got, want, equal_nan=True)
+            if n in (11, 13):
+                assert _compiled() == before, n
+        stats = torch.jax.dynamic_shape_stats()
+        assert stats["cuts"] == 0 and stats["fallbacks"] == 0, (stats["cuts_by_op"], stats["fallbacks_by_reason"])
+
+
 def test_a_padded_input_beside_one_that_does_not_broadcast_raises_cpus_error():
     # a padded (5, 5) and an exact (5, 6) mask: the exact tensor's last dim was
     # aligned with the padded one and padded to its bucket, and numpy's

@@ -37,7 +37,8 @@ from .. import _program_cache
 from .._lowerings._dtypes import dtype_name
 from . import _config, _padding
 from ._signatures import GENERATOR, DynamicScalar, HostLane, HostScalar, SequenceArg, matches
-from ._tensor import JaxTensor, Pending, Storage, TensorSpec, contiguous_strides, make, read_through, view_for
+from ._tensor import (JaxTensor, Pending, Storage, TensorSpec, contiguous_strides, make, new_tensor, read_through,
+                      view_for)
 
 __all__ = ["PaddedRead", "Rule", "fill_of", "logical_shapes", "on_miss", "padded_inputs", "padded_values", "join", "pad_end", "place_gradient", "placed_at", "prepare", "read_of",
            "result_padding", "rule_for", "unpad_all"]
@@ -140,6 +141,23 @@ def _selected_exact(args: tuple, kwargs: dict) -> dict:
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
         return {0: set(), 2: {0}}
+    dim %= x.dim()
+    return {0: {dim} if _merged(x, (dim,)) else set()}
+
+
+def _arg_reduced_exact(args: tuple, kwargs: dict) -> dict:
+    """argmax / argmin (and max / min along a dim, their values with their
+    indices): the reduced dim stays exact where it merged padded dims (its
+    positions would count padding); without a dim the flat index counts
+    every position: every dim exact.  The padding, filled so that it never
+    wins, sits after the logical positions, so a tie still goes to the
+    first of them."""
+    x = args[0] if args else kwargs.get("self")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if not isinstance(x, torch.Tensor):
+        return {}
+    if dim is None or x.dim() == 0:
+        return {0: set(range(max(x.dim(), 1)))}
     dim %= x.dim()
     return {0: {dim} if _merged(x, (dim,)) else set()}
 
@@ -404,6 +422,11 @@ _RULES: dict[str, Rule] = {
     "aten::_log_softmax_backward_data": Rule(fill=0, align=_leading_dims_meet(0, 1)),
     "aten::amax": Rule(fill="min"), "aten::max": Rule(fill="min"),
     "aten::amin": Rule(fill="max"), "aten::min": Rule(fill="max"),
+    # the index of the first extreme along a dim (the next token's logits)
+    "aten::argmax": Rule(fill="min", exact=_arg_reduced_exact),
+    "aten::argmin": Rule(fill="max", exact=_arg_reduced_exact),
+    "aten::max.dim": Rule(fill="min", exact=_arg_reduced_exact),
+    "aten::min.dim": Rule(fill="max", exact=_arg_reduced_exact),
     # any / all / prod: what adds no True, no False, no factor
     "aten::any": _SUMS, "aten::any.dim": _SUMS, "aten::any.dims": _SUMS,
     "aten::all": Rule(fill=1), "aten::all.dim": Rule(fill=1), "aten::all.dims": Rule(fill=1),
@@ -547,6 +570,27 @@ def padded_inputs(args: tuple, kwargs: dict) -> list:
     that are views of an exact one read wider (:func:`mark_wider`)."""
     return [t for _, t in _tensor_args(args, kwargs, lists=True)
             if t._storage.padded is not None or (_WIDE in t.__dict__ and wide_of(t) is not None)]
+
+
+def exact_empties(args: tuple, kwargs: dict, padded: list) -> tuple | None:
+    """The call's arguments with each empty tensor among ``padded`` (its
+    tensors over padded storages) replaced by a new exact one of its shape,
+    dtype and device: it reads nothing, and cutting its storage would cost a
+    program per length (the comparison of no candidate tokens at assisted
+    generation's last step, a slice of a padded cache past its end); None
+    when none is empty."""
+    empties = {id(t) for t in padded if 0 in t.shape}
+    if not empties:
+        return None
+
+    def swap(v: Any) -> Any:
+        if type(v) is JaxTensor and id(v) in empties:
+            return new_tensor(tuple(v.shape), v.dtype, v._storage.device_index)
+        if type(v) is list or type(v) is tuple:
+            return type(v)([swap(x) for x in v])
+        return v
+
+    return tuple([swap(a) for a in args]), {k: swap(v) for k, v in kwargs.items()}
 
 
 def unpad_all(args: tuple, kwargs: dict, who: str) -> None:

@@ -69,6 +69,13 @@ _AGAIN = object()
 #: padded inputs cut to their logical sizes).
 _EXACT = object()
 _FELL_BACK = object()  #: the same, after it tried: its inputs are not padded again
+
+
+class _Swapped(NamedTuple):
+    """The call's arguments to run instead (``_dynamic_dims.exact_empties``)."""
+
+    args: tuple
+    kwargs: dict
 #: functional op -> the engine op an in-place op runs on padded inputs
 #: (``CompiledOp._padded_in_place``)
 _functionals: dict = {}
@@ -184,6 +191,10 @@ class CompiledOp:
                 _dynamic_dims.unpad_all(args, kwargs, self.name)  # named in the statistics
             else:
                 result = self._padded(args, kwargs)
+                if type(result) is _Swapped:  # empty tensors of padded storages: exact ones in their place
+                    args, kwargs = result.args, result.kwargs
+                    given = kwargs
+                    result = self._padded(args, kwargs)
                 if result is _FELL_BACK:
                     fell_back = True
                 elif result is not _EXACT:
@@ -302,8 +313,12 @@ class CompiledOp:
         cfg = _config.current()
         if not cfg.dynamic_shapes:
             return _EXACT  # encode() cuts what is padded
-        if not _dynamic_dims.padded_inputs(args, kwargs):
+        padded = _dynamic_dims.padded_inputs(args, kwargs)
+        if not padded:
             return _EXACT
+        swapped = _dynamic_dims.exact_empties(args, kwargs, padded)
+        if swapped is not None:
+            return _Swapped(*swapped)
         given = (args, kwargs)
         made = self.padded_key(args, kwargs, cfg)
         if len(made) == 3:
