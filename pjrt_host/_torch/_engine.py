@@ -76,6 +76,8 @@ class _Swapped(NamedTuple):
 
     args: tuple
     kwargs: dict
+
+
 #: functional op -> the engine op an in-place op runs on padded inputs
 #: (``CompiledOp._padded_in_place``)
 _functionals: dict = {}
