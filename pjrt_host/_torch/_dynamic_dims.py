@@ -579,9 +579,12 @@ def exact_empties(args: tuple, kwargs: dict, padded: list) -> tuple | None:
     program per length (the comparison of no candidate tokens at assisted
     generation's last step, a slice of a padded cache past its end); None
     when none is empty."""
+    for t in padded:
+        if 0 in t.shape:
+            break
+    else:
+        return None  # (the common case: a loop, no set made)
     empties = {id(t) for t in padded if 0 in t.shape}
-    if not empties:
-        return None
 
     def swap(v: Any) -> Any:
         if type(v) is JaxTensor and id(v) in empties:
