@@ -219,6 +219,29 @@ def test_views_of_one_element_tensors_have_cpus_strides_whatever_their_own():
     assert seen["jax"] == seen["cpu"]
 
 
+def test_views_of_one_layout_over_other_storages_and_dtypes_read_their_own():
+    """The view ops' results are kept per (input layout, op, dtype,
+    arguments) and made again over each call's own storage: the same views
+    of tensors of one layout (a decoding step's heads, every layer and
+    token) read each tensor's values, in each dtype, at CPU's strides and
+    offsets; ``x[i]`` for many ``i`` stays right after the kept results
+    are dropped (a bound on their memory)."""
+    from pjrt_host._torch import _view_ops
+
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        for seed in range(3):
+            c = (torch.arange(48, dtype=torch.float32).reshape(2, 4, 6) * (seed + 1)).to(dtype)
+            x = c.to("jax")
+            for make in (lambda t: t.transpose(1, 2)[:, 1:5:2], lambda t: t.view(8, 6)[3], lambda t: t[1].t(),
+                         lambda t: t.view(-1, 6).unsqueeze(0).split(3, dim=1)[1], lambda t: t.permute(2, 0, 1)[-1]):
+                v, w = make(x), make(c)
+                assert (v.shape, v.stride(), v.storage_offset(), v.dtype) == (w.shape, w.stride(), w.storage_offset(), w.dtype)
+                assert torch.equal(v.cpu(), w)
+    x = torch.arange(20000, device="jax")
+    assert [x[i].item() for i in range(0, 20000, 7)] == list(range(0, 20000, 7))
+    assert len(_view_ops._memo) <= 8193
+
+
 def test_view_of_noncontiguous_fails_like_cpu():
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         base("jax").t().view(-1)

@@ -50,6 +50,10 @@ logger = logging.getLogger(__name__)
 Handler = Callable[[tuple, dict], Any]
 
 _handlers: dict[Any, Handler] = {}
+#: The view ops (their handlers make tensors over their input's storage and
+#: record nothing): fused eager's replay lane never takes them, so their
+#: calls skip its look at the script (a decoding step runs ~80 a token)
+_views: set = set()
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -58,14 +62,14 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         skipped = _backward.skip(func, args, kwargs)
         if skipped is not _backward.CANNOT:
             return skipped
-    if _fused.replaying and not _profile.active:
+    handler = _handlers.get(func)
+    if handler is None:
+        handler = _handlers[func] = handler_for(func)
+    if _fused.replaying and not _profile.active and func not in _views:
         # fused eager replays a script: the call it recorded here, if this is it
         replayed = _fused.replay(func, args, kwargs)
         if replayed is not None:
             return replayed
-    handler = _handlers.get(func)
-    if handler is None:
-        handler = _handlers[func] = handler_for(func)
     try:
         try:
             if _profile.active:
@@ -465,10 +469,13 @@ def _handler_for(func: Any) -> Handler:
     except Exception:
         inplace_view = False
     if inplace_view:
+        _views.add(func)
         return lambda args, kwargs: run_inplace_view(func, args, kwargs)
     if op_name(func) in _SAME_VIEW_OPS:
+        _views.add(func)
         return run_same_view
     if func.is_view or _returns_alias(schema):
+        _views.add(func)
         # Composite ops that may return their input (to, reshape, narrow ...)
         # reach the device undecomposed below autograd (inference mode, or
         # inside another handler): their composite kernel is what autograd runs.
