@@ -31,6 +31,7 @@ import functools
 import math
 from typing import Any, Callable, NamedTuple
 
+import numpy as _np
 import torch
 
 from .. import _program_cache
@@ -1767,6 +1768,7 @@ def _joining(tensors: list, dim: int) -> tuple | None:
     return kept, dim, total
 
 
+@functools.lru_cache(maxsize=1024)
 def _unpadded_alike(layout: tuple) -> tuple:
     """``layout`` (per dim, its components) with each dim padded nowhere as
     one exact component: a cache whose heads merged key/value heads and
@@ -1855,15 +1857,13 @@ def _join_call(tensors: list, dim: int, total: int, fused: bool, lane: bool) -> 
     physical_out = max(_padding.room(total), read_along)
     if physical_out > _padding.MAX_SIZE:
         return None  # its length could not travel as an int32: the exact cat
-    import numpy as np
-
     key = (tuple([tuple(a.shape) for a in arrays]), dtype_name(arrays[0].dtype), dim, physical_out, tuple(views))
     shape = list(first.shape)
     shape[dim] = total
     padded = list(layouts[0])
     padded[dim] = ((physical_out, total, True),)
     padded = tuple(padded)
-    return key, [*arrays, *[np.int32(n) for n in lengths], *offsets], tuple(shape), _padding.physical_shape(padded), padded
+    return key, [*arrays, *[_np.int32(n) for n in lengths], *offsets], tuple(shape), _padding.physical_shape(padded), padded
 
 
 def _join_body(key: tuple) -> Callable:
