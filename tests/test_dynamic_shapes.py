@@ -2258,6 +2258,32 @@ def test_beam_search_reorders_a_padded_cache_and_repeats_a_padded_mask_in_their_
 
 
 @pytest.mark.parametrize("eager", ["op", "fused"])
+def test_indices_as_many_as_a_padded_length_reorder_without_a_cut(eager):
+    """index_select's indices meet none of the tensor's dims: their count
+    (6 beams) says nothing of its padded length, even where that length is
+    6 too and the batch is 6.  T5's beam search reorders its caches so, and
+    the ambiguous size ran each reorder cut (4 a call); now it runs padded,
+    with CPU's values."""
+    beams = 6
+    wk = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+
+    def reorder(dev, n):
+        x = torch.randn(beams, n, 4, generator=torch.Generator().manual_seed(n)).to(dev)  # padded at its third length
+        cache = x @ wk.to(dev)
+        order = torch.tensor([(i + n) % beams for i in range(beams)]).to(dev)
+        return [cache.index_select(0, order).softmax(1).cpu(), cache.index_select(1, (order % n)[:n % 3 + 1]).cpu()]
+
+    with pjrt_host.config(dynamic_shapes=True, eager=eager):
+        _padding.reset()
+        for n in (3, 4, 6, 5):  # 6: the third length, padded, as long as the batch
+            got = reorder("jax", n)
+            for a, b in zip(got, reorder("cpu", n)):
+                torch.testing.assert_close(a, b)
+            if n >= 6:
+                assert "aten::index_select" not in torch.jax.dynamic_shape_stats()["cuts_by_op"], n
+
+
+@pytest.mark.parametrize("eager", ["op", "fused"])
 def test_assisted_decodings_reads_of_padded_logits_stay_in_their_buckets(eager):
     """Assisted generation checks the assistant's k candidate tokens against
     the model's logits of the last k + 1 positions, padded along the length:

@@ -264,6 +264,15 @@ def _meeting(*pairs: tuple) -> Callable[[tuple, dict], dict]:
     return align
 
 
+def _meets_nothing(args: tuple, kwargs: dict) -> dict:
+    """A :attr:`Rule.align` of an op whose arguments' dims meet none of the
+    others': index_select's indices, whose length says nothing of the
+    tensor's dims (T5's beam search reorders its caches by 6 beam indices
+    where 6 is both the cross-attention cache's padded length and, exact,
+    its batch: the size's ambiguity ran every reorder cut)."""
+    return {}
+
+
 def _leading_dims_meet(a: int, b: int) -> Callable[[tuple, dict], dict]:
     """A :attr:`Rule.align`: the arguments at ``a`` and ``b`` meet dim by
     dim, from their first (softmax's gradient and output; an embedding's
@@ -481,7 +490,9 @@ _RULES: dict[str, Rule] = {
     "aten::index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::_unsafe_index.Tensor": Rule(fill=0, exact=_indexed_exact),
     "aten::gather": Rule(fill=0, exact=_gathered_exact),
-    "aten::index_select": Rule(fill=0, exact=_selected_exact),
+    # its indices' dim meets none of the tensor's (its length is the result's
+    # selected dim): an exact index stays exact whatever its size
+    "aten::index_select": Rule(fill=0, exact=_selected_exact, align=_meets_nothing),
     # tensors of one shape stacked along a new dim: padded ones line up as an elementwise op's operands
     "aten::stack": Rule(fill=None),
     # values put along one dim by one index tensor: the values' other dims are the tensor's
