@@ -297,13 +297,18 @@ class CompiledOp:
             functional = _functionals[self.meta_op] = CompiledOp(self.meta_op, self.lowering)
         if functional.rule is None:
             return None
+        # a draw this route makes and then drops (the exact route draws instead)
+        # must not use up the seed's numbers: the same seed draws the same
+        # numbers with buckets and without
+        rewind = _scalar_trials.same_draw_again(functional, args, kwargs)
         result = functional._padded(args, kwargs)
         if type(result) is not JaxTensor or result._view is not None or result.shape != target.shape \
-                or result.dtype != target.dtype:
+                or result.dtype != target.dtype or (target._view is not None and not _dynamic_dims.write(target, result)):
+            if rewind is not None:
+                rewind()
             return None
-        if target._view is not None:
-            return target if _dynamic_dims.write(target, result) else None
-        target._storage.take(result._storage)
+        if target._view is None:
+            target._storage.take(result._storage)
         return target
 
     def _padded(self, args: tuple, kwargs: dict) -> Any:
