@@ -239,7 +239,7 @@ def test_views_of_one_layout_over_other_storages_and_dtypes_read_their_own():
                 assert torch.equal(v.cpu(), w)
     x = torch.arange(20000, device="jax")
     assert [x[i].item() for i in range(0, 20000, 7)] == list(range(0, 20000, 7))
-    assert len(_view_ops._memo) <= 8193
+    assert len(_view_ops._view_cache) <= 8193
 
 
 def test_view_of_noncontiguous_fails_like_cpu():

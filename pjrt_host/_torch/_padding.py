@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import math
 import sys
 import threading
@@ -59,21 +60,12 @@ class PaddedSpec(NamedTuple):
     sized: bool = True
 
 
+@functools.lru_cache(maxsize=4096)  # (a layout recurs at every call of a bucket: a cache's join every layer and token)
 def physical_shape(padded: tuple) -> tuple:
     """The array shape of a storage padded as ``padded``: per dim, its
     components ``(physical size, logical size, dynamic)``, outermost first
     (a dim that merged a batch dim with a padded one has two)."""
-    shape = _physical_shapes.get(padded)
-    if shape is None:
-        if len(_physical_shapes) > 4096:
-            _physical_shapes.clear()
-        shape = _physical_shapes[padded] = tuple(math.prod(c[0] for c in dim) for dim in padded)
-    return shape
-
-
-#: physical_shape's answers (a layout recurs at every call of a bucket: a
-#: cache's join every layer and token)
-_physical_shapes: dict[tuple, tuple] = {}
+    return tuple(math.prod(c[0] for c in dim) for dim in padded)
 
 
 def bucket(n: int, odd: bool = False) -> int:

@@ -63,14 +63,25 @@ def _results(func: Any, self: JaxTensor, args: tuple, kwargs: dict) -> tuple[boo
     # them from torch cost 1.7 us a view); a tensor that is its whole
     # storage has the storage's sizes, and strides torch's contiguous ones
     # except at one element or none, where they are asked for.
-    if view is not None:
-        layout = (view.size, view.stride, view.offset, view.elem)
-    elif storage.numel > 1:
-        layout = None
+    # Where the arguments are ints, None and lists of ints (a decoding step
+    # runs ~80 such views a token), the key is cheaper: a View names its
+    # storage's shape and element type and its own layout (Views are made
+    # once per layout, below), and a tensor of more than one element that is
+    # its whole storage has the storage's layout.
+    rest = None if kwargs else _args_key(args[1:])
+    if rest is not None and view is not None:
+        key: Any = (view, func, self.dtype, rest)
+    elif rest is not None and storage.numel > 1:
+        key = (func, storage.shape, storage.jax_dtype, self.dtype, rest)
     else:
-        layout = (tuple(self.shape), self.stride(), self.storage_offset(), None)
-    key = (func, storage.shape, storage.jax_dtype, self.dtype, layout, _static_key(args[1:]),
-           _static_key(tuple(kwargs.items())) if kwargs else None)
+        if view is not None:
+            layout = (view.size, view.stride, view.offset, view.elem)
+        elif storage.numel > 1:
+            layout = None
+        else:
+            layout = (tuple(self.shape), self.stride(), self.storage_offset(), None)
+        key = (func, storage.shape, storage.jax_dtype, self.dtype, layout, _static_key(args[1:]),
+               _static_key(tuple(kwargs.items())) if kwargs else None)
     elem = None if view is None else view.elem
     try:
         cached = _view_cache.get(key)
@@ -111,12 +122,6 @@ def _check_in_storage(self: JaxTensor, r: _ViewResult) -> None:
                            f"storage of size {have}")
 
 
-#: run_view's memo: (self's View, op, dtype, arguments) -> results, or for a
-#: tensor that is its whole storage (more than one element) (op, storage
-#: shape, element type, dtype, arguments) -> results; plain views only
-_memo: dict[tuple, tuple] = {}
-
-
 def _args_key(rest: tuple) -> tuple | None:
     """The view op's arguments after self as a key, where they are ints,
     None and lists of ints (sizes, dims, a slice's bounds); None where one
@@ -138,40 +143,13 @@ def _args_key(rest: tuple) -> tuple | None:
 
 def run_view(func: Any, args: tuple, kwargs: dict) -> Any:
     self = args[0]
-    if type(self) is JaxTensor and not kwargs:
-        # The hot path (a decoding step runs ~80 views a token): the results
-        # of this op on a tensor of the same view (or the same whole storage
-        # layout) with the same arguments, memoised where they are plain
-        # views of self's dtype.  The same as _results' cache, keyed without
-        # building its full key.
-        rest = _args_key(args[1:])
-        if rest is not None:
-            view = self._view
-            if view is not None:
-                mkey: tuple | None = (view, func, self.dtype, rest)
-            else:
-                storage = self._storage
-                mkey = (func, storage.shape, storage.jax_dtype, self.dtype, rest) if storage.numel > 1 else None
-            if mkey is not None:
-                found = _memo.get(mkey)
-                if found is None:
-                    single, metas = _results(func, self, args, kwargs)
-                    if not all(r.lazy_bit is None and r.dtype == self.dtype for r in metas):
-                        return _run_view(func, self, args, kwargs, single, metas)
-                    if len(_memo) > 8192:  # x[i] for ever new i: bound the memory
-                        _memo.clear()
-                    found = _memo[mkey] = (single, metas)
-                if found[0] and not torch.is_inference_mode_enabled():
-                    r = found[1][0]
-                    return make(self._storage, r.size, r.dtype, r.stride, r.offset, r.view)
-                return _outside_inference_mode(self, _views_of, self, found[1], found[0])
     if not isinstance(self, JaxTensor):
         raise TypeError(f"pjrt_host: view op {op_name(func)} expects a 'jax' tensor first")
     single, metas = _results(func, self, args, kwargs)
-    return _run_view(func, self, args, kwargs, single, metas)
-
-
-def _run_view(func: Any, self: JaxTensor, args: tuple, kwargs: dict, single: bool, metas: list) -> Any:
+    if single:
+        r = metas[0]
+        if r.lazy_bit is None and r.dtype == self.dtype and not torch.is_inference_mode_enabled():
+            return make(self._storage, r.size, r.dtype, r.stride, r.offset, r.view)  # (the hot path: a plain view)
     if single and metas[0].lazy_bit:
         # conj() / _neg_view(): the device computes the values (a new tensor).
         arr = read(self)
