@@ -1437,6 +1437,44 @@ def test_foreach_ops_whose_targets_alias_write_in_order_as_cpu(mode):
         assert x[3] == y[3]
 
 
+def test_a_loops_last_pass_leaves_for_what_follows_on_the_lane():
+    """A model's layers replay one script each, then its head's, which
+    begins with the same op (a layer's norm, then the head's matmul where a
+    layer has its linear's addmm). The segment after the last layer
+    expects another layer, and the one after the embedding the head that
+    followed last time: at the op where the two scripts part, the replay
+    lane goes on with the other one, as the engine's way does, without
+    taking that way (before: two calls a step took it, GPT-2's mm and addmm
+    at every decoding token)."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    ws = [torch.randn(16, 16) * 0.2 for _ in range(4)]
+    bs = [torch.randn(16) for _ in range(4)]
+    head = torch.randn(16, 10)
+    x = torch.randn(3, 16)
+
+    def step(device):
+        h = x.to(device)
+        for w, b in zip(ws, bs):
+            w, b = w.to(device), b.to(device)
+            a = F.linear(F.layer_norm(h, (16,)), w, b)
+            h = h + torch.tanh(a) * torch.sigmoid(a) - a.relu() * 0.5
+            h = h + F.gelu(F.linear(F.layer_norm(h, (16,)), w.t(), b)) * 0.3
+        return F.linear(F.layer_norm(h, (16,)), head.to(device).t()).softmax(-1).cpu()
+
+    expected = step("cpu")
+    exact = _config.current().dynamic_shapes != "all"
+    with fused():
+        for _ in range(3):
+            torch.testing.assert_close(step("jax"), expected)
+        before = _fused.stats()
+        torch.testing.assert_close(step("jax"), expected)
+        after = _fused.stats()
+    ops, lane = after["ops"] - before["ops"], after["lane"] - before["lane"]
+    assert ops >= 59 and (not exact or lane == ops), f"{ops - lane} of {ops} calls took the engine's way"
+
+
 def test_an_empty_tensor_made_every_step_replays_on_the_lane():
     """transformers' DynamicCache cats each layer's keys onto a fresh
     ``torch.tensor([])`` every forward: an empty tensor, whose storage has

@@ -41,7 +41,7 @@ from .._jax_settings import x64_scope
 from .._lowerings._dtypes import jax_dtype
 from . import _config, _padding
 from ._devices import jax_device
-from ._signatures import Traceable, difference, matches
+from ._signatures import LANED, Traceable, difference, matches
 from ._sync import note_result, open_segments
 from ._tensor import DONATE, Pending, result_tensor
 
@@ -1043,6 +1043,7 @@ class Lane:
 
     def __init__(self, func: Any, key: tuple, op: Any, used: list, plan: Any, padded: Any = None) -> None:
         self.func = func
+        LANED.add(func)
         #: A padded call's lane (``_dynamic_dims.PaddedLane``): it reads the
         #: arguments and gives the results' shapes and padding per call.
         self.padded = padded
@@ -1103,49 +1104,37 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
         n = len(seg.ops)
         if n >= script.n:
             return None
-    step = script.ops[n]
-    lane = step[0].lane
-    if lane is None or lane.func is not func or lane.cfg is not _config.current():
-        return None
+    expected = script
+    others: list | None = None
+    while True:
+        step = script.ops[n]
+        found = _lane_match(step[0].lane, func, args, kwargs, into, seg)
+        if found is not None:
+            lane, dyn, padded = found
+            if len(dyn) == len(step[1]):
+                break
+        # the script's next op is not this call: another the thread may be
+        # replaying (what followed the segment before, whose ops so far are
+        # the segment's) may go on with it, as the engine's way finds one
+        # (``record``'s ``_another_script``): a loop's last pass leaves its
+        # body for what comes after (the layers' script, then the head's), at
+        # the op where the two part
+        if others is None:
+            if func not in LANED:
+                return None
+            others = _lane_others(seg, before if seg is None else None, script, n, func)
+        if not others:
+            return None
+        script = others.pop()
     op = lane.op
-    if op.in_trial or (op.dynamic is True) is not lane.traced:
-        return None
     place = lane.place
-    if into is not None:
-        outputs = lane.outputs
-        if lane.padded is not None or len(outputs) != len(into) or any(
-                s.place != place or s.shape != o[0] or s.jax_dtype != o[2] for s, o in zip(into, outputs)):
-            return None
-    if seg is not None and seg.device != place:
-        return None
-    dyn: list = []
-    padded = lane.padded
-    if padded is None:
-        keys = lane.args
-        if len(args) != len(keys):
-            return None
-        for v, k in zip(args, keys):
-            if not matches(v, k, dyn, place):
-                return None
-        if kwargs or lane.kwargs:
-            if len(kwargs) != len(lane.kwargs):
-                return None
-            for name, k in lane.kwargs:
-                if name not in kwargs or not matches(kwargs[name], k, dyn, place):
-                    return None
-    else:
-        padded = padded.match(args, kwargs, dyn, place)
-        if padded is None:
-            return None
     refs = step[1]
-    if len(dyn) != len(refs):
-        return None
     if CHECK:
         _check_replay(lane, step[0], args, kwargs, dyn, padded)
     if seg is None:  # the call opens the segment that replays the script
         seg = _local.segment = _local.previous = Segment(place, before.script)
     with seg.lock:
-        if seg.done or seg.expect is not script or len(seg.ops) != n:
+        if seg.done or seg.expect is not expected or len(seg.ops) != n:
             return None
         externals = seg.externals
         added: list | None = None
@@ -1178,6 +1167,7 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
                 if type(v) not in _SCALARS and id(v) not in unshared:
                     seg.ext_ids[id(v)] = len(externals)
                 externals.append(v)
+        seg.expect = script
         seg.ops.append(step)
         seg.slots.append(len(seg.results))
         _counts["ops"] += 1
@@ -1222,6 +1212,70 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
     if full:
         _end(seg)
     return result
+
+
+def _lane_match(lane: Lane | None, func: Any, args: tuple, kwargs: dict, into: list | None,
+                seg: Segment | None) -> tuple | None:
+    """``lane``, the call's run-time values and its padded match (None: an
+    exact call) when the call is the one ``lane`` recorded: the same op and
+    settings, arguments that encode to the same key; None when it is not."""
+    if lane is None or lane.func is not func or lane.cfg is not _config.current():
+        return None
+    op = lane.op
+    if op.in_trial or (op.dynamic is True) is not lane.traced:
+        return None
+    place = lane.place
+    if into is not None:
+        outputs = lane.outputs
+        if lane.padded is not None or len(outputs) != len(into) or any(
+                s.place != place or s.shape != o[0] or s.jax_dtype != o[2] for s, o in zip(into, outputs)):
+            return None
+    if seg is not None and seg.device != place:
+        return None
+    dyn: list = []
+    padded = lane.padded
+    if padded is None:
+        keys = lane.args
+        if len(args) != len(keys):
+            return None
+        for v, k in zip(args, keys):
+            if not matches(v, k, dyn, place):
+                return None
+        if kwargs or lane.kwargs:
+            if len(kwargs) != len(lane.kwargs):
+                return None
+            for name, k in lane.kwargs:
+                if name not in kwargs or not matches(kwargs[name], k, dyn, place):
+                    return None
+    else:
+        padded = padded.match(args, kwargs, dyn, place)
+        if padded is None:
+            return None
+    return lane, dyn, padded
+
+
+def _lane_others(seg: Segment | None, before: Segment | None, script: Script, n: int, func: Any) -> list:
+    """The scripts besides ``script`` that the replay lane may go on with at
+    op ``n`` for a call of ``func`` (the last to try first): those of
+    :func:`_candidates` whose ops so far are the segment's (for a call that
+    opens a segment, those that followed the segment before, ``before``).
+    None where the engine's way ends the segment before the call instead
+    (:func:`_ends_before`: another candidate ended itself at these ops), or
+    waits at the end of a script that may go on."""
+    if seg is None:
+        found = before.script.following
+        ops: list = []
+    else:
+        if seg.may_end is not None:
+            return []
+        found = _candidates(seg)
+        ops = seg.ops
+        if any(s.n == n and s.cut and s is not script and list(s.ops) == ops for s in found):
+            return []
+    others = [s for s in found if s is not script and s.n > n and (lane := s.ops[n][0].lane) is not None
+              and lane.func is func and (not n or list(s.ops[:n]) == ops)]
+    others.reverse()
+    return others
 
 
 #: Whether each replayed call is checked against the engine's key

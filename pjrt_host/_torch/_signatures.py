@@ -513,6 +513,12 @@ class Traceable:
         return f"Traceable({self.name})"
 
 
+#: The torch ops that have a replay lane (``_fused.Lane``, :class:`HostLane`):
+#: a call of any other cannot take another script's lane either
+#: (``_fused._lane_others``), and looks no further.
+LANED: set = set()
+
+
 class HostLane:
     """The replay lane of one of the host's own recorded computations (a
     cache's join, a factory): ``_fused.replay`` reads it as it reads a
@@ -533,6 +539,7 @@ class HostLane:
         from . import _config
 
         self.func, self.key, self.place = func, key, place
+        LANED.add(func)
         self.cfg = _config.current()
         self.outputs = ((shape, dtype, jax_dtype(dtype)),)
         self.used = [0]
