@@ -1921,6 +1921,39 @@ def test_a_second_generate_joins_its_first_token_as_the_first_did():
             assert _compiled() == before
 
 
+def test_a_second_transformers_generate_compiles_nothing():
+    """transformers' GPT-2 ``generate()`` of one prompt, three times, fused
+    eager: the calls after the first compile nothing, and give CPU's tokens.
+    The first call cats its first token exact (DynamicCache keeps the
+    prefill's keys as they are) and joins from the second on; a later call
+    joins its first token at once. The replay lane, which expects the join
+    there, must not go on with the first call's script of an exact cat (the
+    same op, other arguments: the cat's handler decides), or every later
+    call compiled that token's exact programs again (3 a call)."""
+    transformers = pytest.importorskip("transformers")
+
+    transformers.set_seed(0)
+    config = transformers.GPT2Config(n_layer=4, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+                                     bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    cpu = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(1, 100, (1, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = cpu.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    with pjrt_host.config(dynamic_shapes=True, eager="fused"):
+        dev = cpu.to("jax")
+        try:
+            made = []
+            for _ in range(3):
+                before = _compiled()
+                with torch.no_grad():
+                    got = dev.generate(ids.to("jax"), max_new_tokens=12, min_new_tokens=12, do_sample=False)
+                assert torch.equal(got.cpu(), want)
+                made.append(_compiled() - before)
+        finally:
+            cpu.to("cpu")
+    assert made[1:] == [0, 0], made
+
+
 @pytest.mark.parametrize("eager", ["op", "fused"])
 def test_a_join_that_crosses_into_the_next_bucket_runs_that_buckets_program(eager):
     """The join whose result outgrows its accumulator's bucket (length 15 to

@@ -1113,14 +1113,18 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
             lane, dyn, padded = found
             if len(dyn) == len(step[1]):
                 break
-        # the script's next op is not this call: another the thread may be
-        # replaying (what followed the segment before, whose ops so far are
-        # the segment's) may go on with it, as the engine's way finds one
-        # (``record``'s ``_another_script``): a loop's last pass leaves its
-        # body for what comes after (the layers' script, then the head's), at
-        # the op where the two part
+        # the script's next op is another op than this call's: another script
+        # the thread may be replaying (what followed the segment before,
+        # whose ops so far are the segment's) may go on with it, as the
+        # engine's way finds one (``record``'s ``_another_script``): a loop's
+        # last pass leaves its body for what comes after (the layers'
+        # script, then the head's), at the op where the two part.  A call of
+        # the op the script has there, with other arguments, takes the
+        # engine's way: its handler decides anew (a cache's cat joins in
+        # its bucket where an earlier call's script has an exact cat)
         if others is None:
-            if func not in LANED:
+            lane = step[0].lane
+            if lane is None or lane.func is func or func not in LANED:
                 return None
             others = _lane_others(seg, before if seg is None else None, script, n, func)
         if not others:
@@ -1273,7 +1277,7 @@ def _lane_others(seg: Segment | None, before: Segment | None, script: Script, n:
         if any(s.n == n and s.cut and s is not script and list(s.ops) == ops for s in found):
             return []
     others = [s for s in found if s is not script and s.n > n and (lane := s.ops[n][0].lane) is not None
-              and lane.func is func and (not n or list(s.ops[:n]) == ops)]
+              and lane.func is func and lane.noted is None and (not n or list(s.ops[:n]) == ops)]
     others.reverse()
     return others
 

@@ -534,6 +534,7 @@ class HostLane:
     traced = False
     in_trial = False
     dynamic = None
+    noted = None  # (an exact cat's note: _fused.Lane.noted)
 
     def __init__(self, func: Any, key: tuple, place: int, shape: Any, dtype: Any) -> None:
         from . import _config
