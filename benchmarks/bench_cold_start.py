@@ -30,6 +30,10 @@ import subprocess
 import sys
 import tempfile
 
+#: The checkout this script is in: its children (``python -c``) import pjrt_host from
+#: their working directory first, so they run there, and a benchmark measures its own tree.
+TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 CHILD = r"""
 import json, sys, time
 import torch
@@ -72,7 +76,7 @@ print(json.dumps(out))
 def fresh_process(child: str, argv: list[str], env: dict[str, str]) -> dict:
     """Run ``child`` (code printing a JSON line last) in a new Python
     process with ``argv`` and ``env`` added to this one's; its JSON."""
-    proc = subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", child, *argv], cwd=TREE, capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"the run {argv} failed:\n{proc.stderr[-4000:]}")

@@ -40,6 +40,10 @@ import tempfile
 
 MODELS = ("cnn", "vit", "swin", "mobilevit", "segformer")
 
+#: The checkout this script is in: its children (``python -c``) import pjrt_host from
+#: their working directory first, so they run there, and a benchmark measures its own tree.
+TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 CHILD = r"""
 import copy, json, sys, time
 import torch
@@ -132,7 +136,7 @@ def run(name: str, device: str, batches: list[int], dynamic: str, compiled: bool
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, PJRT_HOST_CACHE_DIR=cache, PJRT_HOST_DYNAMIC_SHAPES=dynamic)
         out = subprocess.run([sys.executable, "-c", CHILD, name, device, ",".join(map(str, batches)),
-                              "compile" if compiled else "eager"],
+                              "compile" if compiled else "eager"], cwd=TREE,
                              capture_output=True, text=True, env=env, timeout=1800)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -36,6 +36,10 @@ import tempfile
 MODELS = ("gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "neox", "opt", "gptj", "falcon", "bert", "roberta",
           "distilbert", "deberta", "t5", "bart")
 
+#: The checkout this script is in: its children (``python -c``) import pjrt_host from
+#: their working directory first, so they run there, and a benchmark measures its own tree.
+TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 CHILD = r"""
 import json, sys, time
 import torch, transformers
@@ -145,7 +149,7 @@ def run(name: str, device: str, lengths: list[int], compiled: bool = False) -> d
         env = {k: v for k, v in os.environ.items() if not k.startswith("PJRT_HOST_CACHE")}
         env["PJRT_HOST_CACHE_DIR"] = cache
         proc = subprocess.run([sys.executable, "-c", CHILD, name, device, ",".join(map(str, lengths)),
-                               "compile" if compiled else "eager"],
+                               "compile" if compiled else "eager"], cwd=TREE,
                               capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"{name} on {device} failed:\n{proc.stderr[-3000:]}")

@@ -44,6 +44,10 @@ import subprocess
 import sys
 import tempfile
 
+#: The checkout this script is in: its children (``python -c``) import pjrt_host from
+#: their working directory first, so they run there, and a benchmark measures its own tree.
+TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 CHILD = r"""
 import json, sys, time
 import torch, transformers
@@ -197,7 +201,7 @@ def run(device: str, job: str, steps: int, pdrop: float, dynamic: str) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, PJRT_HOST_CACHE_DIR=cache, PJRT_HOST_DYNAMIC_SHAPES=dynamic,
                    PJRT_HOST_EAGER=EAGER, TRANSFORMERS_VERBOSITY="error")
-        proc = subprocess.run([sys.executable, "-c", CHILD, device, job, str(steps), str(pdrop)],
+        proc = subprocess.run([sys.executable, "-c", CHILD, device, job, str(steps), str(pdrop)], cwd=TREE,
                               capture_output=True, text=True, env=env, timeout=1800)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):

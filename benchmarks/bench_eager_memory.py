@@ -29,6 +29,10 @@ import os
 import subprocess
 import sys
 
+#: The checkout this script is in: its children (``python -c``) import pjrt_host from
+#: their working directory first, so they run there, and a benchmark measures its own tree.
+TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 CHILD = r"""
 import json, sys
 import torch
@@ -99,7 +103,7 @@ print(json.dumps({"sampled_peak": Count.peak, "device_peak": stats.get("peak_byt
 
 def run(mode: str, steps: int, width: int) -> dict:
     env = dict(os.environ, PJRT_HOST_EAGER=mode)
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(steps), str(width)], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(steps), str(width)], cwd=TREE, env=env, capture_output=True,
                           text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"the {mode} run failed:\n{proc.stderr[-3000:]}")
