@@ -1263,9 +1263,9 @@ def _lane_others(seg: Segment | None, before: Segment | None, script: Script, n:
     op ``n`` for a call of ``func`` (the last to try first): those of
     :func:`_candidates` whose ops so far are the segment's (for a call that
     opens a segment, those that followed the segment before, ``before``).
-    None where the engine's way ends the segment before the call instead
-    (:func:`_ends_before`: another candidate ended itself at these ops), or
-    waits at the end of a script that may go on."""
+    None of them (an empty list) where the engine's way ends the segment
+    before the call instead (:func:`_ends_before`: another candidate ended
+    itself at these ops), or waits at the end of a script that may go on."""
     if seg is None:
         found = before.script.following
         ops: list = []
