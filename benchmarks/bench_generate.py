@@ -20,12 +20,18 @@ compile ``model.forward`` with ``torch.compile(backend='jax')`` (dynamo
 makes the growing cache's length symbolic at its second size, so its
 graphs run in buckets), against CPU eager.
 
+The second row is the floor of any device written in Python: CPU's own
+tensors seen through a ``__torch_dispatch__`` subclass that does nothing
+of its own (``dispatch_floor.py``): torch's dispatch into Python and a new
+wrapper tensor per op, with CPU's kernels.  An eager figure cannot go
+below it.
+
 ``--beams N``: beam search with N beams instead of greedy decoding (the
 key/value cache reordered by the surviving beams at every token).
 
     python benchmarks/bench_generate.py [--tokens 32] [--compile] [--beams 3]
 
-Ratios: each 'jax' figure over CPU's.
+Ratios: each figure over CPU's.
 """
 
 from __future__ import annotations
@@ -44,7 +50,15 @@ device, tokens, cache, compiled, beams = sys.argv[1], int(sys.argv[2]), sys.argv
 transformers.set_seed(0)
 config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=1000, n_positions=128,
                                  bos_token_id=0, eos_token_id=0, pad_token_id=0)
-model = transformers.GPT2LMHeadModel(config).eval().to(device)
+model = transformers.GPT2LMHeadModel(config).eval()
+if device == "floor":  # CPU tensors seen through a do-nothing Python __torch_dispatch__
+    sys.path.insert(0, "benchmarks")
+    from dispatch_floor import floor_module, unwrap, wrap
+    floor_module(model)
+    inputs, outputs = wrap, unwrap
+else:
+    model = model.to(device)
+    inputs, outputs = (lambda ids: ids.to(device)), (lambda out: out.cpu())
 if compiled:
     model.forward = torch.compile(model.forward, backend="jax")
 g = torch.Generator().manual_seed(1)
@@ -59,8 +73,8 @@ def timed(ids):
         extra = {} if cache == "default" else {"cache_implementation": cache}
         if beams > 1:  # beam search: the cache reordered by the surviving beams at every token
             extra.update(num_beams=beams, early_stopping=False)
-        out = model.generate(ids.to(device), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **extra)
-    out = out.cpu()  # the host waits for the tokens
+        out = model.generate(inputs(ids), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **extra)
+    out = outputs(out)  # the host waits for the tokens
     return time.perf_counter() - t, out[0].tolist()
 
 first, a = timed(prompt)
@@ -98,12 +112,13 @@ def main() -> None:
         fused = {"PJRT_HOST_CACHE_DIR": fused_cache, "PJRT_HOST_EAGER": "fused"}
         b = args.beams
         cpu = run("cpu", args.tokens, {}, args.cache, beams=b)
+        floor = ("cpu via a python subclass (floor)", run("floor", args.tokens, {}, args.cache, beams=b))
         if args.compile:
-            rows = [("torch cpu", cpu),
+            rows = [("torch cpu", cpu), floor,
                     ("jax compiled, cold cache", run("jax", args.tokens, fused, args.cache, True, b)),
                     ("jax compiled, warm cache (2nd process)", run("jax", args.tokens, fused, args.cache, True, b))]
         else:
-            rows = [("torch cpu", cpu),
+            rows = [("torch cpu", cpu), floor,
                     ("jax, cold cache", run("jax", args.tokens, op, args.cache, beams=b)),
                     ("jax, warm cache (2nd process)", run("jax", args.tokens, op, args.cache, beams=b)),
                     ("jax fused, cold cache", run("jax", args.tokens, fused, args.cache, beams=b)),
@@ -115,7 +130,7 @@ def main() -> None:
         ratios = "" if r is cpu else "   " + " ".join(f"{r[k] / cpu[k]:6.1f}x" for k in keys)
         print(f"{name:40s} {r['first']:8.3f}s {r['again']:8.3f}s {r['new_length']:10.3f}s {r['steady']:8.3f}s"
               f" {r['third_length']:10.3f}s {r['fourth_length']:10.3f}s{ratios}")
-    for name, r in rows[1:]:
+    for name, r in rows[2:]:
         print(f"{name:40s} programs: {r['programs']}; padded fallbacks: {r['fallbacks']}")
     wrong = [name for name, r in rows[1:] if r["tokens"] != cpu["tokens"]]
     print("tokens: " + (f"DIFFER from CPU's in {wrong}" if wrong else "every run generated CPU's tokens"))
