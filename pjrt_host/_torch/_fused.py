@@ -1142,6 +1142,7 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
             return None
         externals = seg.externals
         added: list | None = None
+        added_ids: dict | None = None  # id -> slot of the shared values among ``added`` (a foreach op adds hundreds)
         for v, r in zip(dyn, refs):
             if type(v) is Pending:
                 if v.segment is seg:
@@ -1155,15 +1156,18 @@ def replay(func: Any, args: tuple, kwargs: dict, into: list | None = None) -> An
                 v.segment.flush()
                 v = _resolved(v)
             i = None
-            if type(v) not in _SCALARS and id(v) not in unshared:  # (a slot of its own: record())
+            shared = type(v) not in _SCALARS and id(v) not in unshared  # (else a slot of its own: record())
+            if shared:
                 i = seg.ext_ids.get(id(v))
-                if i is None and added:
-                    i = next((len(externals) + j for j, a in enumerate(added) if a is v), None)
+                if i is None and added_ids:
+                    i = added_ids.get(id(v))
             if i is None:
                 if added is None:
-                    added = []
+                    added, added_ids = [], {}
                 i = len(externals) + len(added)
                 added.append(v)
+                if shared:
+                    added_ids[id(v)] = i
             if r != i:
                 return None
         if added:
