@@ -762,6 +762,44 @@ def test_the_replay_lane_takes_an_exact_cat(monkeypatch):
         torch.testing.assert_close(run(), expected[0])
 
 
+def test_the_replay_lane_takes_a_contiguous_copy_of_a_view():
+    """``.contiguous()`` of a transposed or permuted view (an attention's
+    heads, five times a ViT layer and step) is recorded as a read of the
+    view; in a replayed script it takes the lane, with op by op's values.
+    A copy of another layout there (another permutation, a cast, a copy
+    in another memory format, a view with an offset that moved) takes the
+    clone's own way and is right too."""
+    x = torch.randn(2, 3, 4, 5, device="jax")
+
+    def run(other=None):
+        v = x
+        for i in range(6):
+            if other == "perm" and i == 3:
+                c = v.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3).contiguous()
+            elif other == "format" and i == 3:
+                c = v.clone(memory_format=torch.channels_last)
+            elif other == "offset" and i == 3:
+                c = torch.cat([v[:, :, 1:], v[:, :, :1]], dim=2).transpose(1, 2).contiguous().transpose(1, 2)
+            else:
+                c = v.transpose(1, 2).contiguous().transpose(1, 2)
+            v = c * 0.5 + v
+        return v.cpu()
+
+    exact = _config.current().dynamic_shapes != "all"
+    with pjrt_host.config(eager="op"):
+        expected = {other: run(other) for other in (None, "perm", "format", "offset")}
+    with fused():
+        for _ in range(3):
+            run()
+        before = _fused.stats()
+        torch.testing.assert_close(run(), expected[None])
+        after = _fused.stats()
+        ops, lane = after["ops"] - before["ops"], after["lane"] - before["lane"]
+        assert not exact or lane == ops, f"{ops - lane} of {ops} calls took the engine's way"
+        for other in ("perm", "format", "offset", None):
+            torch.testing.assert_close(run(other), expected[other], msg=other)
+
+
 def test_a_lane_that_took_another_call_would_fail_the_suite(monkeypatch):
     """The suite's net under the replay lane (PJRT_HOST_CHECK_REPLAY=1, set
     by conftest): a lane that took a call the engine keys otherwise (here

@@ -29,7 +29,7 @@ from ._dtype_policy import device_dtype
 from ._engine import CompiledOp, missing_lowering
 from ._meta import check_out_overlap, meta_view_of
 from . import _config, _dynamic_dims, _factories, _fused, _meta, _padding, _sharding, _storage_bridge, _strided
-from ._signatures import Traceable
+from ._signatures import HostLane, Traceable
 from ._sync import last_note, names_failed_collectives, run_deferred_checks
 from ._tensor import (JaxTensor, Pending, Storage, contiguous_strides, dense_layout, make, new_tensor, read, view_for,
                       wrap_array, write)
@@ -145,19 +145,22 @@ def _strided_as(storage: Storage, size: tuple, dtype: torch.dtype, stride: tuple
 
 
 def _recorded_copy(t: JaxTensor, stride: tuple | None, dtype: torch.dtype | None = None,
-                   to_copy: Any = None) -> JaxTensor | None:
+                   to_copy: Any = None, clone: Any = None) -> JaxTensor | None:
     """:func:`_recorded_read` of a copy torch gives ``stride`` (None:
-    row-major), when those lay it out row-major (:func:`_row_major`)."""
+    row-major), when those lay it out row-major (:func:`_row_major`).
+    ``clone``: the clone op of the call, whose later calls at the copy's
+    place in a replayed script take its lane (:class:`_CloneLane`)."""
     size = tuple(t.shape)
     if not _row_major(size, stride):
         return None
-    recorded = _recorded_read(t, dtype, to_copy)
+    recorded = _recorded_read(t, dtype, to_copy, clone if stride is None else None)
     if recorded is None or stride is None:
         return recorded
     return _strided_as(recorded._storage, size, recorded.dtype, stride)
 
 
-def _recorded_read(t: JaxTensor, dtype: torch.dtype | None = None, to_copy: Any = None) -> JaxTensor | None:
+def _recorded_read(t: JaxTensor, dtype: torch.dtype | None = None, to_copy: Any = None,
+                   clone: Any = None) -> JaxTensor | None:
     """Fused eager: a row-major copy of ``t`` in ``dtype`` (a ``clone`` of a
     view, a ``_to_copy``) recorded into the thread's segment, as an op that
     reads ``t``'s storage through its view (and casts), so that the copy is
@@ -207,8 +210,62 @@ def _recorded_read(t: JaxTensor, dtype: torch.dtype | None = None, to_copy: Any 
     op = _fused.host_op(_read_ops, "pjrt_host.read", key, make)
     plan = _meta.OutputPlan("single", (_meta.OutputSpec("tensor", shape, dtype),))
     array = storage._array if storage.pending else (storage.computed() if storage.padded is not None else storage.get())
-    return _fused.record(op, [array, offset], plan, storage.device_index, storage.place,
-                         padded=None if padded is None else [(shape, physical, padded)])
+    recorded = _fused.record(op, [array, offset], plan, storage.device_index, storage.place,
+                             padded=None if padded is None else [(shape, physical, padded)])
+    if recorded is not None and clone is not None and storage.padded is None:
+        _CloneLane.of(op, clone, key, storage.place, shape, dtype)
+    return recorded
+
+
+class _CloneLane(HostLane):
+    """Fused eager's replay lane of a row-major clone of an exact view
+    recorded as a read (:func:`_recorded_read`: ``.contiguous()`` after a
+    transpose or a permute, a ViT's attention heads five times a layer and
+    step): a later call at the read's place in a replayed script, of a view
+    with the same static layout and dtype, is recorded again without the
+    storage op's checks, its stride rule's meta kernel or the op's key.
+    Anything else (a padded storage, another layout, a cast) takes the
+    clone's own way."""
+
+    __slots__ = ()
+
+    def _call(self, args: tuple, kwargs: dict) -> tuple | None:
+        """``(key, [array, offset])`` of a call :func:`clone` records as a
+        read of a row-major copy; None for any other."""
+        if len(args) != 1 or (kwargs and (len(kwargs) != 1 or "memory_format" not in kwargs)):
+            return None
+        t = args[0]
+        if type(t) is not JaxTensor:
+            return None
+        storage, view = t._storage, t._view
+        if view is None or view.elem is not None or storage.padded is not None or storage.place != self.place \
+                or view.static is None or jax_dtype(t.dtype) != storage.jax_dtype:
+            return None
+        if strides_for(t, kwargs.get("memory_format", torch.preserve_format)) is not None:
+            return None
+        array = storage._array if storage.pending else storage.get()
+        return (view.static, dtype_name(storage.jax_dtype), None), [array, view.run_offset]
+
+    def match(self, args: tuple, kwargs: dict, dyn: list, place: int) -> tuple | None:
+        """``(((shape, shape, None),), None)`` when the call is a clone of
+        this lane's key (its inputs appended to ``dyn``), None when not."""
+        call = self._call(args, kwargs)
+        if call is None or call[0] != self.key or args[0].dtype != self.outputs[0][1]:
+            return None
+        dyn.extend(call[1])
+        shape = self.outputs[0][0]
+        return ((shape, shape, None),), None
+
+    def engine_key(self, args: tuple, kwargs: dict, cfg: Any, results: tuple) -> tuple:
+        """The key and inputs :func:`clone`'s way gives the call
+        (``PJRT_HOST_CHECK_REPLAY``), after checking its result's shape and
+        dtype are the lane's."""
+        call = self._call(args, kwargs)
+        t = args[0]
+        if call is None or tuple(t.shape) != self.outputs[0][0] or t.dtype != self.outputs[0][1]:
+            raise AssertionError("pjrt_host: fused eager's replay lane took a clone as a recorded read, but the "
+                                 "clone's own way would not record it so")
+        return call
 
 
 _cast_cache: dict[torch.dtype, Any] = {}
@@ -309,7 +366,7 @@ def clone(func: Any, args: tuple, kwargs: dict) -> Any:
                        storage.padded)
         return make(copy, tuple(self.shape), self.dtype, stride, 0, view_for(copy, view.size, stride, 0))
     if view is not None or storage.padded is not None:
-        recorded = _recorded_copy(self, stride)
+        recorded = _recorded_copy(self, stride, clone=func)
         if recorded is not None:
             return recorded
     if view is None and stride is None and type(storage._array) is Pending and type(storage.place) is int:
