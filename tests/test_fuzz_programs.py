@@ -82,6 +82,32 @@ def test_programs_padded_in_the_test_mode_leave_no_odd_bucket_to_the_next(tmp_pa
     _no_mismatch(stats)
 
 
+_BACKWARD_LIKE = """
+import json, sys
+sys.path.insert(0, "tests")
+import fuzz_programs
+stats = fuzz_programs.fuzz(28012012, 2, ("op", "fused"), sys.argv[1], shrink_budget=0, log=lambda line: None)
+print(json.dumps({"programs": stats["programs"], "summary": fuzz_programs.summary(stats), "found": len(stats["found"])}))
+"""
+
+
+def test_a_backwards_zeros_like_of_a_padded_gradient_keeps_its_bucket(tmp_path):
+    """Run BJ's seeds 28012012-28012013 in a fresh process, op by op and
+    fused: the second's backward stacks 16 scalars where the first's
+    stacked 10, so the stack's length becomes dynamic (bucket 16), and a
+    ``zeros_like`` of that padded gradient made its bucket's values with
+    a factory that a padded read of shape (16,) noted earlier padded again
+    (to 32): the storage said 16 and held 32, and the next op that cut it
+    failed (the device raised where CPU ran)."""
+    import json
+
+    proc = run_python(["-c", _BACKWARD_LIKE, str(tmp_path)], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["programs"] == 2
+    assert result["found"] == 0, result["summary"]
+
+
 @pytest.mark.slow
 def test_a_long_sample_agrees_with_cpu_in_every_mode(tmp_path):
     stats = fuzz_programs.fuzz(8000, 600, fuzz_programs.MODES, str(tmp_path), compile_every=4,

@@ -352,6 +352,22 @@ def shaped_after_a_tensor() -> Iterator[None]:
         _local.after_a_tensor = before
 
 
+@contextlib.contextmanager
+def at_physical_shape() -> Iterator[None]:
+    """Factories made here make the physical values of a padded tensor
+    (``_storage_ops._padded_like``: a ``zeros_like`` of one, its bucket's
+    shape given): exact at the sizes given, never padded again -- not even
+    inside a backward, where a padded read of that shape noted earlier
+    would pad them (a ``zeros_like`` of a padded gradient then held an
+    array of twice its bucket, and the next op that cut it failed)."""
+    before = getattr(_local, "physical", False)
+    _local.physical = True
+    try:
+        yield
+    finally:
+        _local.physical = before
+
+
 def _padded_layout(name: str, shape: tuple) -> tuple | None:
     """A factory whose result's dims took a third size at its place (the
     line that called it: position ids' ``arange(t)``, a mask's ``ones(t,
@@ -359,6 +375,8 @@ def _padded_layout(name: str, shape: tuple) -> tuple | None:
     dynamic inputs are (``_dynamic_dims.on_miss``): one program per bucket
     instead of one per length, and the ops after it read it padded.  None:
     none did."""
+    if getattr(_local, "physical", False):
+        return None
     lengths = _padding.factory_lengths()
     if not lengths and _meta.inside_backward():
         # autograd's thread has no user frame, so sizes counted at a place

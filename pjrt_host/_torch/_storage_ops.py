@@ -818,8 +818,12 @@ def _padded_like(self: JaxTensor, meta: Any, make_values: Callable[[tuple], JaxT
             or not meta.is_contiguous() or type(storage.place) is not int:
         return None
     padded = storage.padded
-    values = make_values(_padding.physical_shape(padded))
+    physical = _padding.physical_shape(padded)
+    with _factories.at_physical_shape():
+        values = make_values(physical)
     source = values._storage
+    if source.padded is not None or source.shape != physical:
+        return None  # (values the factory made otherwise: the exact route)
     grown = Storage(None, storage.shape, source.jax_dtype, source.device_index)
     grown.take(source)
     grown.padded = padded  # (the values were made exact, at the physical shape: laid out as ``self`` here)
