@@ -3004,11 +3004,13 @@ def test_compiled_views_with_symbolic_arguments_are_the_views_cpu_returns(bucket
     base, from the layout the graph's result reports.  The graph's result is
     a fresh one (row-major, offset 0), so ``x.chunk(2, 1)[0]`` read ``x``'s
     first row twice and ``x.flatten().unbind(-1)[3]`` read element 0,
-    silently (fuzz seeds 28003606, 28004230).  Values, and writes through
-    the views, as CPU's."""
+    silently (fuzz seeds 28003606, 28004230).  A view whose own layout is
+    plain ints after such an op is one too: ``x.flatten().narrow(0, 1, 3)``
+    (size 3, offset 1) read from offset 0 (fuzz seed 28012010).  Values,
+    and writes through the views, as CPU's."""
     def f(x):
         y = x * 2
-        return x.chunk(2, 1)[0], x.flatten().unbind(-1)[3], y, y.chunk(2, 1)[1]
+        return x.chunk(2, 1)[0], x.flatten().unbind(-1)[3], y, y.chunk(2, 1)[1], x.flatten().narrow(0, 1, 3)
 
     torch._dynamo.reset()
     compiled = torch.compile(f, backend="jax", dynamic=True)

@@ -295,15 +295,19 @@ class AliasLayout(NamedTuple):
 
 
 def aliased_layouts(gm: torch.fx.GraphModule, output_info: Any, first: int) -> tuple[AliasLayout, ...]:
-    """The outputs of a symbolic graph that AOTAutograd makes again as views
-    of an input or of another output, with their traced layouts.  It replays
-    the view's ops when none took a symbolic argument; otherwise (``chunk``
-    of a symbolic dim, ``flatten().unbind()``) it calls ``as_strided`` on the
-    base with the size, stride and offset *the graph's result* reports --
-    which are a fresh result's (row-major, offset 0), not the view's: a
-    silent wrong value (``x.chunk(2, 1)[0]`` read ``x``'s first row twice).
-    Each such result is replaced, after the call, by a tensor that reports
-    the traced layout (:func:`_with_layout`)."""
+    """The outputs of a graph that AOTAutograd makes again as views of an
+    input or of another output, with their traced layouts.  It replays the
+    view's ops when none took a symbolic argument; otherwise (``chunk`` of a
+    symbolic dim, ``flatten().unbind()``) it calls ``as_strided`` on the base
+    with the size, stride and offset *the graph's result* reports -- which
+    are a fresh result's (row-major, offset 0), not the view's: a silent
+    wrong value (``x.chunk(2, 1)[0]`` read ``x``'s first row twice).  A
+    layout of plain ints says nothing of the ops before it: ``x.flatten()``
+    of a symbolic ``x`` took a symbolic size, and its ``narrow(0, 1, 3)``
+    (size 3, offset 1) read offset 0.  Each such result is replaced, after
+    the call, by a tensor that reports the traced layout
+    (:func:`_with_layout`, which leaves a result already laid out so);
+    where AOTAutograd replays the ops instead, it reads only the shape."""
     size_expression = _padded_graph.size_expression
     out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     outs = list(out_node.args[0]) if isinstance(out_node.args[0], (tuple, list)) else None
@@ -318,8 +322,6 @@ def aliased_layouts(gm: torch.fx.GraphModule, output_info: Any, first: int) -> t
         size = tuple(size_expression(d) for d in val.shape)
         stride = tuple(size_expression(d) for d in val.stride())
         offset = size_expression(val.storage_offset())
-        if all(e.is_Integer for e in (*size, *stride, offset)):
-            continue  # (a static view: AOTAutograd replays its ops)
         found.append(AliasLayout(first + i, size, stride, offset))
     return tuple(found)
 
